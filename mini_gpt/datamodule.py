@@ -1,0 +1,224 @@
+"""LightningDataModule over the prepared token files (see mini_gpt/data.py).
+
+Training is step-based (`max_steps`), so the train loader is an endless stream of whole `(x, y)` batches:
+batch `i` on rank `r` is drawn from a generator seeded with `(seed, r, i)`. Being a pure function of
+those three numbers is what makes resuming exact: after `k` optimizer steps with gradient accumulation
+`a`, the stream restarts at batch `k * a` (Lightning restores `global_step` from the checkpoint before it
+asks for the train loader), and with worker processes each worker takes every `num_workers`-th index, so
+the order is the same as with none.
+
+Validation uses fixed, non-overlapping windows covering the val split (or `val_windows` of them, evenly
+spaced), identical on every call, so val loss is comparable across steps and runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from mini_gpt.data import DataConfig, PreparedData, load_prepared, prepare_data
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.tokenizer import Tokenizer
+
+__all__ = ["GPTDataModule", "TrainBatches", "ValWindows", "val_window_starts"]
+
+
+def _windows(data: np.ndarray, starts: np.ndarray, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather rows data[s : s + block_size + 1] for every start s; x = row[:-1], y = row[1:]."""
+    rows = data[starts[:, None] + np.arange(block_size + 1)]  # one vectorised read from the memmap
+    rows = torch.from_numpy(rows.astype(np.int64))
+    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+class TrainBatches(IterableDataset):
+    """Endless stream of random training batches; batch `i` depends only on (seed, rank, i).
+
+    Yields whole batches (use `DataLoader(batch_size=None)`), starting at batch index `start_batch`.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        dtype: str,
+        block_size: int,
+        batch_size: int,
+        seed: int = 1337,
+        rank: int = 0,
+        start_batch: int = 0,
+    ) -> None:
+        super().__init__()
+        self.path = str(path)
+        self.dtype = dtype
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.start_batch = start_batch
+        self.n_tokens = Path(path).stat().st_size // np.dtype(dtype).itemsize
+        if self.n_tokens < block_size + 1:
+            raise MiniGPTError(
+                f"train split has {self.n_tokens:,} tokens, fewer than block_size + 1 = {block_size + 1}; "
+                "lower the block size or use a larger corpus"
+            )
+        self._data: np.memmap | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Workers re-open the memmap (pickling one would copy the whole file).
+        return {**self.__dict__, "_data": None}
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch number `index`: (x, y) LongTensors of shape (batch_size, block_size)."""
+        if self._data is None:
+            self._data = np.memmap(self.path, dtype=self.dtype, mode="r")
+        rng = np.random.default_rng([self.seed, self.rank, index])
+        starts = rng.integers(0, self.n_tokens - self.block_size, size=self.batch_size)
+        return _windows(self._data, starts, self.block_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        info = get_worker_info()
+        worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        index = self.start_batch + worker  # DataLoader takes batches from workers round-robin
+        while True:
+            yield self.batch(index)
+            index += n_workers
+
+
+def val_window_starts(n_tokens: int, block_size: int, max_windows: int | None = None) -> np.ndarray:
+    """Starts of the non-overlapping (block_size + 1)-token windows of the val split; evenly thinned to
+    `max_windows` when given. Window k reads tokens [k*T, k*T + T] (its last target is the next x[0])."""
+    n = (n_tokens - 1) // block_size
+    starts = np.arange(n, dtype=np.int64) * block_size
+    if max_windows is not None and 0 < max_windows < n:
+        starts = starts[np.unique(np.linspace(0, n - 1, max_windows).round().astype(np.int64))]
+    return starts
+
+
+class ValWindows(Dataset):
+    """Fixed validation windows; item k is (x, y) of shape (block_size,)."""
+
+    def __init__(self, path: str | Path, dtype: str, block_size: int, max_windows: int | None = None) -> None:
+        self.path = str(path)
+        self.dtype = dtype
+        self.block_size = block_size
+        n_tokens = Path(path).stat().st_size // np.dtype(dtype).itemsize
+        self.starts = val_window_starts(n_tokens, block_size, max_windows)
+        if len(self.starts) == 0:
+            raise MiniGPTError(
+                f"validation split has {n_tokens:,} tokens, fewer than block_size + 1 = {block_size + 1}; "
+                "lower the block size, raise data.val_fraction or use a larger corpus"
+            )
+        self._data: np.memmap | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_data": None}
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._data is None:
+            self._data = np.memmap(self.path, dtype=self.dtype, mode="r")
+        x, y = _windows(self._data, self.starts[k : k + 1], self.block_size)
+        return x[0], y[0]
+
+
+class GPTDataModule(L.LightningDataModule):
+    """Prepares (rank 0) and memory-maps a corpus; serves endless train batches and fixed val windows."""
+
+    def __init__(
+        self,
+        data: DataConfig | Mapping[str, Any],
+        block_size: int,
+        batch_size: int,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        seed: int = 1337,
+        val_windows: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.cfg = data if isinstance(data, DataConfig) else DataConfig(**dict(data))
+        for key, value, low in (("block_size", block_size, 1), ("batch_size", batch_size, 1)):
+            if not isinstance(value, int) or value < low:
+                raise MiniGPTError(f"{key}={value!r} must be a positive integer")
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise MiniGPTError(f"num_workers={num_workers!r} must be an integer >= 0")
+        if val_windows is not None and (not isinstance(val_windows, int) or val_windows < 1):
+            raise MiniGPTError(
+                f"val_windows={val_windows!r} must be a positive integer or null (all windows)"
+            )
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.seed = seed
+        self.val_windows = val_windows
+        self.prepared: PreparedData | None = None
+
+    # Lightning calls this on one process per node (local rank 0) before `setup` on every rank.
+    def prepare_data(self) -> None:
+        prepare_data(self.cfg, block_size=self.block_size)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.prepared is None:
+            self.prepared = load_prepared(self.cfg, block_size=self.block_size)
+
+    def _require(self) -> PreparedData:
+        if self.prepared is None:  # used without a Trainer: fine, validate (and build if needed) now
+            self.prepared = prepare_data(self.cfg, block_size=self.block_size)
+        return self.prepared
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._require().tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self._require().tokenizer.vocab_size
+
+    def start_batch(self) -> int:
+        """Micro-batches already consumed: global_step * accumulate_grad_batches (0 without a trainer)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 0
+        return int(trainer.global_step) * int(trainer.accumulate_grad_batches)
+
+    def _rank(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return int(trainer.global_rank) if trainer is not None else 0
+
+    def train_dataloader(self) -> DataLoader:
+        prep = self._require()
+        dataset = TrainBatches(
+            prep.train_path,
+            prep.dtype,
+            self.block_size,
+            self.batch_size,
+            seed=self.seed,
+            rank=self._rank(),
+            start_batch=self.start_batch(),
+        )
+        return DataLoader(
+            dataset,
+            batch_size=None,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        prep = self._require()
+        dataset = ValWindows(prep.val_path, prep.dtype, self.block_size, self.val_windows)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=False,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+        )

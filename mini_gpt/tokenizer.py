@@ -1,0 +1,340 @@
+"""Tokenizers: characters or tiktoken BPE behind one small, serialisable interface.
+
+Every tokenizer has `encode(str) -> list[int]`, `decode(list[int]) -> str`, `vocab_size`, `eot_id`
+(the end-of-text id, or None) and `to_dict()`. `tokenizer_from_dict(tok.to_dict())` rebuilds an equal
+tokenizer with no network and no file, which is why the tiktoken dict embeds the whole BPE ranks text
+(~0.8 MB for GPT-2): a checkpoint alone is enough to generate text.
+
+Offline BPE: `build_tokenizer("gpt2", bpe_file="path/to/gpt2.tiktoken")` reads a `.tiktoken` ranks file
+(one `base64(token_bytes) rank` per line), checks its sha256 against the hash tiktoken pins for that
+encoding, and never touches the network. Without a file we ask `tiktoken.get_encoding`, which works
+offline when the files are in `TIKTOKEN_CACHE_DIR`, and otherwise downloads them.
+
+This module imports no Lightning/Hydra (generation needs it and must start fast).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mini_gpt.errors import MiniGPTError
+
+__all__ = [
+    "CharTokenizer",
+    "TiktokenTokenizer",
+    "Tokenizer",
+    "build_tokenizer",
+    "parse_tiktoken_ranks",
+    "tokenizer_from_dict",
+]
+
+# sha256 of r50k_base.tiktoken. `gpt2` is the same vocabulary (tiktoken builds it from vocab.bpe +
+# encoder.json instead, so its constructor pins no hash for a `.tiktoken` file).
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+# Seconds we wait for tiktoken.get_encoding before calling it offline (tiktoken's HTTP calls carry
+# no timeout of their own, so a black-holed network would otherwise hang forever).
+NETWORK_TIMEOUT_S = 20.0
+
+
+class Tokenizer(ABC):
+    """What the rest of mini-gpt needs from a tokenizer."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of token ids (embedding rows); ids are 0..vocab_size-1."""
+
+    @property
+    @abstractmethod
+    def eot_id(self) -> int | None:
+        """Id of the end-of-text token that separates documents, or None when there is none."""
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]: ...
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """Only primitives (str/int/list/dict), so it fits in meta.json and `weights_only` checkpoints."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tokenizer) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.vocab_size))
+
+
+class CharTokenizer(Tokenizer):
+    """One id per character; the vocabulary is a string of distinct characters, id = position."""
+
+    def __init__(self, chars: str) -> None:
+        if not chars:
+            raise MiniGPTError("character vocabulary is empty: build it from a non-empty corpus")
+        if len(set(chars)) != len(chars):
+            raise MiniGPTError("character vocabulary has repeated characters; pass distinct characters")
+        self.chars = chars
+        self._stoi = {c: i for i, c in enumerate(chars)}
+
+    @classmethod
+    def from_text(cls, text: str) -> CharTokenizer:
+        """Vocabulary = the sorted distinct characters of `text`."""
+        return cls("".join(sorted(set(text))))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    @property
+    def eot_id(self) -> int | None:
+        return None
+
+    def encode(self, text: str) -> list[int]:
+        stoi = self._stoi
+        try:
+            return [stoi[c] for c in text]
+        except KeyError:
+            unknown = sorted(set(text) - stoi.keys())
+            shown = ", ".join(repr(c) for c in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+            raise MiniGPTError(
+                f"text has {len(unknown)} character(s) not in the character vocabulary: {shown}; "
+                "remove them, or train on a corpus that contains them"
+            ) from None
+
+    def decode(self, ids: Sequence[int]) -> str:
+        chars, n = self.chars, len(self.chars)
+        ids = [int(i) for i in ids]
+        bad = sorted({i for i in ids if not 0 <= i < n})
+        if bad:
+            raise MiniGPTError(f"token ids {bad[:10]} are outside the character vocabulary (0..{n - 1})")
+        return "".join([chars[i] for i in ids])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "char", "chars": self.chars}
+
+    def __repr__(self) -> str:
+        return f"CharTokenizer(vocab_size={self.vocab_size})"
+
+
+class TiktokenTokenizer(Tokenizer):
+    """A tiktoken `Encoding` plus what is needed to rebuild it offline (name, regex, ranks, specials).
+
+    `encode` accepts special-token text (e.g. "<|endoftext|>" -> 50256) so prompts can contain it;
+    corpus preparation uses `encode_ordinary`, which treats such text as plain characters.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        pat_str: str,
+        mergeable_ranks: dict[bytes, int],
+        special_tokens: dict[str, int],
+    ) -> None:
+        import tiktoken
+
+        self.name = name
+        self.pat_str = pat_str
+        self.special_tokens = dict(special_tokens)
+        self._ranks = mergeable_ranks
+        self.encoding = tiktoken.Encoding(
+            name=name, pat_str=pat_str, mergeable_ranks=mergeable_ranks, special_tokens=self.special_tokens
+        )
+        self._ranks_text: str | None = None
+
+    @classmethod
+    def from_encoding(cls, enc: Any) -> TiktokenTokenizer:
+        """Wrap an encoding from `tiktoken.get_encoding` (reads its ranks to make it serialisable)."""
+        return cls(enc.name, enc._pat_str, enc._mergeable_ranks, enc._special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.encoding.n_vocab
+
+    @property
+    def eot_id(self) -> int | None:
+        return self.special_tokens.get("<|endoftext|>")
+
+    def encode(self, text: str) -> list[int]:
+        return self.encoding.encode(text, allowed_special="all")
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        return self.encoding.encode_ordinary(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        try:
+            return self.encoding.decode([int(i) for i in ids], errors="replace")
+        except KeyError as err:
+            raise MiniGPTError(
+                f"token id {err} is not in the {self.name} vocabulary (0..{self.vocab_size - 1})"
+            ) from None
+
+    @property
+    def ranks_text(self) -> str:
+        """The ranks in `.tiktoken` format (rank order, one `base64 rank` line each)."""
+        if self._ranks_text is None:
+            items = sorted(self._ranks.items(), key=lambda kv: kv[1])
+            self._ranks_text = "".join(f"{base64.b64encode(tok).decode()} {rank}\n" for tok, rank in items)
+        return self._ranks_text
+
+    @property
+    def ranks_sha256(self) -> str:
+        return hashlib.sha256(self.ranks_text.encode()).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "tiktoken",
+            "name": self.name,
+            "pat_str": self.pat_str,
+            "special_tokens": dict(self.special_tokens),
+            "ranks_sha256": self.ranks_sha256,
+            "ranks": self.ranks_text,
+        }
+
+    def __repr__(self) -> str:
+        return f"TiktokenTokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+def parse_tiktoken_ranks(data: bytes | str, source: str = "ranks") -> dict[bytes, int]:
+    """Parse `.tiktoken` text: lines of `base64(token_bytes) rank`; blank lines are skipped."""
+    if isinstance(data, bytes):
+        data = data.decode("ascii", errors="replace")
+    ranks: dict[bytes, int] = {}
+    for lineno, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            ranks[base64.b64decode(parts[0], validate=True)] = int(parts[1])
+        except (ValueError, binascii.Error):
+            raise MiniGPTError(
+                f"{source}: line {lineno} is not `base64 rank` ({line[:60]!r}); "
+                "pass a tiktoken ranks file such as gpt2.tiktoken as data.bpe_file"
+            ) from None
+    if not ranks:
+        raise MiniGPTError(f"{source}: no BPE ranks found; pass a non-empty .tiktoken file as data.bpe_file")
+    return ranks
+
+
+_SPEC_LOCK = threading.Lock()
+
+
+def _encoding_spec(name: str) -> dict[str, Any]:
+    """pat_str, special tokens and pinned ranks sha256 of a registered tiktoken encoding, offline.
+
+    tiktoken's constructors load their ranks as they run; we run one with its loaders swapped for
+    stand-ins that record the pinned `expected_hash`, so any registered encoding (plugins included)
+    gets its exact regex and special tokens without a download.
+    """
+    import tiktoken.registry
+
+    known = tiktoken.registry.list_encoding_names()
+    if name not in known:
+        raise MiniGPTError(f"unknown tiktoken encoding {name!r}; use char or one of: {', '.join(known)}")
+    constructor = tiktoken.registry.ENCODING_CONSTRUCTORS[name]
+    seen: dict[str, Any] = {}
+
+    def fake_load(*_args: Any, expected_hash: str | None = None, **_kw: Any) -> dict[bytes, int]:
+        seen["sha256"] = expected_hash
+        return {}
+
+    module_globals = constructor.__globals__
+    loaders = ("load_tiktoken_bpe", "data_gym_to_mergeable_bpe_ranks")
+    with _SPEC_LOCK:
+        saved = {k: module_globals[k] for k in loaders if k in module_globals}
+        try:
+            module_globals.update(dict.fromkeys(saved, fake_load))
+            spec = constructor()
+        finally:
+            module_globals.update(saved)
+    expected = seen.get("sha256") or (GPT2_RANKS_SHA256 if name == "gpt2" else None)
+    return {
+        "pat_str": spec["pat_str"],
+        "special_tokens": dict(spec["special_tokens"]),
+        "sha256": expected,
+    }
+
+
+def _from_bpe_file(name: str, bpe_file: str | Path) -> TiktokenTokenizer:
+    path = Path(bpe_file).expanduser().resolve()
+    if not path.is_file():
+        raise MiniGPTError(f"BPE ranks file {path} does not exist; fix data.bpe_file=PATH/{name}.tiktoken")
+    data = path.read_bytes()
+    spec = _encoding_spec(name)
+    digest = hashlib.sha256(data).hexdigest()
+    if spec["sha256"] and digest != spec["sha256"]:
+        raise MiniGPTError(
+            f"{path} has sha256 {digest}, but the {name} ranks file has {spec['sha256']}; "
+            f"point data.bpe_file at the {name} .tiktoken file"
+        )
+    ranks = parse_tiktoken_ranks(data, source=str(path))
+    return TiktokenTokenizer(name, spec["pat_str"], ranks, spec["special_tokens"])
+
+
+def _get_encoding(name: str) -> Any:
+    """tiktoken.get_encoding, but giving up after NETWORK_TIMEOUT_S (tiktoken itself never times out)."""
+    import tiktoken
+
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["enc"] = tiktoken.get_encoding(name)
+        except BaseException as err:  # handed to the caller below
+            result["err"] = err
+
+    thread = threading.Thread(target=target, name=f"tiktoken-{name}", daemon=True)
+    thread.start()
+    thread.join(NETWORK_TIMEOUT_S)
+    if "enc" in result:
+        return result["enc"]
+    reason = result.get("err", f"no answer within {NETWORK_TIMEOUT_S:.0f} s")
+    raise MiniGPTError(
+        f"cannot load the {name} tokenizer offline ({type(reason).__name__}: {str(reason)[:120]}); "
+        f"either set data.bpe_file=PATH/{name}.tiktoken (a local tiktoken ranks file) or set "
+        "TIKTOKEN_CACHE_DIR to a directory holding tiktoken's cached files"
+    )
+
+
+def build_tokenizer(name: str, bpe_file: str | Path | None = None, text: str | None = None) -> Tokenizer:
+    """`char` (vocabulary from `text`) or any tiktoken encoding name (e.g. `gpt2`, `cl100k_base`).
+
+    With `bpe_file` the ranks come from that file and the network is never used; without it from
+    `tiktoken.get_encoding` (TIKTOKEN_CACHE_DIR, else download).
+    """
+    if name == "char":
+        if text is None:
+            raise MiniGPTError("the char tokenizer needs the corpus text to build its vocabulary")
+        return CharTokenizer.from_text(text)
+    if bpe_file is not None:
+        return _from_bpe_file(name, bpe_file)
+    _encoding_spec(name)  # unknown names fail here, before any network attempt
+    return TiktokenTokenizer.from_encoding(_get_encoding(name))
+
+
+def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:
+    """Inverse of `Tokenizer.to_dict()`; needs no network and no file."""
+    kind = d.get("type")
+    if kind == "char":
+        return CharTokenizer(d["chars"])
+    if kind == "tiktoken":
+        ranks_text = d["ranks"]
+        digest = hashlib.sha256(ranks_text.encode()).hexdigest()
+        if d.get("ranks_sha256", digest) != digest:
+            raise MiniGPTError(
+                f"tokenizer {d.get('name')!r}: embedded BPE ranks are corrupted (sha256 mismatch)"
+            )
+        ranks = parse_tiktoken_ranks(ranks_text, source=f"tokenizer {d.get('name')!r}")
+        tok = TiktokenTokenizer(d["name"], d["pat_str"], ranks, d["special_tokens"])
+        tok._ranks_text = ranks_text
+        return tok
+    raise MiniGPTError(f"unknown tokenizer type {kind!r} in saved tokenizer; expected 'char' or 'tiktoken'")
