@@ -1,0 +1,225 @@
+"""Load a trained model and its tokenizer from whatever training or export wrote: no Lightning, no Hydra.
+
+Accepted sources (`load_model(path)`):
+- a Lightning `.ckpt` from training: `checkpoint["mini_gpt"]` holds the model config and the tokenizer,
+  `checkpoint["state_dict"]` the weights under `model.` (a `_orig_mod.` left by torch.compile is
+  dropped). Read with `torch.load(weights_only=True)`: a checkpoint cannot run code.
+- an export directory with `format=safetensors` (`model.safetensors` + `config.json`, whose
+  `mini_gpt` entry has the same content as the checkpoint's), or the `model.safetensors` file in it;
+- an export directory with `format=hf` (or any local GPT-2 directory `transformers` can load): weights
+  through `mini_gpt.hf`, tokenizer from `mini_gpt_tokenizer.json` or else GPT-2's `vocab.json`.
+
+Every failure (missing file, corrupt file, foreign checkpoint, shape mismatch) is one `MiniGPTError` line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.model import GPT, GPTConfig
+from mini_gpt.tokenizer import Tokenizer, tokenizer_from_dict
+
+__all__ = [
+    "FORMAT_VERSION",
+    "HF_TOKENIZER_FILE",
+    "load_model",
+    "metadata",
+    "model_state_dict",
+    "read_checkpoint",
+]
+
+FORMAT_VERSION = 1
+SAFETENSORS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+HF_TOKENIZER_FILE = "mini_gpt_tokenizer.json"  # our tokenizer, saved beside a `format=hf` export
+
+
+def metadata(model: GPT, tokenizer: Tokenizer) -> dict[str, Any]:
+    """The `mini_gpt` entry of a checkpoint / export config: primitives only."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "model_config": model.config.to_dict(),
+        "tokenizer": tokenizer.to_dict(),
+    }
+
+
+def model_state_dict(state_dict: dict[str, Any], prefix: str = "model.") -> dict[str, torch.Tensor]:
+    """The GPT's weights from a LightningModule state dict: keep `prefix`ed keys, drop `_orig_mod.`."""
+    out = {}
+    for key, value in state_dict.items():
+        key = key.replace("_orig_mod.", "")  # wherever torch.compile put it
+        if key.startswith(prefix):
+            out[key[len(prefix) :]] = value
+    return out
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """torch.load a `.ckpt` safely (weights_only), turning every failure into one line."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise MiniGPTError(
+            f"checkpoint {path} does not exist; pass ckpt=PATH to a .ckpt file or export directory"
+        )
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # zip/pickle/EOF/weights-only errors all mean "not a checkpoint we can read"
+        reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else ""
+        raise MiniGPTError(
+            f"cannot read checkpoint {path}: corrupt, truncated or not a torch checkpoint "
+            f"({type(err).__name__}{': ' + reason if reason else ''})"
+        ) from None
+    if not isinstance(ckpt, dict):
+        raise MiniGPTError(f"checkpoint {path} holds a {type(ckpt).__name__}, not a checkpoint dict")
+    return ckpt
+
+
+def _check_meta(meta: Any, source: Path) -> dict[str, Any]:
+    if not isinstance(meta, dict) or "model_config" not in meta or "tokenizer" not in meta:
+        raise MiniGPTError(
+            f"{source} has no mini_gpt metadata (model config + tokenizer); "
+            "it was not written by mini-gpt training or export"
+        )
+    version = meta.get("format_version", FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise MiniGPTError(
+            f"{source} has mini_gpt format_version={version}; this mini-gpt reads version {FORMAT_VERSION}"
+        )
+    return meta
+
+
+def _build(meta: dict[str, Any], weights: dict[str, torch.Tensor], source: Path) -> tuple[GPT, Tokenizer]:
+    try:
+        config = GPTConfig.from_dict(dict(meta["model_config"]))
+    except (TypeError, ValueError) as err:
+        raise MiniGPTError(f"{source}: invalid model_config ({err})") from None
+    tokenizer = tokenizer_from_dict(meta["tokenizer"])
+    model = GPT(config)
+    if config.tie_weights:
+        # Tied exports store the shared matrix once (as the token embedding).
+        weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
+    expected = set(model.state_dict())
+    if config.tie_weights:
+        expected.discard("lm_head.weight")
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise MiniGPTError(
+            f"{source}: weights do not match the model config "
+            f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
+    try:
+        model.load_state_dict(weights, strict=False)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()
+        detail = next((line.strip() for line in first if "size mismatch" in line), first[0])
+        raise MiniGPTError(f"{source}: weights do not fit the model config ({detail[:200]})") from None
+    if tokenizer.vocab_size > config.vocab_size:
+        raise MiniGPTError(
+            f"{source}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
+        )
+    return model, tokenizer
+
+
+def _load_lightning(path: Path) -> tuple[GPT, Tokenizer]:
+    ckpt = read_checkpoint(path)
+    meta = _check_meta(ckpt.get("mini_gpt"), path)
+    state = ckpt.get("state_dict")
+    if not isinstance(state, dict):
+        raise MiniGPTError(f"checkpoint {path} has no state_dict")
+    return _build(meta, model_state_dict(state), path)
+
+
+def _load_safetensors_dir(directory: Path) -> tuple[GPT, Tokenizer]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    config_path = directory / CONFIG_FILE
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise MiniGPTError(
+            f"cannot read {config_path} ({type(err).__name__}); re-run mini_gpt.export"
+        ) from None
+    meta = _check_meta(config.get("mini_gpt") if isinstance(config, dict) else None, config_path)
+    weights_path = directory / SAFETENSORS_FILE
+    if not weights_path.is_file():
+        raise MiniGPTError(f"{weights_path} does not exist; re-run mini_gpt.export")
+    try:
+        weights = load_file(weights_path)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise MiniGPTError(f"cannot read {weights_path}: corrupt or truncated ({err})") from None
+    return _build(meta, weights, weights_path)
+
+
+def _gpt2_tokenizer_from_vocab(vocab_path: Path) -> Tokenizer:
+    """GPT-2's byte-level BPE from a transformers `vocab.json`: token id = BPE rank (true for GPT-2)."""
+    from mini_gpt.tokenizer import TiktokenTokenizer, _encoding_spec
+
+    vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
+    byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
+    special = {tok: i for tok, i in vocab.items() if tok.startswith("<|") and tok.endswith("|>")}
+    try:
+        ranks = {bytes(byte_of[c] for c in tok): i for tok, i in vocab.items() if tok not in special}
+    except KeyError:
+        raise MiniGPTError(f"{vocab_path} is not a byte-level GPT-2 vocabulary") from None
+    spec = _encoding_spec("gpt2")
+    return TiktokenTokenizer("gpt2", spec["pat_str"], ranks, special)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable unicode characters (used in vocab.json/merges.txt)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)  # non-printable bytes go to unused code points, in order
+            extra += 1
+    return mapping
+
+
+def _load_hf_dir(directory: Path) -> tuple[GPT, Tokenizer]:
+    from mini_gpt.hf import gpt_from_hf
+
+    ours = directory / HF_TOKENIZER_FILE
+    if ours.is_file():
+        tokenizer = tokenizer_from_dict(json.loads(ours.read_text(encoding="utf-8")))
+    elif (directory / "vocab.json").is_file():
+        tokenizer = _gpt2_tokenizer_from_vocab(directory / "vocab.json")
+    else:
+        raise MiniGPTError(f"{directory} has no tokenizer ({HF_TOKENIZER_FILE} or vocab.json)")
+    return gpt_from_hf(directory), tokenizer
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, Tokenizer]:
+    """(GPT in eval mode on `device`, tokenizer) from a `.ckpt`, an export directory or its .safetensors."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        config_path = path / CONFIG_FILE
+        if not config_path.is_file():
+            raise MiniGPTError(
+                f"{path} is a directory without {CONFIG_FILE}; pass a .ckpt file or an export directory"
+            )
+        try:
+            config = json.loads(config_path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise MiniGPTError(
+                f"cannot read {config_path} ({type(err).__name__}); re-run mini_gpt.export"
+            ) from None
+        if isinstance(config, dict) and "mini_gpt" in config:
+            model, tokenizer = _load_safetensors_dir(path)
+        else:
+            model, tokenizer = _load_hf_dir(path)
+    elif path.suffix == ".safetensors" and (path.parent / CONFIG_FILE).is_file():
+        model, tokenizer = _load_safetensors_dir(path.parent)
+    else:
+        model, tokenizer = _load_lightning(path)
+    return model.to(device).eval(), tokenizer

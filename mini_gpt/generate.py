@@ -1,0 +1,454 @@
+"""Sample text from a trained model: `python -m mini_gpt.generate ckpt=PATH prompt="ROMEO:"`.
+
+Also installed as the console script `mini-gpt-generate`. Every key lives in `conf/generate.yaml`:
+
+    mini-gpt-generate ckpt=out/last.ckpt prompt="ROMEO:" max_new_tokens=500 temperature=0.8 top_k=200
+    mini-gpt-generate ckpt=export/ prompt=@prompt.txt num_samples=3 seed=1 stop='"\\n\\n"' output=s.jsonl
+    mini-gpt-generate init_from=gpt2 prompt="Hello, I'm a language model," top_p=0.95   # needs network
+
+One sample is streamed to stdout as it is generated; several are generated as one batch (one shared
+prompt prefill) and printed between `--- sample i/n ---` lines. Warnings and timings go to stderr.
+Mistakes (a missing checkpoint, characters the vocabulary lacks, ...) print one `error:` line and
+exit with status 2.
+
+Start-up matters (you wait for it every time), so this module imports only torch, our model code and
+Hydra's config parsing: no Lightning, no W&B, no transformers unless `init_from` asks for GPT-2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import secrets
+import socket
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from mini_gpt.errors import MiniGPTError, exit_on_user_error
+from mini_gpt.model import GPT
+from mini_gpt.sampling import check_sampling_args, generate_tokens
+from mini_gpt.tokenizer import Tokenizer
+
+HF_PRESETS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # the repo's conf/ ("../conf" from this file)
+
+
+@dataclass
+class GenerateConfig:
+    """What conf/generate.yaml holds (see the comments there)."""
+
+    ckpt: str | None = None
+    init_from: str | None = None
+    bpe_file: str | None = None
+    prompt: Any = ""
+    prompt_file: str | None = None
+    max_new_tokens: int = 500
+    num_samples: int = 1
+    temperature: float = 0.8
+    top_k: int | None = 200
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = 1337
+    stop: Any = None
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: bool = False
+    use_cache: bool = True
+    window: int | None = None
+    threads: int | None = None
+    stream: bool = True
+    output: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise MiniGPTError(f"max_new_tokens={self.max_new_tokens} must be >= 0")
+        if self.num_samples < 1:
+            raise MiniGPTError(f"num_samples={self.num_samples} must be >= 1")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise MiniGPTError(f"dtype={self.dtype!r} must be auto, float32, bfloat16 or float16")
+
+    @property
+    def stops(self) -> list[str]:
+        if self.stop is None or self.stop == "":
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else [str(s) for s in self.stop]
+        # `stop=\\n\\n` (typed with a backslash) means two newlines.
+        return [unescape(s) for s in stops if s]
+
+
+def unescape(text: str) -> str:
+    """Turn the two-character sequences \\n, \\t and \\\\ into a newline, a tab and a backslash."""
+    return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto = cuda > mps > cpu."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise MiniGPTError(f"device={name!r} is not a torch device (auto, cpu, cuda, cuda:1, mps)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise MiniGPTError("device=cuda but torch sees no CUDA GPU; use device=auto or device=cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise MiniGPTError("device=mps but MPS is not available; use device=auto or device=cpu")
+    return device
+
+
+def autocast_context(device: torch.device, dtype: str) -> Any:
+    """bf16 autocast on GPUs that support it (dtype=auto), or the dtype asked for; float32 = none."""
+    if dtype == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            dtype = "bfloat16"
+        else:
+            return nullcontext()
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=getattr(torch, dtype))
+
+
+def read_prompt(cfg: GenerateConfig) -> str:
+    """The prompt text: `prompt`, `prompt=@FILE` or `prompt_file=FILE`."""
+    prompt = "" if cfg.prompt is None else str(cfg.prompt)
+    path = None
+    if cfg.prompt_file:
+        if prompt:
+            raise MiniGPTError("set either prompt or prompt_file, not both")
+        path = cfg.prompt_file
+    elif prompt.startswith("@@"):
+        return prompt[1:]
+    elif prompt.startswith("@"):
+        path = prompt[1:]
+    if path is None:
+        return prompt
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise MiniGPTError(
+            f"cannot read prompt file {path} ({type(err).__name__}: {err.strerror or err})"
+        ) from None
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Token ids of the prompt; an empty prompt starts from end-of-text (BPE) or a newline (characters)."""
+    if text:
+        ids = tokenizer.encode(text)  # a char tokenizer names unknown characters (MiniGPTError)
+        if ids:
+            return ids
+    if tokenizer.eot_id is not None:
+        return [tokenizer.eot_id]
+    try:
+        return tokenizer.encode("\n")
+    except MiniGPTError:
+        return [0]  # a vocabulary without newlines: start from its first character
+
+
+def _check_hub(name: str) -> None:
+    """Fail in a second, not after ~30 s of retries, when a hub model is neither cached nor reachable."""
+    import os
+
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return
+    except ImportError:
+        pass
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    host, _, port = endpoint.partition(":")
+    reason = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0") else None
+    if reason is None:
+        try:
+            socket.create_connection((host, int(port or 443)), timeout=3).close()
+            return
+        except OSError as err:
+            reason = f"cannot reach {host} ({type(err).__name__})"
+    raise MiniGPTError(
+        f"init_from={name}: the weights are not cached and {reason}; download them where there is "
+        "network (GPT2LMHeadModel.from_pretrained(name).save_pretrained(DIR)) and pass init_from=DIR"
+    )
+
+
+def load_source(cfg: GenerateConfig, device: torch.device) -> tuple[GPT, Tokenizer]:
+    """The model and tokenizer from `ckpt` (our checkpoint or export) or `init_from` (GPT-2 weights)."""
+    from mini_gpt.checkpoint import load_model
+
+    if bool(cfg.ckpt) == bool(cfg.init_from):
+        raise MiniGPTError(
+            "set exactly one of ckpt=PATH (checkpoint or export directory) or init_from=gpt2|HF_DIR"
+        )
+    if cfg.ckpt:
+        return load_model(cfg.ckpt, device=device)
+    source = str(cfg.init_from)
+    if Path(source).expanduser().is_dir():
+        return load_model(source, device=device)
+    if source not in HF_PRESETS:
+        raise MiniGPTError(f"init_from={source!r} is neither a local directory nor one of {HF_PRESETS}")
+    from mini_gpt.hf import gpt_from_hf
+    from mini_gpt.tokenizer import build_tokenizer
+
+    _check_hub(source)
+    tokenizer = build_tokenizer("gpt2", bpe_file=cfg.bpe_file)  # same vocabulary for every GPT-2 size
+    return gpt_from_hf(source).to(device).eval(), tokenizer
+
+
+class TextStream:
+    """Turns one sample's token ids into text pieces that are safe to print, and applies stop strings.
+
+    - BPE tokens can end in the middle of a UTF-8 character: ids are held back while their text ends
+      in a replacement character (at most 8, in case the model really produced invalid bytes).
+    - Text that could be the beginning of a stop string is held back until it is known not to be; at
+      a stop string the sample ends, without it.
+    """
+
+    MAX_PENDING = 8
+
+    def __init__(self, tokenizer: Tokenizer, stops: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stops = stops
+        self.text = ""  # the sample so far (without the prompt), cut at a stop string
+        self.emitted = 0  # characters of text already handed out
+        self.tokens = 0  # tokens consumed
+        self.stopped = False
+        self._pending: list[int] = []
+
+    def push(self, token: int) -> str:
+        """Add one token; return the new printable text (possibly empty)."""
+        if self.stopped:
+            return ""
+        self.tokens += 1
+        self._pending.append(token)
+        piece = self.tokenizer.decode(self._pending)
+        if piece.endswith("\ufffd") and len(self._pending) < self.MAX_PENDING:
+            return ""
+        self._pending = []
+        return self._add(piece, final=False)
+
+    def flush(self) -> str:
+        """The text still held back, at the end of the sample."""
+        piece = self.tokenizer.decode(self._pending) if self._pending and not self.stopped else ""
+        self._pending = []
+        return self._add(piece, final=True)
+
+    def _add(self, piece: str, final: bool) -> str:
+        longest = max((len(s) for s in self.stops), default=0)
+        search_from = max(0, len(self.text) - longest + 1)
+        self.text += piece
+        hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.stopped = True
+        end = len(self.text)
+        if not (self.stopped or final):
+            end -= self._partial_stop()
+        out = self.text[self.emitted : end]
+        self.emitted = max(self.emitted, end)
+        return out
+
+    def _partial_stop(self) -> int:
+        """Length of the longest end of `text` that is the beginning of a stop string."""
+        for k in range(min(len(self.text), max((len(s) for s in self.stops), default=1) - 1), 0, -1):
+            tail = self.text[-k:]
+            if any(s.startswith(tail) for s in self.stops):
+                return k
+        return 0
+
+
+def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = None) -> list[dict[str, Any]]:
+    """Generate as configured; print to `out` (stdout); return one record per sample."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    check_sampling_args(cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty)
+    prompt = read_prompt(cfg)
+    if cfg.threads is not None:
+        if cfg.threads < 1:
+            raise MiniGPTError(f"threads={cfg.threads} must be >= 1 (or null for torch's default)")
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    model, tokenizer = load_source(cfg, device)
+    ids = encode_prompt(tokenizer, prompt)
+    block_size = model.config.block_size
+    if len(ids) > block_size:
+        print(
+            f"warning: the prompt has {len(ids)} tokens, more than block_size={block_size}; "
+            f"the model sees only its last {block_size}",
+            file=err,
+        )
+    seed = cfg.seed if cfg.seed is not None else secrets.randbelow(2**31)
+    if cfg.seed is None:
+        print(f"seed={seed}", file=err)
+    torch.manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    if cfg.compile:
+        model = torch.compile(model, dynamic=True)
+
+    n = cfg.num_samples
+    streaming = cfg.stream and n == 1
+    streams = [TextStream(tokenizer, cfg.stops) for _ in range(n)]
+    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    if streaming:
+        out.write(prompt)
+        out.flush()
+    t0 = time.perf_counter()
+    steps = generate_tokens(
+        model,
+        idx,
+        cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        use_cache=cfg.use_cache,
+        generator=generator,
+        repetition_penalty=cfg.repetition_penalty,
+        num_samples=n,
+        window=cfg.window,
+    )
+    generated = 0
+    with autocast_context(device, cfg.dtype):
+        try:
+            for token in steps:
+                generated += n
+                for stream, t in zip(streams, token.tolist(), strict=True):
+                    piece = stream.push(t)
+                    if streaming and piece:
+                        out.write(piece)
+                        out.flush()
+                if all(s.stopped for s in streams):
+                    break
+        finally:
+            steps.close()
+    seconds = time.perf_counter() - t0
+    for stream in streams:
+        piece = stream.flush()
+        if streaming:
+            out.write(piece + "\n")
+    if not streaming:
+        for i, stream in enumerate(streams):
+            if n > 1:
+                out.write(f"--- sample {i + 1}/{n} ---\n")
+            out.write(prompt + stream.text + "\n")
+        if n > 1:
+            out.write("---\n")
+    out.flush()
+    tokens_per_sec = generated / seconds if seconds > 0 else float("inf")
+    print(f"[{generated} tokens in {seconds:.2f} s, {tokens_per_sec:.1f} tokens/s on {device}]", file=err)
+
+    records = [
+        {
+            "prompt": prompt,
+            "sample": stream.text,
+            "tokens": stream.tokens,
+            "tokens_per_sec": round(tokens_per_sec, 2),
+            "seconds": round(seconds, 4),
+            "sample_index": i,
+            "stopped": stream.stopped,
+            "seed": seed,
+        }
+        for i, stream in enumerate(streams)
+    ]
+    if cfg.output:
+        path = Path(cfg.output).expanduser()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as f:
+                for record in records:
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        except OSError as e:
+            raise MiniGPTError(f"cannot write output={path} ({e.strerror or e})") from None
+    return records
+
+
+def config_from_dict(d: dict[str, Any]) -> GenerateConfig:
+    known = {f.name for f in dataclasses.fields(GenerateConfig)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise MiniGPTError(f"unknown generate key(s) {unknown}; see conf/generate.yaml")
+    return GenerateConfig(**d)
+
+
+# Keys whose values are free text: taken literally on the command line (see `quote_free_text`).
+FREE_TEXT_KEYS = ("prompt", "stop")
+
+
+def hydra_quote(value: str) -> str:
+    """`value` as a single-quoted Hydra override value that parses back to exactly `value`.
+
+    Inside quotes Hydra accepts any character; a quote is escaped with a backslash, a run of
+    backslashes needs doubling only before a quote or at the end, and `${` (OmegaConf interpolation)
+    is escaped as `\\${`.
+    """
+    out, i = [], 0
+    while i < len(value):
+        if value[i] == "\\":
+            j = i
+            while j < len(value) and value[j] == "\\":
+                j += 1
+            run = value[i:j]
+            out.append(run * 2 if j == len(value) or value[j] == "'" or value.startswith("${", j) else run)
+            i = j
+        elif value[i] == "'":
+            out.append("\\'")
+            i += 1
+        elif value.startswith("${", i):
+            out.append("\\${")
+            i += 2
+        else:
+            out.append(value[i])
+            i += 1
+    return "'" + "".join(out) + "'"
+
+
+def quote_free_text(argv: list[str]) -> list[str]:
+    """Let `prompt=` and `stop=` take any text without Hydra quoting.
+
+    Hydra's override grammar rejects non-ASCII letters and braces, and turns `a,b` into a list, which
+    is hostile to prompts. Values already quoted for Hydra, `null` and lists (`stop=[a,b]`) pass as they are.
+    """
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        already = len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""
+        if eq and key in FREE_TEXT_KEYS and not already and value != "null" and not value.startswith("["):
+            arg = f"{key}={hydra_quote(value)}"
+        out.append(arg)
+    return out
+
+
+def _hydra_main() -> None:
+    import hydra
+    from omegaconf import OmegaConf
+
+    sys.argv[1:] = quote_free_text(sys.argv[1:])
+
+    # An absolute path: Hydra resolves a relative one against the calling *module* when it is imported
+    # (console script, tests), which would look for a `conf` package instead of the repo's conf/.
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="generate")
+    def app(cfg: Any) -> None:
+        @exit_on_user_error
+        def go() -> None:
+            run(config_from_dict(OmegaConf.to_container(cfg, resolve=True)))
+
+        go()
+
+    app()
+
+
+def main() -> None:
+    """Console entry point (`mini-gpt-generate`, `python -m mini_gpt.generate`)."""
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Text generation: one decoding loop for the CLI, the training sample callback and the benchmarks.
+
+    logits of the last position -> repetition penalty -> / temperature -> top-k -> top-p -> sample
+
+Two ways to get the logits, chosen by `use_cache`:
+- KV cache (default): the prompt is run through the model once (prefill) and every later step feeds
+  only the newest token; each layer's `KVCache` supplies the keys/values of everything before it.
+- full recompute (`use_cache=False`): every step runs the whole current context again. Slower, kept as
+  the reference the cache is tested against.
+
+Sliding window, the one policy both paths share (`context_start`): the model sees at most
+`block_size` tokens. While the sequence fits, the context is all of it. When one more token would make
+the context longer than `block_size`, the context jumps forward to the last `window` tokens
+(default `block_size // 2`) and grows again from there. A cache cannot drop its oldest entry (with
+learned positions every cached key would need a new position), so at each jump the cache path
+re-prefills the `window` tokens; the recompute path crops its input by exactly the same rule. Both
+paths therefore see the same context at every step, and greedy decoding gives the same tokens.
+Halving the window means one re-prefill of block_size/2 tokens every block_size/2 + 1 steps (cheap,
+batched) while the model never sees fewer than block_size/2 tokens of context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from mini_gpt.errors import MiniGPTError
+
+__all__ = [
+    "apply_repetition_penalty",
+    "check_sampling_args",
+    "context_start",
+    "filter_logits",
+    "generate",
+    "generate_tokens",
+    "next_token_probs",
+    "sample_next",
+]
+
+
+def check_sampling_args(
+    temperature: float, top_k: int | None, top_p: float | None, rep: float | None = None
+) -> None:
+    """Raise MiniGPTError for settings `generate` cannot use (callers may check before loading a model)."""
+    if temperature < 0:
+        raise MiniGPTError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise MiniGPTError(f"top_k={top_k!r} must be a positive integer or null")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise MiniGPTError(f"top_p={top_p} must be in (0, 1] or null")
+    if rep is not None and rep <= 0:
+        raise MiniGPTError(f"repetition_penalty={rep} must be > 0 (1 = off)")
+
+
+def context_start(start: int, length: int, block_size: int, window: int) -> int:
+    """Where the model's context begins, given the previous start and the current sequence length.
+
+    The sliding-window rule shared by the cache and the recompute paths (see the module docstring):
+    keep the start while the context fits in block_size, otherwise jump to the last `window` tokens.
+    """
+    return start if length - start <= block_size else length - window
+
+
+def apply_repetition_penalty(logits: Tensor, seq: Tensor, penalty: float) -> Tensor:
+    """Make every token already in `seq` (B, n) less likely (CTRL, Keskar et al. 2019).
+
+    A seen token's positive logit is divided by `penalty`, a negative one multiplied, so penalty > 1
+    always lowers its probability whatever the sign. Tokens seen twice are penalised once.
+    """
+    seen = logits.gather(1, seq)  # (B, n)
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return logits.scatter(1, seq, seen)
+
+
+def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """Set to -inf every logit outside the top-k and outside the top-p nucleus; (B, V) -> (B, V).
+
+    top-k keeps exactly the k largest (ties broken by torch.topk). top-p keeps the smallest set of
+    most likely tokens whose probabilities sum to at least p: a token stays when the mass of the
+    tokens ranked above it is still below p, so the most likely token always stays.
+    """
+    V = logits.shape[-1]
+    if top_k is not None and top_k < V:
+        values, indices = torch.topk(logits, top_k, dim=-1)  # (B, k)
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs  # exclusive prefix sum
+        keep_sorted = mass_before < top_p
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # back to vocab order
+        logits = logits.masked_fill(~keep, float("-inf"))
+    return logits
+
+
+def next_token_probs(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> Tensor:
+    """Distribution of the next token: logits (B, V) -> probabilities (B, V); temperature > 0."""
+    return torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
+
+
+def sample_next(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """One token id per row from last-position logits (B, V) -> (B,). temperature 0 = argmax."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = next_token_probs(logits, temperature, top_k, top_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _expand_caches(caches: list, n: int) -> None:
+    """Share a batch-1 prefill among n samples: copy the cached keys/values into n rows."""
+    for cache in caches:
+        cache.k = cache.k.expand(n, -1, -1, -1).contiguous()
+        cache.v = cache.v.expand(n, -1, -1, -1).contiguous()
+
+
+@torch.no_grad()
+def generate_tokens(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    repetition_penalty: float | None = None,
+    num_samples: int | None = None,
+    window: int | None = None,
+) -> Iterator[Tensor]:
+    """Yield the new token of every row, (B,) per step, `max_new_tokens` times (see `generate`).
+
+    Stop iterating whenever you like (a stop string was printed, ...). The model is in eval mode while
+    this runs and gets its previous mode back when the iterator is exhausted or closed.
+    """
+    check_sampling_args(temperature, top_k, top_p, repetition_penalty)
+    if idx.dim() != 2 or idx.shape[1] < 1:
+        raise MiniGPTError(f"idx must be (batch, time) with at least one token, got shape {tuple(idx.shape)}")
+    B, T = idx.shape
+    if num_samples is not None and num_samples != B and B != 1:
+        raise MiniGPTError(f"num_samples={num_samples} needs a single prompt row, got {B} rows")
+    n_rows = num_samples or B
+    block_size = model.config.block_size
+    window = window or max(1, block_size // 2)
+    if not 1 <= window <= block_size:
+        raise MiniGPTError(f"window={window} must be between 1 and block_size={block_size}")
+
+    seq = idx.new_empty(n_rows, T + max_new_tokens)  # the whole sequence, filled as we go
+    seq[:, :T] = idx
+    n = T  # tokens in seq so far
+    start = max(0, T - block_size)  # a too-long prompt keeps its last block_size tokens
+    caches = model.new_kv_caches() if use_cache else None
+
+    was_training = model.training
+    model.eval()
+    try:
+        for _step in range(max_new_tokens):
+            new_start = context_start(start, n, block_size, window)
+            if caches is None:
+                logits = model(seq[:, new_start:n])
+            elif _step == 0 or new_start != start:  # (re-)prefill the whole context
+                for cache in caches:
+                    cache.reset()
+                prefill = seq[:1] if _step == 0 and B == 1 else seq
+                logits = model(prefill[:, new_start:n], kv_caches=caches)
+                if prefill.shape[0] != n_rows:
+                    _expand_caches(caches, n_rows)
+            else:  # the one new token; the cache holds everything before it
+                logits = model(seq[:, n - 1 : n], kv_caches=caches)
+            start = new_start
+            logits = logits[:, -1, :].float().expand(n_rows, -1)  # (n_rows, V)
+            if repetition_penalty is not None and repetition_penalty != 1.0:
+                logits = apply_repetition_penalty(logits, seq[:, :n], repetition_penalty)
+            token = sample_next(logits, temperature, top_k, top_p, generator)  # (n_rows,)
+            seq[:, n] = token
+            n += 1
+            yield token
+    finally:
+        model.train(was_training)
+
+
+def generate(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    repetition_penalty: float | None = None,
+    num_samples: int | None = None,
+    window: int | None = None,
+    stream: Callable[[Tensor], bool | None] | None = None,
+) -> Tensor:
+    """Continue the prompts idx (B, T) by `max_new_tokens` tokens -> (B', T + max_new_tokens).
+
+    Args:
+        temperature: divides the logits; 0 = greedy (argmax; top_k/top_p are then irrelevant).
+        top_k: sample only among the k most likely tokens.
+        top_p: sample only from the nucleus, the smallest set of tokens with probability mass >= p.
+        use_cache: KV-cache decoding (prefill once, then one token per step); False recomputes the
+            whole context every step. Both follow the same sliding window (module docstring).
+        generator: a seeded `torch.Generator` on the model's device makes sampling reproducible.
+        repetition_penalty: > 1 discourages tokens already in the sequence (None or 1 = off).
+        num_samples: with a single prompt row, B' = num_samples samples that share one prefill.
+        window: tokens kept when the context slides past block_size (default block_size // 2).
+        stream: called with each step's new tokens (B',); returning True stops early, and the
+            result is then shorter than T + max_new_tokens.
+    """
+    T = idx.shape[1] if idx.dim() == 2 else 0
+    steps = generate_tokens(
+        model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache,
+        generator=generator, repetition_penalty=repetition_penalty, num_samples=num_samples, window=window,
+    )  # fmt: skip
+    new: list[Tensor] = []
+    try:
+        for token in steps:
+            new.append(token)
+            if stream is not None and stream(token):
+                break
+    finally:
+        steps.close()  # restores the model's training mode even when stopped early
+    rows = num_samples or idx.shape[0]
+    if not new:
+        return idx.expand(rows, T).clone()
+    return torch.cat([idx.expand(rows, T), torch.stack(new, dim=1)], dim=1)

@@ -1,0 +1,166 @@
+"""Export: safetensors round trip, transformers GPT-2 directory (model + tokenizer), atomic writes, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_checkpoint import write_lightning_ckpt
+
+from mini_gpt import export
+from mini_gpt.checkpoint import load_model
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.export import export_model
+from mini_gpt.model import GPT, GPTConfig
+from mini_gpt.sampling import generate
+from mini_gpt.tokenizer import CharTokenizer, build_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+GPT2_BPE = REPO / ".." / "shared" / "data" / "tokenizers" / "gpt2.tiktoken"
+CHARS = CharTokenizer("\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def spread_model(seed: int = 0, **overrides) -> GPT:
+    """Random tiny model with untied, scaled-up weights: varied greedy output, logits far from ties."""
+    torch.manual_seed(seed)
+    overrides = {"tie_weights": False, **overrides}
+    cfg = GPTConfig.from_preset("tiny", vocab_size=CHARS.vocab_size, block_size=32, **overrides)
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    return model
+
+
+def same_weights(a: GPT, b: GPT) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"tie_weights": True}, {"pos_embedding": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}],
+)
+def test_safetensors_round_trip(tmp_path, overrides):
+    model = spread_model(**overrides)
+    out = export_model(model, CHARS, tmp_path / "export", "safetensors")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["mini_gpt"]["model_config"] == model.config.to_dict()
+    from safetensors import safe_open
+
+    with safe_open(out / "model.safetensors", "pt") as f:
+        # A tied head is stored once, as the embedding.
+        assert ("lm_head.weight" in set(f.keys())) == (not model.config.tie_weights)
+    for source in (out, out / "model.safetensors"):
+        loaded, tok = load_model(source)
+        assert tok == CHARS
+        assert same_weights(model, loaded)
+        x = torch.tensor([CHARS.encode("To be, or")])
+        assert torch.equal(loaded(x), model(x))
+
+
+def test_hf_export_greedy_generation_matches_transformers(tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    model = spread_model(seed=1)
+    out = export_model(model, CHARS, tmp_path / "hf", "hf")
+    hf = GPT2LMHeadModel.from_pretrained(out).eval()
+    prompt = torch.tensor([CHARS.encode("ROMEO:")])
+    ours = generate(model, prompt, 20, temperature=0)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(prompt).logits, model(prompt), rtol=1e-4, atol=1e-4)
+        theirs = hf.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False, pad_token_id=0
+        )
+    assert theirs.tolist() == ours.tolist()
+    assert len(set(ours[0, 6:].tolist())) > 3  # a varied continuation, not one repeated token
+    # ...and our loader reads the directory back (tokenizer from mini_gpt_tokenizer.json).
+    loaded, tok = load_model(out)
+    assert tok == CHARS
+    torch.testing.assert_close(loaded(prompt), model(prompt), rtol=0, atol=0)
+
+
+def test_hf_export_gpt2_tokenizer_files(tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = build_tokenizer("gpt2", bpe_file=GPT2_BPE)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("tiny", vocab_size=50257, block_size=32, n_embd=16))
+    out = export_model(model, tokenizer, tmp_path / "hf", "hf")
+    hf_tok = AutoTokenizer.from_pretrained(out)
+    text = "Hello world! It's 2024 — naïve café 🙂 東京\n\n  spaces   and\ttabs<|endoftext|>end"
+    assert hf_tok.encode(text) == tokenizer.encode(text)
+    assert hf_tok.decode(tokenizer.encode(text)) == text
+    assert hf_tok.eos_token_id == tokenizer.eot_id == 50256
+    # Without our JSON the loader rebuilds the BPE from GPT-2's vocab.json.
+    (out / "mini_gpt_tokenizer.json").unlink()
+    loaded, tok = load_model(out)
+    assert tok.encode(text) == tokenizer.encode(text)
+    assert same_weights(model.eval(), loaded)
+
+
+def test_hf_export_refuses_non_gpt2_configs(tmp_path):
+    model = spread_model(pos_embedding="rope")
+    with pytest.raises(MiniGPTError, match="format=safetensors"):
+        export_model(model, CHARS, tmp_path / "hf", "hf")
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+def test_export_is_atomic_and_overwrite_is_explicit(tmp_path, monkeypatch):
+    first, second = spread_model(seed=2), spread_model(seed=3)
+    out = export_model(first, CHARS, tmp_path / "m", "safetensors")
+    with pytest.raises(MiniGPTError, match="overwrite=true"):
+        export_model(second, CHARS, out, "safetensors")
+
+    def broken(model, tokenizer, directory):
+        (directory / "model.safetensors").write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export, "write_safetensors", broken)
+    with pytest.raises(OSError, match="disk full"):
+        export_model(second, CHARS, out, "safetensors", overwrite=True)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temporary directory left
+    assert same_weights(first, load_model(out)[0])  # the old export is intact
+    export_model(second, CHARS, out, "safetensors", overwrite=True)
+    assert same_weights(second, load_model(out)[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+@pytest.mark.slow
+def test_export_cli(tmp_path):
+    model = spread_model(seed=4, tie_weights=True)
+    ckpt = write_lightning_ckpt(tmp_path / "last.ckpt", model, CHARS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "mini_gpt.export",
+        f"ckpt={ckpt}",
+        "format=safetensors",
+        f"out={tmp_path / 'st'}",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert same_weights(model, load_model(tmp_path / "st")[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "st"]  # Hydra wrote no run directory
+    assert done.stdout.strip() == f"exported safetensors model to {tmp_path / 'st'}"
+
+
+def test_unknown_format(tmp_path):
+    with pytest.raises(MiniGPTError, match=r"format='onnx' is not one of \('hf', 'safetensors'\)"):
+        export_model(spread_model(), CHARS, tmp_path / "x", "onnx")
