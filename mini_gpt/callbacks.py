@@ -1,0 +1,442 @@
+"""Training callbacks: text samples, NaN guard, throughput/MFU, a progress bar, Ctrl-C, final validation.
+
+All of them read the device only at log intervals (`trainer.log_every_n_steps` optimizer steps) or at
+events that sync anyway (validation, checkpoints), so they add no per-step host-device syncs.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.utilities import rank_zero_only
+
+from mini_gpt.errors import MiniGPTError
+
+
+class NonFiniteLossError(MiniGPTError):
+    """Training produced a NaN/inf loss; raised (so nothing more is saved) by NaNGuard."""
+
+
+def _step_ended(trainer: L.Trainer, last: int) -> bool:
+    """True once per optimizer step (on_train_batch_end fires per micro-batch)."""
+    return trainer.global_step != last
+
+
+def _last_ckpt_path(trainer: L.Trainer) -> Path | None:
+    cb = trainer.checkpoint_callback
+    dirpath = getattr(cb, "dirpath", None)
+    if not dirpath:
+        return None
+    return (
+        Path(dirpath)
+        / f"{getattr(cb, 'CHECKPOINT_NAME_LAST', 'last')}{getattr(cb, 'FILE_EXTENSION', '.ckpt')}"
+    )
+
+
+# ---- checkpoints --------------------------------------------------------------------------------
+class EvalCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that writes last.ckpt after *every* evaluation.
+
+    Lightning (2.6) refreshes last.ckpt only when a top-k checkpoint was written at the same step, i.e.
+    when val/loss improved; a run whose val loss plateaus would resume from an old step.
+    """
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        # _should_skip_saving_checkpoint is also true when super() already saved at this step.
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+# ---- text samples ---------------------------------------------------------------------------------
+class SampleText(Callback):
+    """Every `every_n_steps` optimizer steps (and at the end), generate text from `prompt`, print it and
+    log it to W&B as a table of (step, text). Uses a private seeded generator: the global RNG (dropout)
+    is untouched, so sampling does not change training."""
+
+    def __init__(
+        self,
+        every_n_steps: int = 500,
+        prompt: str = "\n",
+        max_new_tokens: int = 200,
+        temperature: float = 0.8,
+        top_k: int | None = 40,
+        top_p: float | None = None,
+        seed: int = 0,
+        at_end: bool = True,
+        print_samples: bool = True,
+    ) -> None:
+        if every_n_steps < 0 or max_new_tokens < 1:
+            raise MiniGPTError("callbacks.sample_text: every_n_steps must be >= 0, max_new_tokens >= 1")
+        self.every_n_steps = every_n_steps  # 0 = only at the end
+        self.prompt = prompt
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_k = top_k
+        self.top_p = top_p
+        self.seed = seed
+        self.at_end = at_end
+        self.print_samples = print_samples
+        self.rows: list[list[Any]] = []  # (step, text) for the W&B table
+        self._last_step = -1
+
+    def sample(self, pl_module: L.LightningModule) -> str:
+        from mini_gpt.sampling import generate
+
+        tok = pl_module.tokenizer
+        ids = tok.encode(self.prompt) if self.prompt else []
+        if not ids:  # an empty prompt starts from end-of-text (BPE) or the first character
+            ids = [tok.eot_id if tok.eot_id is not None else 0]
+        device = pl_module.device
+        idx = torch.tensor([ids], dtype=torch.long, device=device)
+        gen = torch.Generator(device=device).manual_seed(self.seed + pl_module.global_step)
+        out = generate(
+            pl_module.model,
+            idx,
+            self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            generator=gen,
+        )
+        return tok.decode(out[0].tolist())
+
+    @rank_zero_only
+    def _emit(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        t0 = time.perf_counter()
+        text = self.sample(pl_module)
+        step = trainer.global_step
+        if self.print_samples:
+            print(f"\n--- sample at step {step} ---\n{text}\n---", flush=True)
+        self.rows.append([step, text])
+        from lightning.pytorch.loggers import WandbLogger
+
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):  # tables are immutable: log all rows so far
+                logger.log_text(key="samples", columns=["step", "text"], data=list(self.rows), step=step)
+        # Sampling is not training: keep it out of tokens/s.
+        pl_module.excluded_seconds = getattr(pl_module, "excluded_seconds", 0.0) + time.perf_counter() - t0
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if not _step_ended(trainer, self._last_step):
+            return
+        self._last_step = trainer.global_step
+        if self.every_n_steps and trainer.global_step % self.every_n_steps == 0:
+            self._emit(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.at_end and (not self.rows or self.rows[-1][0] != trainer.global_step):
+            self._emit(trainer, pl_module)
+
+
+# ---- NaN guard ------------------------------------------------------------------------------------
+class NaNGuard(Callback):
+    """Stops training with a one-line error once the loss has been NaN/inf.
+
+    Checked at every log interval and before every checkpoint that validation triggers (Lightning runs
+    ModelCheckpoint after the other callbacks), by reading the module's sticky on-device flag. It raises
+    NonFiniteLossError, so neither ModelCheckpoint nor Ctrl-C saving writes the broken state: last.ckpt
+    stays the last good one.
+    """
+
+    def __init__(self, check_every_n_steps: int | None = None) -> None:
+        self.check_every_n_steps = check_every_n_steps  # None = trainer.log_every_n_steps
+        self._last_step = -1
+
+    def _check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not pl_module.saw_nonfinite_loss():
+            return
+        last = _last_ckpt_path(trainer)
+        kept = f"last good checkpoint: {last}" if last and last.exists() else "no checkpoint was saved yet"
+        raise NonFiniteLossError(
+            f"training loss became NaN/inf by step {trainer.global_step}; stopped without saving this state "
+            f"({kept}); lower optim.lr, set trainer.gradient_clip_val, or use trainer.precision=32-true"
+        )
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if not _step_ended(trainer, self._last_step):
+            return
+        self._last_step = trainer.global_step
+        every = self.check_every_n_steps or max(1, trainer.log_every_n_steps)
+        if trainer.global_step % every == 0:
+            self._check(trainer, pl_module)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._check(trainer, pl_module)
+
+
+# ---- throughput / MFU -----------------------------------------------------------------------------
+# Dense bf16/fp16 tensor-core peaks (FLOP/s) by device-name substring; first match wins. 32-true uses
+# half of these (TF32 rate on Ampere and newer). Override with `peak_flops` for anything else.
+GPU_PEAK_FLOPS: list[tuple[str, float]] = [
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("GH200", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("A6000", 155e12),
+    ("4090", 165e12),
+    ("4080", 97e12),
+    ("3090", 71e12),
+    ("V100", 125e12),
+    ("T4", 65e12),
+]
+# Measured fp32 matmul peak of the reference 2-core CPU machine, used only if the probe fails.
+DEFAULT_CPU_PEAK_FLOPS = 185e9
+
+
+@functools.cache
+def measure_cpu_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 512, repeats: int = 5) -> float:
+    """Best-of-`repeats` FLOP/s of an n x n matmul on this CPU with torch's current threads (~0.1 s,
+    once per process). bf16 matters: CPUs with AMX/avx512_bf16 run it ~2x faster than fp32."""
+    try:
+        a = torch.randn(n, n, dtype=dtype)
+        b = torch.randn(n, n, dtype=dtype)
+        reps = 4
+        torch.mm(a, b)  # warm up (thread pool, kernel choice)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+        return 2 * n**3 * reps / best
+    except (RuntimeError, TypeError):
+        return DEFAULT_CPU_PEAK_FLOPS
+
+
+def _precision_dtype(precision: str) -> torch.dtype:
+    precision = str(precision)
+    if "bf16" in precision:
+        return torch.bfloat16
+    if precision.startswith("16"):
+        return torch.float16
+    return torch.float32
+
+
+def peak_flops(device: torch.device, precision: str = "32-true", override: float | None = None) -> float:
+    """Peak FLOP/s for MFU: `override` if given; a known GPU's dense tensor-core peak; or, on CPU, a
+    matmul probe in the training dtype."""
+    if override:
+        return float(override)
+    dtype = _precision_dtype(precision)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, flops in GPU_PEAK_FLOPS:
+            if key.lower() in name.lower():
+                return flops if dtype != torch.float32 else flops / 2
+        return 0.0  # unknown GPU: MFU is not logged unless peak_flops is configured
+    if device.type == "cpu":
+        return measure_cpu_matmul_flops(dtype)
+    return 0.0
+
+
+class Throughput(Callback):
+    """Logs `tokens_per_sec` and `mfu` every log interval; keeps run totals for summary.json.
+
+    Time counted is training wall time: validation and text sampling are left out. Tokens are counted
+    from the batches themselves (x tokens x world size), so accumulation and DDP need no configuration.
+    MFU = flops_per_token (model, forward + backward) x tokens/s / peak FLOP/s of one device x devices.
+    """
+
+    def __init__(self, peak_flops: float | None = None) -> None:
+        self.peak_flops_override = peak_flops
+        self.peak: float | None = None
+        self.total_tokens = 0  # trained tokens in this run (all ranks)
+        self.total_seconds = 0.0  # training seconds in this run
+        self._tokens = 0
+        self._t0 = 0.0
+        self._excluded0 = 0.0
+        self._val_t0 = 0.0
+        self._val_seconds = 0.0
+        self._last_step = -1
+        self._flops_per_token = 0.0
+
+    def _sync(self, pl_module: L.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._t0 = time.perf_counter()
+        self._excluded0 = getattr(pl_module, "excluded_seconds", 0.0)
+        self._last_step = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        x = batch[0] if isinstance(batch, list | tuple) else batch
+        self._tokens += x.numel() * trainer.world_size
+        if not _step_ended(trainer, self._last_step):
+            return
+        self._last_step = trainer.global_step
+        if trainer.global_step % max(1, trainer.log_every_n_steps):
+            return
+        self._sync(pl_module)
+        now = time.perf_counter()
+        excluded = getattr(pl_module, "excluded_seconds", 0.0)
+        seconds = now - self._t0 - self._val_seconds - (excluded - self._excluded0)
+        self.total_tokens += self._tokens
+        self.total_seconds += max(seconds, 0.0)
+        metrics = {"tokens_per_sec": self._tokens / seconds if seconds > 0 else 0.0}
+        if self.peak is None:  # first log interval: the CPU probe runs here, not before step 1
+            self.peak = peak_flops(pl_module.device, str(trainer.precision), self.peak_flops_override)
+            seq_len = x.shape[-1] if x.dim() > 1 else None
+            self._flops_per_token = pl_module.model.flops_per_token(seq_len)
+            self._t0 = time.perf_counter()  # the probe is not training either
+        else:
+            self._t0 = now
+        if self.peak:
+            metrics["mfu"] = (
+                self._flops_per_token * metrics["tokens_per_sec"] / (self.peak * trainer.world_size)
+            )
+        self._tokens = 0
+        self._val_seconds = 0.0
+        self._excluded0 = excluded
+        pl_module.queue_scalars(metrics)  # logged with train/loss in the module's hook
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Fold in the tail after the last log interval.
+        self._sync(pl_module)
+        excluded = getattr(pl_module, "excluded_seconds", 0.0)
+        seconds = time.perf_counter() - self._t0 - self._val_seconds - (excluded - self._excluded0)
+        self.total_tokens += self._tokens
+        self.total_seconds += max(seconds, 0.0)
+        self._tokens = 0
+        self._t0 = time.perf_counter()
+        self._val_seconds = 0.0
+        self._excluded0 = excluded
+
+    @property
+    def tokens_per_sec(self) -> float:
+        return self.total_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self._sync(pl_module)
+            self._val_t0 = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._val_t0:
+            self._val_seconds += time.perf_counter() - self._val_t0
+            self._val_t0 = 0.0
+
+
+# ---- progress bar ---------------------------------------------------------------------------------
+class ProgressBar(RichProgressBar):
+    """Rich bar showing train loss, last val loss, tokens/s and MFU from the module's python-side
+    `bar_metrics` (updated at log intervals), so refreshing it never syncs with the device."""
+
+    def __init__(self, refresh_rate: int = 10, leave: bool = True) -> None:
+        super().__init__(refresh_rate=refresh_rate, leave=leave)
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        m = getattr(pl_module, "bar_metrics", {})
+        shown: dict[str, Any] = {}
+        if "train/loss" in m:
+            shown["loss"] = f"{m['train/loss']:.4f}"
+        if "val_loss" in m:
+            shown["val"] = f"{m['val_loss']:.4f}"
+        if "tokens_per_sec" in m:
+            shown["tok/s"] = f"{m['tokens_per_sec']:,.0f}"
+        if "mfu" in m:
+            shown["mfu"] = f"{100 * m['mfu']:.1f}%"
+        return shown
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        return "train"  # one endless epoch: "Epoch 0/-2" would only confuse
+
+    @property
+    def total_train_batches(self) -> int | float:
+        total = super().total_train_batches
+        trainer = self.trainer
+        if total == float("inf") and trainer.max_steps > 0:  # endless loader: show progress to max_steps
+            return trainer.max_steps * trainer.accumulate_grad_batches
+        return total
+
+
+# ---- Ctrl-C ---------------------------------------------------------------------------------------
+class SaveOnInterrupt(Callback):
+    """First Ctrl-C (SIGINT): finish the current optimizer step, save last.ckpt, exit. A second
+    Ctrl-C interrupts at once. Saving between steps keeps the checkpoint consistent, so resuming from
+    it is exact. Nothing is saved if the loss had become NaN/inf (NaNGuard's state)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.saved_path: Path | None = None
+        self._previous: Any = None
+        self._last_step = -1
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.requested:  # second Ctrl-C
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nCtrl-C: saving last.ckpt after this step (press again to quit now)", file=sys.stderr)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last_step = trainer.global_step
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+
+    def _restore(self) -> None:
+        if self._previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Path | None:
+        path = _last_ckpt_path(trainer)
+        if path is None or pl_module.saw_nonfinite_loss():
+            return None
+        # dump + strategy save: no barrier (a rank interrupted alone must not wait for the others).
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        trainer.strategy.save_checkpoint(checkpoint, path)
+        self.saved_path = path
+        if trainer.is_global_zero:
+            print(f"interrupted at step {trainer.global_step}: saved {path}", file=sys.stderr, flush=True)
+        return path
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if not self.requested or not _step_ended(trainer, self._last_step):
+            return
+        self._last_step = trainer.global_step
+        self.save(trainer, pl_module)
+        self._restore()
+        raise KeyboardInterrupt  # Lightning shuts down gracefully and exits with status 1
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore()
+        # A KeyboardInterrupt that did not come through our handler (e.g. SIGINT handled elsewhere):
+        # save what we have. After a second Ctrl-C the user asked to quit now: save nothing more.
+        if isinstance(exception, KeyboardInterrupt) and not self.requested and trainer.global_step > 0:
+            self.save(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore()
+
+
+# ---- final validation -----------------------------------------------------------------------------
+class ValidateAtEnd(Callback):
+    """Make the last optimizer step run validation (and so the checkpoint callback) even when
+    max_steps is not a multiple of val_check_interval: Lightning validates when should_stop is set."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step:  # reached only after the last micro-batch
+            trainer.should_stop = True

@@ -1,0 +1,220 @@
+"""Callbacks: NaN guard keeps the last good checkpoint, Ctrl-C saves one, throughput/MFU, samples."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mini_gpt.callbacks import (
+    GPU_PEAK_FLOPS,
+    NaNGuard,
+    NonFiniteLossError,
+    ProgressBar,
+    SampleText,
+    SaveOnInterrupt,
+    Throughput,
+    ValidateAtEnd,
+    measure_cpu_matmul_flops,
+    peak_flops,
+)
+from mini_gpt.model import GPTConfig
+from mini_gpt.optim import OptimConfig
+
+BLOCK = 32
+
+
+@pytest.fixture(scope="session")
+def char_data_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> Path:
+    from mini_gpt.data import DataConfig, prepare_data
+
+    root = tmp_path_factory.getbasetemp() / "mini_gpt_char_cache"
+    prepare_data(DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(root)))
+    return root
+
+
+@pytest.fixture
+def dm(char_data_dir: Path, shakespeare_path: Path) -> Any:
+    from mini_gpt.data import DataConfig
+    from mini_gpt.datamodule import GPTDataModule
+
+    cfg = DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(char_data_dir))
+    return GPTDataModule(cfg, block_size=BLOCK, batch_size=4, seed=3, val_windows=4)
+
+
+def _module(dm: Any, nan_from_step: int | None = None) -> Any:
+    from mini_gpt.lit_module import GPTLitModule
+
+    class Module(GPTLitModule):
+        def loss(self, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+            loss = super().loss(x, y, reduction)
+            if self.training and nan_from_step is not None and self.global_step + 1 >= nan_from_step:
+                return loss * float("nan")  # injected: from this step (counted from 1) on, loss is NaN
+            return loss
+
+    torch.manual_seed(0)
+    config = GPTConfig.from_preset("tiny", vocab_size=dm.vocab_size, block_size=BLOCK)
+    return Module(config, OptimConfig(lr=1e-3), tokenizer=dm.tokenizer, max_steps=50)
+
+
+def _trainer(tmp_path: Path, callbacks: list[Any], **kwargs: Any) -> Any:
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from mini_gpt.callbacks import EvalCheckpoint
+
+    ckpt = EvalCheckpoint(dirpath=tmp_path / "ckpt", filename="best", monitor="val/loss", save_last=True)
+    base: dict[str, Any] = dict(
+        accelerator="cpu",
+        max_steps=8,
+        max_epochs=-1,
+        val_check_interval=2,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=CSVLogger(tmp_path, name="csv", version=""),
+        callbacks=[*callbacks, ckpt],
+    )
+    base.update(kwargs)
+    return L.Trainer(**base)
+
+
+def _ckpt_step(path: Path) -> int:
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+    return ckpt["global_step"]
+
+
+def test_nan_guard_stops_at_log_interval_and_keeps_last_good(tmp_path: Path, dm: Any) -> None:
+    trainer = _trainer(tmp_path, [NaNGuard()])
+    with pytest.raises(NonFiniteLossError, match="NaN/inf by step 5") as err:
+        trainer.fit(_module(dm, nan_from_step=5), datamodule=dm)
+    assert str(tmp_path / "ckpt" / "last.ckpt") in str(err.value)
+    assert "\n" not in str(err.value)
+    assert _ckpt_step(tmp_path / "ckpt" / "last.ckpt") == 4
+
+
+def test_nan_guard_runs_before_checkpointing_at_validation(tmp_path: Path, dm: Any) -> None:
+    # Logging (and so the interval check) only every 50 steps: validation at step 4 must catch it.
+    trainer = _trainer(tmp_path, [NaNGuard()], log_every_n_steps=50)
+    with pytest.raises(NonFiniteLossError, match="by step 4"):
+        trainer.fit(_module(dm, nan_from_step=3), datamodule=dm)
+    assert _ckpt_step(tmp_path / "ckpt" / "last.ckpt") == 2  # the NaN state of step 4 was not saved
+
+
+def test_last_checkpoint_refreshed_at_every_evaluation(tmp_path: Path, dm: Any) -> None:
+    """Even when val/loss gets worse (lr far too high), last.ckpt follows the latest evaluation."""
+    from mini_gpt.lit_module import GPTLitModule
+
+    torch.manual_seed(0)
+    config = GPTConfig.from_preset("tiny", vocab_size=dm.vocab_size, block_size=BLOCK)
+    module = GPTLitModule(config, OptimConfig(lr=5.0, min_lr=5.0, warmup_steps=0, weight_decay=0.0))
+    trainer = _trainer(tmp_path, [], max_steps=6, gradient_clip_val=None)
+    trainer.fit(module, datamodule=dm)
+    losses = [v for _, _, v in module.val_history]
+    assert min(losses) < losses[-1]  # val got worse at the end: no new best
+    assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == 6
+
+
+def test_without_guard_nan_would_be_checkpointed(tmp_path: Path, dm: Any) -> None:
+    """Control for the two tests above: the injected NaN really reaches the checkpoint otherwise."""
+    trainer = _trainer(tmp_path, [], max_steps=4, log_every_n_steps=50)
+    trainer.fit(_module(dm, nan_from_step=3), datamodule=dm)
+    ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 4
+    assert not all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+
+
+def test_sigint_saves_last_checkpoint_between_steps(tmp_path: Path, dm: Any) -> None:
+    import lightning as L
+
+    class CtrlC(L.Callback):
+        def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == 2:  # the signal arrives during step 3
+                os.kill(os.getpid(), signal.SIGINT)
+
+    saver = SaveOnInterrupt()
+    trainer = _trainer(tmp_path, [CtrlC(), saver], val_check_interval=100)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit):  # Lightning's graceful shutdown after KeyboardInterrupt
+            trainer.fit(_module(dm), datamodule=dm)
+    finally:
+        signal.signal(signal.SIGINT, previous)  # Lightning leaves SIGINT ignored after an interrupt
+    assert saver.saved_path == tmp_path / "ckpt" / "last.ckpt"
+    assert _ckpt_step(saver.saved_path) == 3  # step 3 finished, then saved
+
+
+def test_throughput_logs_tokens_per_sec_and_mfu(tmp_path: Path, dm: Any) -> None:
+    peak = 1e10
+    throughput = Throughput(peak_flops=peak)
+    module = _module(dm)
+    trainer = _trainer(tmp_path, [throughput], max_steps=6, log_every_n_steps=3, val_check_interval=100)
+    trainer.fit(module, datamodule=dm)
+    rows = (tmp_path / "csv" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    logged = [dict(zip(header, r.split(","))) for r in rows[1:]]
+    logged = [r for r in logged if r.get("tokens_per_sec")]
+    assert [int(r["step"]) for r in logged] == [3, 6]
+    flops_per_token = module.model.flops_per_token(BLOCK)
+    for r in logged:
+        tps, mfu = float(r["tokens_per_sec"]), float(r["mfu"])
+        assert tps > 0
+        assert mfu == pytest.approx(flops_per_token * tps / peak, rel=1e-6)
+    assert throughput.total_tokens == 6 * 4 * BLOCK
+    assert throughput.total_seconds > 0 and throughput.tokens_per_sec > 0
+
+
+def test_peak_flops_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert peak_flops(torch.device("cpu"), "32-true", override=123.0) == 123.0
+    cpu = measure_cpu_matmul_flops(torch.float32)
+    assert 1e8 < cpu < 1e14  # a plausible CPU, measured (cached per process)
+    assert measure_cpu_matmul_flops(torch.float32) == cpu
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert peak_flops(torch.device("cuda"), "bf16-mixed") == 989e12
+    assert peak_flops(torch.device("cuda"), "32-true") == 989e12 / 2
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-40GB")
+    assert peak_flops(torch.device("cuda"), "16-mixed") == 312e12
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Mystery GPU")
+    assert peak_flops(torch.device("cuda"), "bf16-mixed") == 0.0
+    assert dict(GPU_PEAK_FLOPS)["H200"] == 989e12
+
+
+def test_sample_text_is_seeded_and_leaves_training_rng_alone(dm: Any) -> None:
+    module = _module(dm)
+    cb = SampleText(prompt="ROMEO:", max_new_tokens=25, seed=5)
+    rng = torch.get_rng_state()
+    a, b = cb.sample(module), cb.sample(module)
+    assert torch.equal(rng, torch.get_rng_state())
+    assert a == b and a.startswith("ROMEO:") and len(a) == len("ROMEO:") + 25
+    assert set(a) <= set(dm.tokenizer.decode(list(range(dm.vocab_size))))
+
+
+def test_samples_printed_during_training_and_final_validation(
+    tmp_path: Path, dm: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = _module(dm)
+    cb = SampleText(every_n_steps=3, max_new_tokens=10)
+    trainer = _trainer(tmp_path, [cb, ValidateAtEnd()], max_steps=5, val_check_interval=3)
+    trainer.fit(module, datamodule=dm)
+    assert [row[0] for row in cb.rows] == [3, 5]  # every 3 steps, plus at the end
+    assert "--- sample at step 3 ---" in capsys.readouterr().out
+    # validation at step 3 (interval) and at step 5 (end of training, not a multiple of 3)
+    assert [s for s, _, _ in module.val_history] == [3, 5]
+    assert math.isfinite(module.val_history[-1][2])
+
+
+def test_progress_bar_shows_python_side_metrics(dm: Any) -> None:
+    module = _module(dm)
+    module.bar_metrics.update(
+        {"train/loss": 2.34567, "val_loss": 2.5, "tokens_per_sec": 12345.6, "mfu": 0.4321}
+    )
+    shown = ProgressBar().get_metrics(None, module)  # type: ignore[arg-type]
+    assert shown == {"loss": "2.3457", "val": "2.5000", "tok/s": "12,346", "mfu": "43.2%"}
