@@ -1,0 +1,240 @@
+"""Sweeps: the Optuna search (hparams_search/), the W&B sweep file (conf/sweep/), the SLURM launcher."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parents[1]
+SEARCHED = {"optim.lr", "optim.warmup_steps", "model.dropout", "optim.weight_decay"}
+
+
+def _compose(overrides: list[str], hydra: bool = False) -> Any:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides, return_hydra_config=hydra)
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(NETRC=str(home / "no-netrc"), PYTHONPATH=str(REPO), WANDB_MODE="disabled", WANDB_SILENT="true")
+    return env
+
+
+@pytest.fixture(scope="module")
+def char_cache(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> Path:
+    from mini_gpt.data import DataConfig, prepare_data
+
+    root = tmp_path_factory.getbasetemp() / "mini_gpt_char_cache"
+    prepare_data(DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(root)))
+    return root
+
+
+def _tiny(data_dir: Path, shakespeare: Path, steps: int) -> list[str]:
+    return [
+        "model=tiny",
+        f"data.path={shakespeare}",
+        f"data.data_dir={data_dir}",
+        "loader.batch_size=8",
+        "loader.val_windows=16",
+        f"trainer.max_steps={steps}",
+        f"trainer.val_check_interval={steps}",
+        "trainer.accelerator=cpu",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "trainer.enable_checkpointing=false",
+        "callbacks.sample_text=null",
+    ]
+
+
+# ---- Optuna ----------------------------------------------------------------------------------------
+
+
+def test_lr_search_composes_with_real_keys() -> None:
+    cfg = _compose(["hparams_search=lr_search"], hydra=True)
+    sweeper = cfg.hydra.sweeper
+    assert sweeper._target_.endswith("optuna_sweeper.OptunaSweeper")
+    assert sweeper.sampler._target_ == "optuna.samplers.TPESampler"
+    assert sweeper.sampler.seed == 1234
+    assert sweeper.direction == "minimize"
+    assert sweeper.n_jobs == 1
+    assert sweeper.max_failure_rate == 1.0  # n_jobs=1: anything lower ends the sweep at one failure
+    assert set(sweeper.params) == SEARCHED
+    for key in SEARCHED:  # every searched key exists in the composed config (a typo would not sweep)
+        assert OmegaConf.select(cfg, key, throw_on_missing=True) is not None, key
+    # trials get their own directories under one sweep dir
+    assert OmegaConf.to_container(cfg.hydra.sweep)["subdir"] == "${hydra.job.num}"
+
+
+@pytest.mark.slow
+def test_optuna_sweep_runs_trials_and_survives_a_failed_one(
+    tmp_path: Path, char_cache: Path, shakespeare_path: Path
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    # loader.batch_size=choice(8,0) joins the search space from the command line: batch size 0 makes a
+    # trial fail (MiniGPTError); with sampler seed 2 the three trials draw 8, 8 and 0 (optuna 2.10).
+    overrides = [
+        *[o for o in _tiny(char_cache, shakespeare_path, steps=3) if not o.startswith("loader.batch_size")],
+        "hparams_search=lr_search",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.sampler.seed=2",
+        "loader.batch_size=choice(8,0)",
+        "logger=wandb",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "-m", *overrides],
+        cwd=tmp_path, env={**_env(tmp_path), "WANDB_MODE": "offline"}, capture_output=True, text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+
+    results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert set(results["best_params"]) == SEARCHED | {"loader.batch_size"}
+    values = {}
+    for trial in range(3):
+        summary = sweep_dir / str(trial) / "summary.json"
+        if summary.is_file():
+            values[trial] = json.loads(summary.read_text())["best_val_loss"]
+    assert sorted(values) == [0, 1], (values, out[-3000:])  # trial 2 failed, the sweep went on
+    group = f"multirun-{sweep_dir.parent.name}_{sweep_dir.name}".encode()
+    for trial in values:  # one W&B run per trial (finished after each job), all in the sweep's group
+        runs = list((sweep_dir / str(trial) / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert len(runs) == 1, runs
+        records = runs[0].read_bytes()
+        assert group in records and f"trial-{trial}".encode() in records
+    assert "Failed experiment: batch_size=0 must be a positive integer" in out
+    assert results["best_value"] == pytest.approx(min(values.values()), abs=1e-12)
+    assert results["best_params"]["loader.batch_size"] == 8
+    assert "Best parameters" in out
+
+
+def test_nonfinite_objective_becomes_inf_in_multirun() -> None:
+    """A NaN objective crashes hydra-optuna-sweeper 1.3 (optuna 2.10 refuses it, then the sweeper's
+    FAIL fallback raises); train.py hands the sweeper +inf instead, which Optuna records as the worst."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mini_gpt_train_script_sw", REPO / "train.py")
+    assert spec is not None and spec.loader is not None
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    assert train.sweep_objective(float("nan")) == math.inf
+    assert train.sweep_objective(None) == math.inf
+    assert train.sweep_objective(-math.inf) == math.inf
+    assert train.sweep_objective(1.25) == 1.25
+
+
+def test_wandb_group_for_sweeps() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mini_gpt_train_script_sw2", REPO / "train.py")
+    assert spec is not None and spec.loader is not None
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    assert train.default_wandb_group({"WANDB_SWEEP_ID": "abc123"}, sweep_dir=None) == "sweep-abc123"
+    assert (
+        train.default_wandb_group({}, sweep_dir="/x/outputs/train/multiruns/2024-01-02/03-04-05")
+        == "multirun-2024-01-02_03-04-05"
+    )
+    assert train.default_wandb_group({}, sweep_dir=None) is None
+
+
+# ---- W&B sweeps ------------------------------------------------------------------------------------
+
+SWEEP_FILE = REPO / "conf" / "sweep" / "lr.yaml"
+
+
+def _agent_command(spec: dict[str, Any], params: dict[str, Any]) -> list[str]:
+    """The argv `wandb agent` runs for one trial: its own macro expansion (wandb/wandb_agent.py) with
+    the flags from wandb's create_sweep_command_args; ${interpreter} is this Python, not `python`."""
+    from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
+
+    macros = create_sweep_command_args({"args": {k: {"value": v} for k, v in params.items()}})
+    macros.update(env=["/usr/bin/env"], interpreter=[sys.executable], program=[spec["program"]])
+    argv: list[str] = []
+    for part in map(str, spec["command"]):
+        argv += macros[part[2:-1]] if part.startswith("${") and part.endswith("}") else [part]
+    return argv
+
+
+def test_wandb_sweep_file_has_the_required_keys() -> None:
+    spec = yaml.safe_load(SWEEP_FILE.read_text())
+    assert spec["program"] == "train.py"
+    assert spec["method"] in {"grid", "random", "bayes"}
+    assert spec["metric"] == {"name": "val/loss", "goal": "minimize"}
+    assert set(spec["parameters"]) == SEARCHED
+    assert "${args_no_hyphens}" in spec["command"]
+    cfg = _compose([])
+    for key in spec["parameters"]:  # the parameter names are real Hydra keys
+        assert OmegaConf.select(cfg, key, throw_on_missing=True) is not None, key
+    # no folder in conf/ is a defaults-list group named `sweep`
+    assert "sweep" not in {
+        next(iter(d)) for d in OmegaConf.load(REPO / "conf/train.yaml").defaults if isinstance(d, dict)
+    }
+
+
+def test_agent_command_expansion() -> None:
+    spec = yaml.safe_load(SWEEP_FILE.read_text())
+    argv = _agent_command(spec, {"optim.lr": 0.002, "optim.warmup_steps": 50})
+    assert argv[:3] == ["/usr/bin/env", sys.executable, "train.py"]
+    assert argv[-2:] == ["optim.lr=0.002", "optim.warmup_steps=50"]
+
+
+@pytest.mark.slow
+def test_wandb_sweep_command_runs_train(tmp_path: Path, char_cache: Path, shakespeare_path: Path) -> None:
+    spec = yaml.safe_load(SWEEP_FILE.read_text())
+    params = {"optim.lr": 0.0031, "optim.warmup_steps": 25, "model.dropout": 0.05, "optim.weight_decay": 0.02}
+    argv = _agent_command(spec, params)
+    run_dir = tmp_path / "trial"
+    argv += [*_tiny(char_cache, shakespeare_path, steps=2), "logger=csv", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(
+        argv, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=180,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    resolved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    assert resolved.optim.lr == 0.0031
+    assert resolved.optim.warmup_steps == 25
+    assert resolved.model.dropout == 0.05
+    assert resolved.optim.weight_decay == 0.02
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2
+    assert math.isfinite(summary["final_val_loss"])
+    assert (run_dir / "csv" / "metrics.csv").is_file()
+
+
+# ---- SLURM launcher --------------------------------------------------------------------------------
+
+
+def test_slurm_launcher_composes() -> None:
+    from hydra.utils import instantiate
+
+    cfg = _compose(
+        ["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.tasks_per_node=8"],
+        hydra=True,
+    )
+    launcher_cfg = cfg.hydra.launcher
+    assert launcher_cfg._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert launcher_cfg.partition == "gpu"
+    assert launcher_cfg.tasks_per_node == 8
+    assert launcher_cfg.timeout_min == 240
+    # the plugin's own keys are all present (ours extends submitit_slurm)
+    assert {"signal_delay_s", "max_num_timeout", "additional_parameters", "qos"} <= set(launcher_cfg)
+    OmegaConf.register_new_resolver("repo_root", lambda: str(REPO), replace=True)  # as train.py does
+    launcher = instantiate(launcher_cfg)
+    # (Hydra's plugin discovery imports the module under its own name: compare by name, not isinstance)
+    assert type(launcher).__qualname__ == "SlurmLauncher"
+    assert launcher.params["partition"] == "gpu"
+    assert launcher.params["submitit_folder"].endswith("/.submitit/%j")  # job logs inside the sweep dir
