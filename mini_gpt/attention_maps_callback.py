@@ -1,0 +1,182 @@
+"""Training callback: watch the heads form, as attention heatmaps + entropy/distance summaries.
+
+Off by default. With `callbacks.attention_maps.every_n_steps=N` (N > 0), every N optimizer steps it runs
+the model on a fixed prompt through the exact attention path and logs the figures of
+`mini_gpt.visualize` to W&B as images (keys `attention/maps`, `attention/summary`). When no W&B run is
+active (no WandbLogger, or WANDB_MODE=disabled) it writes PNGs instead, under
+`<run dir>/attention_maps/step<NNNNNN>_{maps,summary}.png`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_only
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.visualize import attention_maps, attention_summary, parse_selection, save_figure
+
+DEFAULT_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak."
+
+
+def _wandb_loggers(trainer: L.Trainer) -> list[Any]:
+    """WandbLoggers whose run really records something (WANDB_MODE=disabled counts as W&B off)."""
+    if os.environ.get("WANDB_MODE", "").lower() == "disabled":
+        return []
+    from lightning.pytorch.loggers import WandbLogger
+
+    found = []
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger) and not getattr(logger.experiment, "disabled", False):
+            found.append(logger)
+    return found
+
+
+def _png_image(fig: Any, dpi: int) -> Any:
+    """A wandb.Image of a figure, rendered to PNG here (no plotly conversion); closes the figure."""
+    import matplotlib.pyplot as plt
+    import wandb
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    buf.seek(0)
+    return wandb.Image(Image.open(buf).convert("RGB"))
+
+
+class AttentionMaps(Callback):
+    """Every `every_n_steps` optimizer steps, draw the attention of `pl_module.model` on `prompt`.
+
+    Args:
+        every_n_steps: 0 = off (the default).
+        prompt: fixed text to look at; None = a short Shakespeare line, minus characters the
+            tokenizer does not know. A user prompt the tokenizer cannot encode fails at fit start.
+        layers, heads: as in `python -m mini_gpt.visualize` (int, list or "all").
+        summary: also draw the entropy / mean-distance bar chart.
+        max_tokens: keep the last N prompt tokens (default: block_size); long prompts give huge grids.
+        out_dir: where PNGs go when W&B is off (default `<trainer.default_root_dir>/attention_maps`).
+        dpi: resolution of the PNGs / W&B images.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 0,
+        prompt: str | None = None,
+        layers: Any = "all",
+        heads: Any = "all",
+        summary: bool = True,
+        max_tokens: int | None = 64,
+        out_dir: str | None = None,
+        dpi: int = 100,
+    ) -> None:
+        if not isinstance(every_n_steps, int) or every_n_steps < 0:
+            raise MiniGPTError(
+                f"callbacks.attention_maps.every_n_steps={every_n_steps!r} must be an int >= 0"
+            )
+        self.every_n_steps = every_n_steps
+        self.prompt = prompt
+        self.layers = layers
+        self.heads = heads
+        self.summary = summary
+        self.max_tokens = max_tokens
+        self.out_dir = out_dir
+        self.dpi = dpi
+        self.saved: list[Path] = []  # PNGs written (when W&B is off)
+        self._prompt_text: str | None = None
+        self._last_step = -1
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_n_steps > 0
+
+    def _tokenizer(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
+        tok = getattr(pl_module, "tokenizer", None)
+        if tok is None:
+            tok = getattr(getattr(trainer, "datamodule", None), "tokenizer", None)
+        if isinstance(tok, dict):
+            from mini_gpt.tokenizer import tokenizer_from_dict
+
+            tok = tokenizer_from_dict(tok)
+        return tok
+
+    def _resolve_prompt(self, tokenizer: Any) -> str:
+        if self.prompt:
+            tokenizer.encode(self.prompt)  # a prompt the vocabulary cannot spell: MiniGPTError now
+            return self.prompt
+        kept = []
+        for ch in DEFAULT_PROMPT:  # a char vocabulary from another corpus may lack some characters
+            try:
+                if tokenizer.encode(ch):
+                    kept.append(ch)
+            except (MiniGPTError, KeyError, ValueError):
+                continue
+        if not kept:
+            raise MiniGPTError(
+                "callbacks.attention_maps: the tokenizer can encode none of the default prompt; "
+                "set callbacks.attention_maps.prompt"
+            )
+        return "".join(kept)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not self.enabled or stage != "fit":
+            return
+        model = getattr(pl_module, "model", None)
+        if model is None or not hasattr(model, "config"):
+            raise MiniGPTError("callbacks.attention_maps needs a LightningModule with the GPT at .model")
+        # Fail at the start, not after hours of training, on a bad layer/head selection.
+        parse_selection(self.layers, model.config.n_layer, "callbacks.attention_maps.layers")
+        parse_selection(self.heads, model.config.n_head, "callbacks.attention_maps.heads")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.enabled:
+            return
+        tok = self._tokenizer(trainer, pl_module)
+        if tok is None:
+            raise MiniGPTError("callbacks.attention_maps: no tokenizer on the module or datamodule")
+        self._prompt_text = self._resolve_prompt(tok)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if not self.enabled or trainer.global_step == self._last_step:
+            return  # once per optimizer step: this hook fires per micro-batch
+        self._last_step = trainer.global_step
+        if trainer.global_step % self.every_n_steps == 0:
+            self.log_maps(trainer, pl_module)
+
+    @rank_zero_only
+    def log_maps(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Draw the figures for the current weights and log (W&B) or save (PNG) them."""
+        t0 = time.perf_counter()
+        tok = self._tokenizer(trainer, pl_module)
+        prompt = self._prompt_text or self._resolve_prompt(tok)
+        model, step = pl_module.model, trainer.global_step
+        figures = {"maps": attention_maps(model, tok, prompt, self.layers, self.heads, self.max_tokens)[0]}
+        if self.summary:
+            figures["summary"] = attention_summary(model, tok, prompt, self.layers, self.max_tokens)[0]
+        loggers = _wandb_loggers(trainer)
+        if loggers:
+            images = {name: _png_image(fig, self.dpi) for name, fig in figures.items()}
+            for logger in loggers:
+                for name, image in images.items():
+                    logger.log_image(key=f"attention/{name}", images=[image], step=step)
+        else:
+            root = Path(self.out_dir) if self.out_dir else Path(trainer.default_root_dir) / "attention_maps"
+            for name, fig in figures.items():
+                self.saved.append(save_figure(fig, root / f"step{step:06d}_{name}.png", self.dpi))
+        # Drawing is not training: keep it out of tokens/s (the Throughput callback subtracts this).
+        pl_module.excluded_seconds = getattr(pl_module, "excluded_seconds", 0.0) + time.perf_counter() - t0
+
+
+def build_attention_maps(cfg: Any = None) -> AttentionMaps | None:
+    """The callback from the `callbacks.attention_maps` config mapping, or None when it is off."""
+    if not cfg:
+        return None
+    kwargs = dict(cfg)
+    cb = AttentionMaps(**kwargs)
+    return cb if cb.enabled else None

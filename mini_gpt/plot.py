@@ -1,0 +1,317 @@
+"""Loss and learning-rate curves of a training run, as a PNG, from the files the run left locally.
+
+    python -m mini_gpt.plot outputs/train/runs/2024-05-01/12-00-00            # -> <RUN_DIR>/curves.png
+    python -m mini_gpt.plot RUN_DIR out=curves.png
+
+For people who train without W&B online. Sources, all searched for anywhere below RUN_DIR:
+- `metrics.csv` written by Lightning's CSVLogger (train/loss, val/loss, lr, ...) and W&B offline run
+  files (`wandb/offline-run-*/run-*.wandb`, read without wandb's servers); several files (e.g. one
+  per resumed run) are merged, a later file winning on a repeated step;
+- `summary.json` written by train.py: its `val_curve` ([step, seconds, val_loss] rows) gives the
+  validation curve when it has at least as many points as the CSVs' (its steps are exact).
+Only matplotlib (Agg) and the standard library: no Lightning, no torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import struct
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
+
+from mini_gpt.errors import MiniGPTError, exit_on_user_error
+
+Series = dict[int, float]  # step -> value
+
+# Column names tried in order for each curve (ours first, then common Lightning spellings).
+TRAIN_KEYS = ("train/loss", "train_loss", "train/loss_step", "train_loss_step", "loss")
+VAL_KEYS = ("val/loss", "val_loss", "val/loss_epoch", "valid/loss", "validation/loss")
+LR_PREFIXES = ("lr", "lr-", "learning_rate", "lr/")
+
+
+def _float(text: str) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _pick(columns: list[str], keys: tuple[str, ...]) -> str | None:
+    return next((k for k in keys if k in columns), None)
+
+
+def _lr_column(columns: list[str]) -> str | None:
+    if "lr" in columns:
+        return "lr"
+    return next((c for c in columns if c.startswith(LR_PREFIXES[1:])), None)
+
+
+def _series_from_rows(rows: list[dict[str, Any]], step_key: str | None) -> dict[str, Series]:
+    """{"train_loss", "val_loss", "lr"} -> {step: value} from rows of logged values (absent if none)."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    wanted = {
+        "train_loss": _pick(columns, TRAIN_KEYS),
+        "val_loss": _pick(columns, VAL_KEYS),
+        "lr": _lr_column(columns),
+    }
+    out: dict[str, Series] = {}
+    for name, col in wanted.items():
+        if col is None:
+            continue
+        series: Series = {}
+        for i, row in enumerate(rows):
+            value = _float(row.get(col, ""))
+            step = _float(row.get(step_key, "")) if step_key else float(i)
+            if value is not None and step is not None:
+                series[int(step)] = value
+        if series:
+            out[name] = series
+    return out
+
+
+def read_metrics_csv(path: Path) -> dict[str, Series]:
+    """The curves in one CSVLogger file (one row per log call, blanks for the other columns)."""
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        columns = list(reader.fieldnames or [])
+        rows = list(reader)
+    return _series_from_rows(rows, "step" if "step" in columns else None)
+
+
+# W&B's offline run file (`wandb/offline-run-*/run-*.wandb`): a 7-byte header (":W&B", magic 0xBEE1,
+# version 0), then LevelDB-log framing -- 32 KiB blocks of chunks with a 7-byte header (crc32, length
+# uint16, type: 1 full, 2 first, 3 middle, 4 last) -- around protobuf `Record` messages.
+WANDB_HEADER = b":W&B"
+_BLOCK = 32768
+_CHUNK_HEADER = struct.Struct("<IHB")
+
+
+def _wandb_records(data: bytes) -> Iterator[bytes]:
+    if data[:4] != WANDB_HEADER:
+        return
+    pos, parts = 7, b""
+    while pos + _CHUNK_HEADER.size <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < _CHUNK_HEADER.size:  # a block's tail too short for a header is zero padding
+            pos += left
+            continue
+        _, length, kind = _CHUNK_HEADER.unpack_from(data, pos)
+        if kind == 0 and length == 0:  # zero padding / preallocated space
+            pos += left
+            continue
+        chunk = data[pos + _CHUNK_HEADER.size : pos + _CHUNK_HEADER.size + length]
+        pos += _CHUNK_HEADER.size + length
+        if kind == 1:
+            yield chunk
+        elif kind == 2:
+            parts = chunk
+        elif kind == 3:
+            parts += chunk
+        elif kind == 4:
+            yield parts + chunk
+            parts = b""
+
+
+def read_wandb_offline(path: Path) -> dict[str, Series]:
+    """The curves in a W&B offline run file: its history records, at `trainer/global_step`."""
+    try:
+        from wandb.proto import wandb_internal_pb2
+    except ImportError:  # wandb is a dependency, but plotting CSVs must not need it
+        return {}
+    rows: list[dict[str, Any]] = []
+    for raw in _wandb_records(path.read_bytes()):
+        record = wandb_internal_pb2.Record()
+        try:
+            record.ParseFromString(raw)
+        except Exception:  # a torn last record of a killed run
+            continue
+        if record.WhichOneof("record_type") != "history":
+            continue
+        row = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+        row.setdefault("trainer/global_step", row.get("_step", record.history.step.num))
+        rows.append(row)
+    return _series_from_rows(rows, "trainer/global_step")
+
+
+def read_summary_val_curve(path: Path) -> Series:
+    """{step: val_loss} from train.py's summary.json `val_curve` ([step, seconds, loss] or dict rows)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    series: Series = {}
+    for row in (data.get("val_curve") or []) if isinstance(data, dict) else []:
+        if isinstance(row, dict):
+            step, value = row.get("step"), row.get("val_loss", row.get("loss"))
+        elif isinstance(row, list | tuple) and len(row) >= 2:
+            step, value = row[0], row[-1]
+        else:
+            continue
+        value = _float(value)
+        if isinstance(step, int | float) and value is not None:
+            series[int(step)] = value
+    return series
+
+
+def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
+    """All curves found below run_dir, and the files they came from."""
+    run_dir = Path(run_dir).expanduser()
+    if not run_dir.exists():
+        raise MiniGPTError(f"run directory {run_dir} does not exist")
+    if run_dir.is_file():  # a metrics.csv / summary.json passed directly
+        files = [run_dir]
+    else:
+        files = []
+        for pattern in ("metrics.csv", "run-*.wandb", "summary.json"):  # wandb/(offline-)run-*/run-ID.wandb
+            found = {p.resolve() for p in run_dir.rglob(pattern) if p.is_file()}  # latest-run is a symlink
+            files += sorted(found, key=lambda p: (p.stat().st_mtime, str(p)))
+    curves: dict[str, Series] = {}
+    used: list[Path] = []
+    summary_val: Series = {}
+    summary_files: list[Path] = []
+    for path in files:
+        if path.suffix in (".csv", ".wandb"):
+            reader = read_metrics_csv if path.suffix == ".csv" else read_wandb_offline
+            found = {k: v for k, v in reader(path).items() if v}
+            for name, series in found.items():
+                curves.setdefault(name, {}).update(series)  # later files win on repeated steps
+            if found:
+                used.append(path)
+        elif series := read_summary_val_curve(path):
+            summary_val.update(series)
+            summary_files.append(path)
+    # summary.json's val_curve carries the optimizer step of each evaluation (Lightning's self.log
+    # can record it one step earlier in the CSV), but only a finished process writes it, and only
+    # with the evaluations of that process: use it when it is at least as complete as the CSV.
+    if summary_val and len(summary_val) >= len(curves.get("val_loss", {})):
+        curves["val_loss"] = summary_val
+        used += summary_files
+    if not any(k in curves for k in ("train_loss", "val_loss")):
+        raise MiniGPTError(
+            f"no metrics found under {run_dir}: expected a CSVLogger metrics.csv (logger=csv), a W&B offline "
+            "run (wandb/offline-run-*) or train.py's summary.json; pass the directory of a training run"
+        )
+    return curves, used
+
+
+def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dict[str, Any]]:
+    """Loss (train and val, log scale) and, when present, learning rate against optimizer step.
+
+    Returns (figure, data) with data = {name: (steps, values)} exactly as drawn, plus "axes".
+    """
+    has_lr = bool(curves.get("lr"))
+    fig, axes = plt.subplots(
+        2 if has_lr else 1,
+        1,
+        figsize=(8, 6.5 if has_lr else 4),
+        sharex=True,
+        squeeze=False,
+        layout="constrained",
+    )
+    ax_loss = axes[0][0]
+    data: dict[str, Any] = {}
+    styles = {"train_loss": dict(lw=1, alpha=0.8), "val_loss": dict(marker="o", ms=3, lw=1.5)}
+    for name, label in (("train_loss", "train"), ("val_loss", "val")):
+        series = curves.get(name)
+        if not series:
+            continue
+        steps = sorted(series)
+        values = [series[s] for s in steps]
+        ax_loss.plot(steps, values, label=label, **styles[name])
+        data[name] = (steps, values)
+    ax_loss.set_ylabel("loss (nats/token)")
+    values = [v for _, vals in data.values() for v in vals]
+    if values and min(values) > 0 and max(values) / min(values) > 4:
+        ax_loss.set_yscale("log")  # early loss is much larger than late loss
+        ax_loss.yaxis.set_major_formatter(ScalarFormatter())
+        ax_loss.yaxis.set_minor_formatter(ScalarFormatter())
+    ax_loss.legend()
+    ax_loss.grid(alpha=0.3, which="both")
+    if "val_loss" in data:
+        best = min(data["val_loss"][1])
+        ax_loss.set_title(f"{title}  (best val {best:.4f})".strip(), fontsize=10)
+    elif title:
+        ax_loss.set_title(title, fontsize=10)
+    if has_lr:
+        ax_lr = axes[1][0]
+        steps = sorted(curves["lr"])
+        values = [curves["lr"][s] for s in steps]
+        ax_lr.plot(steps, values, color="tab:green")
+        ax_lr.set_ylabel("learning rate")
+        ax_lr.grid(alpha=0.3)
+        data["lr"] = (steps, values)
+    axes[-1][0].set_xlabel("optimizer step")
+    data["axes"] = [a[0] for a in axes]
+    return fig, data
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 120) -> Path:
+    """Find a run's metrics, draw them and write the PNG (default `<run_dir>/curves.png`)."""
+    run_dir = Path(run_dir).expanduser()
+    curves, used = find_metrics(run_dir)
+    default_dir = run_dir.parent if run_dir.is_file() else run_dir
+    out = Path(out) if out else default_dir / "curves.png"
+    fig, _ = plot_curves(curves, title=(run_dir.parent if run_dir.is_file() else run_dir).name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(out, dpi=dpi)
+    finally:
+        plt.close(fig)
+    print(f"read {', '.join(str(p) for p in used)}\nwrote {out}")
+    return out
+
+
+USAGE = "usage: python -m mini_gpt.plot RUN_DIR [out=curves.png] [dpi=120]"
+
+
+def parse_args(argv: list[str]) -> dict[str, str]:
+    """`RUN_DIR` (or run_dir=...) and key=value options; --key value / --key=value also work."""
+    args: dict[str, str] = {}
+    it = iter(argv)
+    for arg in it:
+        if arg in ("-h", "--help"):
+            print(USAGE)
+            raise SystemExit(0)
+        if arg.startswith("--"):
+            key, sep, value = arg[2:].partition("=")
+            if not sep:
+                value = next(it, "")
+        elif "=" in arg and not Path(arg).exists():  # Hydra sweep dirs may be named like lr=0.1
+            key, _, value = arg.partition("=")
+        elif "run_dir" not in args:
+            key, value = "run_dir", arg
+        else:
+            raise MiniGPTError(f"unexpected argument {arg!r}; {USAGE}")
+        if key not in ("run_dir", "out", "dpi"):
+            raise MiniGPTError(f"unknown option {key!r}; {USAGE}")
+        args[key] = value
+    if not args.get("run_dir"):
+        raise MiniGPTError(f"RUN_DIR is required; {USAGE}")
+    return args
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        dpi = int(args.get("dpi", "120"))
+    except ValueError:
+        raise MiniGPTError(f"dpi={args['dpi']!r} must be an integer") from None
+    return plot_run(args["run_dir"], args.get("out"), dpi)
+
+
+if __name__ == "__main__":
+    main()

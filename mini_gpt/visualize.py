@@ -1,0 +1,360 @@
+"""Look at what the heads attend to: per-head heatmaps and a per-layer summary.
+
+    python -m mini_gpt.visualize ckpt=out/last.ckpt prompt="ROMEO:" layer=all head=all out=attn.png
+    python -m mini_gpt.visualize ckpt=... prompt="..." view=summary out=summary.png
+    python -m mini_gpt.visualize ckpt=... prompt="..." layer=[0,2] head=1 view=both out=attn.png
+
+The weights come from the exact attention path (`model(idx, return_attention=True)`), in eval mode
+(no dropout): row t of a panel is the distribution query token t puts over the keys s <= t.
+
+The summary condenses each head to two numbers, averaged over query positions:
+- entropy (nats): -sum_s p_ts log p_ts. 0 = every query looks at exactly one token; a head that
+  spreads uniformly over its t+1 visible keys gets log(t+1) (drawn as a dashed reference line);
+- mean distance (tokens): sum_s p_ts (t - s). 0 = attends to itself; "previous token" heads give ~1;
+  uniform attention gives t/2 on average.
+
+Library functions return the matplotlib Figure and the arrays they drew, so callers (the training
+callback, tests) can log or check exactly what is on the picture. Only matplotlib (Agg) and torch are
+imported here: no Lightning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: never needs a display
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.colors import PowerNorm
+from matplotlib.figure import Figure
+
+from mini_gpt.errors import MiniGPTError, exit_on_user_error
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from mini_gpt.model import GPT
+
+__all__ = [
+    "attention_maps",
+    "attention_stats",
+    "attention_summary",
+    "compute_attention",
+    "parse_selection",
+    "save_figure",
+    "token_label",
+]
+
+# Visible stand-ins for characters a tick label would otherwise swallow.
+_ESCAPES = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+MAX_TICK_LABELS = 64  # more than this and labels overlap: label every k-th token instead
+
+
+# ---- tokens and selections ------------------------------------------------------------------------
+def token_label(text: str) -> str:
+    """A tick label for one token: spaces as '␣', newlines/tabs as '\\n'/'\\t', other controls as \\xNN."""
+    out = []
+    for ch in text:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif not ch.isprintable():
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(ch)
+    return "".join(out) or "∅"
+
+
+def _token_text(tokenizer: Any, token_id: int) -> str:
+    # A BPE token can be part of a UTF-8 character; its own bytes (\xNN for the partial ones) read
+    # better than the replacement character decode() would give.
+    encoding = getattr(tokenizer, "encoding", None)
+    if encoding is not None and hasattr(encoding, "decode_single_token_bytes"):
+        return encoding.decode_single_token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+    return tokenizer.decode([token_id])
+
+
+def parse_selection(value: Any, n: int, name: str) -> list[int]:
+    """Which of n layers/heads: "all"/None, an int, "2", "0,3", or a list of ints (negatives count back)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
+        return list(range(n))
+    if isinstance(value, str):
+        items: list[Any] = [v for v in value.strip("[] ").split(",") if v.strip()]
+    elif isinstance(value, Sequence) or hasattr(value, "__iter__"):
+        items = list(value)
+    else:
+        items = [value]
+    if not items:
+        raise MiniGPTError(f"{name}= selects nothing; use an index, a list like [0,1] or all")
+    picked: list[int] = []
+    for item in items:
+        try:
+            if isinstance(item, bool) or float(item) != int(float(item)):
+                raise ValueError
+            i = int(float(item))
+        except (TypeError, ValueError):
+            raise MiniGPTError(f"{name}={value!r} is not an index, a list of indices or 'all'") from None
+        if not -n <= i < n:
+            raise MiniGPTError(f"{name}={i} is out of range: the model has {n} (valid 0..{n - 1} or all)")
+        i %= n
+        if i not in picked:
+            picked.append(i)
+    return picked
+
+
+# ---- the numbers ----------------------------------------------------------------------------------
+@torch.no_grad()
+def compute_attention(
+    model: GPT, tokenizer: Any, prompt: str, max_tokens: int | None = None
+) -> tuple[list[int], list[str], list[np.ndarray]]:
+    """(token ids, tick labels, per-layer weights as float64 arrays (n_head, T, T)) for one prompt.
+
+    The prompt is cut to its last `max_tokens` (default block_size) tokens. The model is run in eval
+    mode on its own device and put back in the mode it was in.
+    """
+    if not prompt:
+        raise MiniGPTError('prompt is empty; pass prompt="some text" to look at')
+    ids = tokenizer.encode(prompt)  # CharTokenizer raises MiniGPTError naming unknown characters
+    if not ids:
+        raise MiniGPTError(f"prompt {prompt!r} encodes to no tokens; use a longer prompt")
+    limit = min(max_tokens or model.config.block_size, model.config.block_size)
+    ids = ids[-limit:]
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        _, atts = model(torch.tensor([ids], dtype=torch.long, device=device), return_attention=True)
+    finally:
+        model.train(was_training)
+    weights = [a[0].detach().to("cpu", torch.float64).numpy() for a in atts]  # (n_head, T, T) each
+    labels = [token_label(_token_text(tokenizer, i)) for i in ids]
+    return ids, labels, weights
+
+
+def attention_stats(att: np.ndarray | torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Mean entropy (nats) and mean attention distance (tokens) per head of weights (n_head, T, S).
+
+    Averages over the T query rows; query t sits at absolute position S - T + t (the last T of S),
+    so the distance of key s is (S - T + t) - s. Zero weights contribute 0 to the entropy.
+    """
+    a = np.asarray(att, dtype=np.float64)
+    if a.ndim == 2:
+        a = a[None]
+    _, T, S = a.shape
+    with np.errstate(divide="ignore", invalid="ignore"):
+        plogp = np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0)), 0.0)
+    entropy = -plogp.sum(-1).mean(-1)  # (n_head,)
+    dist = (np.arange(T)[:, None] + (S - T)) - np.arange(S)[None, :]  # (T, S)
+    distance = (a * dist).sum(-1).mean(-1)  # (n_head,)
+    return entropy, distance
+
+
+def uniform_reference(T: int) -> tuple[float, float]:
+    """Entropy and distance of causal attention spread evenly over the visible keys (the baselines)."""
+    t = np.arange(T)
+    return float(np.log(t + 1).mean()), float((t / 2).mean())
+
+
+# ---- figures --------------------------------------------------------------------------------------
+def _tick_step(T: int) -> int:
+    return max(1, math.ceil(T / MAX_TICK_LABELS))
+
+
+def attention_maps(
+    model: GPT,
+    tokenizer: Any,
+    prompt: str,
+    layers: Any = "all",
+    heads: Any = "all",
+    max_tokens: int | None = None,
+) -> tuple[Figure, dict[str, Any]]:
+    """A grid of heatmaps, one row per selected layer and one column per selected head.
+
+    Returns (figure, data) with data = {"tokens": tick labels, "ids", "layers", "heads",
+    "weights": {(layer, head): (T, T) array drawn in that panel}, "axes": {(layer, head): Axes}}.
+    """
+    ids, labels, weights = compute_attention(model, tokenizer, prompt, max_tokens)
+    cfg = model.config
+    layer_idx = parse_selection(layers, cfg.n_layer, "layer")
+    head_idx = parse_selection(heads, cfg.n_head, "head")
+    T = len(ids)
+    # Panels grow with the prompt so every label stays legible; capped to keep PNGs reasonable.
+    panel = min(12.0, max(2.6, 0.16 * T + 1.0))
+    per_label = (panel - 1.0) / T * _tick_step(T)  # inches available to one tick label
+    font = max(3.0, min(9.0, per_label * 72 * 0.75))
+    nrows, ncols = len(layer_idx), len(head_idx)
+    fig = plt.figure(figsize=(panel * ncols + 1.2, panel * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    step = _tick_step(T)
+    ticks = list(range(0, T, step))
+    data: dict[str, Any] = {
+        "tokens": labels,
+        "ids": ids,
+        "layers": layer_idx,
+        "heads": head_idx,
+        "weights": {},
+        "axes": {},
+    }
+    # Square-root colour scale: diffuse heads (weights ~1/t) stay visible next to sharp ones; the
+    # plotted array is still the raw weights.
+    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
+    image = None
+    for r, layer in enumerate(layer_idx):
+        for c, head in enumerate(head_idx):
+            ax = axes[r][c]
+            w = weights[layer][head]
+            image = ax.imshow(w, norm=norm, cmap="viridis", interpolation="nearest", aspect="equal")
+            ax.set_title(f"layer {layer} · head {head}", fontsize=9)
+            ax.set_xticks(ticks, [labels[i] for i in ticks], rotation=90, fontsize=font)
+            ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=font)
+            if r == nrows - 1:
+                ax.set_xlabel("key (attended to)", fontsize=8)
+            if c == 0:
+                ax.set_ylabel("query", fontsize=8)
+            data["weights"][(layer, head)] = w
+            data["axes"][(layer, head)] = ax
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.suptitle(f"attention weights for {_short(prompt)} ({T} tokens)", fontsize=10)
+    return fig, data
+
+
+def attention_summary(
+    model: GPT,
+    tokenizer: Any,
+    prompt: str,
+    layers: Any = "all",
+    max_tokens: int | None = None,
+) -> tuple[Figure, dict[str, Any]]:
+    """Per layer, one bar per head: mean attention entropy (left) and mean attention distance (right).
+
+    Returns (figure, data) with data = {"layers", "entropy": (L, n_head), "distance": (L, n_head),
+    "uniform_entropy", "uniform_distance", "tokens", "axes": (entropy Axes, distance Axes),
+    "bars": {"entropy"|"distance": [BarContainer per head]}} -- bar heights equal the arrays.
+    """
+    ids, labels, weights = compute_attention(model, tokenizer, prompt, max_tokens)
+    layer_idx = parse_selection(layers, model.config.n_layer, "layer")
+    n_head = model.config.n_head
+    stats = [attention_stats(weights[layer]) for layer in layer_idx]
+    entropy = np.stack([s[0] for s in stats])  # (L, n_head)
+    distance = np.stack([s[1] for s in stats])
+    u_ent, u_dist = uniform_reference(len(ids))
+
+    fig, (ax_e, ax_d) = plt.subplots(
+        1, 2, figsize=(max(8.0, 1.0 + 0.35 * len(layer_idx) * n_head * 2), 3.8), layout="constrained"
+    )
+    x = np.arange(len(layer_idx))
+    width = 0.8 / n_head
+    bars: dict[str, list[Any]] = {"entropy": [], "distance": []}
+    cmap = plt.get_cmap("tab10" if n_head <= 10 else "tab20")
+    for h in range(n_head):
+        offset = (h - (n_head - 1) / 2) * width
+        color = cmap(h % cmap.N)
+        bars["entropy"].append(ax_e.bar(x + offset, entropy[:, h], width, color=color, label=f"head {h}"))
+        bars["distance"].append(ax_d.bar(x + offset, distance[:, h], width, color=color, label=f"head {h}"))
+    ax_e.axhline(u_ent, ls="--", c="gray", lw=1, label="uniform")
+    ax_d.axhline(u_dist, ls="--", c="gray", lw=1, label="uniform")
+    for ax, title, unit in (
+        (ax_e, "attention entropy", "nats (0 = one token)"),
+        (ax_d, "mean attention distance", "tokens back"),
+    ):
+        ax.set_xticks(x, [f"layer {i}" for i in layer_idx])
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(unit)
+    ax_d.legend(fontsize=7, ncols=max(1, n_head // 6), loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"per-head summary for {_short(prompt)} ({len(ids)} tokens)", fontsize=10)
+    data = {
+        "layers": layer_idx,
+        "entropy": entropy,
+        "distance": distance,
+        "uniform_entropy": u_ent,
+        "uniform_distance": u_dist,
+        "tokens": labels,
+        "axes": (ax_e, ax_d),
+        "bars": bars,
+    }
+    return fig, data
+
+
+def _short(prompt: str, n: int = 60) -> str:
+    text = "".join(_ESCAPES[ch] if ch in "\n\t\r" else ch for ch in prompt)
+    return "“" + text[:n] + ("…" if len(text) > n else "") + "”"
+
+
+def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
+    """Write a figure as PNG (creating the folder) and release its memory."""
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise MiniGPTError(f"out={path} must end in .png, .pdf or .svg")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(path, dpi=dpi)
+    except ValueError as err:  # e.g. a figure too large to rasterise
+        raise MiniGPTError(
+            f"cannot draw {path}: {err}; pick fewer layers/heads or a shorter prompt"
+        ) from None
+    finally:
+        plt.close(fig)
+    return path
+
+
+def summary_path(out: str | Path) -> Path:
+    """Default file for the summary when both views are written: attn.png -> attn_summary.png."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}_summary{out.suffix}")
+
+
+# ---- command line ---------------------------------------------------------------------------------
+VIEWS = ("maps", "summary", "both")
+
+
+def run(cfg: DictConfig | dict[str, Any]) -> list[Path]:
+    """The CLI's work, on a plain mapping of its config; returns the files written."""
+    from mini_gpt.checkpoint import load_model
+
+    get = cfg.get
+    ckpt, view = get("ckpt"), str(get("view", "maps"))
+    if not ckpt:
+        raise MiniGPTError("ckpt=PATH is required (a training .ckpt or an export directory)")
+    if view not in VIEWS:
+        raise MiniGPTError(f"view={view!r} must be one of {', '.join(VIEWS)}")
+    prompt = get("prompt")
+    if prompt is None or str(prompt) == "":
+        raise MiniGPTError('prompt is empty; pass prompt="some text" to look at')
+    prompt = str(prompt).replace("\\n", "\n")  # let shells pass newlines as \n
+    out = Path(str(get("out", "attn.png")))
+    dpi = int(get("dpi", 120))
+    max_tokens = get("max_tokens")
+    model, tokenizer = load_model(ckpt, str(get("device", "cpu")))
+    written = []
+    if view in ("maps", "both"):
+        fig, _ = attention_maps(model, tokenizer, prompt, get("layer", "all"), get("head", "all"), max_tokens)
+        written.append(save_figure(fig, out, dpi))
+    if view in ("summary", "both"):
+        target = out if view == "summary" else Path(str(get("summary_out") or summary_path(out)))
+        fig, _ = attention_summary(model, tokenizer, prompt, get("layer", "all"), max_tokens)
+        written.append(save_figure(fig, target, dpi))
+    for path in written:
+        print(f"wrote {path}")
+    return written
+
+
+def _hydra_main() -> None:
+    import hydra
+
+    @hydra.main(version_base="1.3", config_path="../conf", config_name="visualize")
+    @exit_on_user_error
+    def main(cfg: DictConfig) -> None:
+        run(cfg)
+
+    main()
+
+
+if __name__ == "__main__":
+    _hydra_main()

@@ -1,0 +1,110 @@
+"""The benchmark command: dispatch, JSON output with machine info, and the naive contender's maths."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mini_gpt.bench.__main__ as bench_main
+from mini_gpt.attention import CausalSelfAttention
+from mini_gpt.bench import data as bench_data
+from mini_gpt.bench.attention import NaiveMultiHead
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_naive_multihead_matches_reference_formula() -> None:
+    torch.manual_seed(0)
+    C, nh, T = 12, 3, 7
+    attn = CausalSelfAttention(C, nh)
+    naive = NaiveMultiHead(C, nh, block_size=16).load_from(attn)
+    x = torch.randn(2, T, C)
+    # independent reference: softmax(q k^T / sqrt(hs) + causal -inf) v per head, from the fused weights
+    q, k, v = F.linear(x, attn.c_attn.weight, attn.c_attn.bias).split(C, dim=-1)
+    hs = C // nh
+    heads = []
+    for h in range(nh):
+        sl = slice(h * hs, (h + 1) * hs)
+        s = q[..., sl] @ k[..., sl].transpose(-2, -1) / math.sqrt(hs)
+        s = s.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
+        heads.append(s.softmax(-1) @ v[..., sl])
+    ref = F.linear(torch.cat(heads, -1), attn.c_proj.weight, attn.c_proj.bias)
+    with torch.no_grad():
+        torch.testing.assert_close(naive(x), ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(attn(x), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_cli_attention_quick_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "mini_gpt.bench", "attention", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "## attention" in done.stdout and "other_load=" in done.stdout
+    data = json.loads(out.read_text())
+    assert data["machine"]["torch"] == torch.__version__
+    assert {"cpu", "cpu_count", "torch_threads", "gpu", "python"} <= set(data["machine"])
+    section = data["attention"]
+    assert [r["T"] for r in section["rows"]] == [32, 64]
+    for row in section["rows"]:
+        assert all(row[f"{n}_ms"] > 0 for n in ("exact", "sdpa", "naive"))
+        assert row["other_load"] >= 0
+    assert section["other_load"] >= 0 and section["device"] == "cpu"
+
+
+def test_all_skips_missing_sections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(bench_main, "SECTIONS", ("attention", "no_such_section"))
+    out = tmp_path / "all.json"
+    threads = torch.get_num_threads()
+    code = bench_main.main(["all", "--quick", "--json", str(out)])
+    assert torch.get_num_threads() == threads  # --quick's single thread is not left behind
+    assert code == 1  # a skipped section is reported in the exit status ...
+    captured = capsys.readouterr()
+    assert "skipped: benchmark section 'no_such_section' is unavailable" in captured.err
+    data = json.loads(out.read_text())  # ... but the sections that ran are all there
+    assert set(data) == {"machine", "attention"}
+    assert data["attention"]["args"]["quick"] is True
+
+
+def test_unknown_section_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_main.main(["warp"])
+    assert exc.value.code == 2
+    assert bench_main.main(["--help"]) == 0
+    assert "attention" in capsys.readouterr().out
+
+
+def test_data_section_wraps_bench_prepare(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_bench_prepare(**kwargs: Any) -> dict[str, Any]:
+        seen.update(kwargs)
+        return {"corpus_mb": 2.0, "prepare_mb_s": 10.0}
+
+    import mini_gpt.bench_data
+
+    monkeypatch.setattr(mini_gpt.bench_data, "bench_prepare", fake_bench_prepare)
+    parser = argparse.ArgumentParser()
+    bench_data.add_arguments(parser)
+    rows, extra = bench_data.run(parser.parse_args(["--quick", "--threads", "1"]))
+    assert seen == {"size_mb": 2, "bpe_file": None, "num_threads": 1, "workdir": None}
+    assert rows[0]["prepare_mb_s"] == 10.0 and rows[0]["other_load"] >= 0
+    assert "other_load" in extra

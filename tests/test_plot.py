@@ -1,0 +1,167 @@
+"""Loss/lr curves from a run directory's local files (written here by hand, not by the trainer)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.plot import find_metrics, main, parse_args, plot_curves, plot_run
+
+REPO = Path(__file__).resolve().parents[1]
+
+# What Lightning's CSVLogger writes for our module: one row per log call, blanks elsewhere.
+CSV = """epoch,grad_norm,lr,step,train/loss,val/loss,val/ppl
+0,1.5,0.0001,10,4.2,,
+0,1.2,0.0002,20,3.1,,
+0,,,20,,3.3,27.1
+0,1.1,0.0003,30,2.5,,
+0,,,40,,2.9,18.2
+0,0.9,0.0003,40,2.2,,
+"""
+
+
+def write_run(root: Path, csv: str | None = CSV, val_curve: list | None = None) -> Path:
+    run = root / "run"
+    if csv is not None:
+        (run / "csv").mkdir(parents=True)
+        (run / "csv" / "metrics.csv").write_text(csv)
+    if val_curve is not None:
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "summary.json").write_text(json.dumps({"status": "completed", "val_curve": val_curve}))
+    return run
+
+
+def test_curves_from_csv(tmp_path: Path) -> None:
+    run = write_run(tmp_path, val_curve=[[20, 1.0, 9.9]])  # the CSV's val curve takes precedence
+    curves, used = find_metrics(run)
+    assert curves == {
+        "train_loss": {10: 4.2, 20: 3.1, 30: 2.5, 40: 2.2},
+        "val_loss": {20: 3.3, 40: 2.9},
+        "lr": {10: 1e-4, 20: 2e-4, 30: 3e-4, 40: 3e-4},
+    }
+    assert used == [run / "csv" / "metrics.csv"]
+    fig, data = plot_curves(curves)
+    lines = {line.get_label(): line for line in data["axes"][0].get_lines()}
+    np.testing.assert_array_equal(lines["train"].get_xdata(), [10, 20, 30, 40])
+    np.testing.assert_array_equal(lines["train"].get_ydata(), [4.2, 3.1, 2.5, 2.2])
+    np.testing.assert_array_equal(lines["val"].get_ydata(), [3.3, 2.9])
+    np.testing.assert_array_equal(data["axes"][1].get_lines()[0].get_ydata(), [1e-4, 2e-4, 3e-4, 3e-4])
+    assert len(fig.axes) == 2
+
+
+def test_val_curve_from_summary_json_only(tmp_path: Path) -> None:
+    run = write_run(tmp_path, csv=None, val_curve=[[0, 0.5, 4.1], [100, 12.0, 2.0]])
+    curves, _ = find_metrics(run)
+    assert curves == {"val_loss": {0: 4.1, 100: 2.0}}
+    fig, data = plot_curves(curves)
+    assert len(fig.axes) == 1  # no lr panel without an lr series
+    assert data["val_loss"] == ([0, 100], [4.1, 2.0])
+
+
+def test_complete_summary_val_curve_wins(tmp_path: Path) -> None:
+    run = write_run(tmp_path, val_curve=[[21, 1.0, 3.3], [41, 2.0, 2.9], [50, 3.0, 2.8]])
+    curves, used = find_metrics(run)
+    assert curves["val_loss"] == {21: 3.3, 41: 2.9, 50: 2.8}
+    assert curves["train_loss"][40] == 2.2
+    assert used == [run / "csv" / "metrics.csv", run / "summary.json"]
+
+
+def wandb_file(path: Path, rows: list[dict[str, Any]]) -> None:
+    """A W&B run file written from the format's description: header, 32 KiB blocks of framed protobufs."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, 0))
+    records = [pb.Record(run=pb.RunRecord(run_id="abc"))]  # non-history records are skipped
+    for i, row in enumerate(rows):
+        items = [pb.HistoryItem(key=k, value_json=json.dumps(v)) for k, v in row.items()]
+        records.append(pb.Record(history=pb.HistoryRecord(item=items, step=pb.HistoryStep(num=i))))
+    for record in records:
+        payload = record.SerializeToString()
+        first = True
+        while True:
+            left = 32768 - len(out) % 32768
+            if left < 7:
+                out += b"\0" * left
+                continue
+            chunk, payload = payload[: left - 7], payload[left - 7 :]
+            kind = (1 if first else 4) if not payload else (2 if first else 3)
+            out += struct.pack("<IHB", zlib.crc32(chunk), len(chunk), kind) + chunk
+            first = False
+            if not payload:
+                break
+    path.parent.mkdir(parents=True)
+    path.write_bytes(bytes(out))
+
+
+def test_curves_from_wandb_offline_run(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    rows: list[dict[str, Any]] = [
+        {"train/loss": 4.0, "lr": 1e-4, "trainer/global_step": 5},
+        {"samples": "x" * 70000, "trainer/global_step": 5},  # spans three 32 KiB blocks
+        {"train/loss": 3.0, "lr": 2e-4, "trainer/global_step": 10},
+        {"val/loss": 3.5, "val/ppl": 33.1, "trainer/global_step": 10},
+    ]
+    wandb_file(run / "wandb" / "offline-run-20240101_000000-abc" / "run-abc.wandb", rows)
+    curves, used = find_metrics(run)
+    assert curves == {"train_loss": {5: 4.0, 10: 3.0}, "lr": {5: 1e-4, 10: 2e-4}, "val_loss": {10: 3.5}}
+    assert [p.name for p in used] == ["run-abc.wandb"]
+
+
+def test_merges_resumed_versions(tmp_path: Path) -> None:
+    run = write_run(tmp_path)
+    v1 = run / "csv" / "version_1"
+    v1.mkdir()
+    (v1 / "metrics.csv").write_text("lr,step,train/loss\n0.0003,40,2.0\n0.0003,50,1.9\n")
+    os.utime(v1 / "metrics.csv", (2e9, 2e9))  # written after the first file
+    curves, used = find_metrics(run)
+    assert curves["train_loss"] == {10: 4.2, 20: 3.1, 30: 2.5, 40: 2.0, 50: 1.9}
+    assert len(used) == 2
+
+
+def test_writes_png_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_run(tmp_path)
+    out = plot_run(run)
+    assert out == run / "curves.png"
+    assert out.read_bytes()[:4] == b"\x89PNG" and out.stat().st_size > 1000
+    assert main([str(run), f"out={tmp_path / 'c.png'}"]) == tmp_path / "c.png"
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.csv").write_text("epoch,step\n0,1\n")
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "empty")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no metrics found under")
+    with pytest.raises(MiniGPTError, match="does not exist"):
+        find_metrics(tmp_path / "nope")
+    with pytest.raises(MiniGPTError, match="unknown option 'colour'"):
+        parse_args([str(run), "colour=red"])
+    with pytest.raises(MiniGPTError, match="RUN_DIR is required"):
+        parse_args(["out=x.png"])
+    (tmp_path / "lr=0.1").mkdir()  # an existing path with "=" is the run dir, not an option
+    sweep_dir = str(tmp_path / "lr=0.1")
+    assert parse_args(["--out", "x.png", sweep_dir]) == {"out": "x.png", "run_dir": sweep_dir}
+
+
+@pytest.mark.slow
+def test_cli(tmp_path: Path) -> None:
+    run = write_run(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "mini_gpt.plot", str(run), f"out={tmp_path / 'p.png'}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "p.png").stat().st_size > 1000
