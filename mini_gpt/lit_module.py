@@ -185,10 +185,13 @@ class GPTLitModule(L.LightningModule):
         val_loss = (total / count.clamp(min=1)).item()  # mean over every token of every window
         if self.trainer.sanity_checking:
             return
-        # self.log so ModelCheckpoint(monitor="val/loss") and train.py's return value see it.
-        self.log("val/loss", val_loss, prog_bar=False, sync_dist=False)
         ppl = math.exp(min(val_loss, 50.0))
-        self.log("val/ppl", ppl, prog_bar=False, sync_dist=False)
+        # self.log so ModelCheckpoint(monitor="val/loss") and train.py's return value see it, but not
+        # to the loggers: during validation Lightning would stamp them one step behind train/loss.
+        self.log("val/loss", val_loss, prog_bar=False, sync_dist=False, logger=False)
+        self.log("val/ppl", ppl, prog_bar=False, sync_dist=False, logger=False)
+        for logger in self.loggers:  # rank-zero only inside each logger
+            logger.log_metrics({"val/loss": val_loss, "val/ppl": ppl}, step=self.global_step)
         self.val_history.append((self.global_step, time.time(), val_loss))
         self.bar_metrics["val_loss"] = val_loss
 

@@ -5,6 +5,7 @@ The data cache is a private tmp dir built from the shared read-only corpus (neve
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import os
@@ -137,6 +138,11 @@ def test_compose_train_summary_and_loss_decreases(
     # CSV logger got every metric the module promises
     header = (run_dir / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"train/loss", "val/loss", "val/ppl", "lr", "grad_norm", "tokens_per_sec", "mfu"} <= set(header)
+    # ... and val/loss is stamped with the optimizer step it was measured at (as in summary.json)
+    with (run_dir / "csv" / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r["val/loss"]]
+    assert [int(r["step"]) for r in rows] == [15, 30, 40]
+    assert [float(r["val/loss"]) for r in rows] == pytest.approx([row[2] for row in summary["val_curve"]])
 
 
 @pytest.mark.slow
