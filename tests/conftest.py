@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 # CI clones the repo with ../shared beside it; MINI_GPT_SHARED_DATA points elsewhere if needed.
@@ -33,3 +34,12 @@ def shakespeare_path() -> Path:
 def gpt2_bpe_file() -> Path:
     """GPT-2's BPE ranks in tiktoken's format (read-only)."""
     return _shared_file("tokenizers", "gpt2.tiktoken")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run a test module's torch ops on one thread, then restore the previous setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

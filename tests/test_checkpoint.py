@@ -19,12 +19,8 @@ SHAKESPEARE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Tiny models decode faster on one thread than on two fighting over a shared machine.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def write_lightning_ckpt(path: Path, model: GPT, tokenizer, key_prefix: str = "model.", **extra) -> Path:

@@ -25,12 +25,8 @@ GPT2_BPE = REPO / ".." / "shared" / "data" / "tokenizers" / "gpt2.tiktoken"
 CHARS = CharTokenizer("\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Tiny models decode faster on one thread than on two fighting over a shared machine.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def spread_model(seed: int = 0, **overrides) -> GPT:

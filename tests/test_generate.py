@@ -23,12 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 GPT2_BPE = REPO / ".." / "shared" / "data" / "tokenizers" / "gpt2.tiktoken"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Tiny models decode faster on one thread than on two fighting over a shared machine.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,8 @@ from mini_gpt.sampling import (
     sample_next,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny ops: a second thread only adds synchronisation on a shared 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Tiny ops: a second thread only adds synchronisation on a shared 2-core machine.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_model(pos_embedding: str = "learned", block_size: int = 16, seed: int = 0, **kw) -> GPT:
