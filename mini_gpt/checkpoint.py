@@ -133,17 +133,22 @@ def _load_lightning(path: Path) -> tuple[GPT, Tokenizer]:
     return _build(meta, model_state_dict(state), path)
 
 
+def _read_config(config_path: Path) -> Any:
+    """The JSON config of an export directory, or one line saying it is unreadable."""
+    try:
+        return json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise MiniGPTError(
+            f"cannot read {config_path} ({type(err).__name__}); re-run mini_gpt.export"
+        ) from None
+
+
 def _load_safetensors_dir(directory: Path) -> tuple[GPT, Tokenizer]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     config_path = directory / CONFIG_FILE
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise MiniGPTError(
-            f"cannot read {config_path} ({type(err).__name__}); re-run mini_gpt.export"
-        ) from None
+    config = _read_config(config_path)
     meta = _check_meta(config.get("mini_gpt") if isinstance(config, dict) else None, config_path)
     weights_path = directory / SAFETENSORS_FILE
     if not weights_path.is_file():
@@ -208,12 +213,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GP
             raise MiniGPTError(
                 f"{path} is a directory without {CONFIG_FILE}; pass a .ckpt file or an export directory"
             )
-        try:
-            config = json.loads(config_path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise MiniGPTError(
-                f"cannot read {config_path} ({type(err).__name__}); re-run mini_gpt.export"
-            ) from None
+        config = _read_config(config_path)
         if isinstance(config, dict) and "mini_gpt" in config:
             model, tokenizer = _load_safetensors_dir(path)
         else:
