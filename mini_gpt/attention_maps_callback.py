@@ -170,7 +170,7 @@ class AttentionMaps(Callback):
             for name, fig in figures.items():
                 self.saved.append(save_figure(fig, root / f"step{step:06d}_{name}.png", self.dpi))
         # Drawing is not training: keep it out of tokens/s (the Throughput callback subtracts this).
-        pl_module.excluded_seconds = getattr(pl_module, "excluded_seconds", 0.0) + time.perf_counter() - t0
+        pl_module.stats.excluded_seconds += time.perf_counter() - t0
 
 
 def build_attention_maps(cfg: Any = None) -> AttentionMaps | None:

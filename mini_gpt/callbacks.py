@@ -1,4 +1,5 @@
-"""Training callbacks: text samples, NaN guard, throughput/MFU, a progress bar, Ctrl-C, final validation.
+"""Training callbacks: text samples, NaN guard, throughput/MFU, a progress bar, Ctrl-C, final validation,
+the run summary.
 
 All of them read the device only at log intervals (`trainer.log_every_n_steps` optimizer steps) or at
 events that sync anyway (validation, checkpoints), so they add no per-step host-device syncs.
@@ -7,6 +8,8 @@ events that sync anyway (validation, checkpoints), so they add no per-step host-
 from __future__ import annotations
 
 import functools
+import json
+import os
 import signal
 import sys
 import threading
@@ -124,7 +127,7 @@ class SampleText(Callback):
             if isinstance(logger, WandbLogger):  # tables are immutable: log all rows so far
                 logger.log_text(key="samples", columns=["step", "text"], data=list(self.rows), step=step)
         # Sampling is not training: keep it out of tokens/s.
-        pl_module.excluded_seconds = getattr(pl_module, "excluded_seconds", 0.0) + time.perf_counter() - t0
+        pl_module.stats.excluded_seconds += time.perf_counter() - t0
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if not _step_ended(trainer, self._last_step):
@@ -275,7 +278,7 @@ class Throughput(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t0 = time.perf_counter()
-        self._excluded0 = getattr(pl_module, "excluded_seconds", 0.0)
+        self._excluded0 = pl_module.stats.excluded_seconds
         self._last_step = trainer.global_step
 
     def on_train_batch_end(
@@ -288,40 +291,34 @@ class Throughput(Callback):
         self._last_step = trainer.global_step
         if trainer.global_step % max(1, trainer.log_every_n_steps):
             return
-        self._sync(pl_module)
-        now = time.perf_counter()
-        excluded = getattr(pl_module, "excluded_seconds", 0.0)
-        seconds = now - self._t0 - self._val_seconds - (excluded - self._excluded0)
-        self.total_tokens += self._tokens
-        self.total_seconds += max(seconds, 0.0)
-        metrics = {"tokens_per_sec": self._tokens / seconds if seconds > 0 else 0.0}
+        tokens, seconds = self._close_interval(pl_module)
+        metrics = {"tokens_per_sec": tokens / seconds if seconds > 0 else 0.0}
         if self.peak is None:  # first log interval: the CPU probe runs here, not before step 1
             self.peak = peak_flops(pl_module.device, str(trainer.precision), self.peak_flops_override)
             seq_len = x.shape[-1] if x.dim() > 1 else None
             self._flops_per_token = pl_module.model.flops_per_token(seq_len)
             self._t0 = time.perf_counter()  # the probe is not training either
-        else:
-            self._t0 = now
         if self.peak:
             metrics["mfu"] = (
                 self._flops_per_token * metrics["tokens_per_sec"] / (self.peak * trainer.world_size)
             )
-        self._tokens = 0
-        self._val_seconds = 0.0
-        self._excluded0 = excluded
         pl_module.queue_scalars(metrics)  # logged with train/loss in the module's hook
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Fold in the tail after the last log interval.
+        self._close_interval(pl_module)  # the tail after the last log interval
+
+    def _close_interval(self, pl_module: L.LightningModule) -> tuple[int, float]:
+        """Tokens and training seconds since the last call; adds them to the run totals (and stats)."""
         self._sync(pl_module)
-        excluded = getattr(pl_module, "excluded_seconds", 0.0)
-        seconds = time.perf_counter() - self._t0 - self._val_seconds - (excluded - self._excluded0)
-        self.total_tokens += self._tokens
-        self.total_seconds += max(seconds, 0.0)
-        self._tokens = 0
-        self._t0 = time.perf_counter()
-        self._val_seconds = 0.0
-        self._excluded0 = excluded
+        now = time.perf_counter()
+        excluded = pl_module.stats.excluded_seconds
+        seconds = max(now - self._t0 - self._val_seconds - (excluded - self._excluded0), 0.0)
+        tokens = self._tokens
+        self.total_tokens += tokens
+        self.total_seconds += seconds
+        pl_module.stats.tokens_per_sec = self.tokens_per_sec
+        self._tokens, self._t0, self._val_seconds, self._excluded0 = 0, now, 0.0, excluded
+        return tokens, seconds
 
     @property
     def tokens_per_sec(self) -> float:
@@ -341,13 +338,13 @@ class Throughput(Callback):
 # ---- progress bar ---------------------------------------------------------------------------------
 class ProgressBar(RichProgressBar):
     """Rich bar showing train loss, last val loss, tokens/s and MFU from the module's python-side
-    `bar_metrics` (updated at log intervals), so refreshing it never syncs with the device."""
+    `stats.latest` (updated at log intervals), so refreshing it never syncs with the device."""
 
     def __init__(self, refresh_rate: int = 10, leave: bool = True) -> None:
         super().__init__(refresh_rate=refresh_rate, leave=leave)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-        m = getattr(pl_module, "bar_metrics", {})
+        m = pl_module.stats.latest
         shown: dict[str, Any] = {}
         if "train/loss" in m:
             shown["loss"] = f"{m['train/loss']:.4f}"
@@ -407,6 +404,8 @@ class SaveOnInterrupt(Callback):
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         trainer.strategy.save_checkpoint(checkpoint, path)
         self.saved_path = path
+        if isinstance(trainer.checkpoint_callback, ModelCheckpoint):  # what summary.json reports
+            trainer.checkpoint_callback.last_model_path = str(path)
         if trainer.is_global_zero:
             print(f"interrupted at step {trainer.global_step}: saved {path}", file=sys.stderr, flush=True)
         return path
@@ -440,3 +439,55 @@ class ValidateAtEnd(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if 0 < trainer.max_steps <= trainer.global_step:  # reached only after the last micro-batch
             trainer.should_stop = True
+
+
+# ---- run summary ----------------------------------------------------------------------------------
+def process_start_time() -> float:
+    """Unix time this process started (interpreter start-up and imports included)."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
+class RunSummary(Callback):
+    """Writes `summary.json` (rank 0) when the fit ends or stops, from the module's `RunStats`.
+
+    `status` is completed, interrupted (Ctrl-C), nonfinite (NaN guard) or failed (any other exception);
+    times count from process start. The file is replaced atomically: never half-written.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.summary: dict[str, Any] | None = None  # what was written last (rank 0)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.write(trainer, pl_module, "completed")
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
+        self.write(trainer, pl_module, "nonfinite" if isinstance(exception, NonFiniteLossError) else status)
+
+    @rank_zero_only
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str) -> None:
+        start, stats, ckpt = process_start_time(), pl_module.stats, trainer.checkpoint_callback
+        vals = stats.val_history
+        best = getattr(ckpt, "best_model_path", "")
+        last = getattr(ckpt, "last_model_path", "")
+        self.summary = {
+            "status": status,
+            "best_val_loss": min((v for _, _, v in vals), default=None),
+            "final_val_loss": vals[-1][2] if vals else None,
+            "steps": trainer.global_step,
+            "tokens": trainer.global_step * stats.tokens_per_step,  # includes steps before a resume
+            "wall_seconds": time.time() - start,
+            "tokens_per_sec": stats.tokens_per_sec,
+            "val_curve": [[s, t - start, v] for s, t, v in vals],
+            "best_ckpt": str(Path(best).resolve()) if best else None,
+            "last_ckpt": str(Path(last).resolve()) if last else None,
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.summary, indent=2))
+        os.replace(tmp, self.path)

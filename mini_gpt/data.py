@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from mini_gpt.conf import PROJECT_ROOT
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import (
     CharTokenizer,
@@ -65,6 +66,7 @@ __all__ = [
     "DataConfig",
     "DataConfigError",
     "PreparedData",
+    "cache_dir",
     "default_data_dir",
     "download",
     "load_prepared",
@@ -73,7 +75,6 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DOWNLOAD_TIMEOUT_S = 15.0  # per socket operation; an offline machine fails in well under this
 PIECE_CHARS = 1 << 20  # characters per encoded piece: big enough to amortise calls, small for memory
 
@@ -111,9 +112,9 @@ DTYPES = ("auto", "uint16", "uint32")
 
 
 def default_data_dir() -> Path:
-    """`$MINI_GPT_DATA_DIR` if set, else `<repo>/data` (absolute, independent of the working directory)."""
+    """`$MINI_GPT_DATA_DIR` if set, else `<project root>/data` (absolute, whatever the working directory)."""
     env = os.environ.get("MINI_GPT_DATA_DIR")
-    return Path(env).expanduser().resolve() if env else REPO_ROOT / "data"
+    return Path(env).expanduser().resolve() if env else PROJECT_ROOT / "data"
 
 
 @dataclass
@@ -349,7 +350,8 @@ def _text_sources(cfg: DataConfig) -> list[Path]:
     raise MiniGPTError(f"data.path={cfg.path} does not exist (looked for {path}); fix data.path")
 
 
-def _out_dir(cfg: DataConfig) -> Path:
+def cache_dir(cfg: DataConfig) -> Path:
+    """Where the token files of `cfg` live (meta.json in it is written last, when they are complete)."""
     if cfg.name != TEXT_CORPUS:
         return cfg.root / cfg.name
     assert cfg.path is not None
@@ -605,7 +607,7 @@ def prepare_data(
     tok: Tokenizer | None = None
     if tok_name != "char":
         tok = build_tokenizer(tok_name, bpe_file=cfg.bpe_file)
-    out_dir = _out_dir(cfg)
+    out_dir = cache_dir(cfg)
     key = _cache_key(cfg, source_sha, tok)
     meta = _valid_cache(out_dir, key)
     if meta is None:

@@ -13,6 +13,7 @@ spaced), identical on every call, so val loss is comparable across steps and run
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from mini_gpt.data import DataConfig, PreparedData, load_prepared, prepare_data
+from mini_gpt.data import DataConfig, PreparedData, cache_dir, load_prepared, prepare_data
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import Tokenizer
 
@@ -162,24 +163,51 @@ class GPTDataModule(L.LightningDataModule):
 
     # Lightning calls this on one process per node (local rank 0) before `setup` on every rank.
     def prepare_data(self) -> None:
-        prepare_data(self.cfg, block_size=self.block_size)
+        if self.prepared is None:
+            self.prepared = prepare_data(self.cfg, block_size=self.block_size)
 
     def setup(self, stage: str | None = None) -> None:
         if self.prepared is None:
             self.prepared = load_prepared(self.cfg, block_size=self.block_size)
 
-    def _require(self) -> PreparedData:
-        if self.prepared is None:  # used without a Trainer: fine, validate (and build if needed) now
-            self.prepared = prepare_data(self.cfg, block_size=self.block_size)
+    def prepare_once(self, local_rank: int, timeout_s: float = 24 * 3600) -> PreparedData:
+        """Prepare the token files on local rank 0 only; the node's other ranks wait until they are valid.
+
+        Needed before `fit` (the model's vocabulary comes from the tokenizer). With `python train.py
+        trainer=ddp` rank 0 finishes this before Lightning starts the others; under torchrun/SLURM all
+        ranks start together and must not tokenize (and write) the same files at once.
+        """
+        if local_rank == 0:
+            self.prepare_data()
+            return self.prepared_data()
+        meta = cache_dir(self.cfg) / "meta.json"  # written last, atomically, by the preparing rank
+        deadline = time.monotonic() + timeout_s
+        while self.prepared is None:
+            if meta.is_file():
+                try:
+                    self.setup()
+                    break
+                except MiniGPTError:
+                    pass  # a stale cache that local rank 0 is rebuilding right now
+            if time.monotonic() > deadline:
+                raise MiniGPTError(f"timed out waiting for local rank 0 to prepare {meta.parent}")
+            time.sleep(1.0)
+        return self.prepared_data()
+
+    def prepared_data(self) -> PreparedData:
+        """The prepared token files; used without a Trainer, validates (and builds if needed) them now."""
+        if self.prepared is None:
+            self.prepare_data()
+        assert self.prepared is not None
         return self.prepared
 
     @property
     def tokenizer(self) -> Tokenizer:
-        return self._require().tokenizer
+        return self.prepared_data().tokenizer
 
     @property
     def vocab_size(self) -> int:
-        return self._require().tokenizer.vocab_size
+        return self.prepared_data().tokenizer.vocab_size
 
     def start_batch(self) -> int:
         """Micro-batches already consumed: global_step * accumulate_grad_batches (0 without a trainer)."""
@@ -193,7 +221,7 @@ class GPTDataModule(L.LightningDataModule):
         return int(trainer.global_rank) if trainer is not None else 0
 
     def train_dataloader(self) -> DataLoader:
-        prep = self._require()
+        prep = self.prepared_data()
         dataset = TrainBatches(
             prep.train_path,
             prep.dtype,
@@ -212,7 +240,7 @@ class GPTDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader:
-        prep = self._require()
+        prep = self.prepared_data()
         dataset = ValWindows(prep.val_path, prep.dtype, self.block_size, self.val_windows)
         return DataLoader(
             dataset,

@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from mini_gpt.checkpoint import CONFIG_FILE, HF_TOKENIZER_FILE, SAFETENSORS_FILE, _bytes_to_unicode, metadata
-from mini_gpt.errors import MiniGPTError, exit_on_user_error
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.model import GPT
 from mini_gpt.tokenizer import TiktokenTokenizer, Tokenizer
 
 __all__ = ["FORMATS", "export_model", "gpt2_tokenizer_files", "write_hf", "write_safetensors"]
 
 FORMATS = ("hf", "safetensors")
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # the repo's conf/ ("../conf" from this file)
 # tiktoken encodings with GPT-2's vocabulary *and* pre-tokenisation regex, which is what
 # transformers' GPT2Tokenizer implements.
 _GPT2_LIKE = ("gpt2", "r50k_base")
@@ -162,21 +161,11 @@ def _run(cfg: Any) -> Path:
     return out
 
 
-def _hydra_main() -> None:
-    import hydra
-
-    # An absolute path: Hydra resolves a relative one against the calling *module* when it is imported
-    # (console script, tests), which would look for a `conf` package instead of the repo's conf/.
-    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="export")
-    def app(cfg: Any) -> None:
-        exit_on_user_error(_run)(cfg)
-
-    app()
-
-
 def main() -> None:
     """Console entry point (`python -m mini_gpt.export ...`)."""
-    _hydra_main()
+    from mini_gpt.conf import hydra_main
+
+    hydra_main("export", _run)
 
 
 if __name__ == "__main__":

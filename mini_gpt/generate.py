@@ -1,6 +1,6 @@
 """Sample text from a trained model: `python -m mini_gpt.generate ckpt=PATH prompt="ROMEO:"`.
 
-Also installed as the console script `mini-gpt-generate`. Every key lives in `conf/generate.yaml`:
+Also installed as the console script `mini-gpt-generate`. Every key lives in `mini_gpt/conf/generate.yaml`:
 
     mini-gpt-generate ckpt=out/last.ckpt prompt="ROMEO:" max_new_tokens=500 temperature=0.8 top_k=200
     mini-gpt-generate ckpt=export/ prompt=@prompt.txt num_samples=3 seed=1 stop='"\\n\\n"' output=s.jsonl
@@ -31,13 +31,12 @@ from typing import Any, TextIO
 
 import torch
 
-from mini_gpt.errors import MiniGPTError, exit_on_user_error
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.model import GPT
 from mini_gpt.sampling import check_sampling_args, generate_tokens
 from mini_gpt.tokenizer import Tokenizer
 
 HF_PRESETS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # the repo's conf/ ("../conf" from this file)
 
 
 @dataclass
@@ -374,7 +373,7 @@ def config_from_dict(d: dict[str, Any]) -> GenerateConfig:
     known = {f.name for f in dataclasses.fields(GenerateConfig)}
     unknown = sorted(set(d) - known)
     if unknown:
-        raise MiniGPTError(f"unknown generate key(s) {unknown}; see conf/generate.yaml")
+        raise MiniGPTError(f"unknown generate key(s) {unknown}; see mini_gpt/conf/generate.yaml")
     return GenerateConfig(**d)
 
 
@@ -426,28 +425,14 @@ def quote_free_text(argv: list[str]) -> list[str]:
     return out
 
 
-def _hydra_main() -> None:
-    import hydra
-    from omegaconf import OmegaConf
-
-    sys.argv[1:] = quote_free_text(sys.argv[1:])
-
-    # An absolute path: Hydra resolves a relative one against the calling *module* when it is imported
-    # (console script, tests), which would look for a `conf` package instead of the repo's conf/.
-    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="generate")
-    def app(cfg: Any) -> None:
-        @exit_on_user_error
-        def go() -> None:
-            run(config_from_dict(OmegaConf.to_container(cfg, resolve=True)))
-
-        go()
-
-    app()
-
-
 def main() -> None:
     """Console entry point (`mini-gpt-generate`, `python -m mini_gpt.generate`)."""
-    _hydra_main()
+    from omegaconf import OmegaConf
+
+    from mini_gpt.conf import hydra_main
+
+    sys.argv[1:] = quote_free_text(sys.argv[1:])
+    hydra_main("generate", lambda cfg: run(config_from_dict(OmegaConf.to_container(cfg, resolve=True))))
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ compiled wrapper runs the forward passes but the uncompiled module still owns th
 tokenizer as primitives): a checkpoint alone rebuilds model + tokenizer (mini_gpt.checkpoint).
 
 The hot loop does no host-device syncs: scalars are read (`.item()`) only every
-`trainer.log_every_n_steps` optimizer steps, and then written straight to the loggers (and to
-`bar_metrics`, which the progress bar shows). Validation sums token losses on the device and syncs
-once per evaluation.
+`trainer.log_every_n_steps` optimizer steps, and then written straight to the loggers and to
+`self.stats` (a `RunStats`: the one record of what the run measured, read by the progress bar, the
+summary callback and tests). Validation sums token losses on the device and syncs once per evaluation.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
@@ -27,6 +28,20 @@ from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.optim import OptimConfig, build_optimizer, build_scheduler
 
 CHECKPOINT_FORMAT_VERSION = 1
+
+
+@dataclass
+class RunStats:
+    """Host-side numbers of one fit, written by the module and the callbacks, never device tensors
+    (reading them never syncs). The contract between the module, the callbacks and the summary."""
+
+    latest: dict[str, float] = field(default_factory=dict)  # last logged scalars (the progress bar)
+    train_history: list[tuple[int, float]] = field(default_factory=list)  # (step, train loss), log steps
+    val_history: list[tuple[int, float, float]] = field(default_factory=list)  # (step, unix time, val loss)
+    start_step: int = 0  # global_step when this fit started (> 0 after a resume)
+    excluded_seconds: float = 0.0  # time callbacks spent on non-training work (samples, attention maps)
+    tokens_per_sec: float | None = None  # training throughput of the whole fit (Throughput callback)
+    tokens_per_step: int = 0  # tokens per optimizer step over all devices (the batch layout)
 
 
 class GPTLitModule(L.LightningModule):
@@ -46,10 +61,7 @@ class GPTLitModule(L.LightningModule):
         self.compile = compile
         self.model = GPT(model_config)
         self._compiled: Any = None  # plain attribute, not a submodule: keeps state_dict keys clean
-        # Host-side records, read by callbacks, train.py and tests.
-        self.bar_metrics: dict[str, float] = {}  # latest scalars for the progress bar
-        self.train_history: list[tuple[int, float]] = []  # (step, train loss) at log intervals
-        self.val_history: list[tuple[int, float, float]] = []  # (step, unix time, val loss)
+        self.stats = RunStats()
         self._grad_norm: Tensor | None = None
         self._pending_step = -1
         self._pending_loss: Tensor | None = None
@@ -57,8 +69,6 @@ class GPTLitModule(L.LightningModule):
         self._nonfinite: Tensor | None = None
         self._pending_lr = 0.0
         self._queued: dict[str, float] = {}
-        self.start_step = 0  # global_step when this fit started (> 0 after a resume)
-        self.excluded_seconds = 0.0  # time callbacks spent on non-training work (sampling)
         self._val_sum: Tensor | None = None
         self._val_count: Tensor | None = None
 
@@ -94,7 +104,7 @@ class GPTLitModule(L.LightningModule):
     def log_scalars(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Write python floats to every logger (rank 0) and the progress bar, no Lightning bookkeeping."""
         step = self.global_step if step is None else step
-        self.bar_metrics.update(metrics)
+        self.stats.latest.update(metrics)
         for logger in self.loggers:
             logger.log_metrics(metrics, step=step)
 
@@ -121,7 +131,7 @@ class GPTLitModule(L.LightningModule):
         step = self.global_step
         loss = self._pending_loss.item() / self._pending_n  # the one sync per log interval
         self._pending_loss = None
-        self.train_history.append((step, loss))
+        self.stats.train_history.append((step, loss))
         metrics = {"train/loss": loss, "lr": self._pending_lr}
         if self._grad_norm is not None:
             metrics["grad_norm"] = float(self._grad_norm)
@@ -131,7 +141,7 @@ class GPTLitModule(L.LightningModule):
         self.log_scalars(metrics, step=step)
 
     def on_train_start(self) -> None:
-        self.start_step = self.global_step
+        self.stats.start_step = self.global_step
 
     # ---- gradients --------------------------------------------------------------------------------
     def configure_gradient_clipping(
@@ -192,8 +202,8 @@ class GPTLitModule(L.LightningModule):
         self.log("val/ppl", ppl, prog_bar=False, sync_dist=False, logger=False)
         for logger in self.loggers:  # rank-zero only inside each logger
             logger.log_metrics({"val/loss": val_loss, "val/ppl": ppl}, step=self.global_step)
-        self.val_history.append((self.global_step, time.time(), val_loss))
-        self.bar_metrics["val_loss"] = val_loss
+        self.stats.val_history.append((self.global_step, time.time(), val_loss))
+        self.stats.latest["val_loss"] = val_loss
 
     # ---- optimizers -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:

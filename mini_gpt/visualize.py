@@ -35,7 +35,7 @@ import torch
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
-from mini_gpt.errors import MiniGPTError, exit_on_user_error
+from mini_gpt.errors import MiniGPTError
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -345,16 +345,12 @@ def run(cfg: DictConfig | dict[str, Any]) -> list[Path]:
     return written
 
 
-def _hydra_main() -> None:
-    import hydra
+def main() -> None:
+    """Console entry point (`python -m mini_gpt.visualize ...`)."""
+    from mini_gpt.conf import hydra_main
 
-    @hydra.main(version_base="1.3", config_path="../conf", config_name="visualize")
-    @exit_on_user_error
-    def main(cfg: DictConfig) -> None:
-        run(cfg)
-
-    main()
+    hydra_main("visualize", run)
 
 
 if __name__ == "__main__":
-    _hydra_main()
+    main()

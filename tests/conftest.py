@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the read-only corpora live, and a private data cache per test."""
+"""Shared test fixtures: the read-only corpora, Hydra config composition, torch threads."""
 
 from __future__ import annotations
 
@@ -34,6 +34,15 @@ def shakespeare_path() -> Path:
 def gpt2_bpe_file() -> Path:
     """GPT-2's BPE ranks in tiktoken's format (read-only)."""
     return _shared_file("tokenizers", "gpt2.tiktoken")
+
+
+@pytest.fixture(scope="session")
+def compose():
+    """`compose(overrides, config_name="train", hydra=False)`: the config a tool would run with, from
+    the package's configs (mini_gpt.conf), exactly as the tools compose it."""
+    from mini_gpt.conf import compose
+
+    return compose
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import torch
 from mini_gpt import attention_maps_callback as amc
 from mini_gpt.attention_maps_callback import AttentionMaps, build_attention_maps
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.lit_module import RunStats
 from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer
 
@@ -21,7 +22,7 @@ def fakes(tmp_path: Path, chars: str = "abcdefghirst \n:F") -> tuple[SimpleNames
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=16)).train()
     trainer = SimpleNamespace(global_step=0, loggers=[], default_root_dir=str(tmp_path), datamodule=None)
-    module = SimpleNamespace(model=model, tokenizer=tok, excluded_seconds=0.0)
+    module = SimpleNamespace(model=model, tokenizer=tok, stats=RunStats())
     return trainer, module
 
 
@@ -56,7 +57,7 @@ def test_saves_pngs_every_n_steps_without_wandb(tmp_path: Path, monkeypatch: pyt
     ]
     assert all(p.stat().st_size > 1000 for p in cb.saved)
     assert module.model.training  # put back in training mode
-    assert module.excluded_seconds > 0  # drawing time is kept out of tokens/s
+    assert module.stats.excluded_seconds > 0  # drawing time is kept out of tokens/s
 
 
 def test_logs_wandb_images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

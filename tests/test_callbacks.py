@@ -16,6 +16,7 @@ from mini_gpt.callbacks import (
     NaNGuard,
     NonFiniteLossError,
     ProgressBar,
+    RunSummary,
     SampleText,
     SaveOnInterrupt,
     Throughput,
@@ -101,6 +102,31 @@ def test_nan_guard_stops_at_log_interval_and_keeps_last_good(tmp_path: Path, dm:
     assert _ckpt_step(tmp_path / "ckpt" / "last.ckpt") == 4
 
 
+def test_summary_written_when_the_run_stops_and_when_it_ends(tmp_path: Path, dm: Any) -> None:
+    import json
+
+    path = tmp_path / "summary.json"
+    trainer = _trainer(tmp_path, [NaNGuard(), RunSummary(path)])
+    with pytest.raises(NonFiniteLossError):
+        trainer.fit(_module(dm, nan_from_step=5), datamodule=dm)
+    stopped = json.loads(path.read_text())
+    assert (stopped["status"], stopped["steps"]) == ("nonfinite", 5)
+    assert [row[0] for row in stopped["val_curve"]] == [2, 4]  # evaluations before the NaN
+    assert stopped["last_ckpt"] == str(tmp_path / "ckpt" / "last.ckpt")
+    assert _ckpt_step(Path(stopped["last_ckpt"])) == 4
+
+    module = _module(dm)
+    module.stats.tokens_per_step = 4 * BLOCK
+    trainer = _trainer(tmp_path / "ok", [RunSummary(path)], max_steps=4)
+    trainer.fit(module, datamodule=dm)
+    done = json.loads(path.read_text())
+    assert (done["status"], done["steps"], done["tokens"]) == ("completed", 4, 4 * 4 * BLOCK)
+    vals = [row[2] for row in done["val_curve"]]
+    assert (done["best_val_loss"], done["final_val_loss"]) == (min(vals), vals[-1])
+    assert 0 < done["val_curve"][0][1] < done["wall_seconds"]  # seconds since the process started
+    assert list(tmp_path.glob(".summary.json*")) == []  # written atomically: no temporary left
+
+
 def test_nan_guard_runs_before_checkpointing_at_validation(tmp_path: Path, dm: Any) -> None:
     # Logging (and so the interval check) only every 50 steps: validation at step 4 must catch it.
     trainer = _trainer(tmp_path, [NaNGuard()], log_every_n_steps=50)
@@ -118,7 +144,7 @@ def test_last_checkpoint_refreshed_at_every_evaluation(tmp_path: Path, dm: Any) 
     module = GPTLitModule(config, OptimConfig(lr=5.0, min_lr=5.0, warmup_steps=0, weight_decay=0.0))
     trainer = _trainer(tmp_path, [], max_steps=6, gradient_clip_val=None)
     trainer.fit(module, datamodule=dm)
-    losses = [v for _, _, v in module.val_history]
+    losses = [v for _, _, v in module.stats.val_history]
     assert min(losses) < losses[-1]  # val got worse at the end: no new best
     assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == 6
 
@@ -207,13 +233,13 @@ def test_samples_printed_during_training_and_final_validation(
     assert [row[0] for row in cb.rows] == [3, 5]  # every 3 steps, plus at the end
     assert "--- sample at step 3 ---" in capsys.readouterr().out
     # validation at step 3 (interval) and at step 5 (end of training, not a multiple of 3)
-    assert [s for s, _, _ in module.val_history] == [3, 5]
-    assert math.isfinite(module.val_history[-1][2])
+    assert [s for s, _, _ in module.stats.val_history] == [3, 5]
+    assert math.isfinite(module.stats.val_history[-1][2])
 
 
 def test_progress_bar_shows_python_side_metrics(dm: Any) -> None:
     module = _module(dm)
-    module.bar_metrics.update(
+    module.stats.latest.update(
         {"train/loss": 2.34567, "val_loss": 2.5, "tokens_per_sec": 12345.6, "mfu": 0.4321}
     )
     shown = ProgressBar().get_metrics(None, module)  # type: ignore[arg-type]

@@ -93,7 +93,7 @@ def test_first_step_logs_exact_loss_lr_grad_norm_and_val(
 
     trainer = _trainer(tmp_path, gradient_clip_val=1e9)  # clipping path still reports the norm
     trainer.fit(module, datamodule=dm)
-    step1 = module.train_history[0]
+    step1 = module.stats.train_history[0]
     assert step1[0] == 1
     assert step1[1] == pytest.approx(ref_loss.item(), rel=1e-5)
     rows = (tmp_path / "csv" / "metrics.csv").read_text().splitlines()
@@ -101,7 +101,7 @@ def test_first_step_logs_exact_loss_lr_grad_norm_and_val(
     first = dict(zip(header, rows[1].split(",")))
     assert float(first["grad_norm"]) == pytest.approx(ref_norm.item(), rel=1e-4)
     assert float(first["lr"]) == pytest.approx(lr_at(0, 1e-3, 1e-4, 4, 20))  # the lr step 1 used
-    assert [s for s, _ in module.train_history] == [1, 2, 3]
+    assert [s for s, _ in module.stats.train_history] == [1, 2, 3]
 
     # val/loss = mean token cross-entropy over exactly the val windows, by hand
     ref.load_state_dict(module.model.state_dict())
@@ -115,7 +115,7 @@ def test_first_step_logs_exact_loss_lr_grad_norm_and_val(
     val_loss = trainer.callback_metrics["val/loss"].item()
     assert val_loss == pytest.approx(total / count, rel=1e-5)
     assert trainer.callback_metrics["val/ppl"].item() == pytest.approx(math.exp(total / count), rel=1e-5)
-    assert module.val_history[-1][0] == 3 and module.val_history[-1][2] == pytest.approx(val_loss)
+    assert module.stats.val_history[-1][0] == 3 and module.stats.val_history[-1][2] == pytest.approx(val_loss)
 
 
 def test_checkpoint_alone_rebuilds_model_and_tokenizer(

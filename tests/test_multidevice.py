@@ -22,23 +22,6 @@ STEPS = 8
 GLOBAL_TOKENS = 1024  # = 8 sequences x 64 tokens x (2 devices x 1 micro-batch | 1 device x 2 micro-batches)
 
 
-def _compose(overrides: list[str]) -> Any:
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
-
-
-def _load_train_script() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("mini_gpt_train_script_md", REPO / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _trainer(trainer_cfg: Any) -> Any:
     """The Trainer a config describes (no fit: DDP processes start only in fit)."""
     from hydra.utils import instantiate
@@ -48,13 +31,13 @@ def _trainer(trainer_cfg: Any) -> Any:
     )
 
 
-def test_ddp_config_composes_and_instantiates() -> None:
+def test_ddp_config_composes_and_instantiates(compose: Any) -> None:
     from hydra.utils import instantiate
     from lightning.pytorch.strategies import DDPStrategy
 
-    cfg = _compose(["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"])
+    cfg = compose(["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"])
     # extends trainer/default.yaml: its keys are still there
-    assert cfg.trainer.max_steps == _compose([]).trainer.max_steps
+    assert cfg.trainer.max_steps == compose([]).trainer.max_steps
     assert cfg.trainer._target_ == "lightning.pytorch.Trainer"
     strategy = instantiate(cfg.trainer.strategy)
     assert isinstance(strategy, DDPStrategy)
@@ -63,23 +46,23 @@ def test_ddp_config_composes_and_instantiates() -> None:
     assert strategy._process_group_backend is None  # Lightning picks gloo (CPU) / nccl (CUDA)
 
 
-def test_ddp_trainer_on_two_cpu_processes_uses_gloo() -> None:
+def test_ddp_trainer_on_two_cpu_processes_uses_gloo(compose: Any) -> None:
 
-    cfg = _compose(["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.num_nodes=1"])
+    cfg = compose(["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.num_nodes=1"])
     trainer = _trainer(cfg.trainer)
     assert trainer.world_size == 2
     assert trainer.num_devices == 2
     assert trainer.strategy._get_process_group_backend() == "gloo"
 
 
-def test_fsdp_config_composes_and_instantiates() -> None:
+def test_fsdp_config_composes_and_instantiates(compose: Any) -> None:
     from hydra.utils import instantiate
     from lightning.pytorch.strategies import FSDPStrategy
     from torch.distributed.fsdp import ShardingStrategy
 
     from mini_gpt.model import Block
 
-    cfg = _compose(["trainer=fsdp", "trainer.strategy.activation_checkpointing=true"])
+    cfg = compose(["trainer=fsdp", "trainer.strategy.activation_checkpointing=true"])
     assert cfg.trainer.accelerator == "gpu"
     assert cfg.trainer.precision == "bf16-mixed"
     strategy = instantiate(cfg.trainer.strategy)
@@ -89,7 +72,7 @@ def test_fsdp_config_composes_and_instantiates() -> None:
     assert strategy.sharding_strategy == ShardingStrategy.FULL_SHARD
 
     hybrid = instantiate(
-        _compose(["trainer=fsdp", "trainer.strategy.sharding_strategy=HYBRID_SHARD"]).trainer.strategy
+        compose(["trainer=fsdp", "trainer.strategy.sharding_strategy=HYBRID_SHARD"]).trainer.strategy
     )
     assert hybrid.sharding_strategy == ShardingStrategy.HYBRID_SHARD
     assert hybrid._activation_checkpointing_kwargs == {}
@@ -105,12 +88,12 @@ def test_fsdp_is_refused_on_cpu() -> None:
         L.Trainer(accelerator="cpu", devices=2, strategy=fsdp_strategy(), logger=False)
 
 
-def test_global_batch_tokens_sets_accumulation() -> None:
+def test_global_batch_tokens_sets_accumulation(compose: Any) -> None:
 
+    from mini_gpt import training as train
     from mini_gpt.errors import MiniGPTError
 
-    train = _load_train_script()
-    cfg = _compose(["model=tiny", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"])
+    cfg = compose(["model=tiny", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"])
     trainer = _trainer(cfg.trainer)
     layout = train.apply_batch_layout(trainer, micro_batch=8, block_size=64, global_batch_tokens=4096)
     assert layout.accumulate == 4  # 4096 / (8 x 64 x 2)
@@ -126,19 +109,19 @@ def test_global_batch_tokens_sets_accumulation() -> None:
     assert (kept.accumulate, kept.world_size, kept.tokens_per_step) == (1, 2, 1024)
 
 
-def test_multirun_with_multi_device_strategies_is_refused() -> None:
+def test_multirun_with_multi_device_strategies_is_refused(compose: Any) -> None:
     """In a sweep trial, DDP re-running the script would make rank 1 run the whole sweep, and ddp_spawn
     leaves the trial process without steps/val losses (measured: summary steps=0, no val loss)."""
+    from mini_gpt import training as train
     from mini_gpt.errors import MiniGPTError
 
-    train = _load_train_script()
     base = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
     for extra in ([], ["trainer.strategy.start_method=spawn"]):
-        trainer = _trainer(_compose([*base, *extra]).trainer)
+        trainer = _trainer(compose([*base, *extra]).trainer)
         with pytest.raises(MiniGPTError, match="one device per trial"):
             train.check_multirun_strategy(trainer, multirun=True)
         train.check_multirun_strategy(trainer, multirun=False)  # a single run is fine
-    one_device = _trainer(_compose(["trainer.accelerator=cpu"]).trainer)
+    one_device = _trainer(compose(["trainer.accelerator=cpu"]).trainer)
     train.check_multirun_strategy(one_device, multirun=True)
 
 
@@ -269,7 +252,7 @@ def test_ddp_two_cpu_processes_match_one_process(
     assert max_diff < 2e-4, max_diff  # measured 7e-6; different batches: 8e-2
 
 
-def test_multirun_allows_ranks_started_by_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_multirun_allows_ranks_started_by_slurm(compose: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """hydra/launcher=slurm: SLURM starts one task per device and Lightning joins them, no re-run."""
     for key, value in {
         "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "1",
@@ -281,8 +264,9 @@ def test_multirun_allows_ranks_started_by_slurm(monkeypatch: pytest.MonkeyPatch)
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
     monkeypatch.setattr(rank_zero_only, "rank", rank_zero_only.rank)
-    train = _load_train_script()
-    trainer = _trainer(_compose(["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]).trainer)
+    from mini_gpt import training as train
+
+    trainer = _trainer(compose(["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]).trainer)
     assert trainer.strategy.cluster_environment.creates_processes_externally
     assert (trainer.global_rank, trainer.local_rank) == (1, 1)  # rank known before fit (data prep guard)
     train.check_multirun_strategy(trainer, multirun=True)

@@ -1,4 +1,4 @@
-"""Sweeps: the Optuna search (hparams_search/), the W&B sweep file (conf/sweep/), the SLURM launcher."""
+"""Sweeps: the Optuna search (hparams_search/), the W&B sweep file (sweep/), the SLURM launcher."""
 
 from __future__ import annotations
 
@@ -14,15 +14,10 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from mini_gpt.conf import CONF_DIR
+
 REPO = Path(__file__).resolve().parents[1]
 SEARCHED = {"optim.lr", "optim.warmup_steps", "model.dropout", "optim.weight_decay"}
-
-
-def _compose(overrides: list[str], hydra: bool = False) -> Any:
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides, return_hydra_config=hydra)
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -60,8 +55,8 @@ def _tiny(data_dir: Path, shakespeare: Path, steps: int) -> list[str]:
 # ---- Optuna ----------------------------------------------------------------------------------------
 
 
-def test_lr_search_composes_with_real_keys() -> None:
-    cfg = _compose(["hparams_search=lr_search"], hydra=True)
+def test_lr_search_composes_with_real_keys(compose: Any) -> None:
+    cfg = compose(["hparams_search=lr_search"], hydra=True)
     sweeper = cfg.hydra.sweeper
     assert sweeper._target_.endswith("optuna_sweeper.OptunaSweeper")
     assert sweeper.sampler._target_ == "optuna.samplers.TPESampler"
@@ -124,12 +119,8 @@ def test_optuna_sweep_runs_trials_and_survives_a_failed_one(
 def test_nonfinite_objective_becomes_inf_in_multirun() -> None:
     """A NaN objective crashes hydra-optuna-sweeper 1.3 (optuna 2.10 refuses it, then the sweeper's
     FAIL fallback raises); train.py hands the sweeper +inf instead, which Optuna records as the worst."""
-    import importlib.util
+    from mini_gpt import training as train
 
-    spec = importlib.util.spec_from_file_location("mini_gpt_train_script_sw", REPO / "train.py")
-    assert spec is not None and spec.loader is not None
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
     assert train.sweep_objective(float("nan")) == math.inf
     assert train.sweep_objective(None) == math.inf
     assert train.sweep_objective(-math.inf) == math.inf
@@ -137,23 +128,19 @@ def test_nonfinite_objective_becomes_inf_in_multirun() -> None:
 
 
 def test_wandb_group_for_sweeps() -> None:
-    import importlib.util
+    from mini_gpt import loggers
 
-    spec = importlib.util.spec_from_file_location("mini_gpt_train_script_sw2", REPO / "train.py")
-    assert spec is not None and spec.loader is not None
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
-    assert train.default_wandb_group({"WANDB_SWEEP_ID": "abc123"}, sweep_dir=None) == "sweep-abc123"
+    assert loggers.default_wandb_group({"WANDB_SWEEP_ID": "abc123"}, sweep_dir=None) == "sweep-abc123"
     assert (
-        train.default_wandb_group({}, sweep_dir="/x/outputs/train/multiruns/2024-01-02/03-04-05")
+        loggers.default_wandb_group({}, sweep_dir="/x/outputs/train/multiruns/2024-01-02/03-04-05")
         == "multirun-2024-01-02_03-04-05"
     )
-    assert train.default_wandb_group({}, sweep_dir=None) is None
+    assert loggers.default_wandb_group({}, sweep_dir=None) is None
 
 
 # ---- W&B sweeps ------------------------------------------------------------------------------------
 
-SWEEP_FILE = REPO / "conf" / "sweep" / "lr.yaml"
+SWEEP_FILE = CONF_DIR / "sweep" / "lr.yaml"
 
 
 def _agent_command(spec: dict[str, Any], params: dict[str, Any]) -> list[str]:
@@ -169,19 +156,19 @@ def _agent_command(spec: dict[str, Any], params: dict[str, Any]) -> list[str]:
     return argv
 
 
-def test_wandb_sweep_file_has_the_required_keys() -> None:
+def test_wandb_sweep_file_has_the_required_keys(compose: Any) -> None:
     spec = yaml.safe_load(SWEEP_FILE.read_text())
     assert spec["program"] == "train.py"
     assert spec["method"] in {"grid", "random", "bayes"}
     assert spec["metric"] == {"name": "val/loss", "goal": "minimize"}
     assert set(spec["parameters"]) == SEARCHED
     assert "${args_no_hyphens}" in spec["command"]
-    cfg = _compose([])
+    cfg = compose([])
     for key in spec["parameters"]:  # the parameter names are real Hydra keys
         assert OmegaConf.select(cfg, key, throw_on_missing=True) is not None, key
     # no folder in conf/ is a defaults-list group named `sweep`
     assert "sweep" not in {
-        next(iter(d)) for d in OmegaConf.load(REPO / "conf/train.yaml").defaults if isinstance(d, dict)
+        next(iter(d)) for d in OmegaConf.load(CONF_DIR / "train.yaml").defaults if isinstance(d, dict)
     }
 
 
@@ -218,10 +205,10 @@ def test_wandb_sweep_command_runs_train(tmp_path: Path, char_cache: Path, shakes
 # ---- SLURM launcher --------------------------------------------------------------------------------
 
 
-def test_slurm_launcher_composes() -> None:
+def test_slurm_launcher_composes(compose: Any) -> None:
     from hydra.utils import instantiate
 
-    cfg = _compose(
+    cfg = compose(
         ["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.tasks_per_node=8"],
         hydra=True,
     )
@@ -232,7 +219,6 @@ def test_slurm_launcher_composes() -> None:
     assert launcher_cfg.timeout_min == 240
     # the plugin's own keys are all present (ours extends submitit_slurm)
     assert {"signal_delay_s", "max_num_timeout", "additional_parameters", "qos"} <= set(launcher_cfg)
-    OmegaConf.register_new_resolver("repo_root", lambda: str(REPO), replace=True)  # as train.py does
     launcher = instantiate(launcher_cfg)
     # (Hydra's plugin discovery imports the module under its own name: compare by name, not isinstance)
     assert type(launcher).__qualname__ == "SlurmLauncher"

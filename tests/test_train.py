@@ -6,7 +6,6 @@ The data cache is a private tmp dir built from the shared read-only corpus (neve
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -28,19 +27,6 @@ SUMMARY_KEYS = {
     "best_ckpt",
     "last_ckpt",
 }
-
-
-def _load_train_module() -> Any:
-    spec = importlib.util.spec_from_file_location("mini_gpt_train_script", REPO / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def train_script() -> Any:
-    return _load_train_module()
 
 
 @pytest.fixture(scope="session")
@@ -72,16 +58,10 @@ def _overrides(run_dir: Path, data_dir: Path, shakespeare: Path, *extra: str) ->
     ]
 
 
-def _compose(overrides: list[str]) -> Any:
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
-
-
-def _fit(train_script: Any, overrides: list[str]) -> tuple[dict[str, Any], Any]:
+def _fit(compose: Any, overrides: list[str]) -> tuple[dict[str, Any], Any]:
     """Run train() on a composed config; return (summary.json, the LightningModule)."""
     import mini_gpt.lit_module as lm
+    from mini_gpt.training import train
 
     captured: dict[str, Any] = {}
     original_init = lm.GPTLitModule.__init__
@@ -90,10 +70,10 @@ def _fit(train_script: Any, overrides: list[str]) -> tuple[dict[str, Any], Any]:
         original_init(self, *args, **kwargs)
         captured["module"] = self
 
-    cfg = _compose(overrides)
+    cfg = compose(overrides)
     lm.GPTLitModule.__init__ = spy_init  # type: ignore[method-assign]
     try:
-        train_script.train(cfg)
+        train(cfg)
     finally:
         lm.GPTLitModule.__init__ = original_init  # type: ignore[method-assign]
     summary = json.loads((Path(cfg.paths.run_dir) / "summary.json").read_text())
@@ -102,11 +82,11 @@ def _fit(train_script: Any, overrides: list[str]) -> tuple[dict[str, Any], Any]:
 
 @pytest.mark.slow
 def test_compose_train_summary_and_loss_decreases(
-    train_script: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
     summary, module = _fit(
-        train_script,
+        compose,
         _overrides(
             run_dir,
             char_data_dir,
@@ -131,7 +111,7 @@ def test_compose_train_summary_and_loss_decreases(
     # ln(65) = 4.17 for a uniform guess; 40 steps at lr 1e-2 must learn the character frequencies
     assert summary["val_curve"][0][2] < 4.0
     assert summary["final_val_loss"] < summary["val_curve"][0][2]
-    first, last = module.train_history[0][1], module.train_history[-1][1]
+    first, last = module.stats.train_history[0][1], module.stats.train_history[-1][1]
     assert last < first - 0.5
     assert Path(summary["last_ckpt"]).is_file() and Path(summary["best_ckpt"]).is_file()
     assert Path(summary["last_ckpt"]).parent == run_dir / "checkpoints"
@@ -147,23 +127,23 @@ def test_compose_train_summary_and_loss_decreases(
 
 @pytest.mark.slow
 def test_exact_resume_and_same_seed(
-    train_script: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
 ) -> None:
     k = 6
     common = ("trainer.val_check_interval=3", "optim.decay_steps=12", "optim.warmup_steps=2", "optim.lr=3e-3")
     common = (*common, "trainer.precision=32-true", "optim.name=muon")  # Muon + AdamW state both restored
     full, full_module = _fit(
-        train_script,
+        compose,
         _overrides(tmp_path / "full", char_data_dir, shakespeare_path, *common, f"trainer.max_steps={2 * k}"),
     )
     half, half_module = _fit(
-        train_script,
+        compose,
         _overrides(tmp_path / "half", char_data_dir, shakespeare_path, *common, f"trainer.max_steps={k}"),
     )
     # same seed, same config: identical losses step for step
-    assert half_module.train_history == full_module.train_history[:k]
+    assert half_module.stats.train_history == full_module.stats.train_history[:k]
     resumed, resumed_module = _fit(
-        train_script,
+        compose,
         _overrides(
             tmp_path / "resumed",
             char_data_dir,
@@ -173,18 +153,16 @@ def test_exact_resume_and_same_seed(
             f"ckpt_path={half['last_ckpt']}",
         ),
     )
-    assert resumed_module.start_step == k
-    assert resumed_module.train_history == full_module.train_history[k:]  # bit-identical, steps k+1..2k
+    assert resumed_module.stats.start_step == k
+    assert resumed_module.stats.train_history == full_module.stats.train_history[k:]  # bit-identical
     assert resumed["final_val_loss"] == full["final_val_loss"]
     assert resumed["steps"] == 2 * k
 
 
 @pytest.mark.slow
-def test_overfit_one_batch(
-    train_script: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
-) -> None:
+def test_overfit_one_batch(compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path) -> None:
     _, module = _fit(
-        train_script,
+        compose,
         _overrides(
             tmp_path / "overfit",
             char_data_dir,
@@ -198,8 +176,8 @@ def test_overfit_one_batch(
             "model.n_embd=64",
         ),
     )
-    assert module.train_history[0][1] > 3.5
-    assert module.train_history[-1][1] < 0.2, module.train_history[-5:]
+    assert module.stats.train_history[0][1] > 3.5
+    assert module.stats.train_history[-1][1] < 0.2, module.stats.train_history[-5:]
 
 
 def _env(home: Path) -> dict[str, str]:

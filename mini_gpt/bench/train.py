@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     raw_model = GPT(gpt_cfg).to(device)
     raw_opt = build_optimizer(raw_model, optim_cfg)
     raw_sched = build_scheduler(raw_opt, optim_cfg, max_steps)
-    prep = dm.prepared or dm._require()
+    prep = dm.prepared_data()
     raw_data = TrainBatches(prep.train_path, prep.dtype, gpt_cfg.block_size, batch_size, seed=1337)
     raw_iter = iter(raw_data)
     amp_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(args.precision)

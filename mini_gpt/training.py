@@ -1,0 +1,191 @@
+"""One training run, from a composed config to checkpoints and summary.json: `train(cfg) -> best val loss`.
+
+    config -> GPTDataModule (token files, tokenizer) -> GPTConfig (vocabulary from the tokenizer)
+           -> GPTLitModule -> Trainer (+ callbacks, loggers) -> fit -> checkpoints, summary.json
+
+`train.py` is its Hydra entry point. Multi-device (trainer=ddp / fsdp): Lightning re-runs the entry point
+once per extra device, so everything before `trainer.fit` runs on every rank; data preparation,
+printing, summary.json and W&B are guarded by rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from mini_gpt.distributed import BatchLayout, accumulation_for
+from mini_gpt.errors import MiniGPTError
+
+if TYPE_CHECKING:
+    import lightning as L
+
+__all__ = ["apply_batch_layout", "check_multirun_strategy", "hydra_trial", "sweep_objective", "train"]
+
+
+def hydra_trial() -> tuple[str, int] | None:
+    """(sweep dir, job number) inside a Hydra multirun job (`python train.py -m ...`), else None."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return HydraConfig.get().sweep.dir, HydraConfig.get().job.num
+
+
+def sweep_objective(value: float | None) -> float:
+    """The value handed to a sweeper: +inf for a missing or non-finite loss. hydra-optuna-sweeper 1.3
+    (optuna 2.10) aborts the whole sweep on NaN, while +inf is recorded as a complete, worst trial."""
+    if value is None or not math.isfinite(value):
+        return math.inf
+    return float(value)
+
+
+def apply_batch_layout(
+    trainer: L.Trainer, micro_batch: int, block_size: int, global_batch_tokens: int | None
+) -> BatchLayout:
+    """The batch layout of this run. Sets the trainer's gradient accumulation (derived from
+    `global_batch_tokens` when set: devices and nodes are known only once Lightning resolved them)
+    and converts its `val_check_interval` from optimizer steps (the config) to micro-batches (Lightning)."""
+    world = trainer.world_size
+    accumulate = trainer.accumulate_grad_batches
+    if global_batch_tokens is not None:
+        accumulate = accumulation_for(global_batch_tokens, micro_batch, block_size, world)
+    trainer.accumulate_grad_batches = accumulate
+    if isinstance(trainer.val_check_interval, int):  # fast_dev_run sets a float: leave it alone
+        trainer.val_check_interval *= accumulate
+    devices = trainer.num_devices
+    return BatchLayout(micro_batch, block_size, accumulate, devices, world // devices)
+
+
+def check_multirun_strategy(trainer: L.Trainer, multirun: bool) -> None:
+    """Refuse what cannot work: in a Hydra multirun (a sweep trial) this process must train alone, or
+    be one of the ranks a cluster launcher (SLURM, torchrun) started. DDP that re-runs the script per
+    device makes every extra rank run the whole sweep (upstream limitation), and ddp_spawn trains in
+    child processes, leaving this one without the step count and val losses the trial must return."""
+    if (
+        multirun
+        and trainer.world_size > 1
+        and not trainer.strategy.cluster_environment.creates_processes_externally
+    ):
+        raise MiniGPTError(
+            "Hydra multirun (-m) cannot run a multi-device strategy started from inside the trial "
+            f"(trainer.devices={trainer.num_devices}): sweep with one device per trial, or run each trial "
+            "as a multi-GPU SLURM job with hydra/launcher=slurm"
+        )
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if node is not None else {}
+
+
+def _callbacks(cfg: DictConfig, summary_path: Path) -> list[Any]:
+    """The configured callbacks (`_target_` entries, null = dropped) + final validation + the summary."""
+    from hydra.utils import instantiate
+    from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+
+    from mini_gpt.callbacks import RunSummary, ValidateAtEnd
+
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    # Lightning refuses a progress bar / checkpoint callback that its own switch turned off.
+    if not cfg.trainer.get("enable_progress_bar", True):
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    if not cfg.trainer.get("enable_checkpointing", True):
+        callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
+    return [*callbacks, ValidateAtEnd(), RunSummary(summary_path)]  # after SaveOnInterrupt: sees its save
+
+
+def _model_dict(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
+    """`cfg.model` with the tokenizer's vocabulary size filled in (or checked, when set)."""
+    model = _plain(cfg.model)
+    if model.get("vocab_size") is None:
+        model["vocab_size"] = vocab_size
+    elif model["vocab_size"] < vocab_size:
+        raise MiniGPTError(
+            f"model.vocab_size={model['vocab_size']} < the tokenizer's {vocab_size}; "
+            "set model.vocab_size=null (use the tokenizer's) or larger"
+        )
+    return model
+
+
+def train(cfg: DictConfig) -> float | None:
+    """Build everything from the composed config and fit; returns the best val loss (rank 0, else None)."""
+    ckpt_path = cfg.get("ckpt_path")
+    if ckpt_path is not None:  # checked before the slow imports: a typo fails in a second
+        ckpt_path = Path(ckpt_path).expanduser().resolve()
+        if not ckpt_path.is_file():
+            raise MiniGPTError(f"ckpt_path={ckpt_path} does not exist; pass an existing .ckpt to resume")
+    run_dir = Path(cfg.paths.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    import lightning as L
+    import torch
+    from hydra.utils import instantiate
+
+    from mini_gpt.callbacks import RunSummary
+    from mini_gpt.data import DataConfig
+    from mini_gpt.datamodule import GPTDataModule
+    from mini_gpt.lit_module import GPTLitModule
+    from mini_gpt.loggers import build_loggers, finish_wandb
+    from mini_gpt.model import GPTConfig
+    from mini_gpt.optim import OptimConfig
+
+    # Lightning has its own console handler; Hydra's root handler would print every line twice.
+    logging.getLogger("lightning.pytorch").propagate = False
+    warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec.*")
+    # val/loss is reduced over all ranks by the module itself; Lightning cannot tell and suggests sync_dist.
+    warnings.filterwarnings("ignore", message=r".*sync_dist=True.*")
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
+
+    try:
+        dm = GPTDataModule(
+            DataConfig(**_plain(cfg.data)), block_size=cfg.model.block_size, seed=cfg.seed, **cfg.loader
+        )
+    except TypeError as err:  # an unknown key in data/loader
+        raise MiniGPTError(f"bad data/loader config: {err}") from None
+
+    # The Trainer comes before the model: it knows this process's rank (data preparation runs on one).
+    callbacks = _callbacks(cfg, run_dir / "summary.json")
+    trial = hydra_trial()
+    loggers, log_model = build_loggers(_plain(cfg.get("logger")), trial)
+    trainer: L.Trainer = instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all"
+    )
+    check_multirun_strategy(trainer, multirun=trial is not None)
+    layout = apply_batch_layout(trainer, dm.batch_size, dm.block_size, cfg.get("global_batch_tokens"))
+    if trainer.is_global_zero:
+        print(layout.describe(), flush=True)
+
+    tokenizer = dm.prepare_once(trainer.local_rank).tokenizer  # DDP children start later, find it ready
+    module = GPTLitModule(
+        GPTConfig.from_dict(_model_dict(cfg, tokenizer.vocab_size)),
+        OptimConfig.from_dict(_plain(cfg.optim)),
+        tokenizer=tokenizer,
+        max_steps=cfg.trainer.max_steps,
+        compile=cfg.compile,
+    )
+    module.stats.tokens_per_step = layout.tokens_per_step
+    for logger in loggers:  # rank 0 only (Lightning's loggers are rank-zero guarded)
+        logger.log_hyperparams({**_plain(cfg), "batch": layout.as_dict()})
+
+    ckpt = trainer.checkpoint_callback
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    finally:
+        best = ckpt and (ckpt.best_model_path or ckpt.last_model_path)
+        finish_wandb(loggers, log_model, best or None)
+    summary = next(c for c in callbacks if isinstance(c, RunSummary)).summary
+    if not trainer.is_global_zero or summary is None:
+        return None
+    print(
+        f"summary: {run_dir / 'summary.json'}\n  steps={summary['steps']} best_val_loss="
+        f"{summary['best_val_loss']} final_val_loss={summary['final_val_loss']} tokens/s="
+        f"{summary['tokens_per_sec'] or 0:,.0f} wall={summary['wall_seconds']:.1f}s\n"
+        f"  last_ckpt={summary['last_ckpt']}"
+    )
+    return summary["best_val_loss"]
