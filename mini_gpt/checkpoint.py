@@ -7,7 +7,7 @@ Accepted sources (`load_model(path)`):
 - an export directory with `format=safetensors` (`model.safetensors` + `config.json`, whose
   `mini_gpt` entry has the same content as the checkpoint's), or the `model.safetensors` file in it;
 - an export directory with `format=hf` (or any local GPT-2 directory `transformers` can load): weights
-  through `mini_gpt.hf`, tokenizer from `mini_gpt_tokenizer.json` or else GPT-2's `vocab.json`.
+  and tokenizer through `mini_gpt.hf` (`mini_gpt_tokenizer.json`, or else GPT-2's `vocab.json`).
 
 Every failure (missing file, corrupt file, foreign checkpoint, shape mismatch) is one `MiniGPTError` line.
 """
@@ -26,7 +26,6 @@ from mini_gpt.tokenizer import Tokenizer, tokenizer_from_dict
 
 __all__ = [
     "FORMAT_VERSION",
-    "HF_TOKENIZER_FILE",
     "load_model",
     "metadata",
     "model_state_dict",
@@ -36,7 +35,6 @@ __all__ = [
 FORMAT_VERSION = 1
 SAFETENSORS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-HF_TOKENIZER_FILE = "mini_gpt_tokenizer.json"  # our tokenizer, saved beside a `format=hf` export
 
 
 def metadata(model: GPT, tokenizer: Tokenizer) -> dict[str, Any]:
@@ -160,50 +158,6 @@ def _load_safetensors_dir(directory: Path) -> tuple[GPT, Tokenizer]:
     return _build(meta, weights, weights_path)
 
 
-def _gpt2_tokenizer_from_vocab(vocab_path: Path) -> Tokenizer:
-    """GPT-2's byte-level BPE from a transformers `vocab.json`: token id = BPE rank (true for GPT-2)."""
-    from mini_gpt.tokenizer import TiktokenTokenizer, _encoding_spec
-
-    vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
-    byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
-    special = {tok: i for tok, i in vocab.items() if tok.startswith("<|") and tok.endswith("|>")}
-    try:
-        ranks = {bytes(byte_of[c] for c in tok): i for tok, i in vocab.items() if tok not in special}
-    except KeyError:
-        raise MiniGPTError(f"{vocab_path} is not a byte-level GPT-2 vocabulary") from None
-    spec = _encoding_spec("gpt2")
-    return TiktokenTokenizer("gpt2", spec["pat_str"], ranks, special)
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable unicode characters (used in vocab.json/merges.txt)."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    mapping = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + extra)  # non-printable bytes go to unused code points, in order
-            extra += 1
-    return mapping
-
-
-def _load_hf_dir(directory: Path) -> tuple[GPT, Tokenizer]:
-    from mini_gpt.hf import gpt_from_hf
-
-    ours = directory / HF_TOKENIZER_FILE
-    if ours.is_file():
-        tokenizer = tokenizer_from_dict(json.loads(ours.read_text(encoding="utf-8")))
-    elif (directory / "vocab.json").is_file():
-        tokenizer = _gpt2_tokenizer_from_vocab(directory / "vocab.json")
-    else:
-        raise MiniGPTError(f"{directory} has no tokenizer ({HF_TOKENIZER_FILE} or vocab.json)")
-    return gpt_from_hf(directory), tokenizer
-
-
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, Tokenizer]:
     """(GPT in eval mode on `device`, tokenizer) from a `.ckpt`, an export directory or its .safetensors."""
     path = Path(path).expanduser()
@@ -217,7 +171,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GP
         if isinstance(config, dict) and "mini_gpt" in config:
             model, tokenizer = _load_safetensors_dir(path)
         else:
-            model, tokenizer = _load_hf_dir(path)
+            from mini_gpt.hf import load_hf_dir
+
+            model, tokenizer = load_hf_dir(path)
     elif path.suffix == ".safetensors" and (path.parent / CONFIG_FILE).is_file():
         model, tokenizer = _load_safetensors_dir(path.parent)
     else:

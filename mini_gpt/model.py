@@ -249,16 +249,3 @@ class GPT(nn.Module):
         c = self.config
         T = seq_len or c.block_size
         return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.n_embd * T
-
-    @classmethod
-    def from_hf_gpt2(cls, source: Any) -> GPT:
-        """A GPT holding GPT-2 weights from a `transformers` model, a local directory or a hub name."""
-        from mini_gpt.hf import gpt_from_hf
-
-        return gpt_from_hf(source)
-
-    def to_hf_gpt2(self) -> Any:
-        """This model as a `transformers.GPT2LMHeadModel` (GPT-2-compatible configs only)."""
-        from mini_gpt.hf import gpt_to_hf
-
-        return gpt_to_hf(self)

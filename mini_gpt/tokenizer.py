@@ -31,6 +31,7 @@ __all__ = [
     "TiktokenTokenizer",
     "Tokenizer",
     "build_tokenizer",
+    "encoding_spec",
     "parse_tiktoken_ranks",
     "tokenizer_from_dict",
 ]
@@ -143,7 +144,7 @@ class TiktokenTokenizer(Tokenizer):
         self.name = name
         self.pat_str = pat_str
         self.special_tokens = dict(special_tokens)
-        self._ranks = mergeable_ranks
+        self.ranks = mergeable_ranks  # token bytes -> id
         self.encoding = tiktoken.Encoding(
             name=name, pat_str=pat_str, mergeable_ranks=mergeable_ranks, special_tokens=self.special_tokens
         )
@@ -180,7 +181,7 @@ class TiktokenTokenizer(Tokenizer):
     def ranks_text(self) -> str:
         """The ranks in `.tiktoken` format (rank order, one `base64 rank` line each)."""
         if self._ranks_text is None:
-            items = sorted(self._ranks.items(), key=lambda kv: kv[1])
+            items = sorted(self.ranks.items(), key=lambda kv: kv[1])
             self._ranks_text = "".join(f"{base64.b64encode(tok).decode()} {rank}\n" for tok, rank in items)
         return self._ranks_text
 
@@ -228,7 +229,7 @@ def parse_tiktoken_ranks(data: bytes | str, source: str = "ranks") -> dict[bytes
 _SPEC_LOCK = threading.Lock()
 
 
-def _encoding_spec(name: str) -> dict[str, Any]:
+def encoding_spec(name: str) -> dict[str, Any]:
     """pat_str, special tokens and pinned ranks sha256 of a registered tiktoken encoding, offline.
 
     tiktoken's constructors load their ranks as they run; we run one with its loaders swapped for
@@ -269,7 +270,7 @@ def _from_bpe_file(name: str, bpe_file: str | Path) -> TiktokenTokenizer:
     if not path.is_file():
         raise MiniGPTError(f"BPE ranks file {path} does not exist; fix data.bpe_file=PATH/{name}.tiktoken")
     data = path.read_bytes()
-    spec = _encoding_spec(name)
+    spec = encoding_spec(name)
     digest = hashlib.sha256(data).hexdigest()
     if spec["sha256"] and digest != spec["sha256"]:
         raise MiniGPTError(
@@ -317,7 +318,7 @@ def build_tokenizer(name: str, bpe_file: str | Path | None = None, text: str | N
         return CharTokenizer.from_text(text)
     if bpe_file is not None:
         return _from_bpe_file(name, bpe_file)
-    _encoding_spec(name)  # unknown names fail here, before any network attempt
+    encoding_spec(name)  # unknown names fail here, before any network attempt
     return TiktokenTokenizer.from_encoding(_get_encoding(name))
 
 

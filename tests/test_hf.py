@@ -7,6 +7,7 @@ import torch
 import transformers  # a dev dependency (pip install -e ".[dev]")
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.hf import gpt_from_hf, gpt_to_hf
 from mini_gpt.model import GPT, GPTConfig
 
 
@@ -32,7 +33,7 @@ def random_hf_gpt2(seed: int, **kw):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_logits_match_transformers(seed):
     hf = random_hf_gpt2(seed)
-    ours = GPT.from_hf_gpt2(hf).eval()
+    ours = gpt_from_hf(hf).eval()
     idx = torch.randint(0, 97, (2, 32), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         expected = hf(idx).logits
@@ -43,12 +44,12 @@ def test_logits_match_transformers(seed):
 def test_round_trip_is_exact(tmp_path):
     torch.manual_seed(3)
     ours = GPT(GPTConfig(vocab_size=61, block_size=16, n_layer=2, n_head=2, n_embd=16))
-    hf = ours.to_hf_gpt2()
-    back = GPT.from_hf_gpt2(hf)
+    hf = gpt_to_hf(ours)
+    back = gpt_from_hf(hf)
     for (name, a), (_, b) in zip(ours.state_dict().items(), back.state_dict().items()):
         assert torch.equal(a, b), name
     hf.save_pretrained(tmp_path / "hf")  # a local directory works too (the air-gapped path)
-    again = GPT.from_hf_gpt2(tmp_path / "hf")
+    again = gpt_from_hf(tmp_path / "hf")
     for (name, a), (_, b) in zip(ours.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), name
     idx = torch.randint(0, 61, (1, 16))
@@ -59,10 +60,10 @@ def test_round_trip_is_exact(tmp_path):
 def test_non_gpt2_architectures_refuse_hf_export():
     model = GPT(GPTConfig.from_preset("tiny", vocab_size=10, pos_embedding="rope"))
     with pytest.raises(MiniGPTError, match="pos_embedding"):
-        model.to_hf_gpt2()
+        gpt_to_hf(model)
 
 
 def test_missing_local_directory_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(MiniGPTError, match="could not load GPT-2 weights"):
-        GPT.from_hf_gpt2(str(tmp_path / "nope"))
+        gpt_from_hf(str(tmp_path / "nope"))
