@@ -27,6 +27,7 @@ from typing import Any
 from mini_gpt.errors import MiniGPTError
 
 __all__ = [
+    "CHAR_EOT",
     "CharTokenizer",
     "TiktokenTokenizer",
     "Tokenizer",
@@ -74,8 +75,17 @@ class Tokenizer(ABC):
         return hash((type(self).__name__, self.vocab_size))
 
 
+# The char tokenizer's end-of-text: the control character U+0003 END OF TEXT. Sharded corpora
+# (data=hf tokenizer=char) add it to the vocabulary and put it before every document, as GPT-2's
+# <|endoftext|> is; a vocabulary without it (tiny Shakespeare) has no end-of-text id.
+CHAR_EOT = "\x03"
+
+
 class CharTokenizer(Tokenizer):
-    """One id per character; the vocabulary is a string of distinct characters, id = position."""
+    """One id per character; the vocabulary is a string of distinct characters, id = position.
+
+    `eot_id` is the id of CHAR_EOT (U+0003) when the vocabulary holds it, else None.
+    """
 
     def __init__(self, chars: str) -> None:
         if not chars:
@@ -96,7 +106,7 @@ class CharTokenizer(Tokenizer):
 
     @property
     def eot_id(self) -> int | None:
-        return None
+        return self._stoi.get(CHAR_EOT)
 
     def encode(self, text: str) -> list[int]:
         stoi = self._stoi

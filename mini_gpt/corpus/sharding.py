@@ -1,0 +1,712 @@
+"""Documents -> llm.c token shards (`data=hf`): parallel, flat in memory, resumable, locked.
+
+    <data_dir>/hf/<name>-<hash>/train_000000.bin ...   train shards of `data.shard_tokens` tokens (the last
+                                                       one shorter), llm.c format (see shards.py)
+    <data_dir>/hf/<name>-<hash>/val_000000.bin         the validation documents, one shard
+    <data_dir>/hf/<name>-<hash>/meta.json              tokenizer, shards and their counts, documents,
+                                                       source fingerprint, split (written last)
+    <data_dir>/hf/<name>-<hash>.lock                   cross-process lock (filelock)
+
+The hash covers everything that changes the tokens (dataset, subset, split, text field, tokenizer,
+split rule, `max_tokens`, `shard_tokens`, dtype), so different configs never share a directory.
+
+* **Documents**: each document is tokenized on its own (`encode_ordinary`: text that looks like a special
+  token stays text) with the end-of-text token *prepended* (GPT-2's 50256), as llm.c and build-nanogpt do,
+  so every document starts right after an end-of-text and generation can start from one. The char
+  tokenizer's end-of-text is U+0003 (END OF TEXT, `mini_gpt.tokenizer.CHAR_EOT`), added to its vocabulary
+  (the sorted distinct characters of the documents read, found by a first pass over them).
+* **Split by documents**: document `i` (in reading order) is a validation document when a seeded hash of
+  `(split_seed, i)` falls below `val_fraction`; its tokens go to `val_000000.bin`, the others to the
+  train shards. The rule depends on nothing but `i`, so it is the same for any `num_proc` and any
+  `max_tokens`; meta.json lists the chosen document indices.
+* **Parallel and flat**: the main process streams the text and cuts it into tasks of ~2M characters; a
+  pool of `num_proc` processes tokenizes them; at most `2 x num_proc + 1` tasks are in flight and the
+  results are written in task order, straight into the current shard file. So memory does not grow with
+  the corpus, and the bytes written are the same whatever `num_proc` is.
+* **Resumable and safe**: shards are written under temporary names (`.train_000003.bin.tmp`) and renamed
+  when complete. After each complete train shard a small `.state.json` records where the next one starts
+  (document index, tokens of that document already written) and how long the validation file is; an
+  interrupted preparation resumes from there, re-reading but not re-tokenizing the documents before it.
+  A file lock beside the directory makes a second process (another run, another rank of the node) wait
+  and then use the finished shards instead of preparing them again.
+* **`max_tokens`** stops after that many train tokens (the cut may fall inside a document).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_all_start_methods, get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mini_gpt.corpus.config import HFDataConfig
+from mini_gpt.corpus.shards import ShardInfo, ShardWriter, read_header
+from mini_gpt.corpus.sources import Source, iter_texts, open_source
+from mini_gpt.data import token_dtype
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.tokenizer import (
+    CHAR_EOT,
+    CharTokenizer,
+    TiktokenTokenizer,
+    Tokenizer,
+    build_tokenizer,
+    tokenizer_from_dict,
+)
+
+__all__ = ["FORMAT", "ShardedCorpus", "load_shards", "prepare_shards", "shard_dir", "val_mask"]
+
+FORMAT = "mini-gpt shards 1"
+TASK_CHARS = 1 << 21  # characters of text per tokenizer task
+STATE = ".state.json"
+META = "meta.json"
+
+
+@dataclass
+class ShardedCorpus:
+    """Prepared (or found) shards: what the training windows are drawn from."""
+
+    dir: Path
+    train: list[ShardInfo]
+    val: list[ShardInfo]
+    tokenizer: Tokenizer
+    meta: dict[str, Any] = field(repr=False)
+
+    @property
+    def dtype(self) -> str:
+        return self.train[0].dtype
+
+    @property
+    def train_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.train)
+
+    @property
+    def val_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.val)
+
+
+# ------------------------------------------------------------------------------------------ the split
+
+
+def val_mask(first_doc: int, n: int, fraction: float, seed: int) -> np.ndarray:
+    """True for the validation documents among indices first_doc .. first_doc + n - 1.
+
+    splitmix64 of (index + seed * golden ratio) mapped to [0, 1): a fixed pseudo-random subset whose
+    membership depends only on the document's index, never on how the documents were batched.
+    """
+    with np.errstate(over="ignore"):
+        x = np.arange(first_doc, first_doc + n, dtype=np.uint64) + np.uint64(seed) * np.uint64(
+            0x9E3779B97F4A7C15
+        )
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)) < fraction
+
+
+# --------------------------------------------------------------------------------- tokenizer workers
+
+
+@dataclass
+class Encoded:
+    """One task's tokens, split by document into train and val (each document: EOT, then its ids)."""
+
+    first_doc: int
+    n_docs: int
+    text_bytes: int
+    train_idx: np.ndarray  # int64 document indices
+    train_lens: np.ndarray  # int64 tokens per document (EOT included)
+    train_tokens: np.ndarray
+    val_idx: np.ndarray
+    val_lens: np.ndarray
+    val_tokens: np.ndarray
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tok_dict: dict[str, Any], dtype: str, fraction: float, seed: int, text_field: str) -> None:
+    tok = tokenizer_from_dict(tok_dict)
+    if isinstance(tok, CharTokenizer):
+        cps = np.frombuffer(tok.chars.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        lut = np.zeros(int(cps.max()) + 1, dtype=np.int64)
+        lut[cps] = np.arange(len(cps))
+
+        def encode(text: str) -> np.ndarray:
+            return lut[np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)]
+
+    else:
+        assert isinstance(tok, TiktokenTokenizer)
+        enc = tok.encoding
+
+        def encode(text: str) -> np.ndarray:
+            # The ids of encode_ordinary (special-token text is plain text), straight into numpy.
+            return enc.encode_to_numpy(text, disallowed_special=())
+
+    _WORKER.update(
+        encode=encode,
+        eot=np.asarray([tok.eot_id], dtype=dtype),
+        dtype=dtype,
+        fraction=fraction,
+        seed=seed,
+        text_field=text_field,
+    )
+
+
+def _join(docs: list[np.ndarray], eot: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    if not docs:
+        return np.zeros(0, dtype=dtype), np.zeros(0, dtype=np.int64)
+    pieces = [p for ids in docs for p in (eot, ids)]
+    lens = np.fromiter((len(ids) + 1 for ids in docs), dtype=np.int64, count=len(docs))
+    return np.concatenate(pieces).astype(dtype, copy=False), lens
+
+
+def _encode_task(task: tuple[int, list[Any]]) -> Encoded:
+    first_doc, texts = task
+    w = _WORKER
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            what = "null" if text is None else f"a {type(text).__name__}"
+            raise MiniGPTError(
+                f"document {first_doc + i} has {what} in data.text_field={w['text_field']!r}, not a string; "
+                "point data.text_field at a text column (or drop rows without text)"
+            )
+    mask = val_mask(first_doc, len(texts), w["fraction"], w["seed"])
+    encoded = [w["encode"](t) for t in texts]
+    idx = np.arange(first_doc, first_doc + len(texts), dtype=np.int64)
+    train_tokens, train_lens = _join([e for e, m in zip(encoded, mask) if not m], w["eot"], w["dtype"])
+    val_tokens, val_lens = _join([e for e, m in zip(encoded, mask) if m], w["eot"], w["dtype"])
+    return Encoded(
+        first_doc,
+        len(texts),
+        sum(len(t.encode("utf-8", "surrogatepass")) for t in texts),
+        idx[~mask],
+        train_lens,
+        train_tokens,
+        idx[mask],
+        val_lens,
+        val_tokens,
+    )
+
+
+def _tasks(batches: Iterable[list[Any]], first_doc: int) -> Iterator[tuple[int, list[Any]]]:
+    """Group documents into tasks of ~TASK_CHARS characters (the grouping never changes the output)."""
+    texts: list[Any] = []
+    chars = 0
+    for batch in batches:
+        for text in batch:
+            texts.append(text)
+            chars += len(text) if isinstance(text, str) else 0
+            if chars >= TASK_CHARS:
+                yield first_doc, texts
+                first_doc, texts, chars = first_doc + len(texts), [], 0
+    if texts:
+        yield first_doc, texts
+
+
+def _mp_context() -> Any:
+    """fork where there is one (no re-import of the caller's __main__, instant start), else spawn."""
+    methods = get_all_start_methods()
+    return get_context("fork" if "fork" in methods else "spawn")
+
+
+def _ordered_map(
+    fn: Callable[[Any], Encoded], tasks: Iterator[Any], pool: ProcessPoolExecutor | None, in_flight: int
+) -> Iterator[Encoded]:
+    """fn over tasks in order; with a pool, at most `in_flight` tasks submitted and not yet consumed."""
+    if pool is None:
+        yield from map(fn, tasks)
+        return
+    pending: deque[Future[Encoded]] = deque()
+    for task in tasks:
+        pending.append(pool.submit(fn, task))
+        if len(pending) >= in_flight:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+# ------------------------------------------------------------------------------------- shard writing
+
+
+class _Writer:
+    """Routes each task's train and val tokens into the shards, in document order, and records a
+    resumable state after every complete train shard."""
+
+    def __init__(
+        self,
+        out: Path,
+        dtype: str,
+        eot: int,
+        cfg: HFDataConfig,
+        key: dict[str, Any],
+        state: dict[str, Any] | None,
+    ) -> None:
+        self.out, self.dtype, self.eot, self.key = out, dtype, eot, key
+        self.shard_tokens, self.max_tokens = cfg.shard_tokens, cfg.max_tokens
+        state = state or {}
+        self.train_shards: list[dict[str, Any]] = state.get("train_shards", [])
+        self.next_doc: int = state.get("next_doc", 0)
+        self.skip: int = state.get("next_offset", 0)  # tokens of document next_doc already in shards
+        self.train_docs: int = state.get("train_docs", 0)
+        self.val_docs: list[int] = state.get("val_docs", [])
+        self.chars: str | None = state.get("chars")
+        self.written = sum(s["tokens"] for s in self.train_shards)  # train tokens in complete shards
+        self.val = ShardWriter(out / "val_000000.bin", dtype, resume_tokens=state.get("val_tokens"))
+        self.cur: ShardWriter | None = None
+        self.done = False
+
+    @property
+    def train_tokens(self) -> int:
+        return self.written + (self.cur.n_tokens if self.cur is not None else 0)
+
+    def _write_train(self, tokens: np.ndarray) -> None:
+        if self.cur is None:
+            self.cur = ShardWriter(self.out / f"train_{len(self.train_shards):06d}.bin", self.dtype)
+        self.cur.write(tokens)
+        self.train_docs += int(np.count_nonzero(tokens == self.eot))
+
+    def _write_val(self, enc: Encoded, start: int, below: int) -> int:
+        """Write enc's val documents [start, first with index >= below); returns the new start."""
+        stop = int(np.searchsorted(enc.val_idx, below))
+        if stop > start:
+            ends = np.concatenate([[0], np.cumsum(enc.val_lens)])
+            self.val.write(enc.val_tokens[ends[start] : ends[stop]])
+            self.val_docs.extend(int(i) for i in enc.val_idx[start:stop])
+        return max(stop, start)
+
+    def consume(self, enc: Encoded) -> None:
+        tokens, lens, lead = enc.train_tokens, enc.train_lens, 0
+        if self.skip:  # the first task after a resume: its first train document is partly written
+            assert len(enc.train_idx) and enc.train_idx[0] == self.next_doc, "resume state out of step"
+            lead, tokens = self.skip, tokens[self.skip :]
+            lens = lens.copy()
+            lens[0] -= lead
+            self.skip = 0
+        ends = np.cumsum(lens)
+        pos, val_done = 0, 0
+        while pos < len(tokens):
+            room = self.shard_tokens - (self.cur.n_tokens if self.cur is not None else 0)
+            if self.max_tokens is not None:
+                room = min(room, self.max_tokens - self.train_tokens)
+            take = min(room, len(tokens) - pos)
+            self._write_train(tokens[pos : pos + take])
+            pos += take
+            at_limit = self.max_tokens is not None and self.train_tokens >= self.max_tokens
+            if self.cur is not None and (self.cur.n_tokens == self.shard_tokens or at_limit):
+                j = int(np.searchsorted(ends, pos, side="right"))  # first train document not fully written
+                if j < len(ends):
+                    next_doc = int(enc.train_idx[j])
+                    offset = pos - (int(ends[j - 1]) if j else 0) + (lead if j == 0 else 0)
+                else:
+                    next_doc, offset = int(enc.train_idx[-1]) + 1, 0
+                val_done = self._write_val(enc, val_done, below=next_doc)
+                self._close_train()
+                if at_limit:
+                    self.done = True
+                    return
+                self._checkpoint(next_doc, offset)
+        self._write_val(enc, val_done, below=enc.first_doc + enc.n_docs)
+        self.next_doc = enc.first_doc + enc.n_docs
+
+    def _close_train(self) -> None:
+        assert self.cur is not None
+        info = self.cur.close()
+        self.train_shards.append({"file": info.path.name, "tokens": info.n_tokens})
+        self.written += info.n_tokens
+        self.cur = None
+
+    def _checkpoint(self, next_doc: int, offset: int) -> None:
+        self.val.flush()
+        _write_json_atomic(
+            self.out / STATE,
+            {
+                "key": self.key,
+                "train_shards": self.train_shards,
+                "next_doc": next_doc,
+                "next_offset": offset,
+                "train_docs": self.train_docs,  # EOTs written (a document cut by the shard counts once)
+                "val_tokens": self.val.n_tokens,
+                "val_docs": self.val_docs,
+                "chars": self.chars,
+            },
+        )
+
+    def finish(self) -> None:
+        if self.cur is not None:
+            if self.cur.n_tokens:
+                self._close_train()
+            else:
+                self.cur.abort()
+                self.cur = None
+        self.val.close()
+
+    def abort(self) -> None:
+        """After an error or interrupt: drop the unfinished train shard, keep the val file for resuming."""
+        if self.cur is not None:
+            self.cur.abort()
+        with contextlib.suppress(Exception):
+            self.val._fh.close()
+
+
+# --------------------------------------------------------------------------------------- progress
+
+
+class _Progress:
+    """rich progress bar: documents/s, tokens/s, MB/s of text, ETA (when the total is known)."""
+
+    def __init__(self, label: str, total: int | None, unit: str, enabled: bool | None) -> None:
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.unit, self.t0 = unit, time.perf_counter()
+        self.docs = self.tokens = self.train_tokens = self.nbytes = 0
+        self._bar: Any = None
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(
+                TextColumn("[progress.description]{task.description}"),
+                BarColumn(),
+                TaskProgressColumn(),
+                TextColumn("{task.fields[rates]}"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self._task = self._bar.add_task(label, total=total, rates="")
+
+    def __enter__(self) -> _Progress:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def update(self, docs: int, train_tokens: int, val_tokens: int, nbytes: int) -> None:
+        self.docs, self.nbytes = self.docs + docs, self.nbytes + nbytes
+        self.tokens += train_tokens + val_tokens
+        self.train_tokens += train_tokens
+        if self._bar is not None:
+            dt = max(time.perf_counter() - self.t0, 1e-9)
+            rates = (
+                f"{self.docs / dt:,.0f} docs/s  {self.tokens / dt / 1e6:,.2f}M tok/s  "
+                f"{self.nbytes / dt / 1e6:,.1f} MB/s"
+            )
+            done = self.train_tokens if self.unit == "tokens" else self.docs
+            self._bar.update(self._task, completed=done, rates=rates)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _identity(cfg: HFDataConfig) -> dict[str, Any]:
+    """Everything in the config that changes the tokens (the directory is named after its hash)."""
+    dataset = cfg.dataset or ""
+    from mini_gpt.corpus.sources import is_local
+
+    if is_local(dataset):
+        dataset = os.path.abspath(os.path.expanduser(dataset))
+    return {
+        "format": FORMAT,
+        "dataset": dataset,
+        "subset": cfg.subset,
+        "split": cfg.split,
+        "text_field": cfg.text_field,
+        "tokenizer": cfg.tokenizer,
+        "val_fraction": cfg.val_fraction,
+        "split_seed": cfg.split_seed,
+        "max_tokens": cfg.max_tokens,
+        "shard_tokens": cfg.shard_tokens,
+        "dtype": cfg.dtype,
+    }
+
+
+def shard_dir(cfg: HFDataConfig) -> Path:
+    """Where `cfg`'s shards live: <data_dir>/hf/<readable name>-<hash of the identity>."""
+    ident = _identity(cfg)
+    base = ident["dataset"].rstrip("/")
+    parts = [p for p in re.split(r"[/\\]", base) if p and not any(ch in p for ch in "*?[")]
+    name = parts[-1] if parts else "corpus"
+    name = re.sub(r"\.(parquet|jsonl?|ndjson|arrow|csv)(\.(gz|zst|bz2|xz))?$", "", name)
+    if cfg.subset:
+        name += f"-{cfg.subset}"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name)[:60] or "corpus"
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:8]
+    return cfg.root / "hf" / f"{name}-{digest}"
+
+
+def _tokenizer_key(tok: Tokenizer | None) -> dict[str, Any]:
+    if isinstance(tok, TiktokenTokenizer):
+        return {"type": "tiktoken", "name": tok.name, "ranks_sha256": tok.ranks_sha256}
+    return {"type": "char"}  # the vocabulary follows from the documents (fingerprinted)
+
+
+def _valid(out: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    meta = _read_json(out / META)
+    if meta is None or meta.get("key") != key:
+        return None
+    try:
+        for split in ("train", "val"):
+            for shard in meta["shards"][split]:
+                if read_header(out / shard["file"]).n_tokens != shard["tokens"]:
+                    return None
+    except (MiniGPTError, KeyError, TypeError):
+        return None
+    return meta
+
+
+def _corpus(out: Path, meta: dict[str, Any], tok: Tokenizer | None) -> ShardedCorpus:
+    return ShardedCorpus(
+        dir=out,
+        train=[read_header(out / s["file"]) for s in meta["shards"]["train"]],
+        val=[read_header(out / s["file"]) for s in meta["shards"]["val"]],
+        tokenizer=tok if tok is not None else tokenizer_from_dict(meta["tokenizer"]),
+        meta=meta,
+    )
+
+
+@contextlib.contextmanager
+def _locked(out: Path, log: Callable[[str], None]) -> Iterator[None]:
+    """Hold `<out>.lock`: one process prepares, others wait (and then find the shards ready)."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(out.parent / f"{out.name}.lock"))
+    try:
+        lock.acquire(timeout=2)
+    except Timeout:
+        log(f"waiting for another process that is preparing {out} (lock {lock.lock_file})")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _clear(out: Path) -> None:
+    """Remove everything a previous preparation of this directory left (only files we write)."""
+    for path in out.iterdir():
+        if re.fullmatch(r"\.?(train|val)_\d{6}\.bin(\.tmp)?|meta\.json|\.state\.json|\..*\.tmp", path.name):
+            path.unlink(missing_ok=True)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------- preparation
+
+
+def prepare_shards(
+    cfg: HFDataConfig,
+    *,
+    build: bool = True,
+    progress: bool | None = None,
+    log: Callable[[str], None] | None = _stderr,
+) -> ShardedCorpus:
+    """Make sure the shards of `cfg` exist and match its source; return them.
+
+    Idempotent: valid shards are reused untouched. `build=False` only looks (raises if they are missing).
+    `progress=None` shows a bar on an interactive stderr; `log` gets the one-line summary (None: silent).
+    """
+    say = log or (lambda _msg: None)
+    source = open_source(cfg)
+    tok: Tokenizer | None = (
+        None if cfg.tokenizer == "char" else build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
+    )
+    out = shard_dir(cfg)
+    key = {**_identity(cfg), "fingerprint": source.fingerprint, "tokenizer": _tokenizer_key(tok)}
+    meta = _valid(out, key)
+    if meta is None:
+        if not build:
+            raise MiniGPTError(
+                f"no prepared shards in {out} for this data config; prepare them first: "
+                "python -m mini_gpt.corpus prepare data=hf data.dataset=..."
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        with _locked(out, say):
+            meta = _valid(out, key)  # another process may have finished it while we waited
+            if meta is None:
+                meta = _build(cfg, source, tok, out, key, progress, say)
+    return _corpus(out, meta, tok)
+
+
+def load_shards(cfg: HFDataConfig) -> ShardedCorpus:
+    """The prepared shards of `cfg`, without building anything (raises if missing or stale)."""
+    return prepare_shards(cfg, build=False, progress=False, log=None)
+
+
+def _scan_chars(source: Source, cfg: HFDataConfig) -> str:
+    """First pass for the char tokenizer: the distinct characters of every document that will be read."""
+    seen: set[str] = {CHAR_EOT}
+    doc, train_tokens = 0, 0
+    for texts in iter_texts(source):
+        if not all(isinstance(t, str) for t in texts):
+            break  # reported with its document index by the tokenizer pass
+        seen.update("".join(texts))
+        mask = val_mask(doc, len(texts), cfg.val_fraction, cfg.split_seed)
+        train_tokens += sum(len(t) + 1 for t, m in zip(texts, mask) if not m)
+        doc += len(texts)
+        if cfg.max_tokens is not None and train_tokens >= cfg.max_tokens:
+            break
+    return "".join(sorted(seen))
+
+
+def _build(
+    cfg: HFDataConfig,
+    source: Source,
+    tok: Tokenizer | None,
+    out: Path,
+    key: dict[str, Any],
+    progress: bool | None,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    state = _read_json(out / STATE)
+    if state is None or state.get("key") != key:
+        state = None
+        _clear(out)
+    else:  # resume after the last complete shard: drop what came after it
+        keep = {s["file"] for s in state["train_shards"]}
+        for path in out.glob("*train_*.bin*"):
+            if path.name not in keep:
+                path.unlink()
+        (out / META).unlink(missing_ok=True)
+        say(
+            f"resuming {out.name} after {len(keep)} complete shard(s) "
+            f"({sum(s['tokens'] for s in state['train_shards']):,} train tokens, "
+            f"document {state['next_doc']:,})"
+        )
+    if tok is None:
+        chars = state["chars"] if state else _scan_chars(source, cfg)
+        tok = CharTokenizer(chars)
+    dtype = token_dtype(tok.vocab_size, cfg.dtype)
+    eot = tok.eot_id
+    assert eot is not None
+    if state is not None:
+        val_tmp = out / ".val_000000.bin.tmp"
+        need = 1024 + state["val_tokens"] * np.dtype(dtype).itemsize
+        if not val_tmp.is_file() or val_tmp.stat().st_size < need:  # cannot resume: start over
+            state = None
+            _clear(out)
+    writer = _Writer(out, dtype, eot, cfg, key, state)
+    writer.chars = tok.chars if isinstance(tok, CharTokenizer) else None
+    resumed_tokens = writer.train_tokens
+    num_proc = cfg.num_proc or os.cpu_count() or 1
+    initargs = (tok.to_dict(), dtype, cfg.val_fraction, cfg.split_seed, cfg.text_field)
+    total, unit = (cfg.max_tokens, "tokens") if cfg.max_tokens else (source.num_documents, "docs")
+    pool: ProcessPoolExecutor | None = None
+    try:
+        if num_proc > 1:
+            pool = ProcessPoolExecutor(
+                num_proc, mp_context=_mp_context(), initializer=_init_worker, initargs=initargs
+            )
+        else:
+            _init_worker(*initargs)
+        tasks = _tasks(iter_texts(source, skip=writer.next_doc), writer.next_doc)
+        with _Progress(f"tokenize {out.name}", total, unit, progress) as bar:
+            if unit == "tokens":
+                bar.update(0, resumed_tokens, 0, 0)
+                bar.tokens = 0  # rates count this run's work only
+            for enc in _ordered_map(_encode_task, tasks, pool, in_flight=2 * num_proc + 1):
+                before = writer.train_tokens
+                writer.consume(enc)
+                bar.update(enc.n_docs, writer.train_tokens - before, len(enc.val_tokens), enc.text_bytes)
+                if writer.done:
+                    break
+        writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    train_tokens, val_tokens = writer.train_tokens, writer.val.n_tokens
+    if train_tokens == 0 and not writer.val_docs:
+        _clear(out)
+        raise MiniGPTError(f"data.dataset={cfg.dataset} holds no documents; check the files or the split")
+    if train_tokens == 0 or val_tokens == 0:
+        _clear(out)
+        side = "training" if train_tokens == 0 else "validation"
+        raise MiniGPTError(
+            f"no document of {cfg.dataset} went to {side} (val_fraction={cfg.val_fraction}, "
+            f"{writer.train_docs + len(writer.val_docs):,} documents read); "
+            + (
+                "lower data.val_fraction"
+                if train_tokens == 0
+                else "raise data.val_fraction or use more documents"
+            )
+        )
+    meta = {
+        "format": FORMAT,
+        "key": key,
+        "tokenizer": tok.to_dict(),
+        "vocab_size": tok.vocab_size,
+        "eot_id": eot,
+        "dtype": dtype,
+        "source": {
+            "dataset": cfg.dataset,
+            "subset": cfg.subset,
+            "split": cfg.split,
+            "text_field": cfg.text_field,
+            "files": list(source.files),
+            "fingerprint": source.fingerprint,
+        },
+        "split": {
+            "rule": "document i is validation when "
+            "splitmix64(i + (split_seed + 1) * 0x9E3779B97F4A7C15) / 2**64 < val_fraction",
+            "val_fraction": cfg.val_fraction,
+            "split_seed": cfg.split_seed,
+            "val_documents": writer.val_docs,
+        },
+        "documents": {"train": writer.train_docs, "val": len(writer.val_docs)},
+        "max_tokens": cfg.max_tokens,
+        "truncated": writer.done,
+        "train_tokens": train_tokens,
+        "val_tokens": val_tokens,
+        "shards": {"train": writer.train_shards, "val": [{"file": "val_000000.bin", "tokens": val_tokens}]},
+    }
+    _write_json_atomic(out / META, meta)  # last: only now are the shards valid
+    (out / STATE).unlink(missing_ok=True)
+    dt = time.perf_counter() - t0
+    new_tokens = train_tokens + val_tokens - resumed_tokens
+    say(
+        f"prepared {writer.train_docs + len(writer.val_docs):,} documents -> {train_tokens:,} train "
+        f"tokens in {len(writer.train_shards)} shard(s) + {val_tokens:,} val tokens "
+        f"({len(writer.val_docs):,} documents) "
+        f"in {dt:.1f} s ({new_tokens / dt / 1e6:.2f}M tokens/s, {bar.nbytes / dt / 1e6:.1f} MB/s, "
+        f"num_proc={num_proc}) -> {out}"
+    )
+    return meta

@@ -1,0 +1,237 @@
+"""Training and validation windows drawn from token shards (memory-mapped; all ranks of a node share the
+page cache).
+
+**Train**: a window is `block_size + 1` consecutive tokens of one shard (x = the first block_size, y = the
+last). Epoch `e` cuts every shard into windows starting at `o_e + k * block_size` (`o_e`, a seeded offset
+in [0, block_size), moves the cuts from epoch to epoch), or, with `align_to_documents`, at every
+document start (an end-of-text token) that has block_size tokens after it. All windows of all shards are
+then visited in one seeded random order (a Feistel permutation of the window numbers: a shuffle over shards
+*and* positions with O(1) memory), so no shard or region is read in sequence and the loss shows no
+periodicity. Within an epoch no window is repeated.
+
+Ranks share that one order: micro-batch `i` of rank `r` (of `world`) holds windows
+`(i * world + r) * batch_size ...` of it, so ranks never see the same window and batch `i` is a pure
+function of (seed, rank, world, i): resuming at batch `k` reproduces the uninterrupted stream exactly.
+
+**Validation**: fixed, non-overlapping windows `[k * T, k * T + T]` of the validation shards (evenly
+thinned to `max_windows`), the same in every run whatever the device count or `align_to_documents`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from mini_gpt.corpus.shards import ShardInfo, open_shard
+from mini_gpt.errors import MiniGPTError
+
+__all__ = ["ShardTrainBatches", "ShardValWindows", "feistel_permute"]
+
+_M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer (a good 64-bit hash), vectorised."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def feistel_permute(index: np.ndarray, n: int, key: Sequence[int], rounds: int = 4) -> np.ndarray:
+    """A seeded permutation of range(n) evaluated at `index` (int64 array), without materialising it:
+    a balanced Feistel network over the smallest even number of bits covering n, walked in cycles
+    until the value falls below n."""
+    if n <= 1:
+        return np.zeros_like(index)
+    bits = max(2, int(n - 1).bit_length())
+    bits += bits % 2
+    half = bits // 2
+    mask = np.uint64((1 << half) - 1)
+    keys = []
+    with np.errstate(over="ignore"):
+        k = np.uint64(0)
+        for part in key:
+            k = _mix(np.asarray(k + np.uint64(part) + _GOLD, dtype=np.uint64))
+        for r in range(rounds):
+            keys.append(_mix(np.asarray(k + np.uint64(r + 1) * _GOLD, dtype=np.uint64)))
+    x = index.astype(np.uint64)
+    todo = np.ones(len(x), dtype=bool)
+    while todo.any():
+        left, right = x[todo] >> np.uint64(half), x[todo] & mask
+        with np.errstate(over="ignore"):
+            for rk in keys:
+                left, right = right, left ^ (_mix(right ^ rk) & mask)
+        x[todo] = (left << np.uint64(half)) | right
+        todo = x >= np.uint64(n)
+    return x.astype(np.int64)
+
+
+def _gather(data: np.ndarray, starts: np.ndarray, block_size: int) -> np.ndarray:
+    return np.asarray(data[starts[:, None] + np.arange(block_size + 1)], dtype=np.int64)
+
+
+class ShardTrainBatches(IterableDataset):
+    """Endless stream of training batches over shards; batch `i` depends only on
+    (seed, rank, world, i). Yields whole `(x, y)` batches (use `DataLoader(batch_size=None)`)."""
+
+    def __init__(
+        self,
+        shards: list[ShardInfo],
+        block_size: int,
+        batch_size: int,
+        seed: int = 1337,
+        rank: int = 0,
+        world: int = 1,
+        start_batch: int = 0,
+        align_to_documents: bool = False,
+        eot_id: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.shards = list(shards)
+        self.block_size, self.batch_size = block_size, batch_size
+        self.seed, self.rank, self.world, self.start_batch = seed, rank, world, start_batch
+        self.align = align_to_documents
+        self.sizes = np.array([s.n_tokens for s in self.shards], dtype=np.int64)
+        self._maps: dict[int, np.ndarray] | None = None
+        self._doc_starts: list[np.ndarray] | None = None
+        if align_to_documents:
+            if eot_id is None:
+                raise MiniGPTError(
+                    "loader.align_to_documents=true needs a tokenizer with an end-of-text token "
+                    "marking document starts; use data.tokenizer=gpt2 or set it to false"
+                )
+            self._doc_starts = [self._starts_of(s, eot_id) for s in self.shards]
+            self.counts = np.array([len(d) for d in self._doc_starts], dtype=np.int64)
+            if self.counts.sum() == 0:
+                raise MiniGPTError(
+                    f"no document start has block_size={block_size} tokens after it in the train shards; "
+                    "lower the block size or set loader.align_to_documents=false"
+                )
+        elif int(self.sizes.max(initial=0)) < block_size + 1:
+            raise MiniGPTError(
+                f"every train shard is shorter than block_size + 1 = {block_size + 1} tokens; "
+                "lower the block size or use a larger corpus"
+            )
+        self._epochs: list[tuple[int, int]] = []  # (first global window, windows) per epoch seen so far
+
+    def _starts_of(self, info: ShardInfo, eot_id: int) -> np.ndarray:
+        data = open_shard(info)
+        starts = np.flatnonzero(np.asarray(data) == eot_id)
+        return starts[starts + self.block_size + 1 <= info.n_tokens].astype(np.int64)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_maps": None}  # workers re-open the memory maps
+
+    def _offset(self, epoch: int) -> int:
+        if self.align:
+            return 0
+        return int(np.random.default_rng([self.seed, epoch, 7]).integers(self.block_size))
+
+    def _counts(self, epoch: int) -> np.ndarray:
+        if self.align:
+            return self.counts
+        return np.maximum(0, (self.sizes - 1 - self._offset(epoch)) // self.block_size)
+
+    def _locate(self, g: int) -> tuple[int, int, int]:
+        """Global window number -> (epoch, first window number of that epoch, windows in it)."""
+        while not self._epochs or self._epochs[-1][0] + self._epochs[-1][1] <= g:
+            first = self._epochs[-1][0] + self._epochs[-1][1] if self._epochs else 0
+            n = int(self._counts(len(self._epochs)).sum())
+            if n == 0:
+                raise MiniGPTError("the train shards hold no complete window; lower the block size")
+            self._epochs.append((first, n))
+        epoch = bisect.bisect_right([f + n for f, n in self._epochs], g)
+        return epoch, self._epochs[epoch][0], self._epochs[epoch][1]
+
+    def window_starts(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(shard number, token start) of each window of batch `index` of this rank."""
+        first = (index * self.world + self.rank) * self.batch_size
+        shard_ids, starts = [], []
+        g = first
+        end = first + self.batch_size
+        while g < end:  # a batch may straddle two epochs
+            epoch, e_first, n = self._locate(g)
+            take = min(end, e_first + n) - g
+            j = np.arange(g - e_first, g - e_first + take, dtype=np.int64)
+            p = feistel_permute(j, n, (self.seed, epoch))
+            counts = self._counts(epoch)
+            cum = np.cumsum(counts)
+            s = np.searchsorted(cum, p, side="right")
+            w = p - (cum[s] - counts[s])
+            if self.align:
+                assert self._doc_starts is not None
+                st = np.array([self._doc_starts[a][b] for a, b in zip(s, w)], dtype=np.int64)
+            else:
+                st = self._offset(epoch) + w * self.block_size
+            shard_ids.append(s)
+            starts.append(st)
+            g += take
+        return np.concatenate(shard_ids), np.concatenate(starts)
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch number `index`: (x, y) LongTensors of shape (batch_size, block_size)."""
+        if self._maps is None:
+            self._maps = {}
+        shard_ids, starts = self.window_starts(index)
+        rows = np.empty((len(starts), self.block_size + 1), dtype=np.int64)
+        for s in np.unique(shard_ids):
+            sel = shard_ids == s
+            if int(s) not in self._maps:
+                self._maps[int(s)] = open_shard(self.shards[int(s)])
+            rows[sel] = _gather(self._maps[int(s)], starts[sel], self.block_size)
+        t = torch.from_numpy(rows)
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        info = get_worker_info()
+        worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        index = self.start_batch + worker  # DataLoader takes batches from workers round-robin
+        while True:
+            yield self.batch(index)
+            index += n_workers
+
+
+class ShardValWindows(Dataset):
+    """Fixed validation windows over the validation shards; item k is (x, y) of shape (block_size,)."""
+
+    def __init__(self, shards: list[ShardInfo], block_size: int, max_windows: int | None = None) -> None:
+        self.shards = list(shards)
+        self.block_size = block_size
+        per = [max(0, (s.n_tokens - 1) // block_size) for s in self.shards]
+        shard_ids = np.repeat(np.arange(len(per)), per)
+        starts = (
+            np.concatenate([np.arange(n, dtype=np.int64) * block_size for n in per]) if per else np.zeros(0)
+        )
+        if max_windows is not None and 0 < max_windows < len(starts):
+            keep = np.unique(np.linspace(0, len(starts) - 1, max_windows).round().astype(np.int64))
+            shard_ids, starts = shard_ids[keep], starts[keep]
+        if len(starts) == 0:
+            total = sum(s.n_tokens for s in self.shards)
+            raise MiniGPTError(
+                f"the validation shards hold {total:,} tokens, no window of block_size + 1 = "
+                f"{block_size + 1}; "
+                "lower the block size or hold out more validation documents (data.val_fraction)"
+            )
+        self.shard_ids, self.starts = shard_ids.astype(np.int64), starts.astype(np.int64)
+        self._maps: dict[int, np.ndarray] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_maps": None}
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._maps is None:
+            self._maps = {}
+        s = int(self.shard_ids[k])
+        if s not in self._maps:
+            self._maps[s] = open_shard(self.shards[s])
+        row = torch.from_numpy(_gather(self._maps[s], self.starts[k : k + 1], self.block_size)[0])
+        return row[:-1], row[1:]
