@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mini_gpt.data import DTYPES, DataConfigError, default_data_dir
+from mini_gpt.data import DTYPES, DataConfig, DataConfigError, default_data_dir
 
-__all__ = ["DEFAULT_SHARD_TOKENS", "HFDataConfig", "ShardsDataConfig"]
+__all__ = ["DEFAULT_SHARD_TOKENS", "AnyDataConfig", "HFDataConfig", "ShardsDataConfig", "data_config"]
 
 DEFAULT_SHARD_TOKENS = 100_000_000  # as llm.c's fineweb.py: 100M tokens, 200 MB of uint16 per shard
 
@@ -112,3 +113,18 @@ class ShardsDataConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+AnyDataConfig = DataConfig | HFDataConfig | ShardsDataConfig
+
+
+def data_config(d: AnyDataConfig | Mapping[str, Any]) -> AnyDataConfig:
+    """The validated config of `data=...`: chosen by its `name` (hf, shards, else the text corpora)."""
+    if isinstance(d, DataConfig | HFDataConfig | ShardsDataConfig):
+        return d
+    d = dict(d)
+    kind = {"hf": HFDataConfig, "shards": ShardsDataConfig}.get(d.get("name", ""), DataConfig)
+    try:
+        return kind(**d)
+    except TypeError as err:  # a key this kind of corpus does not have
+        raise DataConfigError(f"bad data config for data.name={d.get('name')!r}: {err}") from None

@@ -35,6 +35,7 @@ split rule, `max_tokens`, `shard_tokens`, dtype), so different configs never sha
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -51,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from mini_gpt.corpus.config import HFDataConfig
+from mini_gpt.corpus.config import HFDataConfig, ShardsDataConfig
 from mini_gpt.corpus.shards import ShardInfo, ShardWriter, read_header
 from mini_gpt.corpus.sources import Source, iter_texts, open_source
 from mini_gpt.data import token_dtype
@@ -65,7 +66,7 @@ from mini_gpt.tokenizer import (
     tokenizer_from_dict,
 )
 
-__all__ = ["FORMAT", "ShardedCorpus", "load_shards", "prepare_shards", "shard_dir", "val_mask"]
+__all__ = ["FORMAT", "ShardedCorpus", "find_shards", "load_shards", "prepare_shards", "shard_dir", "val_mask"]
 
 FORMAT = "mini-gpt shards 1"
 TASK_CHARS = 1 << 21  # characters of text per tokenizer task
@@ -137,8 +138,11 @@ class Encoded:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(tok_dict: dict[str, Any], dtype: str, fraction: float, seed: int, text_field: str) -> None:
-    tok = tokenizer_from_dict(tok_dict)
+def _init_worker(
+    tok: Tokenizer | dict[str, Any], dtype: str, fraction: float, seed: int, text_field: str
+) -> None:
+    """Set up this process's encoder (a pool worker gets the tokenizer as a dict, rebuilt here)."""
+    tok = tok if isinstance(tok, Tokenizer) else tokenizer_from_dict(tok)
     if isinstance(tok, CharTokenizer):
         cps = np.frombuffer(tok.chars.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         lut = np.zeros(int(cps.max()) + 1, dtype=np.int64)
@@ -568,6 +572,52 @@ def load_shards(cfg: HFDataConfig) -> ShardedCorpus:
     return prepare_shards(cfg, build=False, progress=False, log=None)
 
 
+def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
+    """Existing llm.c-format shards (`data=shards`): train and val files by glob, headers checked.
+
+    Validation shards are `cfg.val_path`'s files, else the files of `cfg.path` whose name contains "val"
+    (llm.c and modded-nanogpt name them `*_val_*.bin`). The tokenizer is `cfg.tokenizer`, else the one
+    recorded in a meta.json beside the shards (ours), else GPT-2.
+    """
+    assert cfg.path is not None
+
+    def matches(pattern: str) -> list[Path]:
+        return sorted(Path(p).resolve() for p in glob.glob(os.path.expanduser(pattern), recursive=True))
+
+    files = [p for p in matches(cfg.path) if p.is_file()]
+    if not files:
+        raise MiniGPTError(f"data.path={cfg.path} matches no files; pass a glob of .bin token shards")
+    if cfg.val_path:
+        val = [p for p in matches(cfg.val_path) if p.is_file()]
+        train = [p for p in files if p not in set(val)]
+    else:
+        val = [p for p in files if "val" in p.name]
+        train = [p for p in files if "val" not in p.name]
+    if not train:
+        raise MiniGPTError(
+            f"data.path={cfg.path} holds no train shards (only files named *val*); fix the glob"
+        )
+    if not val:
+        raise MiniGPTError(
+            f"no validation shard among data.path={cfg.path} (none is named *val*); "
+            "name one with data.val_path='DIR/*val*.bin'"
+        )
+    train_info, val_info = [read_header(p) for p in train], [read_header(p) for p in val]
+    dtypes = {i.dtype for i in train_info + val_info}
+    if len(dtypes) > 1:
+        raise MiniGPTError(
+            f"data.path={cfg.path} mixes uint16 and uint32 shards; use shards of one tokenizer"
+        )
+    meta = _read_json(train[0].parent / META) or {}
+    if cfg.tokenizer is not None:
+        tok = build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
+    elif "tokenizer" in meta:
+        tok = tokenizer_from_dict(meta["tokenizer"])
+    else:
+        tok = build_tokenizer("gpt2", bpe_file=cfg.bpe_file)
+    return ShardedCorpus(dir=train[0].parent, train=train_info, val=val_info, tokenizer=tok, meta=meta)
+
+
 def _scan_chars(source: Source, cfg: HFDataConfig) -> str:
     """First pass for the char tokenizer: the distinct characters of every document that will be read."""
     seen: set[str] = {CHAR_EOT}
@@ -625,16 +675,19 @@ def _build(
     writer.chars = tok.chars if isinstance(tok, CharTokenizer) else None
     resumed_tokens = writer.train_tokens
     num_proc = cfg.num_proc or os.cpu_count() or 1
-    initargs = (tok.to_dict(), dtype, cfg.val_fraction, cfg.split_seed, cfg.text_field)
+    settings = (dtype, cfg.val_fraction, cfg.split_seed, cfg.text_field)
     total, unit = (cfg.max_tokens, "tokens") if cfg.max_tokens else (source.num_documents, "docs")
     pool: ProcessPoolExecutor | None = None
     try:
         if num_proc > 1:
             pool = ProcessPoolExecutor(
-                num_proc, mp_context=_mp_context(), initializer=_init_worker, initargs=initargs
+                num_proc,
+                mp_context=_mp_context(),
+                initializer=_init_worker,
+                initargs=(tok.to_dict(), *settings),
             )
         else:
-            _init_worker(*initargs)
+            _init_worker(tok, *settings)
         tasks = _tasks(iter_texts(source, skip=writer.next_doc), writer.next_doc)
         with _Progress(f"tokenize {out.name}", total, unit, progress) as bar:
             if unit == "tokens":
