@@ -33,7 +33,10 @@ def prepare(cfg: AnyDataConfig, progress: bool | None = None) -> str:
     from mini_gpt.data import prepare_data
 
     p = prepare_data(cfg, progress=progress)
-    return f"ready: {p.dir}: {p.train_tokens:,} train tokens, {p.val_tokens:,} val tokens ({p.dtype}, {p.tokenizer!r})"
+    return (
+        f"ready: {p.dir}: {p.train_tokens:,} train tokens, {p.val_tokens:,} val tokens "
+        f"({p.dtype}, {p.tokenizer!r})"
+    )
 
 
 @exit_on_user_error
