@@ -9,6 +9,13 @@ the order is the same as with none.
 
 Validation uses fixed, non-overlapping windows covering the val split (or `val_windows` of them, evenly
 spaced), identical on every call, so val loss is comparable across steps and runs.
+
+Sharded corpora (`data=hf`, `data=shards`) are read by `mini_gpt.corpus.windows` instead: one seeded
+order of all windows of all shards shared by the ranks (rank `r` of `world` takes every world-th batch
+of it), optionally aligned to document starts (`loader.align_to_documents`). Their data position, the
+number of windows consumed by all ranks together, is saved in the checkpoint (`state_dict`), so a resumed
+run continues where the data stopped, with the same batches as an uninterrupted run (same device count) or
+without repeating any window (another device count).
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from mini_gpt.data import DataConfig, PreparedData, cache_dir, load_prepared, prepare_data
+from mini_gpt.corpus.config import AnyDataConfig, DataConfig, HFDataConfig, ShardsDataConfig, data_config
+from mini_gpt.corpus.sharding import ShardedCorpus, find_shards, load_shards, prepare_shards
+from mini_gpt.corpus.windows import ShardTrainBatches, ShardValWindows
+from mini_gpt.data import PreparedData, cache_dir, load_prepared, prepare_data
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import Tokenizer
 
@@ -134,16 +144,17 @@ class GPTDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        data: DataConfig | Mapping[str, Any],
+        data: AnyDataConfig | Mapping[str, Any],
         block_size: int,
         batch_size: int,
         num_workers: int = 0,
         pin_memory: bool = False,
         seed: int = 1337,
         val_windows: int | None = None,
+        align_to_documents: bool = False,
     ) -> None:
         super().__init__()
-        self.cfg = data if isinstance(data, DataConfig) else DataConfig(**dict(data))
+        self.cfg: AnyDataConfig = data_config(data)
         for key, value, low in (("block_size", block_size, 1), ("batch_size", batch_size, 1)):
             if not isinstance(value, int) or value < low:
                 raise MiniGPTError(f"{key}={value!r} must be a positive integer")
@@ -159,27 +170,51 @@ class GPTDataModule(L.LightningDataModule):
         self.pin_memory = pin_memory
         self.seed = seed
         self.val_windows = val_windows
-        self.prepared: PreparedData | None = None
+        if not isinstance(align_to_documents, bool):
+            raise MiniGPTError(f"loader.align_to_documents={align_to_documents!r} must be true or false")
+        if align_to_documents and isinstance(self.cfg, DataConfig):
+            raise MiniGPTError(
+                "loader.align_to_documents=true needs a sharded corpus (data=hf or data=shards), whose "
+                "documents each start with an end-of-text token; drop it for data=" + self.cfg.name
+            )
+        self.align_to_documents = align_to_documents
+        self.prepared: PreparedData | ShardedCorpus | None = None
+        self._resume_position: dict[str, Any] | None = None  # from a checkpoint (sharded corpora)
+
+    @property
+    def sharded(self) -> bool:
+        return isinstance(self.cfg, HFDataConfig | ShardsDataConfig)
 
     # Lightning calls this on one process per node (local rank 0) before `setup` on every rank.
     def prepare_data(self) -> None:
         if self.prepared is None:
-            self.prepared = prepare_data(self.cfg, block_size=self.block_size)
+            if isinstance(self.cfg, HFDataConfig):
+                self.prepared = prepare_shards(self.cfg)
+            elif isinstance(self.cfg, ShardsDataConfig):
+                self.prepared = find_shards(self.cfg)
+            else:
+                self.prepared = prepare_data(self.cfg, block_size=self.block_size)
 
     def setup(self, stage: str | None = None) -> None:
         if self.prepared is None:
-            self.prepared = load_prepared(self.cfg, block_size=self.block_size)
+            if isinstance(self.cfg, HFDataConfig):
+                self.prepared = load_shards(self.cfg)
+            elif isinstance(self.cfg, ShardsDataConfig):
+                self.prepared = find_shards(self.cfg)
+            else:
+                self.prepared = load_prepared(self.cfg, block_size=self.block_size)
 
-    def prepare_once(self, local_rank: int, timeout_s: float = 24 * 3600) -> PreparedData:
+    def prepare_once(self, local_rank: int, timeout_s: float = 24 * 3600) -> PreparedData | ShardedCorpus:
         """Prepare the token files on local rank 0 only; the node's other ranks wait until they are valid.
 
         Needed before `fit` (the model's vocabulary comes from the tokenizer). With `python train.py
         trainer=ddp` rank 0 finishes this before Lightning starts the others; under torchrun/SLURM all
         ranks start together and must not tokenize (and write) the same files at once.
         """
-        if local_rank == 0:
+        if local_rank == 0 or self.sharded:  # sharded preparation holds a file lock: the others wait on it
             self.prepare_data()
             return self.prepared_data()
+        assert isinstance(self.cfg, DataConfig)
         meta = cache_dir(self.cfg) / "meta.json"  # written last, atomically, by the preparing rank
         deadline = time.monotonic() + timeout_s
         while self.prepared is None:
@@ -194,7 +229,7 @@ class GPTDataModule(L.LightningDataModule):
             time.sleep(1.0)
         return self.prepared_data()
 
-    def prepared_data(self) -> PreparedData:
+    def prepared_data(self) -> PreparedData | ShardedCorpus:
         """The prepared token files; used without a Trainer, validates (and builds if needed) them now."""
         if self.prepared is None:
             self.prepare_data()
@@ -220,8 +255,73 @@ class GPTDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         return int(trainer.global_rank) if trainer is not None else 0
 
+    def _world(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return int(trainer.world_size) if trainer is not None else 1
+
+    def _shard_names(self, corpus: ShardedCorpus) -> list[list[Any]]:
+        return [[s.path.name, s.n_tokens] for s in corpus.train]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data position saved in checkpoints (sharded corpora): train windows consumed by all ranks."""
+        if not self.sharded or self.prepared is None:
+            return {}
+        assert isinstance(self.prepared, ShardedCorpus)
+        return {
+            "windows_consumed": self.start_batch() * self._world() * self.batch_size,
+            "seed": self.seed,
+            "block_size": self.block_size,
+            "align_to_documents": self.align_to_documents,
+            "train_shards": self._shard_names(self.prepared),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume_position = dict(state) if state else None
+
+    def _shard_start_batch(self, corpus: ShardedCorpus) -> int:
+        """Where this rank's stream resumes: the checkpoint's windows consumed, in this run's batches."""
+        pos = self._resume_position
+        per_batch = self._world() * self.batch_size
+        if pos is None:
+            return self.start_batch()
+        same = {
+            "seed": self.seed,
+            "block_size": self.block_size,
+            "align_to_documents": self.align_to_documents,
+            "train_shards": self._shard_names(corpus),
+        }
+        changed = [k for k, v in same.items() if pos.get(k) != v]
+        if changed:
+            from lightning.pytorch.utilities import rank_zero_warn
+
+            rank_zero_warn(
+                f"the checkpoint's data position is for other data ({', '.join(changed)} changed): "
+                "training continues from the start of this data's window order"
+            )
+            return 0
+        return -(-int(pos["windows_consumed"]) // per_batch)  # ceil: never repeat a window
+
     def train_dataloader(self) -> DataLoader:
         prep = self.prepared_data()
+        if isinstance(prep, ShardedCorpus):
+            dataset: IterableDataset = ShardTrainBatches(
+                prep.train,
+                self.block_size,
+                self.batch_size,
+                seed=self.seed,
+                rank=self._rank(),
+                world=self._world(),
+                start_batch=self._shard_start_batch(prep),
+                align_to_documents=self.align_to_documents,
+                eot_id=prep.tokenizer.eot_id,
+            )
+            return DataLoader(
+                dataset,
+                batch_size=None,
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory,
+                persistent_workers=self.num_workers > 0,
+            )
         dataset = TrainBatches(
             prep.train_path,
             prep.dtype,
@@ -241,7 +341,10 @@ class GPTDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         prep = self.prepared_data()
-        dataset = ValWindows(prep.val_path, prep.dtype, self.block_size, self.val_windows)
+        if isinstance(prep, ShardedCorpus):
+            dataset: Dataset = ShardValWindows(prep.val, self.block_size, self.val_windows)
+        else:
+            dataset = ValWindows(prep.val_path, prep.dtype, self.block_size, self.val_windows)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,

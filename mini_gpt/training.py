@@ -127,7 +127,7 @@ def train(cfg: DictConfig) -> float | None:
     from hydra.utils import instantiate
 
     from mini_gpt.callbacks import RunSummary
-    from mini_gpt.data import DataConfig
+    from mini_gpt.corpus.config import data_config
     from mini_gpt.datamodule import GPTDataModule
     from mini_gpt.lit_module import GPTLitModule
     from mini_gpt.loggers import build_loggers, finish_wandb
@@ -144,7 +144,7 @@ def train(cfg: DictConfig) -> float | None:
 
     try:
         dm = GPTDataModule(
-            DataConfig(**_plain(cfg.data)), block_size=cfg.model.block_size, seed=cfg.seed, **cfg.loader
+            data_config(_plain(cfg.data)), block_size=cfg.model.block_size, seed=cfg.seed, **cfg.loader
         )
     except TypeError as err:  # an unknown key in data/loader
         raise MiniGPTError(f"bad data/loader config: {err}") from None

@@ -164,3 +164,110 @@ def test_resume_from_checkpoint_replays_the_same_batches(cfg: DataConfig, tmp_pa
     fit(6, second, ckpt=str(tmp_path / "mid.ckpt"))
     assert len(full.seen) == 12
     assert first.seen + second.seen == full.seen
+
+
+# ------------------------------------------------------------------------------------ sharded corpora
+
+
+@pytest.fixture
+def hf_cfg(tmp_path: Path, gpt2_bpe_file: Path):
+    """A small parquet corpus (2,000 documents) prepared into shards of 5,000 GPT-2 tokens."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mini_gpt.corpus.config import HFDataConfig
+
+    rng = np.random.default_rng(0)
+    words = np.array(["once", "upon", "a", "time", "there", "was", "a", "little", "cat", "who", "liked", "to", "run"])
+    docs = [" ".join(rng.choice(words, rng.integers(1, 60))) for _ in range(2000)]
+    pq.write_table(pa.table({"text": docs}), tmp_path / "docs.parquet")
+    return HFDataConfig(
+        dataset=str(tmp_path / "docs.parquet"),
+        bpe_file=str(gpt2_bpe_file),
+        data_dir=str(tmp_path / "cache"),
+        shard_tokens=5000,
+        val_fraction=0.05,
+        num_proc=1,
+    )
+
+
+def test_sharded_corpus_batches_and_val(hf_cfg) -> None:
+    dm = GPTDataModule(hf_cfg, block_size=32, batch_size=4, seed=1, val_windows=8)
+    dm.prepare_data()
+    assert dm.vocab_size == 50257 and dm.tokenizer.eot_id == 50256
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (4, 32) and torch.equal(x[:, 1:], y[:, :-1])
+    val = [xb for xb, _ in dm.val_dataloader()]
+    again = [
+        xb for xb, _ in GPTDataModule(hf_cfg, block_size=32, batch_size=3, val_windows=8).val_dataloader()
+    ]
+    assert torch.equal(torch.cat(val), torch.cat(again))  # fixed val windows, whatever the batch size
+    aligned = GPTDataModule(hf_cfg, block_size=32, batch_size=4, align_to_documents=True)
+    xa, _ = next(iter(aligned.train_dataloader()))
+    assert (xa[:, 0] == 50256).all()
+
+
+def test_align_to_documents_needs_shards(cfg: DataConfig) -> None:
+    with pytest.raises(MiniGPTError, match="align_to_documents=true needs a sharded corpus"):
+        GPTDataModule(cfg, block_size=8, batch_size=2, align_to_documents=True)
+
+
+def test_data_position_survives_another_device_count(hf_cfg) -> None:
+    dm = GPTDataModule(hf_cfg, block_size=32, batch_size=4, seed=1)
+    dm.prepare_data()
+    state = dm.state_dict()
+    assert state["windows_consumed"] == 0 and state["train_shards"][0][0] == "train_000000.bin"
+    dm.load_state_dict({**state, "windows_consumed": 4 * 2 * 7})  # 7 steps of 2 ranks x 4
+    assert dm._shard_start_batch(dm.prepared) == 56 // 4  # one device: 14 of its batches
+    dm.batch_size = 3
+    assert dm._shard_start_batch(dm.prepared) == 19  # ceil(56 / 3): no window seen twice
+    dm.load_state_dict({**state, "seed": 99})
+    with pytest.warns(UserWarning, match="seed changed"):
+        assert dm._shard_start_batch(dm.prepared) == 0
+
+
+@pytest.mark.slow
+def test_resume_from_shards_replays_the_same_batches(hf_cfg, tmp_path: Path) -> None:
+    """A resumed run on shards sees exactly the batches of the uninterrupted run; the position is in
+    the checkpoint."""
+    import lightning as L
+
+    class Recorder(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(50257, 1)
+            self.seen: list[list[int]] = []
+
+        def training_step(self, batch, _idx):
+            x, _y = batch
+            self.seen.append(x[:, :3].flatten().tolist())
+            return self.emb(x).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def fit(max_steps: int, model: Recorder, ckpt: str | None = None) -> L.Trainer:
+        trainer = L.Trainer(
+            max_steps=max_steps,
+            accumulate_grad_batches=2,
+            limit_val_batches=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+        )
+        dm = GPTDataModule(hf_cfg, block_size=64, batch_size=4, seed=3)
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+        return trainer
+
+    full = Recorder()
+    fit(40, full)  # 80 micro-batches x 4 windows: more than one epoch of the ~28k train tokens
+    first = Recorder()
+    fit(17, first).save_checkpoint(tmp_path / "mid.ckpt")
+    saved = torch.load(tmp_path / "mid.ckpt", weights_only=True)
+    assert saved["GPTDataModule"]["windows_consumed"] == 17 * 2 * 4
+    second = Recorder()
+    fit(40, second, ckpt=str(tmp_path / "mid.ckpt"))
+    assert len(full.seen) == 80
+    assert first.seen + second.seen == full.seen

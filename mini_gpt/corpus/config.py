@@ -10,7 +10,14 @@ from typing import Any
 
 from mini_gpt.data import DTYPES, DataConfig, DataConfigError, default_data_dir
 
-__all__ = ["DEFAULT_SHARD_TOKENS", "AnyDataConfig", "HFDataConfig", "ShardsDataConfig", "data_config"]
+__all__ = [
+    "DEFAULT_SHARD_TOKENS",
+    "AnyDataConfig",
+    "DataConfig",
+    "HFDataConfig",
+    "ShardsDataConfig",
+    "data_config",
+]
 
 DEFAULT_SHARD_TOKENS = 100_000_000  # as llm.c's fineweb.py: 100M tokens, 200 MB of uint16 per shard
 
