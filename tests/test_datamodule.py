@@ -178,7 +178,7 @@ def hf_cfg(tmp_path: Path, gpt2_bpe_file: Path):
     from mini_gpt.corpus.config import HFDataConfig
 
     rng = np.random.default_rng(0)
-    words = np.array(["once", "upon", "a", "time", "there", "was", "a", "little", "cat", "who", "liked", "to", "run"])
+    words = np.array(["once", "upon", "a", "time", "there", "was", "a", "little", "cat", "who", "ran"])
     docs = [" ".join(rng.choice(words, rng.integers(1, 60))) for _ in range(2000)]
     pq.write_table(pa.table({"text": docs}), tmp_path / "docs.parquet")
     return HFDataConfig(
