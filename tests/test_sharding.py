@@ -345,3 +345,42 @@ def test_val_mask_is_a_pure_function_of_the_index():
     parts = np.concatenate([sharding.val_mask(a, 1000, 0.1, seed=3) for a in range(0, 10_000, 1000)])
     assert (whole == parts).all() and 800 < whole.sum() < 1200
     assert (whole != sharding.val_mask(0, 10_000, 0.1, seed=4)).any()
+
+
+# ------------------------------------------------------------------------------------ the CLI
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mini_gpt.corpus", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        timeout=300,
+    )
+
+
+def test_cli_prepares_without_training(tmp_path, corpus, gpt2_bpe_file):
+    out = run_cli(
+        "prepare",
+        "data=hf",
+        f"data.dataset={corpus / 'pq'}",
+        f"data.data_dir={tmp_path}",
+        f"data.bpe_file={gpt2_bpe_file}",
+        "data.val_fraction=0.05",
+        "data.num_proc=2",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "prepared 3,000 documents" in out.stderr  # the one-line summary
+    (line,) = out.stdout.strip().splitlines()
+    assert line.startswith("ready: ") and "train tokens in 1 shard(s)" in line
+    again = run_cli("prepare", "data=shards", f"data.path={tmp_path}/hf/*/*.bin")  # our shards, read back
+    assert again.returncode == 0 and line.split(": ", 2)[2].split(" (")[0] in again.stdout, again.stderr
+
+
+def test_cli_hub_name_offline_is_one_line(tmp_path):
+    out = run_cli("prepare", "data=fineweb_edu", f"data.data_dir={tmp_path}", env={"HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 2 and out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: data.dataset=HuggingFaceFW/fineweb-edu is a Hugging Face Hub name")
+    assert "pass them: data.dataset=" in line

@@ -243,3 +243,49 @@ def test_cli_errors_are_short(tmp_path: Path) -> None:
     assert bad_ckpt.stderr.strip().splitlines() == [
         f"error: ckpt_path={missing} does not exist; pass an existing .ckpt to resume"
     ]
+
+
+@pytest.mark.slow
+def test_train_on_shards_resumes_exactly(compose: Any, tmp_path: Path, gpt2_bpe_file: Path) -> None:
+    """data=hf end to end: local parquet -> shards -> training; a resumed run continues bit for bit."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    words = ["the", "little", "dog", "saw", "a", "big", "red", "ball", "and", "was", "happy", "."]
+    rng = __import__("random").Random(0)
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 80))) for _ in range(1500)]
+    pq.write_table(pa.table({"text": docs}), tmp_path / "stories.parquet")
+    common = [
+        "model=tiny",
+        "logger=none",
+        "data=hf",
+        f"data.dataset={tmp_path / 'stories.parquet'}",
+        f"data.data_dir={tmp_path / 'cache'}",
+        f"data.bpe_file={gpt2_bpe_file}",
+        "data.shard_tokens=4000",
+        "data.val_fraction=0.05",
+        "data.num_proc=1",
+        "loader.batch_size=4",
+        "loader.val_windows=8",
+        "trainer.accelerator=cpu",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "trainer.log_every_n_steps=1",
+        "trainer.val_check_interval=3",
+        "callbacks.sample_text.every_n_steps=0",
+        "callbacks.sample_text.max_new_tokens=4",
+    ]
+    full, full_module = _fit(compose, [*common, f"paths.run_dir={tmp_path / 'full'}", "trainer.max_steps=6"])
+    half, _ = _fit(compose, [*common, f"paths.run_dir={tmp_path / 'half'}", "trainer.max_steps=3"])
+    resumed, resumed_module = _fit(
+        compose,
+        [
+            *common,
+            f"paths.run_dir={tmp_path / 'resumed'}",
+            "trainer.max_steps=6",
+            f"ckpt_path={half['last_ckpt']}",
+        ],
+    )
+    assert full_module.tokenizer.eot_id == 50256 and full["steps"] == 6
+    assert resumed_module.stats.train_history == full_module.stats.train_history[3:]
+    assert resumed["final_val_loss"] == full["final_val_loss"]
