@@ -181,7 +181,7 @@ def bench_sharded(
         n = r["num_proc"]
         r["time_vs_tiktoken"] = round(r["seconds"] / by[("tiktoken", n)]["seconds"], 2)
         r["time_vs_nanogpt"] = round(r["seconds"] / by[("nanogpt", n)]["seconds"], 2)
-        if 1 in procs and n != 1:
+        if 1 in procs:  # speed-up over num_proc=1, per process (1.0 = perfect scaling)
             one = by[(r["contender"], 1)]["seconds"]
             r["scaling_efficiency"] = round(one / r["seconds"] / n, 2)
     rows.sort(key=lambda r: (r["num_proc"], names.index(r["contender"])))
