@@ -1,7 +1,7 @@
 """Sharded preparation vs nanoGPT's way vs tiktoken alone, on one generated parquet corpus.
 
 The corpus: `size_mb` MB of documents (runs of shuffled tiny-Shakespeare lines, 200 to 8,000 characters
-each) in four parquet files. For each `num_proc` in (1, 2), each contender runs in a fresh subprocess
+each) in four parquet files. For each `num_proc` in (1, 2), each contender runs in a fresh process (spawn)
 (so its peak RSS is its own, children included), in alternating order over `repeats`:
 
 * `mini-gpt`: `prepare_shards` (datasets streaming -> process pool -> llm.c shards);
@@ -13,80 +13,88 @@ each) in four parquet files. For each `num_proc` in (1, 2), each contender runs 
 
 from __future__ import annotations
 
-import json
-import os
+import multiprocessing
+import resource
+import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
-_OURS = """
-import json, resource, sys, time
-from mini_gpt.corpus.config import HFDataConfig
-from mini_gpt.corpus.sharding import prepare_shards
-glob, bpe, data_dir, n = sys.argv[1:5]
-t = time.perf_counter()
-cfg = HFDataConfig(dataset=glob, bpe_file=bpe, data_dir=data_dir, num_proc=int(n))
-c = prepare_shards(cfg, progress=False, log=None)
-s = time.perf_counter() - t
-rss = max(resource.getrusage(r).ru_maxrss for r in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-print(json.dumps({"seconds": s, "tokens": c.train_tokens + c.val_tokens, "peak_rss_mb": rss / 1024}))
-"""
+def _peak_rss_mb() -> float:
+    """Peak RSS of this process or of any of its children (the tokenizer pool), in MB."""
+    return (
+        max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        / 1024
+    )
 
-_NANOGPT = """
-import json, os, resource, sys, time
-import numpy as np
-glob, bpe, data_dir, n = sys.argv[1:5]
-os.environ["HF_DATASETS_CACHE"] = data_dir + "/hf-cache"
-t = time.perf_counter()
-from datasets import disable_progress_bars, load_dataset
-disable_progress_bars()
-from mini_gpt.tokenizer import build_tokenizer
-enc = build_tokenizer("gpt2", bpe_file=bpe).encoding
-ds = load_dataset("parquet", data_files=sorted(__import__("glob").glob(glob)), split="train",
-                  cache_dir=data_dir + "/hf-cache")
-def process(example):
-    ids = enc.encode_ordinary(example["text"])
-    ids.append(enc.eot_token)
-    return {"ids": ids, "len": len(ids)}
-tokenized = ds.map(process, remove_columns=ds.column_names, num_proc=int(n) if int(n) > 1 else None)
-total = int(np.sum(tokenized["len"], dtype=np.uint64))
-arr = np.memmap(data_dir + "/train.bin", dtype=np.uint16, mode="w+", shape=(total,))
-idx = 0
-for i in range(1024):
-    batch = tokenized.shard(num_shards=1024, index=i, contiguous=True).with_format("numpy")
-    ids = np.concatenate(batch["ids"]) if len(batch) else np.zeros(0, np.uint16)
-    arr[idx : idx + len(ids)] = ids
-    idx += len(ids)
-arr.flush()
-s = time.perf_counter() - t
-rss = max(resource.getrusage(r).ru_maxrss for r in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-print(json.dumps({"seconds": s, "tokens": total, "peak_rss_mb": rss / 1024}))
-"""
 
-_TIKTOKEN = """
-import json, resource, sys, time
-import pyarrow.parquet as pq, glob as g
-glob, bpe, data_dir, n = sys.argv[1:5]
-from mini_gpt.tokenizer import build_tokenizer
-enc = build_tokenizer("gpt2", bpe_file=bpe).encoding
-files = sorted(g.glob(glob))
-docs = [t for f in files for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
-t = time.perf_counter()
-tokens = sum(len(ids) + 1 for ids in enc.encode_ordinary_batch(docs, num_threads=int(n)))
-s = time.perf_counter() - t
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"seconds": s, "tokens": tokens, "peak_rss_mb": rss / 1024}))
-"""
+def _mini_gpt(files: list[str], bpe_file: str, work: str, num_proc: int) -> dict[str, Any]:
+    from mini_gpt.corpus.config import HFDataConfig
+    from mini_gpt.corpus.sharding import prepare_shards
 
-CONTENDERS = {"mini-gpt": _OURS, "nanogpt": _NANOGPT, "tiktoken": _TIKTOKEN}
+    pattern = str(Path(files[0]).parent / "*.parquet")
+    cfg = HFDataConfig(
+        dataset=pattern, bpe_file=bpe_file, data_dir=work, num_proc=num_proc, val_fraction=0.01
+    )
+    t = time.perf_counter()
+    corpus = prepare_shards(cfg, progress=False, log=None)
+    seconds = time.perf_counter() - t
+    return {
+        "seconds": seconds,
+        "tokens": corpus.train_tokens + corpus.val_tokens,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+
+
+def _nanogpt(files: list[str], bpe_file: str, work: str, num_proc: int) -> dict[str, Any]:
+    """nanoGPT's data/openwebtext/prepare.py, on these files: map(num_proc) then one memmap."""
+    t = time.perf_counter()
+    from datasets import disable_progress_bars, load_dataset
+
+    from mini_gpt.tokenizer import build_tokenizer
+
+    disable_progress_bars()
+    enc = build_tokenizer("gpt2", bpe_file=bpe_file).encoding
+    ds = load_dataset("parquet", data_files=files, split="train", cache_dir=f"{work}/hf-cache")
+
+    def process(example: dict[str, Any]) -> dict[str, Any]:
+        ids = enc.encode_ordinary(example["text"])
+        ids.append(enc.eot_token)
+        return {"ids": ids, "len": len(ids)}
+
+    tokenized = ds.map(process, remove_columns=ds.column_names, num_proc=num_proc if num_proc > 1 else None)
+    total = int(np.sum(tokenized["len"], dtype=np.uint64))
+    arr = np.memmap(f"{work}/train.bin", dtype=np.uint16, mode="w+", shape=(total,))
+    idx = 0
+    shards = min(1024, len(tokenized))  # nanoGPT writes in 1,024 batches
+    for i in range(shards):
+        batch = tokenized.shard(num_shards=shards, index=i, contiguous=True).with_format("numpy")
+        ids = np.concatenate(batch["ids"]) if len(batch) else np.zeros(0, dtype=np.uint16)
+        arr[idx : idx + len(ids)] = ids
+        idx += len(ids)
+    arr.flush()
+    return {"seconds": time.perf_counter() - t, "tokens": total, "peak_rss_mb": _peak_rss_mb()}
+
+
+def _tiktoken(files: list[str], bpe_file: str, work: str, num_proc: int) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    from mini_gpt.tokenizer import build_tokenizer
+
+    enc = build_tokenizer("gpt2", bpe_file=bpe_file).encoding
+    docs = [t for f in files for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
+    t = time.perf_counter()
+    tokens = sum(len(ids) + 1 for ids in enc.encode_ordinary_batch(docs, num_threads=num_proc))
+    return {"seconds": time.perf_counter() - t, "tokens": tokens, "peak_rss_mb": _peak_rss_mb()}
+
+
+CONTENDERS = {"mini-gpt": _mini_gpt, "nanogpt": _nanogpt, "tiktoken": _tiktoken}
 
 
 def make_parquet_corpus(
@@ -122,34 +130,29 @@ def make_parquet_corpus(
     return total_bytes, total_docs
 
 
-def _child(script: str, *args: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"benchmark child failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def _in_fresh_process(fn: Any, *args: Any) -> dict[str, Any]:
+    """fn(*args) in a new interpreter (spawn), so its peak RSS and imports are its own."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def bench_sharded(
+    source: str | Path,
+    bpe_file: str | Path,
     size_mb: int = 300,
-    bpe_file: str | Path | None = None,
-    source: str | Path | None = None,
     procs: tuple[int, ...] = (1, 2),
     repeats: int = 1,
     workdir: str | Path | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows (one per contender and num_proc, medians over repeats) and extra facts about the corpus."""
-    data = REPO_ROOT / "data"
-    bpe = Path(bpe_file) if bpe_file else data / "tokenizers" / "gpt2.tiktoken"
-    text = Path(source) if source else data / "tinyshakespeare" / "input.txt"
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(dir=workdir, prefix="mini-gpt-bench-shards-") as tmp:
         corpus = Path(tmp) / "corpus"
         corpus.mkdir()
         t = time.perf_counter()
-        nbytes, ndocs = make_parquet_corpus(corpus, size_mb, text)
+        nbytes, ndocs = make_parquet_corpus(corpus, size_mb, Path(source))
         generate_s = time.perf_counter() - t
-        glob = str(corpus / "*.parquet")
+        files = sorted(str(p) for p in corpus.glob("*.parquet"))
         names = list(CONTENDERS)
         for r in range(repeats):
             order = names if r % 2 == 0 else names[::-1]  # alternate: background load hits all alike
@@ -157,10 +160,9 @@ def bench_sharded(
                 for name in order:
                     out = Path(tmp) / f"{name}-{n}-{r}"
                     out.mkdir()
-                    samples.setdefault((name, n), []).append(
-                        _child(CONTENDERS[name], glob, str(bpe), str(out), str(n))
-                    )
-                    subprocess.run(["rm", "-rf", str(out)], check=False)
+                    result = _in_fresh_process(CONTENDERS[name], files, str(bpe_file), str(out), n)
+                    samples.setdefault((name, n), []).append(result)
+                    shutil.rmtree(out, ignore_errors=True)
     mb = nbytes / 1e6
     rows = []
     for (name, n), runs in samples.items():
