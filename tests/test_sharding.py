@@ -127,6 +127,26 @@ def test_jsonl_and_compressed_jsonl_give_the_same_tokens(tmp_path, corpus, gpt2_
         assert read_all(prepare_shards(cfg_for(path, tmp_path / "o", gpt2_bpe_file), log=None)) == ref
 
 
+def test_csv_json_and_arrow_files(tmp_path, gpt2_bpe_file):
+    import csv
+
+    import datasets
+
+    docs = [*make_docs(400, seed=5), "", 'quotes "inside", commas, and\nnewlines']
+    with open(tmp_path / "d.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["id", "text"])
+        writer.writerows(enumerate(docs))
+    (tmp_path / "d.json").write_text(json.dumps([{"text": d} for d in docs]))  # one JSON array
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "saved"))  # .arrow + metadata
+    (tmp_path / "p").mkdir()
+    pq.write_table(pa.table({"text": docs}), tmp_path / "p" / "d.parquet")
+    ref = read_all(prepare_shards(cfg_for(tmp_path / "p", tmp_path / "r", gpt2_bpe_file), log=None))
+    assert ref[0].count(EOT) + ref[1].count(EOT) == len(docs)
+    for path in (tmp_path / "d.csv", tmp_path / "d.json", tmp_path / "saved"):
+        assert read_all(prepare_shards(cfg_for(path, tmp_path / "o", gpt2_bpe_file), log=None)) == ref, path
+
+
 def test_split_is_by_documents_and_seeded(tmp_path, corpus, docs, gpt2_bpe_file):
     a = prepare_shards(cfg_for(corpus / "pq", tmp_path, gpt2_bpe_file, val_fraction=0.1), log=None)
     b = prepare_shards(

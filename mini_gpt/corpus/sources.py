@@ -41,6 +41,7 @@ BUILDERS = {
     ".csv": "csv",
 }
 COMPRESSIONS = (".gz", ".zst", ".bz2", ".xz")
+SAVE_TO_DISK_METADATA = ("state.json", "dataset_info.json")  # beside the .arrow files of save_to_disk
 HUB_TIMEOUT_S = 3.0  # to decide that the Hub is unreachable
 
 
@@ -95,7 +96,9 @@ def _local_files(dataset: str) -> tuple[str, list[str]]:
             raise MiniGPTError(f"data.dataset={dataset} matches no files; fix the glob pattern")
     elif Path(raw).is_dir():
         files = sorted(
-            str(p.resolve()) for p in Path(raw).rglob("*") if p.is_file() and _suffix_builder(p.name)
+            str(p.resolve())
+            for p in Path(raw).rglob("*")
+            if p.is_file() and _suffix_builder(p.name) and p.name not in SAVE_TO_DISK_METADATA
         )
         if not files:
             kinds = ", ".join(BUILDERS)
@@ -229,8 +232,10 @@ def _load(source: Source) -> Any:
     datasets = _import_datasets()
     try:
         if source.is_local:
+            # csv: an empty field is an empty document, not a missing value (pandas would say NaN)
+            extra = {"keep_default_na": False} if source.builder == "csv" else {}
             return datasets.load_dataset(
-                source.builder, data_files=list(source.files), split="train", streaming=True
+                source.builder, data_files=list(source.files), split="train", streaming=True, **extra
             )
         return datasets.load_dataset(source.dataset, source.subset, split=source.split, streaming=True)
     except MiniGPTError:
