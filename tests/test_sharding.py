@@ -404,3 +404,18 @@ def test_cli_hub_name_offline_is_one_line(tmp_path):
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith("error: data.dataset=HuggingFaceFW/fineweb-edu is a Hugging Face Hub name")
     assert "pass them: data.dataset=" in line
+
+
+def test_hub_shards_prepared_online_are_used_offline(tmp_path, corpus, gpt2_bpe_file, monkeypatch):
+    """Prepare on a login node (online), train on an offline compute node: the shards are found by the
+    dataset's name alone, without asking the Hub."""
+    local = sharding.open_source(cfg_for(corpus / "pq", tmp_path, gpt2_bpe_file))
+    hub_cfg = cfg_for("someorg/stories", tmp_path, gpt2_bpe_file)
+    monkeypatch.setattr(sharding, "open_source", lambda cfg: local)  # "online": the hub serves these files
+    online = prepare_shards(hub_cfg, log=None)
+    monkeypatch.undo()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline = prepare_shards(hub_cfg, log=None)
+    assert offline.dir == online.dir and offline.train_tokens == online.train_tokens > 0
+    other = cfg_for("someorg/other", tmp_path, gpt2_bpe_file)
+    assert "Hub cannot be reached" in one_line_error(other)

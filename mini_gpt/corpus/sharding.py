@@ -54,7 +54,7 @@ import numpy as np
 
 from mini_gpt.corpus.config import HFDataConfig, ShardsDataConfig
 from mini_gpt.corpus.shards import ShardInfo, ShardWriter, read_header
-from mini_gpt.corpus.sources import Source, iter_texts, open_source
+from mini_gpt.corpus.sources import Source, is_local, iter_texts, open_source
 from mini_gpt.data import token_dtype
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import (
@@ -439,8 +439,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 def _identity(cfg: HFDataConfig) -> dict[str, Any]:
     """Everything in the config that changes the tokens (the directory is named after its hash)."""
     dataset = cfg.dataset or ""
-    from mini_gpt.corpus.sources import is_local
-
     if is_local(dataset):
         dataset = os.path.abspath(os.path.expanduser(dataset))
     return {
@@ -546,13 +544,22 @@ def prepare_shards(
     `progress=None` shows a bar on an interactive stderr; `log` gets the one-line summary (None: silent).
     """
     say = log or (lambda _msg: None)
-    source = open_source(cfg)
+    out = shard_dir(cfg)
+    # A hub dataset is recognised by its name (its revision is recorded, not compared), so shards prepared
+    # on a login node are used as they are on offline compute nodes; local files also by their fingerprint.
+    hub = not is_local(cfg.dataset or "")
+    source = None if hub and (out / META).is_file() else open_source(cfg)  # offline hub names fail here
     tok: Tokenizer | None = (
         None if cfg.tokenizer == "char" else build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
     )
-    out = shard_dir(cfg)
-    key = {**_identity(cfg), "fingerprint": source.fingerprint, "tokenizer": _tokenizer_key(tok)}
+    key = {
+        **_identity(cfg),
+        "fingerprint": None if hub or source is None else source.fingerprint,
+        "tokenizer": _tokenizer_key(tok),
+    }
     meta = _valid(out, key)
+    if meta is None and build and source is None:
+        source = open_source(cfg)
     if meta is None:
         if not build:
             raise MiniGPTError(
@@ -563,6 +570,7 @@ def prepare_shards(
         with _locked(out, say):
             meta = _valid(out, key)  # another process may have finished it while we waited
             if meta is None:
+                assert source is not None
                 meta = _build(cfg, source, tok, out, key, progress, say)
     return _corpus(out, meta, tok)
 
