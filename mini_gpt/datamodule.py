@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from mini_gpt.corpus.config import AnyDataConfig, DataConfig, HFDataConfig, ShardsDataConfig, data_config
 from mini_gpt.corpus.sharding import ShardedCorpus, find_shards, load_shards, prepare_shards
-from mini_gpt.corpus.windows import ShardTrainBatches, ShardValWindows
+from mini_gpt.corpus.windows import ShardTrainBatches, ShardValBatches, ShardValWindows
 from mini_gpt.data import PreparedData, cache_dir, load_prepared, prepare_data
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import Tokenizer
@@ -341,10 +341,13 @@ class GPTDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         prep = self.prepared_data()
-        if isinstance(prep, ShardedCorpus):
-            dataset: Dataset = ShardValWindows(prep.val, self.block_size, self.val_windows)
-        else:
-            dataset = ValWindows(prep.val_path, prep.dtype, self.block_size, self.val_windows)
+        if isinstance(prep, ShardedCorpus):  # each rank its share of the fixed windows, no padding
+            windows = ShardValWindows(prep.val, self.block_size, self.val_windows)
+            batches = ShardValBatches(windows, self.batch_size, rank=self._rank(), world=self._world())
+            return DataLoader(
+                batches, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory
+            )
+        dataset = ValWindows(prep.val_path, prep.dtype, self.block_size, self.val_windows)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,

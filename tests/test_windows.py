@@ -135,3 +135,18 @@ def test_val_too_short(tmp_path: Path) -> None:
     info = write_shard(tmp_path / "v.bin", np.arange(5, dtype=np.uint16))
     with pytest.raises(MiniGPTError, match="no window of block_size"):
         ShardValWindows([info], 8)
+
+
+def test_val_batches_split_the_windows_across_ranks_without_padding(shards) -> None:
+    from mini_gpt.corpus.windows import ShardValBatches
+
+    windows = ShardValWindows(shards, 8, max_windows=23)
+    whole = torch.cat([x for x, _ in ShardValBatches(windows, 5)])
+    assert torch.equal(whole, torch.stack([windows[k][0] for k in range(23)]))
+    for world in (2, 3, 8):
+        parts = [
+            torch.cat([x for x, _ in ShardValBatches(windows, 5, rank=r, world=world)]) for r in range(world)
+        ]
+        assert sum(len(p) for p in parts) == 23  # every window once, none twice, whatever the device count
+        rows = sorted(tuple(row.tolist()) for p in parts for row in p)
+        assert rows == sorted(tuple(row.tolist()) for row in whole)

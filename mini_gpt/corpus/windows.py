@@ -30,7 +30,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from mini_gpt.corpus.shards import ShardInfo, open_shard
 from mini_gpt.errors import MiniGPTError
 
-__all__ = ["ShardTrainBatches", "ShardValWindows", "feistel_permute"]
+__all__ = ["ShardTrainBatches", "ShardValBatches", "ShardValWindows", "feistel_permute"]
 
 _M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
 
@@ -235,3 +235,24 @@ class ShardValWindows(Dataset):
             self._maps[s] = open_shard(self.shards[s])
         row = torch.from_numpy(_gather(self._maps[s], self.starts[k : k + 1], self.block_size)[0])
         return row[:-1], row[1:]
+
+
+class ShardValBatches(IterableDataset):
+    """The validation windows of this rank, in batches: window k goes to rank k % world, so the ranks
+    together evaluate every window exactly once (no padding, no duplicates) and the summed loss is the
+    same for any device count. Yields whole `(x, y)` batches (use `DataLoader(batch_size=None)`)."""
+
+    def __init__(self, windows: ShardValWindows, batch_size: int, rank: int = 0, world: int = 1) -> None:
+        super().__init__()
+        self.windows, self.batch_size = windows, batch_size
+        self.mine = np.arange(rank, len(windows), world)
+
+    def __len__(self) -> int:
+        return -(-len(self.mine) // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        info = get_worker_info()
+        worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for b in range(worker, len(self), n_workers):
+            items = [self.windows[int(k)] for k in self.mine[b * self.batch_size : (b + 1) * self.batch_size]]
+            yield torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
