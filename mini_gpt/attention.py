@@ -167,6 +167,8 @@ class CausalSelfAttention(nn.Module):
 
         if need_weights:
             y, att = self._exact_attention(q, k, v, mask)
+        elif T == 1 and n_cached > 0:  # a decoding step: one query row per head
+            y, att = self._one_query_attention(q, k, v, mask), None
         else:
             y = self._fast_attention(q, k, v, mask, is_causal=mask is None and n_cached == 0 and T > 1)
             att = None
@@ -184,6 +186,22 @@ class CausalSelfAttention(nn.Module):
         att = att.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
         att = self.attn_dropout(att)
         return att @ v, att  # (B, nh, T, hs), (B, nh, T, S)
+
+    def _one_query_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """The decoding step: q (B, nh, 1, hs) against the cache k, v (B, nh, S, hs).
+
+        Two matrix-vector products per head. SDPA's fused CPU kernel tiles the (strided) cache for
+        this single row and, on a machine whose cores are busy, waits on its worker threads for
+        milliseconds per call; plain ops cost microseconds (`python -m mini_gpt.bench generate`).
+        """
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_size))  # (B, nh, 1, S)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        att = self.attn_dropout(F.softmax(scores, dim=-1))
+        y = att @ v  # (B, nh, 1, hs)
+        if mask is not None:
+            y = y.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # "attend to nothing" gives zeros
+        return y
 
     def _fast_attention(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool

@@ -191,12 +191,15 @@ class GPT(nn.Module):
         kv_caches: list[KVCache] | None = None,
         attn_mask: Tensor | None = None,
         return_attention: bool = False,
+        last_only: bool = False,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Logits (B, T, vocab_size) for token ids idx (B, T).
 
         With `kv_caches` (one per layer, from `new_kv_caches`) idx continues the cached sequence: its
         positions start at the number of cached tokens. `return_attention=True` also returns every
-        layer's per-head attention weights (B, n_head, T, S) from the exact path.
+        layer's per-head attention weights (B, n_head, T, S) from the exact path. `last_only=True`
+        returns the logits of the last position only, (B, 1, vocab_size): all generation needs, and
+        it skips the output head (the largest matrix) for the other T - 1 positions.
         """
         T = idx.shape[1]
         start = kv_caches[0].length if kv_caches else 0
@@ -205,20 +208,21 @@ class GPT(nn.Module):
                 f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}; "
                 "crop the input to the last block_size tokens"
             )
-        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
         x = self.transformer.wte(idx)  # (B, T, C)
         rope = None
         if self.config.pos_embedding == "learned":
-            x = x + self.transformer.wpe(pos)
+            x = x + self.transformer.wpe.weight[start : start + T]  # positions start..start+T-1: (T, C)
         else:
-            rope = (self.rope_cos[pos], self.rope_sin[pos])  # 2 x (T, hs)
+            rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])  # 2 x (T, hs)
         x = self.transformer.drop(x)
         attentions = []
         for i, block in enumerate(self.transformer.h):
             cache = kv_caches[i] if kv_caches else None
             x, att = block(x, attn_mask, cache, rope, need_weights=return_attention)
             attentions.append(att)
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_size)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T or 1, vocab_size)
         return (logits, attentions) if return_attention else logits
 
     def new_kv_caches(self, max_len: int | None = None) -> list[KVCache]:

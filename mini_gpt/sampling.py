@@ -169,16 +169,16 @@ def generate_tokens(
         for _step in range(max_new_tokens):
             new_start = context_start(start, n, block_size, window)
             if caches is None:
-                logits = model(seq[:, new_start:n])
+                logits = model(seq[:, new_start:n], last_only=True)
             elif _step == 0 or new_start != start:  # (re-)prefill the whole context
                 for cache in caches:
                     cache.reset()
                 prefill = seq[:1] if _step == 0 and B == 1 else seq
-                logits = model(prefill[:, new_start:n], kv_caches=caches)
+                logits = model(prefill[:, new_start:n], kv_caches=caches, last_only=True)
                 if prefill.shape[0] != n_rows:
                     _expand_caches(caches, n_rows)
             else:  # the one new token; the cache holds everything before it
-                logits = model(seq[:, n - 1 : n], kv_caches=caches)
+                logits = model(seq[:, n - 1 : n], kv_caches=caches, last_only=True)
             start = new_start
             logits = logits[:, -1, :].float().expand(n_rows, -1)  # (n_rows, V)
             if repetition_penalty is not None and repetition_penalty != 1.0:

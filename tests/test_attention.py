@@ -507,3 +507,19 @@ def test_seed_004_zero_one_mask_with_masked_fill():
     y, att = ours(x, attn_mask=pad01.bool(), need_weights=True)
     torch.testing.assert_close(y, y_ref, atol=ATOL, rtol=0)
     torch.testing.assert_close(att, att_ref, atol=ATOL, rtol=0)
+
+
+def test_one_token_decode_step_with_padding_mask_equals_exact_path():
+    """The single-query decoding path (plain ops) against the exact path, padding and an empty row."""
+    torch.manual_seed(8)
+    attn = randomize(CausalSelfAttention(32, 4)).eval()
+    x = torch.randn(3, 9, 32)
+    keep = torch.ones(3, 1, 1, 9, dtype=torch.bool)  # the 9th token's query sees keys 0..8
+    keep[1, ..., :4] = False  # row 1 left-padded by 4
+    keep[2] = False  # row 2 may see nothing: zeros, never NaN
+    c1, c2 = KVCache(9), KVCache(9)
+    attn(x[:, :8], kv_cache=c1), attn(x[:, :8], kv_cache=c2, need_weights=True)
+    fast = attn(x[:, 8:], kv_cache=c1, attn_mask=keep)
+    exact, _ = attn(x[:, 8:], kv_cache=c2, attn_mask=keep, need_weights=True)
+    torch.testing.assert_close(fast, exact, atol=ATOL, rtol=0)
+    torch.testing.assert_close(fast[2, 0], attn.c_proj.bias, atol=ATOL, rtol=0)

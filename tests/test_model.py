@@ -157,3 +157,16 @@ def test_core_imports_stay_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("kw", VARIANTS)
+def test_last_only_logits_equal_the_last_row_of_all_logits(kw):
+    model = tiny(**kw)
+    idx = torch.randint(0, 50, (2, 10))
+    full = model(idx)
+    last = model(idx, last_only=True)
+    assert last.shape == (2, 1, 50)
+    torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=0)
+    caches = model.new_kv_caches()
+    model(idx[:, :6], kv_caches=caches)
+    torch.testing.assert_close(model(idx[:, 6:], kv_caches=caches, last_only=True), full[:, -1:], atol=1e-5, rtol=0)
