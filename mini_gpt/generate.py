@@ -32,6 +32,7 @@ from typing import Any, TextIO
 import torch
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.inference import can_pack, prepare_for_inference
 from mini_gpt.model import GPT
 from mini_gpt.sampling import check_sampling_args, generate_tokens
 from mini_gpt.tokenizer import Tokenizer
@@ -290,8 +291,13 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
         print(f"seed={seed}", file=err)
     torch.manual_seed(seed)
     generator = torch.Generator(device=device).manual_seed(seed)
+    amp = autocast_context(device, cfg.dtype)
+    weights_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}.get(cfg.dtype)
     if cfg.compile:
         model = torch.compile(model, dynamic=True)
+    elif weights_dtype is not None and can_pack(device, weights_dtype):
+        # On a CPU: weights packed once (and cast, for bfloat16) instead of autocast (mini_gpt.inference)
+        model, amp = prepare_for_inference(model, weights_dtype), nullcontext()
 
     n = cfg.num_samples
     streaming = cfg.stream and n == 1
@@ -315,7 +321,7 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
         window=cfg.window,
     )
     generated = 0
-    with autocast_context(device, cfg.dtype):
+    with amp:
         try:
             for token in steps:
                 generated += n

@@ -239,3 +239,17 @@ def test_cli_subprocess_bad_prompt(trained, tmp_path):
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("error: text has 2 character(s) not in the character vocabulary: '{', 'Ж'")
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_bfloat16_on_cpu_decodes_with_packed_bf16_weights(trained):
+    import copy
+
+    from mini_gpt.inference import can_pack, prepare_for_inference
+
+    model, tokenizer, ckpt = trained
+    if not can_pack("cpu", torch.bfloat16):
+        pytest.skip("no oneDNN bf16 on this CPU")
+    bf16 = prepare_for_inference(copy.deepcopy(model), torch.bfloat16)
+    stdout, _, _ = run_cli(ckpt=str(ckpt), prompt="ROMEO:", max_new_tokens=40, temperature=0, dtype="bfloat16")
+    [expected] = reference(bf16, tokenizer, tokenizer.encode("ROMEO:"), 40, 0, temperature=0)
+    assert stdout == "ROMEO:" + expected + "\n"
