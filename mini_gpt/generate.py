@@ -292,7 +292,8 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
     torch.manual_seed(seed)
     generator = torch.Generator(device=device).manual_seed(seed)
     amp = autocast_context(device, cfg.dtype)
-    weights_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}.get(cfg.dtype)
+    weights_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}
+    weights_dtype = weights_dtype.get(cfg.dtype)
     if cfg.compile:
         model = torch.compile(model, dynamic=True)
     elif weights_dtype is not None and can_pack(device, weights_dtype):

@@ -43,7 +43,8 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().to(dtype).contiguous()  # (out, in)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)  # laid out for batch-1 rows
+        # No batch-size hint: oneDNN's default layout streamed ~20% faster at batch 1 than the hint 1 layout
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype).contiguous()
 
     def forward(self, x: Tensor) -> Tensor:  # (..., in) -> (..., out)

@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 

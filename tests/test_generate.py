@@ -250,6 +250,8 @@ def test_bfloat16_on_cpu_decodes_with_packed_bf16_weights(trained):
     if not can_pack("cpu", torch.bfloat16):
         pytest.skip("no oneDNN bf16 on this CPU")
     bf16 = prepare_for_inference(copy.deepcopy(model), torch.bfloat16)
-    stdout, _, _ = run_cli(ckpt=str(ckpt), prompt="ROMEO:", max_new_tokens=40, temperature=0, dtype="bfloat16")
+    stdout, _, _ = run_cli(
+        ckpt=str(ckpt), prompt="ROMEO:", max_new_tokens=40, temperature=0, dtype="bfloat16"
+    )
     [expected] = reference(bf16, tokenizer, tokenizer.encode("ROMEO:"), 40, 0, temperature=0)
     assert stdout == "ROMEO:" + expected + "\n"

@@ -169,4 +169,5 @@ def test_last_only_logits_equal_the_last_row_of_all_logits(kw):
     torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=0)
     caches = model.new_kv_caches()
     model(idx[:, :6], kv_caches=caches)
-    torch.testing.assert_close(model(idx[:, 6:], kv_caches=caches, last_only=True), full[:, -1:], atol=1e-5, rtol=0)
+    last = model(idx[:, 6:], kv_caches=caches, last_only=True)
+    torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=0)

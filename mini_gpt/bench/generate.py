@@ -1,4 +1,22 @@
-"""Generation speed: KV cache vs full recompute (`python -m mini_gpt.bench generate`).
+"""Generation speed: mini-gpt against transformers, and the KV cache against full recompute.
+
+`python -m mini_gpt.bench generate` prints two tables.
+
+Decoding against `transformers` (`--decode-tokens`, default 64; 0 = skip): GPT-2 124M with random
+weights, one set of weights copied into both, a batch-1 prompt of `--prompt-tokens` (32) random tokens,
+greedy, KV cache on both sides, contenders alternated:
+
+- `transformers`: `GPT2LMHeadModel.generate(do_sample=False)`, float32, as its users call it.
+- `mini-gpt`: `sampling.generate(temperature=0)` on the model after `inference.prepare_for_inference`
+  (weights packed once for oneDNN on a CPU), float32; its tokens must equal transformers'.
+- `mini-gpt-unpacked`: the same on the plain `GPT` (torch's default Linear layout).
+- `mini-gpt-bf16`: packed bfloat16 weights (greedy tokens may differ: other rounding).
+
+Each row gives its speed relative to transformers and against the memory-bandwidth limit: at batch 1
+every weight is read once per token, so tokens/s cannot exceed (bandwidth / weight bytes); bandwidth is
+measured at start by summing a 1 GiB tensor (a streaming read), with the same threads.
+
+KV cache against recompute (the second table):
 
 Three contenders decode the same number of tokens from a one-token prompt (B=1, temperature 1,
 top_k 200), alternating, medians of the repeats:
@@ -18,6 +36,7 @@ vocabulary, and GPT-2 124M (fewer tokens by default: its no-cache path is slow o
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 import torch
@@ -27,6 +46,81 @@ from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.sampling import generate
 
 TOP_K = 200
+
+
+def read_bandwidth(n_bytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Bytes per second of a streaming read (summing a float32 tensor of n_bytes), best of repeats."""
+    x = torch.ones(n_bytes // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return n_bytes / best
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights one decoding step reads: every parameter but the position table; a token
+    embedding tied to the output head counted once, as the head (a lookup reads one row of it)."""
+    total = sum(
+        p.numel() * p.element_size() for n, p in model.named_parameters() if not n.endswith("wpe.weight")
+    )
+    return total
+
+
+def _decode_table(
+    prompt_tokens: int, tokens: int, repeats: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from mini_gpt.inference import prepare_for_inference
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config()).eval()
+    plain = GPT.from_hf_gpt2(hf).eval()
+    n_bytes = weight_bytes(plain)  # float32; tied head read again as the head
+    packed = prepare_for_inference(GPT.from_hf_gpt2(hf))
+    bf16 = prepare_for_inference(GPT.from_hf_gpt2(hf), torch.bfloat16)
+    prompt = torch.randint(
+        0, hf.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0)
+    )
+
+    def run_hf() -> torch.Tensor:
+        with torch.no_grad():
+            return hf.generate(
+                prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=tokens, min_new_tokens=tokens,
+                do_sample=False, pad_token_id=0,
+            )  # fmt: skip
+
+    contenders = {
+        "transformers": run_hf,
+        "mini-gpt": lambda: generate(packed, prompt, tokens, temperature=0),
+        "mini-gpt-unpacked": lambda: generate(plain, prompt, tokens, temperature=0),
+        "mini-gpt-bf16": lambda: generate(bf16, prompt, tokens, temperature=0),
+    }
+    outputs = {name: fn() for name, fn in contenders.items()}  # warm-up, and the tokens to compare
+    timings = alternate(contenders, repeats=repeats, warmup=0)
+    bandwidth = read_bandwidth()
+    base = timings.median("transformers")
+    rows = []
+    for name in contenders:
+        seconds = timings.median(name)
+        tps = tokens / seconds
+        limit = bandwidth / (n_bytes // 2 if name.endswith("bf16") else n_bytes)
+        rows.append(
+            {
+                "contender": name,
+                "tokens": tokens,
+                "median_s": round(seconds, 3),
+                "tokens_per_s": round(tps, 1),
+                "vs_transformers": round(base / seconds, 2),
+                "bandwidth_limit_tps": round(limit, 1),
+                "of_limit": round(tps / limit, 2),
+                "same_tokens": bool(torch.equal(outputs[name], outputs["transformers"])),
+            }
+        )
+    extra = {"read_bandwidth_gb_s": round(bandwidth / 1e9, 1), "weight_mb_fp32": round(n_bytes / 1e6, 1)}
+    return rows, extra
 
 
 @torch.no_grad()
@@ -86,7 +180,16 @@ def _bench_model(name: str, model: GPT, tokens: int, repeats: int) -> list[dict[
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokens", type=int, default=1000, help="tokens generated by the baby model")
+    parser.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=64,
+        help="greedy tokens in the comparison with transformers (0 = skip)",
+    )
+    parser.add_argument("--prompt-tokens", type=int, default=32, help="prompt length in that comparison")
+    parser.add_argument(
+        "--tokens", type=int, default=1000, help="tokens generated by the baby model (0 = skip)"
+    )
     parser.add_argument(
         "--gpt2-tokens", type=int, default=50, help="tokens generated by GPT-2 124M (0 = skip)"
     )
@@ -106,10 +209,29 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     rows: list[dict[str, Any]] = []
+    decode: dict[str, Any] = {}
     with LoadMeter() as load:
-        baby = GPT(GPTConfig.from_preset("baby", vocab_size=65))
-        rows += _bench_model("baby (10.7M)", baby, args.tokens, args.repeats)
-        del baby
+        if args.decode_tokens:
+            with LoadMeter() as decode_load:
+                decode_rows, decode = _decode_table(
+                    args.prompt_tokens, args.decode_tokens, max(3, args.repeats)
+                )
+            title = (
+                f"generate: GPT-2 124M, batch 1, {args.prompt_tokens}-token prompt, "
+                f"{args.decode_tokens} greedy tokens, {torch.get_num_threads()} threads"
+            )
+            print_table(title, decode_rows)
+            print(
+                f"read bandwidth {decode['read_bandwidth_gb_s']} GB/s, "
+                f"fp32 weights {decode['weight_mb_fp32']} MB per token; "
+                f"other_load={decode_load.other_load:.2f} cores"
+            )
+            decode["rows"] = decode_rows
+            decode["other_load"] = round(decode_load.other_load, 2)
+        if args.tokens:
+            baby = GPT(GPTConfig.from_preset("baby", vocab_size=65))
+            rows += _bench_model("baby (10.7M)", baby, args.tokens, args.repeats)
+            del baby
         if args.gpt2_tokens:
             gpt2 = GPT(GPTConfig.from_preset("gpt2"))
             rows += _bench_model("gpt2 (124M)", gpt2, args.gpt2_tokens, args.repeats)
@@ -117,6 +239,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         "other_load": round(load.other_load, 2),
         "wall_s": round(load.wall, 1),
         "machine": machine_info(),
+        "vs_transformers": decode,
         "settings": "B=1, one-token prompt, temperature 1, top_k 200, float32, CPU; "
         "cache_speedup = median seconds of the contender / median seconds of kv-cache",
     }
