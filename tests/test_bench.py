@@ -108,3 +108,18 @@ def test_data_section_wraps_bench_prepare(monkeypatch: pytest.MonkeyPatch) -> No
     assert seen == {"size_mb": 2, "bpe_file": None, "num_threads": 1, "workdir": None}
     assert rows[0]["prepare_mb_s"] == 10.0 and rows[0]["other_load"] >= 0
     assert "other_load" in extra
+
+
+def test_generate_decode_table_same_tokens_as_transformers() -> None:
+    """The transformers contender and ours decode the same greedy tokens from the same weights."""
+    from transformers import GPT2Config
+
+    from mini_gpt.bench.generate import decode_table
+
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=101)
+    rows, extra = decode_table(8, 12, repeats=1, hf_config=config, bandwidth_bytes=1 << 20)
+    by_name = {row["contender"]: row for row in rows}
+    assert set(by_name) == {"transformers", "mini-gpt", "mini-gpt-unpacked", "mini-gpt-bf16"}
+    assert by_name["transformers"]["vs_transformers"] == 1.0
+    assert by_name["mini-gpt"]["same_tokens"] and by_name["mini-gpt-unpacked"]["same_tokens"]
+    assert extra["weight_mb_fp32"] == round(4 * (101 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32) / 1e6, 1)

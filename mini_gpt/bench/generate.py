@@ -68,19 +68,21 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def _decode_table(
-    prompt_tokens: int, tokens: int, repeats: int
+def decode_table(
+    prompt_tokens: int, tokens: int, repeats: int, hf_config: Any = None, bandwidth_bytes: int = 1 << 30
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows of the comparison with transformers (module docstring); hf_config defaults to GPT-2 124M."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    from mini_gpt.hf import gpt_from_hf
     from mini_gpt.inference import prepare_for_inference
 
     torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config()).eval()
-    plain = GPT.from_hf_gpt2(hf).eval()
+    hf = GPT2LMHeadModel(hf_config or GPT2Config()).eval()
+    plain = gpt_from_hf(hf).eval()
     n_bytes = weight_bytes(plain)  # float32; tied head read again as the head
-    packed = prepare_for_inference(GPT.from_hf_gpt2(hf))
-    bf16 = prepare_for_inference(GPT.from_hf_gpt2(hf), torch.bfloat16)
+    packed = prepare_for_inference(gpt_from_hf(hf))
+    bf16 = prepare_for_inference(gpt_from_hf(hf), torch.bfloat16)
     prompt = torch.randint(
         0, hf.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0)
     )
@@ -100,7 +102,7 @@ def _decode_table(
     }
     outputs = {name: fn() for name, fn in contenders.items()}  # warm-up, and the tokens to compare
     timings = alternate(contenders, repeats=repeats, warmup=0)
-    bandwidth = read_bandwidth()
+    bandwidth = read_bandwidth(bandwidth_bytes)
     base = timings.median("transformers")
     rows = []
     for name in contenders:
@@ -213,7 +215,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     with LoadMeter() as load:
         if args.decode_tokens:
             with LoadMeter() as decode_load:
-                decode_rows, decode = _decode_table(
+                decode_rows, decode = decode_table(
                     args.prompt_tokens, args.decode_tokens, max(3, args.repeats)
                 )
             title = (
