@@ -21,7 +21,6 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from mini_gpt.model import GPT, GPTConfig
@@ -85,8 +84,7 @@ class GPTLitModule(L.LightningModule):
         return self.net(idx)
 
     def loss(self, x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
-        logits = self.net(x)  # (B, T, V)
-        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction=reduction)
+        return self.net(x, targets=y, reduction=reduction)  # never all (B, T, V) logits at once
 
     def _logs_step(self, step: int) -> bool:
         """True for optimizer steps (1-based count) whose scalars are logged: the only ones that sync."""

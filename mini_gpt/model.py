@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from mini_gpt.attention import CausalSelfAttention, KVCache
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.loss import lm_loss
 from mini_gpt.rope import rotary_tables
 
 NORMS = ("layernorm", "rmsnorm")
@@ -191,6 +192,8 @@ class GPT(nn.Module):
         attn_mask: Tensor | None = None,
         return_attention: bool = False,
         last_only: bool = False,
+        targets: Tensor | None = None,
+        reduction: str = "mean",
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Logits (B, T, vocab_size) for token ids idx (B, T).
 
@@ -199,6 +202,10 @@ class GPT(nn.Module):
         layer's per-head attention weights (B, n_head, T, S) from the exact path. `last_only=True`
         returns the logits of the last position only, (B, 1, vocab_size): all generation needs, and
         it skips the output head (the largest matrix) for the other T - 1 positions.
+
+        With `targets` (B, T) the result is instead the next-token cross-entropy (float32 scalar, mean or
+        sum by `reduction`; target -100 is ignored), computed by `mini_gpt.loss.lm_loss` without
+        holding all (B, T, vocab_size) logits at once when the vocabulary is large.
         """
         T = idx.shape[1]
         start = kv_caches[0].length if kv_caches else 0
@@ -219,6 +226,8 @@ class GPT(nn.Module):
             cache = kv_caches[i] if kv_caches else None
             x, att = block(x, attn_mask, cache, rope, need_weights=return_attention)
             attentions.append(att)
+        if targets is not None:
+            return lm_loss(self.transformer.ln_f(x), self.lm_head.weight, targets, reduction)
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T or 1, vocab_size)
