@@ -24,7 +24,7 @@ from mini_gpt.rope import rotary_tables
 
 NORMS = ("layernorm", "rmsnorm")
 POS_EMBEDDINGS = ("learned", "rope")
-MLPS = ("gelu", "swiglu")
+MLPS = ("gelu", "gelu_exact", "swiglu")  # gelu: GPT-2's tanh approximation; gelu_exact: erf
 
 
 @dataclass
@@ -97,7 +97,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: GELU with 4x width (GPT-2) or SwiGLU with ~8/3x width."""
+    """Position-wise feed-forward: GELU with 4x width (GPT-2) or SwiGLU with ~8/3x width.
+
+    `mlp="gelu"` is GPT-2's tanh approximation (needed for exact GPT-2 weights); `mlp="gelu_exact"` the
+    erf form (nanoGPT's `nn.GELU()`): the same curve to within 1e-3, and its forward + backward is ~4x
+    cheaper on a CPU, where torch's tanh kernel is slow (`python -m mini_gpt.bench train`).
+    """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -107,6 +112,7 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, (2 if self.gated else 1) * hidden, bias=config.bias)
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.approximate = "none" if config.mlp == "gelu_exact" else "tanh"
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.c_fc(x)  # (B, T, hidden) or (B, T, 2 * hidden)
@@ -114,7 +120,7 @@ class MLP(nn.Module):
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
-            h = F.gelu(h, approximate="tanh")  # GPT-2's "gelu_new"
+            h = F.gelu(h, approximate=self.approximate)  # "tanh": GPT-2's "gelu_new"
         return self.dropout(self.c_proj(h))  # (B, T, C)
 
 

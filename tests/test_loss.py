@@ -90,6 +90,7 @@ def test_bf16_autocast_is_close_to_float32():
     eh, ew = torch.autograd.grad(expected, (h, w))
     assert abs(got.item() - expected.item()) < 0.05 * expected.item()
     assert (gw - ew).abs().max() < 0.05 * ew.abs().max()
+    assert (gh - eh).abs().max() < 0.05 * eh.abs().max()
 
 
 def test_gpt_forward_with_targets_is_the_cross_entropy_of_its_logits():

@@ -171,3 +171,21 @@ def test_last_only_logits_equal_the_last_row_of_all_logits(kw):
     model(idx[:, :6], kv_caches=caches)
     last = model(idx[:, 6:], kv_caches=caches, last_only=True)
     torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mlp", ["gelu", "gelu_exact"])
+def test_mlp_gelu_variants_follow_their_formulas(mlp):
+    import math
+
+    from mini_gpt.model import MLP
+
+    torch.manual_seed(0)
+    block = MLP(GPTConfig.from_preset("tiny", vocab_size=50, mlp=mlp))
+    x = torch.randn(2, 3, 32)
+    h = x @ block.c_fc.weight.t() + block.c_fc.bias
+    if mlp == "gelu":  # GPT-2's tanh approximation
+        g = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
+    else:  # the erf form
+        g = 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))
+    expected = g @ block.c_proj.weight.t() + block.c_proj.bias
+    torch.testing.assert_close(block(x), expected, atol=1e-6, rtol=1e-5)

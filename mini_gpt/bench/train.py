@@ -11,6 +11,7 @@ both alike; we report medians of the per-chunk tokens/s, their ratio, MFU and Lo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -33,7 +34,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optim", default="adamw", help="conf/optim/<name>.yaml")
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
     parser.add_argument("--device", default="auto", help="cpu | cuda | auto")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--data-dir", default=None, help="token cache (default: the data default)")
+    parser.add_argument(
+        "--compare",
+        default="lightning,nanogpt,loss",
+        help="comma list of the comparisons to run: lightning (Lightning vs a raw loop), nanogpt (our "
+        "step vs a nanoGPT-style model), loss (full-logits vs chunked loss with a big vocabulary)",
+    )
+    parser.add_argument("--nanogpt-configs", default="char,baby", help=f"any of {', '.join(NANO_CONFIGS)}")
+    parser.add_argument("--nanogpt-steps", type=int, default=5, help="steps per alternated chunk")
+    parser.add_argument("--nanogpt-repeats", type=int, default=5, help="chunks per contender (median)")
+    parser.add_argument("--loss-vocab", type=int, default=50257, help="vocabulary of the loss comparison")
+    parser.add_argument("--loss-batch-size", type=int, default=12, help="batch of the loss comparison")
+    parser.add_argument("--loss-repeats", type=int, default=2, help="steps per loss path (median time)")
     parser.add_argument("--json", default=None, help="merge results into this JSON file")
 
 
@@ -54,6 +68,38 @@ def _optim_dict(name: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    compare = [c.strip() for c in args.compare.split(",") if c.strip()]
+    unknown = set(compare) - {"lightning", "nanogpt", "loss"}
+    if unknown:
+        raise SystemExit(f"error: --compare {sorted(unknown)} unknown; choose from lightning, nanogpt, loss")
+    device = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    )
+    extra: dict[str, Any] = {}
+    if "nanogpt" in compare:
+        names = [n.strip() for n in args.nanogpt_configs.split(",") if n.strip()]
+        with LoadMeter() as load:
+            rows = nanogpt_rows(names, args.nanogpt_steps, args.nanogpt_repeats, device)
+        print_table(f"train: one AdamW step, mini-gpt vs a nanoGPT-style model ({device}, "
+                    f"{torch.get_num_threads()} threads, alternated)", rows)  # fmt: skip
+        print(f"other_load={load.other_load:.2f} cores")
+        extra["vs_nanogpt"] = {"rows": rows, "other_load": round(load.other_load, 2)}
+    if "loss" in compare:
+        with LoadMeter() as load:
+            rows = loss_rows(args.loss_vocab, args.loss_batch_size, args.loss_repeats, device)
+        print_table("train: loss of a big vocabulary, all logits at once vs mini_gpt.loss (chunked)", rows)
+        what = "CUDA allocator" if device.type == "cuda" else "process RSS"
+        print(f"peak_mb: peak memory of the step ({what}); other_load={load.other_load:.2f} cores")
+        extra["loss_memory"] = {"rows": rows, "other_load": round(load.other_load, 2)}
+    if "lightning" not in compare:
+        return [], extra
+    rows, lightning_extra = lightning_vs_raw(args)
+    return rows, {**lightning_extra, **extra}
+
+
+def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     import lightning as L
 
     from mini_gpt.callbacks import NaNGuard, ProgressBar, Throughput, peak_flops
@@ -213,3 +259,233 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---- mini-gpt's step against a nanoGPT-style model ----------------------------------------------
+# The contender follows the architecture nanoGPT's model.py publishes (written here, not vendored):
+# learned token and position embeddings, pre-norm blocks with a biased LayerNorm, one fused qkv
+# Linear, SDPA with is_causal, an MLP with exact-erf GELU (nn.GELU()), dropout after attention and
+# MLP, the head tied to the token embedding, loss = cross-entropy over the full (B*T, V) logits; AdamW
+# with weight decay on every >= 2-D tensor, torch's default (foreach) implementation on a CPU.
+
+NANO_CONFIGS = {  # name: (n_layer, n_head, n_embd, block_size, batch_size, dropout)
+    "char": (4, 4, 128, 64, 12, 0.0),  # nanoGPT's CPU recipe for shakespeare_char
+    "baby": (6, 6, 384, 256, 8, 0.2),  # its baby GPT (batch 64 there; 8 keeps a CPU step near 1 s)
+}
+NANO_VOCAB = 65  # the character vocabulary of tiny Shakespeare
+
+
+class NanoLayerNorm(torch.nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(n))
+        self.bias = torch.nn.Parameter(torch.zeros(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class NanoBlock(torch.nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        self.n_head, self.dropout = n_head, dropout
+        self.ln_1, self.ln_2 = NanoLayerNorm(n_embd), NanoLayerNorm(n_embd)
+        self.c_attn = torch.nn.Linear(n_embd, 3 * n_embd)
+        self.attn_proj = torch.nn.Linear(n_embd, n_embd)
+        self.c_fc = torch.nn.Linear(n_embd, 4 * n_embd)
+        self.mlp_proj = torch.nn.Linear(4 * n_embd, n_embd)
+        self.gelu = torch.nn.GELU()
+        self.drop_attn, self.drop_mlp = torch.nn.Dropout(dropout), torch.nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (z.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for z in (q, k, v))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        x = x + self.drop_attn(self.attn_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+        return x + self.drop_mlp(self.mlp_proj(self.gelu(self.c_fc(self.ln_2(x)))))
+
+
+class NanoGPT(torch.nn.Module):
+    def __init__(self, vocab: int, n_layer: int, n_head: int, n_embd: int, block_size: int, dropout: float):
+        super().__init__()
+        self.wte = torch.nn.Embedding(vocab, n_embd)
+        self.wpe = torch.nn.Embedding(block_size, n_embd)
+        self.drop = torch.nn.Dropout(dropout)
+        self.h = torch.nn.ModuleList(NanoBlock(n_embd, n_head, dropout) for _ in range(n_layer))
+        self.ln_f = NanoLayerNorm(n_embd)
+        self.lm_head = torch.nn.Linear(n_embd, vocab, bias=False)
+        self.wte.weight = self.lm_head.weight
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / (2 * n_layer) ** 0.5 if name.endswith("proj.weight") else 0.02
+                torch.nn.init.normal_(p, 0.0, std)
+            elif name.endswith("bias"):
+                torch.nn.init.zeros_(p)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+    def configure_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99), fused=next(self.parameters()).is_cuda)
+
+
+def train_step_fn(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list, ours: bool) -> Any:
+    """One optimizer step per call, the same loop for both: loss, backward, clip at 1, AdamW, zero."""
+    state = {"i": 0}
+
+    def step() -> None:
+        x, y = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        loss = model(x, targets=y) if ours else model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def our_step_fn(config: str, mlp: str, batches: list, device: torch.device) -> Any:
+    """Our GPT on a NANO_CONFIGS shape (learned positions, LayerNorm, biases) with our AdamW."""
+    from mini_gpt.model import GPT, GPTConfig
+    from mini_gpt.optim import OptimConfig, build_optimizer
+
+    n_layer, n_head, n_embd, T, _, dropout = NANO_CONFIGS[config]
+    cfg = GPTConfig(
+        vocab_size=NANO_VOCAB, block_size=T, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+        dropout=dropout, pos_embedding="learned", mlp=mlp, norm="layernorm", bias=True,
+    )  # fmt: skip
+    model = GPT(cfg).to(device).train()
+    return train_step_fn(model, build_optimizer(model, OptimConfig(name="adamw", lr=1e-3)), batches, True)
+
+
+def nanogpt_rows(names: list[str], steps: int, repeats: int, device: torch.device) -> list[dict[str, Any]]:
+    """Our GPT + our AdamW against the nanoGPT-style model, chunks of `steps` steps alternated."""
+    from mini_gpt.bench.common import alternate
+
+    rows = []
+    for name in names:
+        n_layer, n_head, n_embd, T, B, dropout = NANO_CONFIGS[name]
+        torch.manual_seed(0)
+        gen = torch.Generator().manual_seed(0)
+        batches = [
+            tuple(torch.randint(0, NANO_VOCAB, (B, T), generator=gen).to(device) for _ in range(2))
+            for _ in range(4)
+        ]
+        nano = NanoGPT(NANO_VOCAB, n_layer, n_head, n_embd, T, dropout).to(device).train()
+        nano_step = train_step_fn(nano, nano.configure_optimizer(1e-3), batches, False)
+
+        def chunk(step: Any) -> Any:
+            return lambda: [step() for _ in range(steps)]
+
+        contenders = {  # mlp=gelu_exact is nanoGPT's GELU; mlp=gelu (tanh, GPT-2's) shown for its cost
+            "nanogpt": chunk(nano_step),
+            "mini-gpt": chunk(our_step_fn(name, "gelu_exact", batches, device)),
+            "mini-gpt-tanh-gelu": chunk(our_step_fn(name, "gelu", batches, device)),
+        }
+        timings = alternate(contenders, repeats, warmup=1, sync=device.type == "cuda")
+        base = timings.median("nanogpt")
+        for contender in contenders:
+            seconds = timings.median(contender) / steps
+            rows.append(
+                {
+                    "config": f"{name} {n_layer}x{n_embd} T{T} B{B}",
+                    "contender": contender,
+                    "ms_per_step": round(1e3 * seconds, 2),
+                    "tokens_per_s": round(B * T / seconds),
+                    "vs_nanogpt": round(base / steps / seconds, 3),
+                }
+            )
+    return rows
+
+
+# ---- the loss of a big vocabulary: all logits at once vs chunked ---------------------------------
+
+
+class PeakMemory:
+    """Peak memory of a block: CUDA's allocator peak, or on Linux the process's peak RSS (VmHWM),
+    reset at entry through /proc/self/clear_refs. `peak_mb` is None where neither is available."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peak_mb: float | None = None
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            with contextlib.suppress(OSError):
+                Path("/proc/self/clear_refs").write_text("5")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            self.peak_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+            return
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    self.peak_mb = int(line.split()[1]) / 1024
+        except OSError:
+            pass
+
+
+def loss_rows(vocab: int, batch_size: int, repeats: int, device: torch.device) -> list[dict[str, Any]]:
+    """Training steps of the baby model with a big vocabulary: full-logits loss vs mini_gpt.loss."""
+    import mini_gpt.loss as loss_module
+    from mini_gpt.model import GPT, GPTConfig
+    from mini_gpt.optim import OptimConfig, build_optimizer
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("baby", vocab_size=vocab)).to(device).train()
+    opt = build_optimizer(model, OptimConfig(name="adamw", lr=1e-3))
+    T = model.config.block_size
+    gen = torch.Generator().manual_seed(0)
+    x, y = (torch.randint(0, vocab, (batch_size, T), generator=gen).to(device) for _ in range(2))
+
+    def step(chunked: bool) -> None:
+        if chunked:
+            loss = model(x, targets=y)
+        else:  # what the loss was before mini_gpt.loss: every logit at once
+            loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    samples: dict[str, list[tuple[float, float | None]]] = {"full-logits": [], "chunked": []}
+    step(True), step(False)  # warm-up: optimizer state, allocator
+    for _ in range(repeats):
+        for name in samples:
+            with PeakMemory(device) as mem:
+                t0 = time.perf_counter()
+                step(name == "chunked")
+                seconds = time.perf_counter() - t0
+            samples[name].append((seconds, mem.peak_mb))
+    rows = []
+    for name, runs in samples.items():
+        peaks = [p for _, p in runs if p is not None]
+        rows.append(
+            {
+                "config": f"baby 6x384 T{T} B{batch_size} vocab {vocab}",
+                "loss": name,
+                "s_per_step": round(statistics.median(s for s, _ in runs), 2),
+                "peak_mb": round(max(peaks)) if peaks else None,
+                "chunk_rows": loss_module.CHUNK_ELEMENTS // vocab if name == "chunked" else batch_size * T,
+            }
+        )
+    return rows
