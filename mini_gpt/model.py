@@ -200,6 +200,7 @@ class GPT(nn.Module):
         last_only: bool = False,
         targets: Tensor | None = None,
         reduction: str = "mean",
+        positions: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Logits (B, T, vocab_size) for token ids idx (B, T).
 
@@ -212,6 +213,9 @@ class GPT(nn.Module):
         With `targets` (B, T) the result is instead the next-token cross-entropy (float32 scalar, mean or
         sum by `reduction`; target -100 is ignored), computed by `mini_gpt.loss.lm_loss` without
         holding all (B, T, vocab_size) logits at once when the vocabulary is large.
+
+        `positions` (B, T) gives every row its own positions instead of start..start+T-1: a left-padded
+        prompt starts at position 0 at its first real token (with `attn_mask` hiding the padding).
         """
         T = idx.shape[1]
         start = kv_caches[0].length if kv_caches else 0
@@ -222,7 +226,13 @@ class GPT(nn.Module):
             )
         x = self.transformer.wte(idx)  # (B, T, C)
         rope = None
-        if self.config.pos_embedding == "learned":
+        if positions is not None:  # per-row positions (left padding)
+            if self.config.pos_embedding == "learned":
+                x = x + self.transformer.wpe(positions)  # (B, T, C)
+            else:
+                cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, hs)
+                rope = (cos.unsqueeze(1), sin.unsqueeze(1))  # (B, 1, T, hs): broadcast over heads
+        elif self.config.pos_embedding == "learned":
             x = x + self.transformer.wpe.weight[start : start + T]  # positions start..start+T-1: (T, C)
         else:
             rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])  # 2 x (T, hs)

@@ -22,7 +22,8 @@ def rotary_tables(head_size: int, max_len: int, base: float = 10000.0) -> tuple[
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x (B, nh, T, hs) by the angles of its positions: cos/sin are (T, hs)."""
+    """Rotate x (B, nh, T, hs) by the angles of its positions: cos/sin are (T, hs), or (B, 1, T, hs)
+    when every row has its own positions."""
     half = x.shape[-1] // 2
     rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return (x * cos + rotated_half * sin).to(x.dtype)

@@ -119,6 +119,16 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def _padding(keep: Tensor | None, a: int, n: int, queries: int) -> dict[str, Tensor]:
+    """Model inputs for left-padded rows whose context is columns a..n-1, the last `queries` of them
+    fed now: the key mask (B, 1, 1, n - a) and each row's positions (counting real tokens only)."""
+    if keep is None:
+        return {}
+    keys = keep[:, a:n]  # (B, S)
+    positions = (keys.cumsum(dim=1) - 1).clamp(min=0)[:, n - a - queries :]  # (B, queries)
+    return {"attn_mask": keys[:, None, None, :], "positions": positions}
+
+
 def _expand_caches(caches: list, n: int) -> None:
     """Share a batch-1 prefill among n samples: copy the cached keys/values into n rows."""
     for cache in caches:
@@ -139,6 +149,7 @@ def generate_tokens(
     repetition_penalty: float | None = None,
     num_samples: int | None = None,
     window: int | None = None,
+    attention_mask: Tensor | None = None,
 ) -> Iterator[Tensor]:
     """Yield the new token of every row, (B,) per step, `max_new_tokens` times (see `generate`).
 
@@ -159,6 +170,14 @@ def generate_tokens(
 
     seq = idx.new_empty(n_rows, T + max_new_tokens)  # the whole sequence, filled as we go
     seq[:, :T] = idx
+    keep = None  # with left padding: (n_rows, T + max_new_tokens), False at padding columns
+    if attention_mask is not None:
+        if attention_mask.shape != idx.shape:
+            raise MiniGPTError(f"attention_mask {tuple(attention_mask.shape)} must have idx's shape {(B, T)}")
+        if not attention_mask.bool().any(dim=1).all():
+            raise MiniGPTError("attention_mask: every prompt row needs at least one real (1) token")
+        keep = torch.ones(n_rows, T + max_new_tokens, dtype=torch.bool, device=idx.device)
+        keep[:, :T] = attention_mask.bool()
     n = T  # tokens in seq so far
     start = max(0, T - block_size)  # a too-long prompt keeps its last block_size tokens
     caches = model.new_kv_caches() if use_cache else None
@@ -169,20 +188,24 @@ def generate_tokens(
         for _step in range(max_new_tokens):
             new_start = context_start(start, n, block_size, window)
             if caches is None:
-                logits = model(seq[:, new_start:n], last_only=True)
+                pad = _padding(keep, new_start, n, n - new_start)
+                logits = model(seq[:, new_start:n], last_only=True, **pad)
             elif _step == 0 or new_start != start:  # (re-)prefill the whole context
                 for cache in caches:
                     cache.reset()
-                prefill = seq[:1] if _step == 0 and B == 1 else seq
-                logits = model(prefill[:, new_start:n], kv_caches=caches, last_only=True)
-                if prefill.shape[0] != n_rows:
+                rows = 1 if _step == 0 and B == 1 else n_rows
+                pad = _padding(keep[:rows] if keep is not None else None, new_start, n, n - new_start)
+                logits = model(seq[:rows, new_start:n], kv_caches=caches, last_only=True, **pad)
+                if rows != n_rows:
                     _expand_caches(caches, n_rows)
             else:  # the one new token; the cache holds everything before it
-                logits = model(seq[:, n - 1 : n], kv_caches=caches, last_only=True)
+                pad = _padding(keep, new_start, n, 1)
+                logits = model(seq[:, n - 1 : n], kv_caches=caches, last_only=True, **pad)
             start = new_start
             logits = logits[:, -1, :].float().expand(n_rows, -1)  # (n_rows, V)
             if repetition_penalty is not None and repetition_penalty != 1.0:
-                logits = apply_repetition_penalty(logits, seq[:, :n], repetition_penalty)
+                seen = seq[:, :n] if keep is None else torch.where(keep[:, :n], seq[:, :n], seq[:, n - 1 : n])
+                logits = apply_repetition_penalty(logits, seen, repetition_penalty)  # padding not counted
             token = sample_next(logits, temperature, top_k, top_p, generator)  # (n_rows,)
             seq[:, n] = token
             n += 1
@@ -203,6 +226,7 @@ def generate(
     repetition_penalty: float | None = None,
     num_samples: int | None = None,
     window: int | None = None,
+    attention_mask: Tensor | None = None,
     stream: Callable[[Tensor], bool | None] | None = None,
 ) -> Tensor:
     """Continue the prompts idx (B, T) by `max_new_tokens` tokens -> (B', T + max_new_tokens).
@@ -217,6 +241,10 @@ def generate(
         repetition_penalty: > 1 discourages tokens already in the sequence (None or 1 = off).
         num_samples: with a single prompt row, B' = num_samples samples that share one prefill.
         window: tokens kept when the context slides past block_size (default block_size // 2).
+        attention_mask: (B, T), 1 for prompt tokens and 0 for padding: prompts of different lengths
+            batched by left padding. Each row's positions count its real tokens only and nothing attends
+            to padding, so a row decodes as it would alone (while the batch fits in block_size; the
+            sliding window counts the batch's columns, padding included).
         stream: called with each step's new tokens (B',); returning True stops early, and the
             result is then shorter than T + max_new_tokens.
     """
@@ -224,6 +252,7 @@ def generate(
     steps = generate_tokens(
         model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache,
         generator=generator, repetition_penalty=repetition_penalty, num_samples=num_samples, window=window,
+        attention_mask=attention_mask,
     )  # fmt: skip
     new: list[Tensor] = []
     try:

@@ -296,3 +296,44 @@ def test_benchmark_baseline_loop_matches_generate_within_block_size():
     assert torch.equal(ours, base)
     longer = recompute_crop_loop(model, prompt, 30, generator=torch.Generator().manual_seed(3))
     assert longer.shape == (1, 32)
+
+
+@pytest.mark.parametrize("pos_embedding", ["learned", "rope"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_left_padded_batch_decodes_each_row_as_alone(pos_embedding, use_cache):
+    """Prompts of different lengths in one batch (left padding + attention_mask) give, row by row,
+    the greedy tokens of that prompt generated on its own."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("tiny", vocab_size=40, block_size=24, pos_embedding=pos_embedding))
+    model.eval()
+    prompts = [torch.randint(0, 40, (n,)).tolist() for n in (3, 7, 5)]
+    width = max(len(p) for p in prompts)
+    idx = torch.full((3, width), 39)  # pad id: any token, it must not matter
+    mask = torch.zeros(3, width, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        idx[row, width - len(p) :] = torch.tensor(p)
+        mask[row, width - len(p) :] = 1
+    out = generate(model, idx, 12, temperature=0, use_cache=use_cache, attention_mask=mask)  # 19 <= 24
+    for row, p in enumerate(prompts):
+        alone = generate(model, torch.tensor([p]), 12, temperature=0, use_cache=use_cache)
+        assert out[row, width:].tolist() == alone[0, len(p) :].tolist()
+
+
+def test_left_padded_batch_cache_equals_recompute_past_block_size():
+    torch.manual_seed(1)
+    model = GPT(GPTConfig.from_preset("tiny", vocab_size=40, block_size=16)).eval()
+    idx = torch.randint(0, 40, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, :4] = 0
+    kw = dict(temperature=0, attention_mask=mask)
+    cached = generate(model, idx, 30, use_cache=True, **kw)
+    assert torch.equal(cached, generate(model, idx, 30, use_cache=False, **kw))
+
+
+def test_attention_mask_errors():
+    model = GPT(GPTConfig.from_preset("tiny", vocab_size=40, block_size=16)).eval()
+    idx = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(MiniGPTError, match="shape"):
+        generate(model, idx, 2, attention_mask=torch.ones(2, 3))
+    with pytest.raises(MiniGPTError, match="at least one real"):
+        generate(model, idx, 2, attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]]))
