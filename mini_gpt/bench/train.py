@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from mini_gpt.bench.common import LoadMeter, machine_info, print_table, write_json
+from mini_gpt.conf import CONF_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -61,9 +62,9 @@ def _yaml(path: Path) -> dict[str, Any]:
 
 
 def _optim_dict(name: str) -> dict[str, Any]:
-    d = _yaml(REPO / "conf" / "optim" / "adamw.yaml")
+    d = _yaml(CONF_DIR / "optim" / "adamw.yaml")
     if name != "adamw":
-        d.update(_yaml(REPO / "conf" / "optim" / f"{name}.yaml"))
+        d.update(_yaml(CONF_DIR / "optim" / f"{name}.yaml"))
     return d
 
 
@@ -112,13 +113,13 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
     device = torch.device(
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     )
-    batch_size = args.batch_size or int(_yaml(REPO / "conf" / "train.yaml")["loader"]["batch_size"])
+    batch_size = args.batch_size or int(_yaml(CONF_DIR / "train.yaml")["loader"]["batch_size"])
     data = DataConfig(
         name="shakespeare_char",
         path=str(SHARED_CORPUS) if SHARED_CORPUS.is_file() else None,
         data_dir=args.data_dir,
     )
-    model_dict = _yaml(REPO / "conf" / "model" / f"{args.model}.yaml")
+    model_dict = _yaml(CONF_DIR / "model" / f"{args.model}.yaml")
     dm = GPTDataModule(data, block_size=model_dict["block_size"], batch_size=batch_size, seed=1337)
     dm.prepare_data()
     model_dict["vocab_size"] = model_dict.get("vocab_size") or dm.vocab_size
