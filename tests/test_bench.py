@@ -123,3 +123,31 @@ def test_generate_decode_table_same_tokens_as_transformers() -> None:
     assert by_name["transformers"]["vs_transformers"] == 1.0
     assert by_name["mini-gpt"]["same_tokens"] and by_name["mini-gpt-unpacked"]["same_tokens"]
     assert extra["weight_mb_fp32"] == round(4 * (101 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32) / 1e6, 1)
+
+
+def test_nanogpt_contender_computes_what_our_gpt_computes() -> None:
+    """The benchmark's nanoGPT-style model is the same architecture as GPT(learned, gelu_exact, bias):
+    with our weights copied in, the losses agree (so the step comparison compares like with like)."""
+    from mini_gpt.bench.train import NanoGPT
+    from mini_gpt.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=32, mlp="gelu_exact")
+    ours = GPT(cfg).eval()
+    nano = NanoGPT(30, 2, 2, 32, 16, 0.0).eval()
+    for p in ours.parameters():  # non-zero biases and norms, so a mis-mapped tensor shows
+        torch.nn.init.normal_(p, std=0.1)
+    t = ours.transformer
+    with torch.no_grad():
+        nano.wte.weight.copy_(t.wte.weight)
+        nano.wpe.weight.copy_(t.wpe.weight)
+        nano.ln_f.weight.copy_(t.ln_f.weight), nano.ln_f.bias.copy_(t.ln_f.bias)
+        for ob, nb in zip(t.h, nano.h, strict=True):
+            pairs = [
+                (ob.ln_1, nb.ln_1), (ob.ln_2, nb.ln_2), (ob.attn.c_attn, nb.c_attn),
+                (ob.attn.c_proj, nb.attn_proj), (ob.mlp.c_fc, nb.c_fc), (ob.mlp.c_proj, nb.mlp_proj),
+            ]  # fmt: skip
+            for src, dst in pairs:
+                dst.weight.copy_(src.weight), dst.bias.copy_(src.bias)
+    x, y = torch.randint(0, 30, (3, 16)), torch.randint(0, 30, (3, 16))
+    torch.testing.assert_close(nano(x, y), ours(x, targets=y), atol=1e-5, rtol=1e-5)
