@@ -1,13 +1,20 @@
-"""Training throughput: the Lightning path (GPTLitModule + Trainer + our callbacks) vs a minimal raw
-PyTorch loop, same model config, data stream, optimizer, schedule, clipping and precision.
+"""Training speed: Lightning vs a raw loop, our step vs nanoGPT's, and the loss of a big vocabulary.
 
-    python -m mini_gpt.bench.train [--model char] [--batch-size 64] [--steps 10] [--repeats 7]
+    python -m mini_gpt.bench train [--compare lightning,nanogpt,loss] [--threads N] [section options]
 
-Both run in one process and alternate: Lightning's fit runs, and after every `--steps` Lightning steps
-a callback runs `--steps` raw steps (that time is cut out of Lightning's clock). So background load hits
-both alike; we report medians of the per-chunk tokens/s, their ratio, MFU and LoadMeter's other_load.
+Three comparisons, each alternating its contenders in one process so background load hits them alike
+(medians, other_load printed with each table):
+
+- `lightning`: the Lightning path (GPTLitModule + Trainer + our per-step callbacks) against a minimal
+  raw PyTorch loop with the same model config, data stream, optimizer, schedule, clipping and
+  precision. Lightning's fit runs, and after every `--steps` Lightning steps a callback runs `--steps`
+  raw steps (that time is cut out of Lightning's clock); tokens/s, their ratio and MFU.
+- `nanogpt`: one forward + backward + clip + AdamW step of our GPT against a model written here from
+  nanoGPT's published architecture, on its CPU recipe's shape (4x128, T64, B12) and its baby GPT's
+  (6x384, T256); also our GPT with GPT-2's tanh GELU, to show what that costs.
+- `loss`: a training step of the baby model with GPT-2's 50,257-token vocabulary, the loss over all
+  (B, T, V) logits at once against `mini_gpt.loss` (chunked): seconds and peak memory.
 """
-
 from __future__ import annotations
 
 import argparse
