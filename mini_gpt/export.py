@@ -4,11 +4,13 @@
   token embedding) + `config.json` = `{"mini_gpt": {format_version, model_config, tokenizer}}`, the same
   metadata a training checkpoint carries. `mini-gpt-generate ckpt=DIR` and
   `mini_gpt.checkpoint.load_model(DIR)` read it; any model config works.
-- `format=hf`: a directory `transformers.GPT2LMHeadModel.from_pretrained(DIR)` loads (GPT-2-compatible
-  configs only: layernorm, learned positions, GELU, biases). Our tokenizer is saved as
-  `mini_gpt_tokenizer.json`; for GPT-2's BPE also `vocab.json` + `merges.txt` +
-  `tokenizer_config.json`, so `AutoTokenizer.from_pretrained(DIR)` gives the same token ids. A character
-  tokenizer has no `transformers` equivalent: encode with `mini_gpt.tokenizer` (the JSON) instead.
+- `format=hf`: a directory `transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads, as GPT-2
+  (layernorm, learned positions, GELU), GPT-NeoX (layernorm, rope, GELU) or Llama (rmsnorm, rope,
+  SwiGLU); other combinations are an error naming the option to change (see `mini_gpt.hf`). Our
+  tokenizer is saved as `mini_gpt_tokenizer.json`, and in `transformers`' own files so that
+  `AutoTokenizer.from_pretrained(DIR)` gives the same token ids: `vocab.json` + `merges.txt` +
+  `tokenizer_config.json` for GPT-2's BPE, `tokenizer.json` (a `tokenizers` character vocabulary) +
+  `tokenizer_config.json` for characters.
 
 The directory is written under a temporary name beside `out` and renamed into place at the end, so an
 interrupted export never leaves a half-written model; an existing `out` is replaced only with
@@ -45,6 +47,15 @@ def write_safetensors(model: GPT, tokenizer: Tokenizer, directory: Path) -> None
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=1))
 
 
+def _apply_umask(directory: Path) -> None:
+    """Give the export the permissions of any new file of the user (mkdtemp makes 0700 directories)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
 def export_model(
     model: GPT, tokenizer: Tokenizer, out: str | Path, fmt: str, overwrite: bool = False
 ) -> Path:
@@ -63,6 +74,7 @@ def export_model(
             write_hf(model, tokenizer, tmp)
         else:
             write_safetensors(model, tokenizer, tmp)
+        _apply_umask(tmp)
         if out.exists():  # overwrite: move the old one aside first, so a failure leaves one intact copy
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)

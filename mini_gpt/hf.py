@@ -1,10 +1,22 @@
-"""Everything `transformers`: GPT-2 weights in and out, and GPT-2 tokenizer files in and out.
+"""Everything `transformers`: weights in and out (GPT-2, GPT-NeoX, Llama), tokenizer files in and out.
 
-- `gpt_from_hf(source)` / `gpt_to_hf(model)`: our GPT <-> `GPT2LMHeadModel`. Module names are the same on
-  both sides; GPT-2's checkpoints store the attention and MLP projections as `Conv1D` weights of shape
-  (in, out), the transpose of `nn.Linear`.
+Each of our architecture choices has one `transformers` counterpart, picked by three options:
+
+    norm       pos_embedding  mlp      transformers class
+    layernorm  learned        gelu     GPT2LMHeadModel     (module names as ours; Conv1D weights transposed)
+    layernorm  rope           gelu     GPTNeoXForCausalLM  (sequential residual, full rotary, per-head QKV)
+    rmsnorm    rope           swiglu   LlamaForCausalLM    (q/k/v and gate/up as separate matrices)
+
+The maths is the same on both sides: pre-norm blocks, tanh GELU (GPT-2's "gelu_new"), rotary tables
+with base 10000 rotating the two halves of each head (`mini_gpt.rope`), eps 1e-5. Only the storage
+differs, which the tables below spell out. A model without biases (`bias=false`) maps onto the biased
+layers of GPT-2 / GPT-NeoX with zero biases, so the logits are the same. The other combinations exist
+in no `transformers` architecture: `hf_architecture` says which option to change.
+
+- `gpt_from_hf(source)` / `to_hf(model)` (`gpt_to_hf` for GPT-2 only): our GPT <-> `transformers`.
 - `write_hf(model, tokenizer, dir)` / `load_hf_dir(dir)`: a directory `from_pretrained` loads, with our
-  tokenizer beside it (`mini_gpt_tokenizer.json`) and, for GPT-2's BPE, `vocab.json` + `merges.txt`.
+  tokenizer beside it (`mini_gpt_tokenizer.json`) and in `transformers`' own files: `vocab.json` +
+  `merges.txt` for GPT-2's BPE, a `tokenizers` character vocabulary (`tokenizer.json`) for characters.
 
 `transformers` is imported lazily: it is an optional extra (`pip install "mini-gpt[hf]"`), and nothing
 else in mini-gpt imports this module at start-up.
@@ -13,22 +25,30 @@ else in mini-gpt imports this module at start-up.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
+from mini_gpt.attention import interleaved_qkv_to_fused
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.model import GPT, GPTConfig
-from mini_gpt.tokenizer import TiktokenTokenizer, Tokenizer, encoding_spec, tokenizer_from_dict
+from mini_gpt.model import GPT, MLP, GPTConfig
+from mini_gpt.tokenizer import CharTokenizer, TiktokenTokenizer, Tokenizer, encoding_spec, tokenizer_from_dict
 
 __all__ = [
+    "ARCHITECTURES",
     "HF_TOKENIZER_FILE",
+    "char_tokenizer",
     "config_from_hf",
     "gpt2_tokenizer_files",
     "gpt_from_hf",
     "gpt_to_hf",
+    "hf_architecture",
     "load_hf_dir",
+    "to_hf",
     "write_hf",
 ]
 
@@ -36,9 +56,102 @@ HF_TOKENIZER_FILE = "mini_gpt_tokenizer.json"  # our tokenizer, saved beside a `
 # tiktoken encodings with GPT-2's vocabulary *and* pre-tokenisation regex, which is what
 # transformers' GPT2Tokenizer implements.
 GPT2_LIKE = ("gpt2", "r50k_base")
+ROPE_BASE = 10000.0  # mini_gpt.rope.rotary_tables' default
+NORM_EPS = 1e-5  # mini_gpt.model.make_norm
+TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")  # transformers' names for our F.gelu(approximate="tanh")
+_OPTIONS = ("norm", "pos_embedding", "mlp")
 
-# Conv1D weights in GPT-2 checkpoints: stored (in_features, out_features).
-_CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+@dataclass(frozen=True)
+class Architecture:
+    """Where each of our modules lives in one `transformers` architecture.
+
+    `top` maps our module names outside the blocks, `layer` those inside block i (under `layer_prefix`).
+    A tuple on the right means our one matrix is several of theirs, stacked along the output rows.
+    """
+
+    label: str
+    model_class: str
+    options: dict[str, str]
+    top: dict[str, str]
+    layer_prefix: str
+    layer: dict[str, str | tuple[str, ...]]
+    transposed: tuple[str, ...] = ()  # modules stored as Conv1D (in, out): GPT-2
+    per_head_qkv: bool = False  # c_attn rows grouped per head, [q0 k0 v0 | q1 k1 v1 | ...]: GPT-NeoX
+    hf_options: dict[str, Any] = field(default_factory=dict)
+
+
+_BLOCK = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+ARCHITECTURES: dict[str, Architecture] = {
+    "gpt2": Architecture(
+        label="GPT-2",
+        model_class="GPT2LMHeadModel",
+        options=dict(norm="layernorm", pos_embedding="learned", mlp="gelu"),
+        top={name: name for name in ("transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head")},
+        layer_prefix="transformer.h.{i}.",
+        layer={name: name for name in _BLOCK},
+        transposed=("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"),
+    ),
+    "gpt_neox": Architecture(
+        label="GPT-NeoX",
+        model_class="GPTNeoXForCausalLM",
+        options=dict(norm="layernorm", pos_embedding="rope", mlp="gelu"),
+        top={
+            "transformer.wte": "gpt_neox.embed_in",
+            "transformer.ln_f": "gpt_neox.final_layer_norm",
+            "lm_head": "lm_head",
+        },
+        layer_prefix="gpt_neox.layers.{i}.",
+        layer={
+            "ln_1": "input_layernorm",
+            "attn.c_attn": "attention.query_key_value",
+            "attn.c_proj": "attention.dense",
+            "ln_2": "post_attention_layernorm",
+            "mlp.c_fc": "mlp.dense_h_to_4h",
+            "mlp.c_proj": "mlp.dense_4h_to_h",
+        },
+        per_head_qkv=True,
+    ),
+    "llama": Architecture(
+        label="Llama",
+        model_class="LlamaForCausalLM",
+        options=dict(norm="rmsnorm", pos_embedding="rope", mlp="swiglu"),
+        top={"transformer.wte": "model.embed_tokens", "transformer.ln_f": "model.norm", "lm_head": "lm_head"},
+        layer_prefix="model.layers.{i}.",
+        layer={
+            "ln_1": "input_layernorm",
+            "attn.c_attn": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+            "attn.c_proj": "self_attn.o_proj",
+            "ln_2": "post_attention_layernorm",
+            "mlp.c_fc": ("mlp.gate_proj", "mlp.up_proj"),  # our c_fc output is [gate; up]
+            "mlp.c_proj": "mlp.down_proj",
+        },
+    ),
+}
+_BY_CLASS = {arch.model_class: name for name, arch in ARCHITECTURES.items()}
+_BY_MODEL_TYPE = {"gpt2": "gpt2", "gpt_neox": "gpt_neox", "llama": "llama"}
+
+
+def hf_architecture(config: GPTConfig) -> str:
+    """The key in ARCHITECTURES that holds a model with this config, or a MiniGPTError naming the fix."""
+    ours = {k: getattr(config, k) for k in _OPTIONS}
+    for name, arch in ARCHITECTURES.items():
+        if arch.options == ours:
+            return name
+    changes = {
+        arch.label: {k: v for k, v in arch.options.items() if ours[k] != v} for arch in ARCHITECTURES.values()
+    }
+    fewest = min(len(c) for c in changes.values())
+    fixes = " or ".join(
+        " ".join(f"model.{k}={v}" for k, v in c.items()) + f" ({label})"
+        for label, c in changes.items()
+        if len(c) == fewest
+    )
+    described = ", ".join(f"{k}={v}" for k, v in ours.items())
+    raise MiniGPTError(
+        f"no transformers architecture has {described}: train with {fixes} to export format=hf, "
+        "or export this model with format=safetensors (mini-gpt's own format; generate reads it)"
+    )
 
 
 def _transformers() -> Any:
@@ -46,101 +159,256 @@ def _transformers() -> Any:
         import transformers
     except ImportError as err:
         raise MiniGPTError(
-            'GPT-2 conversion needs transformers: pip install -e ".[hf]" (or pip install transformers)'
+            'transformers conversion needs transformers: pip install -e ".[hf]" (or pip install transformers)'
         ) from err
     return transformers
 
 
+# ---- weights ----------------------------------------------------------------------------------------
+def _fused_to_per_head(param: Tensor, n_head: int) -> Tensor:
+    """Our [q; k; v] rows -> GPT-NeoX's per-head grouping (the inverse of interleaved_qkv_to_fused)."""
+    rest = param.shape[1:]
+    return param.reshape(3, n_head, -1, *rest).transpose(0, 1).reshape(param.shape)
+
+
+def _module_pairs(arch: Architecture, n_layer: int) -> Iterator[tuple[str, str, str | tuple[str, ...]]]:
+    """(our module, our module's name inside a block or at the top, their module(s)) for every module."""
+    for ours, theirs in arch.top.items():
+        yield ours, ours, theirs
+    for i in range(n_layer):
+        prefix = arch.layer_prefix.format(i=i)
+        for ours, theirs in arch.layer.items():
+            full = tuple(prefix + t for t in theirs) if isinstance(theirs, tuple) else prefix + theirs
+            yield f"transformer.h.{i}.{ours}", ours, full
+
+
+def _to_theirs(arch: Architecture, ours: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
+    out = {}
+    for module, local, theirs in _module_pairs(arch, config.n_layer):
+        for kind in ("weight", "bias"):
+            t = ours.get(f"{module}.{kind}")
+            if t is None:  # no bias (bias=false), no wpe (rope)
+                continue
+            if isinstance(theirs, tuple):
+                for name, part in zip(theirs, t.chunk(len(theirs), dim=0), strict=True):
+                    out[f"{name}.{kind}"] = part
+                continue
+            if kind == "weight" and local in arch.transposed:
+                t = t.t()
+            if arch.per_head_qkv and local == "attn.c_attn":
+                t = _fused_to_per_head(t, config.n_head)
+            out[f"{theirs}.{kind}"] = t
+    return out
+
+
+def _to_ours(arch: Architecture, theirs: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
+    out = {}
+    for module, local, names in _module_pairs(arch, config.n_layer):
+        for kind in ("weight", "bias"):
+            keys = [f"{n}.{kind}" for n in names] if isinstance(names, tuple) else [f"{names}.{kind}"]
+            if not all(k in theirs for k in keys):
+                continue
+            t = torch.cat([theirs[k] for k in keys], dim=0)
+            if kind == "weight" and local in arch.transposed:
+                t = t.t()
+            if arch.per_head_qkv and local == "attn.c_attn":
+                t = interleaved_qkv_to_fused(t, config.n_head)
+            out[f"{module}.{kind}"] = t
+    return out
+
+
+def _copy_into(target: dict[str, Tensor], source: dict[str, Tensor], where: str) -> list[str]:
+    """Copy every tensor of `source` into the same-named one of `target`; return target keys not given."""
+    with torch.no_grad():
+        for name, tensor in target.items():
+            if name not in source:
+                continue
+            src = source[name]
+            if src.shape != tensor.shape:
+                raise MiniGPTError(
+                    f"shape mismatch for {name}: {where} {tuple(tensor.shape)}, got {tuple(src.shape)}"
+                )
+            tensor.copy_(src)
+    return [name for name in target if name not in source]
+
+
+# ---- our model -> transformers ----------------------------------------------------------------------
+def _hf_config(arch_name: str, c: GPTConfig) -> Any:
+    transformers = _transformers()
+    common = dict(vocab_size=c.vocab_size, tie_word_embeddings=c.tie_weights)
+    if arch_name == "gpt2":
+        return transformers.GPT2Config(
+            **common, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
+            activation_function="gelu_new", layer_norm_epsilon=NORM_EPS,
+            resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.dropout,
+        )  # fmt: skip
+    if arch_name == "gpt_neox":
+        return transformers.GPTNeoXConfig(
+            **common, hidden_size=c.n_embd, num_hidden_layers=c.n_layer, num_attention_heads=c.n_head,
+            intermediate_size=4 * c.n_embd, hidden_act="gelu_pytorch_tanh", layer_norm_eps=NORM_EPS,
+            max_position_embeddings=c.block_size, rotary_pct=1.0, rotary_emb_base=ROPE_BASE,
+            use_parallel_residual=False, attention_bias=c.bias,
+            hidden_dropout=c.dropout, attention_dropout=c.dropout,
+        )  # fmt: skip
+    return transformers.LlamaConfig(
+        **common, hidden_size=c.n_embd, num_hidden_layers=c.n_layer, num_attention_heads=c.n_head,
+        num_key_value_heads=c.n_head, intermediate_size=MLP(c).c_proj.in_features, hidden_act="silu",
+        rms_norm_eps=NORM_EPS, max_position_embeddings=c.block_size, rope_theta=ROPE_BASE,
+        attention_bias=c.bias, mlp_bias=c.bias, attention_dropout=c.dropout,
+    )  # fmt: skip
+
+
+def to_hf(model: GPT, architecture: str | None = None) -> Any:
+    """Our GPT as the `transformers` model of its architecture (GPT-2, GPT-NeoX or Llama), in eval mode.
+
+    `architecture` (a key of ARCHITECTURES) insists on one; None picks the one the config matches.
+    Raises MiniGPTError naming the option to change when no architecture matches.
+    """
+    name = hf_architecture(model.config)
+    if architecture is not None and name != architecture:
+        wanted = ARCHITECTURES[architecture]
+        fix = " ".join(f"model.{k}={v}" for k, v in wanted.options.items() if getattr(model.config, k) != v)
+        raise MiniGPTError(
+            f"this model cannot be expressed as {wanted.label} (it is a {ARCHITECTURES[name].label} model); "
+            f"that needs {fix}"
+        )
+    arch = ARCHITECTURES[name]
+    transformers = _transformers()
+    hf_model = getattr(transformers, arch.model_class)(_hf_config(name, model.config))
+    weights = _to_theirs(arch, model.state_dict(), model.config)
+    for key in _copy_into(hf_model.state_dict(), weights, arch.label):
+        if not key.endswith(".bias"):  # pragma: no cover - the tables above cover every weight
+            raise MiniGPTError(f"internal: no weight for {arch.label}'s {key}")
+        hf_model.state_dict()[key].zero_()  # bias=false: their bias is present and zero
+    hf_model.eval()
+    return hf_model
+
+
+def gpt_to_hf(model: GPT) -> Any:
+    """Our GPT as a GPT2LMHeadModel (GPT-2-compatible configs only; see `to_hf` for the others)."""
+    return to_hf(model, "gpt2")
+
+
+# ---- transformers -> our model ----------------------------------------------------------------------
 def _load_hf_model(source: Any) -> Any:
     transformers = _transformers()
-    if isinstance(source, transformers.GPT2LMHeadModel):
+    if isinstance(source, transformers.PreTrainedModel):
         return source
     source = str(source)
     local = Path(source).expanduser()
     try:
         if local.exists():
-            return transformers.GPT2LMHeadModel.from_pretrained(str(local), local_files_only=True)
+            config = transformers.AutoConfig.from_pretrained(str(local), local_files_only=True)
+            return _model_class(transformers, config).from_pretrained(str(local), local_files_only=True)
         return transformers.GPT2LMHeadModel.from_pretrained(source)
-    except OSError as err:
+    except (OSError, ValueError) as err:
         raise MiniGPTError(
             f"could not load GPT-2 weights from {source!r} ({err.__class__.__name__}); without network, "
             "download the model once elsewhere (save_pretrained) and pass its local directory"
         ) from None
 
 
+def _model_class(transformers: Any, config: Any) -> Any:
+    name = _BY_MODEL_TYPE.get(getattr(config, "model_type", None))
+    if name is None:
+        supported = ", ".join(a.label for a in ARCHITECTURES.values())
+        raise MiniGPTError(f"model_type={config.model_type!r} is not one mini-gpt reads ({supported})")
+    return getattr(transformers, ARCHITECTURES[name].model_class)
+
+
+def _check(label: str, checks: list[tuple[bool, str]]) -> None:
+    """MiniGPTError for the first (ok, what) pair that is not ok: a setting we cannot express."""
+    for ok, what in checks:
+        if not ok:
+            raise MiniGPTError(f"{label} model with {what} has no mini-gpt counterpart")
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) < 1e-12
+
+
 def config_from_hf(hf_config: Any) -> GPTConfig:
-    if hf_config.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise MiniGPTError(f"unsupported GPT-2 activation {hf_config.activation_function!r}")
-    return GPTConfig(
+    """Our GPTConfig for a GPT-2, GPT-NeoX or Llama config; MiniGPTError for what we cannot express."""
+    model_type = getattr(hf_config, "model_type", "gpt2")
+    if model_type == "gpt2":
+        act, eps = hf_config.activation_function, hf_config.layer_norm_epsilon
+        _check(
+            "GPT-2",
+            [(act in TANH_GELU, f"activation {act!r}"), (_close(eps, NORM_EPS), f"layer_norm_epsilon={eps}")],
+        )
+        return GPTConfig(
+            vocab_size=hf_config.vocab_size,
+            block_size=hf_config.n_positions,
+            n_layer=hf_config.n_layer,
+            n_head=hf_config.n_head,
+            n_embd=hf_config.n_embd,
+            bias=True,
+            tie_weights=bool(getattr(hf_config, "tie_word_embeddings", True)),
+        )
+    if model_type not in ("gpt_neox", "llama"):
+        raise MiniGPTError(f"model_type={model_type!r} is not one mini-gpt reads (GPT-2, GPT-NeoX, Llama)")
+    arch = ARCHITECTURES[model_type]
+    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+    config = GPTConfig(
         vocab_size=hf_config.vocab_size,
-        block_size=hf_config.n_positions,
-        n_layer=hf_config.n_layer,
-        n_head=hf_config.n_head,
-        n_embd=hf_config.n_embd,
-        dropout=0.0,
-        bias=True,
-        tie_weights=bool(getattr(hf_config, "tie_word_embeddings", True)),
+        block_size=hf_config.max_position_embeddings,
+        n_layer=hf_config.num_hidden_layers,
+        n_head=hf_config.num_attention_heads,
+        n_embd=hf_config.hidden_size,
+        bias=bool(hf_config.attention_bias),
+        tie_weights=bool(hf_config.tie_word_embeddings),
+        **arch.options,
     )
+    hidden = MLP(config).c_proj.in_features
+    checks = [
+        (rope.get("rope_type", "default") == "default", f"rope_type={rope.get('rope_type')!r}"),
+        (float(rope.get("rope_theta", ROPE_BASE)) == ROPE_BASE, f"rope_theta={rope.get('rope_theta')}"),
+        (
+            hf_config.intermediate_size == hidden,
+            f"intermediate_size={hf_config.intermediate_size} (not {hidden})",
+        ),
+    ]
+    if model_type == "gpt_neox":
+        checks += [
+            (not hf_config.use_parallel_residual, "use_parallel_residual=True"),
+            (float(rope.get("partial_rotary_factor", 1.0)) == 1.0, "partial rotary positions"),
+            (hf_config.hidden_act in TANH_GELU, f"hidden_act={hf_config.hidden_act!r}"),
+            (_close(hf_config.layer_norm_eps, NORM_EPS), f"layer_norm_eps={hf_config.layer_norm_eps}"),
+        ]
+    else:
+        head_dim = getattr(hf_config, "head_dim", None) or config.head_size
+        checks += [
+            (hf_config.num_key_value_heads == config.n_head, "grouped-query attention"),
+            (hf_config.hidden_act == "silu", f"hidden_act={hf_config.hidden_act!r}"),
+            (_close(hf_config.rms_norm_eps, NORM_EPS), f"rms_norm_eps={hf_config.rms_norm_eps}"),
+            (bool(hf_config.mlp_bias) == config.bias, "attention_bias != mlp_bias"),
+            (head_dim == config.head_size, f"head_dim={head_dim}"),
+        ]
+    _check(arch.label, checks)
+    return config
 
 
 def gpt_from_hf(source: Any) -> GPT:
-    """Build our GPT from a GPT2LMHeadModel instance, a local directory, or a hub name (needs network)."""
+    """Our GPT from a GPT-2, GPT-NeoX or Llama `transformers` model, a local directory, or a hub name.
+
+    A hub name needs network (GPT-2 only); a directory written by `mini_gpt.export format=hf` works offline.
+    """
     hf_model = _load_hf_model(source)
-    hf_eps = hf_model.config.layer_norm_epsilon
-    if abs(hf_eps - 1e-5) > 1e-12:
-        raise MiniGPTError(f"unsupported GPT-2 layer_norm_epsilon={hf_eps} (mini-gpt uses 1e-5)")
-    model = GPT(config_from_hf(hf_model.config))
+    config = config_from_hf(hf_model.config)
+    name = hf_architecture(config)
+    arch = ARCHITECTURES[name]
+    theirs = hf_model.state_dict()
+    model = GPT(config)
     ours = model.state_dict()
-    theirs = hf_model.state_dict()
-    with torch.no_grad():
-        for name, tensor in ours.items():
-            if name not in theirs:
-                raise MiniGPTError(f"GPT-2 checkpoint has no weight for {name!r}")
-            src = theirs[name]
-            if name.endswith(_CONV1D_SUFFIXES):
-                src = src.t()
-            if src.shape != tensor.shape:
-                raise MiniGPTError(
-                    f"shape mismatch for {name}: ours {tuple(tensor.shape)}, GPT-2 {tuple(src.shape)}"
-                )
-            tensor.copy_(src)
+    weights = _to_ours(arch, theirs, config)
+    missing = _copy_into(ours, weights, "ours")
+    if missing:
+        raise MiniGPTError(f"{arch.label} checkpoint has no weight for {missing[0]!r}")
+    used = set(_to_theirs(arch, ours, config))
+    for key, tensor in theirs.items():  # with bias=false, their biases must be zero to be dropped
+        if key not in used and tensor.dtype.is_floating_point and bool(tensor.any()):
+            raise MiniGPTError(f"{arch.label} weight {key} has no place in a mini-gpt model (bias=false)")
     return model
-
-
-def gpt_to_hf(model: GPT) -> Any:
-    """Our GPT as a GPT2LMHeadModel; only for configs GPT-2 can express."""
-    c = model.config
-    unsupported = {
-        k: v
-        for k, v in (("norm", c.norm), ("pos_embedding", c.pos_embedding), ("mlp", c.mlp), ("bias", c.bias))
-        if v != {"norm": "layernorm", "pos_embedding": "learned", "mlp": "gelu", "bias": True}[k]
-    }
-    if unsupported:
-        raise MiniGPTError(
-            f"this model cannot be expressed as GPT-2 ({unsupported}); use format=safetensors instead"
-        )
-    transformers = _transformers()
-    hf_config = transformers.GPT2Config(
-        vocab_size=c.vocab_size,
-        n_positions=c.block_size,
-        n_embd=c.n_embd,
-        n_layer=c.n_layer,
-        n_head=c.n_head,
-        activation_function="gelu_new",
-        layer_norm_epsilon=1e-5,
-        resid_pdrop=c.dropout,
-        embd_pdrop=c.dropout,
-        attn_pdrop=c.dropout,
-        tie_word_embeddings=c.tie_weights,
-    )
-    hf_model = transformers.GPT2LMHeadModel(hf_config)
-    theirs = hf_model.state_dict()
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            dst = theirs[name]
-            dst.copy_(tensor.t() if name.endswith(_CONV1D_SUFFIXES) else tensor)
-    hf_model.eval()
-    return hf_model
 
 
 # ---- tokenizer files ------------------------------------------------------------------------------
@@ -209,6 +477,22 @@ def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) ->
     }
 
 
+def char_tokenizer(tokenizer: CharTokenizer, model_max_length: int) -> Any:
+    """Our character vocabulary as a `transformers` fast tokenizer (built with the `tokenizers` library).
+
+    A BPE model with no merges maps each character to its id; the `Fuse` decoder joins characters
+    without the spaces a word-level decoder would add. Characters outside the vocabulary have no id:
+    `transformers` drops them, where our CharTokenizer raises an error naming them.
+    """
+    transformers = _transformers()
+    from tokenizers import Tokenizer, decoders, models
+
+    vocab = {ch: i for i, ch in enumerate(tokenizer.chars)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.decoder = decoders.Fuse()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, model_max_length=model_max_length)
+
+
 def _gpt2_tokenizer_from_vocab(vocab_path: Path) -> Tokenizer:
     """GPT-2's byte-level BPE from a transformers `vocab.json`: token id = BPE rank (true for GPT-2)."""
     vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
@@ -223,14 +507,14 @@ def _gpt2_tokenizer_from_vocab(vocab_path: Path) -> Tokenizer:
 
 # ---- directories ----------------------------------------------------------------------------------
 def write_hf(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
-    """Save `model` as a GPT2LMHeadModel directory, with its tokenizer (see the module docstring)."""
+    """Save `model` as its `transformers` architecture's directory, with its tokenizer (module docstring)."""
     transformers = _transformers()
-    # GPT2Config warns about its default bos/eos ids (fixed below) and save_pretrained draws a progress bar.
+    # save_pretrained draws a progress bar, and configs warn about default ids we replace below.
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    hf_model = gpt_to_hf(model)  # raises MiniGPTError for configs GPT-2 cannot express
+    hf_model = to_hf(model)  # GPT-2, GPT-NeoX or Llama; MiniGPTError naming the option to change otherwise
     eot = tokenizer.eot_id
-    # GPT2Config defaults bos/eos to 50256, which does not exist in a character vocabulary.
+    # transformers' configs default bos/eos to ids (50256, 0, 2...) that mean nothing in our vocabulary.
     for cfg in (hf_model.config, hf_model.generation_config):
         cfg.bos_token_id = eot
         cfg.eos_token_id = eot
@@ -239,10 +523,13 @@ def write_hf(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
     if isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name in GPT2_LIKE:
         for name, content in gpt2_tokenizer_files(tokenizer, model.config.block_size).items():
             (directory / name).write_text(content, encoding="utf-8")
+    elif isinstance(tokenizer, CharTokenizer):
+        char_tokenizer(tokenizer, model.config.block_size).save_pretrained(str(directory))
 
 
 def load_hf_dir(directory: Path) -> tuple[GPT, Tokenizer]:
-    """(GPT, tokenizer) from a GPT-2 directory: our `format=hf` export or any local GPT-2 model."""
+    """(GPT, tokenizer) from a `transformers` directory: our `format=hf` export (GPT-2, GPT-NeoX, Llama)
+    or any local GPT-2 model."""
     ours = directory / HF_TOKENIZER_FILE
     if ours.is_file():
         tokenizer = tokenizer_from_dict(json.loads(ours.read_text(encoding="utf-8")))

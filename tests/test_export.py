@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,16 +70,28 @@ def test_safetensors_round_trip(tmp_path, overrides):
         assert torch.equal(loaded(x), model(x))
 
 
-def test_hf_export_greedy_generation_matches_transformers(tmp_path):
-    from transformers import GPT2LMHeadModel
+# Every architecture train.py can build that transformers also has, with and without biases.
+HF_CASES = {
+    "GPT2LMHeadModel": {},
+    "GPTNeoXForCausalLM": {"pos_embedding": "rope"},
+    "LlamaForCausalLM": {"pos_embedding": "rope", "norm": "rmsnorm", "mlp": "swiglu"},
+}
 
-    model = spread_model(seed=1)
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("hf_class", sorted(HF_CASES))
+def test_hf_export_logits_and_greedy_tokens_match_transformers(tmp_path, hf_class, bias):
+    from transformers import AutoModelForCausalLM
+
+    model = spread_model(seed=0, bias=bias, **HF_CASES[hf_class])
     out = export_model(model, CHARS, tmp_path / "hf", "hf")
-    hf = GPT2LMHeadModel.from_pretrained(out).eval()
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == hf_class
     prompt = torch.tensor([CHARS.encode("ROMEO:")])
     ours = generate(model, prompt, 20, temperature=0)
     with torch.no_grad():
-        torch.testing.assert_close(hf(prompt).logits, model(prompt), rtol=1e-4, atol=1e-4)
+        long = torch.tensor([CHARS.encode("ROMEO: But soft, what light through")[:32]])
+        torch.testing.assert_close(hf(long).logits, model(long), rtol=1e-4, atol=1e-4)
         theirs = hf.generate(
             prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False, pad_token_id=0
         )
@@ -87,7 +100,28 @@ def test_hf_export_greedy_generation_matches_transformers(tmp_path):
     # ...and our loader reads the directory back (tokenizer from mini_gpt_tokenizer.json).
     loaded, tok = load_model(out)
     assert tok == CHARS
+    # GPT-2 always has biases: a bias=false model comes back with zero biases, the same function.
+    expected_bias = bias or hf_class == "GPT2LMHeadModel"
+    assert loaded.config.to_dict() == {**model.config.to_dict(), "dropout": 0.0, "bias": expected_bias}
     torch.testing.assert_close(loaded(prompt), model(prompt), rtol=0, atol=0)
+
+
+def test_hf_export_of_a_char_model_ships_a_transformers_tokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    out = export_model(spread_model(pos_embedding="rope"), CHARS, tmp_path / "hf", "hf")
+    hf_tok = AutoTokenizer.from_pretrained(out)
+    assert hf_tok.model_max_length == 32
+    for text in (
+        "ROMEO:",
+        "First Citizen:\nBefore we proceed any further, hear me speak.\n\n",
+        "  a  b ",
+        "z",
+    ):
+        ids = hf_tok(text)["input_ids"]
+        assert ids == [CHARS.chars.index(ch) for ch in text]  # one id per character, its vocabulary index
+        assert hf_tok.decode(ids) == text
+    assert hf_tok.decode(list(range(CHARS.vocab_size))) == CHARS.chars  # every id decodes to its character
 
 
 def test_hf_export_gpt2_tokenizer_files(tmp_path):
@@ -109,11 +143,40 @@ def test_hf_export_gpt2_tokenizer_files(tmp_path):
     assert same_weights(model.eval(), loaded)
 
 
-def test_hf_export_refuses_non_gpt2_configs(tmp_path):
-    model = spread_model(pos_embedding="rope")
-    with pytest.raises(MiniGPTError, match="format=safetensors"):
+@pytest.mark.parametrize(
+    ("options", "fix"),
+    [
+        (
+            {"pos_embedding": "rope", "mlp": "swiglu"},
+            "model.mlp=gelu (GPT-NeoX) or model.norm=rmsnorm (Llama)",
+        ),
+        (
+            {"pos_embedding": "rope", "norm": "rmsnorm"},
+            "model.norm=layernorm (GPT-NeoX) or model.mlp=swiglu (Llama)",
+        ),
+        ({"norm": "rmsnorm"}, "model.norm=layernorm (GPT-2)"),
+        ({"mlp": "swiglu"}, "model.mlp=gelu (GPT-2)"),
+        ({"norm": "rmsnorm", "mlp": "swiglu"}, "model.pos_embedding=rope (Llama)"),
+    ],
+)
+def test_hf_export_without_a_counterpart_names_the_option_to_change(tmp_path, options, fix):
+    model = spread_model(**options)
+    with pytest.raises(MiniGPTError, match=re.escape(f"train with {fix} to export format=hf")):
         export_model(model, CHARS, tmp_path / "hf", "hf")
     assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+@pytest.mark.parametrize("fmt", ["hf", "safetensors"])
+def test_export_files_follow_the_umask(tmp_path, fmt):
+    old = os.umask(0o022)
+    try:
+        out = export_model(spread_model(), CHARS, tmp_path / "m", fmt)
+    finally:
+        os.umask(old)
+    assert oct(out.stat().st_mode & 0o777) == oct(0o755)
+    files = list(out.iterdir())
+    assert "model.safetensors" in {p.name for p in files}
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in files} == {p.name: oct(0o644) for p in files}
 
 
 def test_export_is_atomic_and_overwrite_is_explicit(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import torch
 import transformers  # a dev dependency (pip install -e ".[dev]")
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.hf import gpt_from_hf, gpt_to_hf
+from mini_gpt.hf import gpt_from_hf, gpt_to_hf, to_hf
 from mini_gpt.model import GPT, GPTConfig
 
 
@@ -67,3 +67,58 @@ def test_missing_local_directory_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(MiniGPTError, match="could not load GPT-2 weights"):
         gpt_from_hf(str(tmp_path / "nope"))
+
+
+def random_hf(kind: str, seed: int, **overrides):
+    """A random GPT-NeoX / Llama model in the settings mini-gpt uses, every weight perturbed."""
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=97, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=32
+    )
+    if kind == "gpt_neox":
+        settings = dict(
+            intermediate_size=192, hidden_act="gelu_new", layer_norm_eps=1e-5, rotary_pct=1.0,
+            rotary_emb_base=10000, use_parallel_residual=False, tie_word_embeddings=False,
+        )  # fmt: skip
+        cfg = transformers.GPTNeoXConfig(**common, **{**settings, **overrides})
+        model = transformers.GPTNeoXForCausalLM(cfg)
+    else:
+        settings = dict(
+            intermediate_size=128, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True
+        )
+        cfg = transformers.LlamaConfig(**common, **{**settings, **overrides})
+        model = transformers.LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind", ["gpt_neox", "llama"])
+def test_rotary_architectures_load_with_equal_logits(kind):
+    hf = random_hf(kind, seed=4)
+    ours = gpt_from_hf(hf).eval()
+    expected = {"gpt_neox": ("layernorm", "rope", "gelu"), "llama": ("rmsnorm", "rope", "swiglu")}[kind]
+    assert (ours.config.norm, ours.config.pos_embedding, ours.config.mlp) == expected
+    idx = torch.randint(0, 97, (2, 32), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert (ours(idx) - hf(idx).logits).abs().max().item() < 1e-4
+    back = to_hf(ours)  # and back again, weight for weight
+    theirs, again = hf.state_dict(), back.state_dict()
+    assert theirs.keys() == again.keys()
+    for name in theirs:
+        assert torch.equal(theirs[name], again[name]), name
+
+
+@pytest.mark.parametrize(
+    ("kind", "overrides", "message"),
+    [
+        ("gpt_neox", {"use_parallel_residual": True}, "use_parallel_residual=True"),
+        ("gpt_neox", {"rotary_pct": 0.25}, "partial rotary"),
+        ("llama", {"num_key_value_heads": 2}, "grouped-query attention"),
+        ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ],
+)
+def test_settings_without_a_counterpart_are_refused(kind, overrides, message):
+    with pytest.raises(MiniGPTError, match=message):
+        gpt_from_hf(random_hf(kind, seed=0, **overrides))
