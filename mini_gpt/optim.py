@@ -12,8 +12,10 @@ with AdamW -- the split modern speed runs use. Lightning's automatic optimisatio
 so `CombinedOptimizer` presents AdamW + Muon as one `torch.optim.Optimizer` with one state dict.
 
 The schedule is a pure function `lr_at(step, ...)`: linear warmup, then cosine (or linear) decay to
-`min_lr`, or constant. `LambdaLR` applies it as a multiplier of each group's base lr, stepped once per
-optimizer step (Lightning `interval: "step"`), so Muon's larger base lr follows the same shape.
+`min_lr_ratio` times the peak, or constant. The floor is a ratio, not an absolute lr, so any peak lr
+(a sweep's draw, a command-line override) gives a valid schedule. `LambdaLR` applies it as a
+multiplier of each group's base lr, stepped once per optimizer step (Lightning `interval: "step"`),
+so Muon's larger base lr follows the same shape.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ SCHEDULES = ("cosine", "linear", "constant")
 class OptimConfig:
     name: str = "adamw"  # adamw | muon (Muon for hidden 2-D matrices, AdamW for the rest)
     lr: float = 1e-3  # peak AdamW learning rate
-    min_lr: float = 1e-4  # floor the decay reaches at decay_steps
+    min_lr_ratio: float = 0.1  # the decay ends at min_lr_ratio * lr (for Muon: * muon_lr)
     weight_decay: float = 0.1  # applied to 2-D matmul weights only (see decay_embeddings)
     betas: tuple[float, float] = (0.9, 0.99)
     eps: float = 1e-8
@@ -45,7 +47,7 @@ class OptimConfig:
     fused: bool | None = None  # None: fused AdamW where supported, else foreach
     schedule: str = "cosine"  # cosine | linear | constant
     warmup_steps: int = 100
-    decay_steps: int | None = None  # step where the decay reaches min_lr; None = trainer.max_steps
+    decay_steps: int | None = None  # step where the decay reaches its floor; None = trainer.max_steps
     muon_lr: float = 0.02  # Muon's peak learning rate (its updates are orthogonalised, scale differs)
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.0
@@ -61,8 +63,10 @@ class OptimConfig:
         for key in ("lr", "muon_lr"):
             if not getattr(self, key) > 0:
                 raise MiniGPTError(f"optim.{key}={getattr(self, key)} must be > 0")
-        if not 0 <= self.min_lr <= self.lr:
-            raise MiniGPTError(f"optim.min_lr={self.min_lr} must be in [0, optim.lr={self.lr}]")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise MiniGPTError(
+                f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1] (floor / peak lr)"
+            )
         if self.weight_decay < 0 or self.muon_weight_decay < 0:
             raise MiniGPTError("optim.weight_decay and optim.muon_weight_decay must be >= 0")
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]  # YAML gives a list
@@ -75,9 +79,18 @@ class OptimConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OptimConfig:
+        if "min_lr" in d:
+            raise MiniGPTError(
+                "optim.min_lr was replaced by optim.min_lr_ratio, the floor as a fraction of the peak lr "
+                "(min_lr / lr, e.g. 0.1)"
+            )
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise MiniGPTError(f"optim: unknown key(s) {sorted(unknown)}; see conf/optim/adamw.yaml")
+            name = d.get("name", "adamw")
+            where = f"conf/optim/{name}.yaml" + (
+                " (and adamw.yaml, which it extends)" if name != "adamw" else ""
+            )
+            raise MiniGPTError(f"optim: unknown key(s) {sorted(unknown)}; the keys are listed in {where}")
         return cls(**d)
 
 
@@ -112,13 +125,13 @@ def lr_at(
 
 
 def lr_multiplier(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
-    """lr_at(step) / lr: the factor LambdaLR applies to every group's base lr."""
+    """lr_at(step) / lr: the factor LambdaLR applies to every group's base lr (so Muon's too)."""
     decay_steps = cfg.decay_steps or max_steps
     if decay_steps is None or decay_steps < 1:
         raise MiniGPTError("optim.decay_steps is null and trainer.max_steps is not set; set one of them")
 
     def factor(step: int) -> float:
-        return lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps, cfg.schedule) / cfg.lr
+        return lr_at(step, 1.0, cfg.min_lr_ratio, cfg.warmup_steps, decay_steps, cfg.schedule)
 
     return factor
 

@@ -141,7 +141,7 @@ def test_last_checkpoint_refreshed_at_every_evaluation(tmp_path: Path, dm: Any) 
 
     torch.manual_seed(0)
     config = GPTConfig.from_preset("tiny", vocab_size=dm.vocab_size, block_size=BLOCK)
-    module = GPTLitModule(config, OptimConfig(lr=5.0, min_lr=5.0, warmup_steps=0, weight_decay=0.0))
+    module = GPTLitModule(config, OptimConfig(lr=5.0, min_lr_ratio=1.0, warmup_steps=0, weight_decay=0.0))
     trainer = _trainer(tmp_path, [], max_steps=6, gradient_clip_val=None)
     trainer.fit(module, datamodule=dm)
     losses = [v for _, _, v in module.stats.val_history]

@@ -82,7 +82,7 @@ def test_first_step_logs_exact_loss_lr_grad_norm_and_val(
     dm = _datamodule(char_data_dir, shakespeare_path)
     dm.prepare_data()
     dm.setup("fit")
-    module = _module(dm.vocab_size, dm.tokenizer, lr=1e-3, min_lr=1e-4, warmup_steps=4)
+    module = _module(dm.vocab_size, dm.tokenizer, lr=1e-3, min_lr_ratio=0.1, warmup_steps=4)
     # Independent reference for step 1: same init, same first batch, plain PyTorch.
     ref = GPT(module.model_config)
     ref.load_state_dict(module.model.state_dict())

@@ -50,7 +50,7 @@ def test_lr_schedule_matches_formula(step: int, schedule: str, expected: float) 
 
 def test_lambda_lr_follows_schedule_per_optimizer_step() -> None:
     model = _model()
-    cfg = OptimConfig(lr=2e-3, min_lr=2e-4, warmup_steps=5, schedule="cosine")
+    cfg = OptimConfig(lr=2e-3, min_lr_ratio=0.1, warmup_steps=5, schedule="cosine")
     opt = build_optimizer(model, cfg)
     sched = build_scheduler(opt, cfg, max_steps=50)
     seen = []
@@ -141,5 +141,12 @@ def test_config_errors_are_one_line_user_errors() -> None:
         OptimConfig(name="sgd")
     with pytest.raises(MiniGPTError, match="unknown key"):
         OptimConfig.from_dict({"lr": 1e-3, "lrr": 2})
-    with pytest.raises(MiniGPTError, match="min_lr"):
-        OptimConfig(lr=1e-3, min_lr=1e-2)
+    with pytest.raises(MiniGPTError, match=r"min_lr_ratio=1.5 must be in \[0, 1\]"):
+        OptimConfig(lr=1e-3, min_lr_ratio=1.5)
+    with pytest.raises(MiniGPTError, match=r"replaced by optim\.min_lr_ratio"):
+        OptimConfig.from_dict({"lr": 1e-3, "min_lr": 1e-4})
+    # A typo names the yaml of the optimizer in use.
+    with pytest.raises(MiniGPTError, match=r"\['lrr'\]; the keys are listed in conf/optim/muon.yaml"):
+        OptimConfig.from_dict({"name": "muon", "lr": 1e-3, "lrr": 2})
+    with pytest.raises(MiniGPTError, match=r"\['lrr'\]; the keys are listed in conf/optim/adamw.yaml$"):
+        OptimConfig.from_dict({"lr": 1e-3, "lrr": 2})

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from mini_gpt.conf import CONF_DIR
 
 REPO = Path(__file__).resolve().parents[1]
+SWEEP_FILE = CONF_DIR / "sweep" / "lr.yaml"
 SEARCHED = {"optim.lr", "optim.warmup_steps", "model.dropout", "optim.weight_decay"}
 
 
@@ -116,6 +117,58 @@ def test_optuna_sweep_runs_trials_and_survives_a_failed_one(
     assert "Best parameters" in out
 
 
+def _search_space_lr_bounds() -> list[float]:
+    """The smallest and largest optim.lr of the Optuna search and of the W&B sweep, as shipped."""
+    params = OmegaConf.load(CONF_DIR / "hparams_search" / "lr_search.yaml").hydra.sweeper.params
+    low, high = (float(x) for x in str(params["optim.lr"]).split("interval(")[1].rstrip(")").split(","))
+    wandb_lr = yaml.safe_load(SWEEP_FILE.read_text())["parameters"]["optim.lr"]
+    return [low, high, float(wandb_lr["min"]), float(wandb_lr["max"])]
+
+
+@pytest.mark.parametrize("optim", ["muon", "adamw"])
+def test_every_lr_of_the_shipped_search_spaces_is_valid(optim: str, compose: Any) -> None:
+    from mini_gpt.optim import OptimConfig, lr_multiplier
+
+    bounds = _search_space_lr_bounds()
+    assert min(bounds) == pytest.approx(1e-4)  # the low end that used to fall under an absolute min_lr
+    for lr in bounds:
+        cfg = compose([f"optim={optim}", f"optim.lr={lr}"])
+        optim_cfg = OptimConfig.from_dict(OmegaConf.to_container(cfg.optim, resolve=True))
+        factor = lr_multiplier(optim_cfg, max_steps=100)
+        assert factor(100) * lr == pytest.approx(optim_cfg.min_lr_ratio * lr)  # the floor follows the peak
+        assert 0 < factor(100) * lr < lr
+
+
+@pytest.mark.slow
+def test_optuna_search_over_the_shipped_space_has_no_failed_trial(
+    tmp_path: Path, char_cache: Path, shakespeare_path: Path
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    # Sampler seed 3 draws optim.lr 2.3e-3, 1.3e-4 and 1.2e-4 (optuna 2.10): two below the old
+    # absolute floor (min_lr 3e-4 of optim=muon, the default), which made such trials fail.
+    overrides = [
+        *_tiny(char_cache, shakespeare_path, steps=2),
+        "hparams_search=lr_search",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.sampler.seed=3",
+        "logger=none",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "-m", *overrides],
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    lrs = [OmegaConf.load(sweep_dir / str(t) / ".hydra" / "config.yaml").optim.lr for t in range(3)]
+    assert min(lrs) < 3e-4, lrs  # the search did reach the low end of its range
+    assert "Failed experiment" not in out, out[-3000:]
+    for trial in range(3):
+        summary = json.loads((sweep_dir / str(trial) / "summary.json").read_text())
+        assert summary["steps"] == 2 and math.isfinite(summary["best_val_loss"])
+
+
 def test_nonfinite_objective_becomes_inf_in_multirun() -> None:
     """A NaN objective crashes hydra-optuna-sweeper 1.3 (optuna 2.10 refuses it, then the sweeper's
     FAIL fallback raises); train.py hands the sweeper +inf instead, which Optuna records as the worst."""
@@ -139,8 +192,6 @@ def test_wandb_group_for_sweeps() -> None:
 
 
 # ---- W&B sweeps ------------------------------------------------------------------------------------
-
-SWEEP_FILE = CONF_DIR / "sweep" / "lr.yaml"
 
 
 def _agent_command(spec: dict[str, Any], params: dict[str, Any]) -> list[str]:

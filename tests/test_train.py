@@ -172,7 +172,7 @@ def test_overfit_one_batch(compose: Any, tmp_path: Path, char_data_dir: Path, sh
             "trainer.max_steps=150",
             "trainer.val_check_interval=150",
             "optim.lr=2e-2",
-            "optim.min_lr=2e-2",
+            "optim.min_lr_ratio=1.0",
             "model.n_embd=64",
         ),
     )
