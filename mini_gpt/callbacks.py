@@ -59,6 +59,11 @@ class EvalCheckpoint(ModelCheckpoint):
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning 2.6 writes last.ckpt here even under fast_dev_run, which promises no checkpoints.
+        if not trainer.fast_dev_run:
+            super().on_train_end(trainer, pl_module)
+
 
 # ---- text samples ---------------------------------------------------------------------------------
 class SampleText(Callback):

@@ -64,9 +64,7 @@ class OptimConfig:
             if not getattr(self, key) > 0:
                 raise MiniGPTError(f"optim.{key}={getattr(self, key)} must be > 0")
         if not 0 <= self.min_lr_ratio <= 1:
-            raise MiniGPTError(
-                f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1] (floor / peak lr)"
-            )
+            raise MiniGPTError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1] (floor / peak lr)")
         if self.weight_decay < 0 or self.muon_weight_decay < 0:
             raise MiniGPTError("optim.weight_decay and optim.muon_weight_decay must be >= 0")
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]  # YAML gives a list

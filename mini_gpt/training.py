@@ -170,7 +170,8 @@ def train(cfg: DictConfig) -> float | None:
         compile=cfg.compile,
     )
     module.stats.tokens_per_step = layout.tokens_per_step
-    for logger in loggers:  # rank 0 only (Lightning's loggers are rank-zero guarded)
+    # trainer.loggers, not `loggers`: fast_dev_run swaps them for a DummyLogger (no W&B run is started)
+    for logger in trainer.loggers:  # rank 0 only (Lightning's loggers are rank-zero guarded)
         logger.log_hyperparams({**_plain(cfg), "batch": layout.as_dict()})
 
     ckpt = trainer.checkpoint_callback

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from mini_gpt.conf import CONF_DIR
+
 REPO = Path(__file__).resolve().parents[1]
 SUMMARY_KEYS = {
     "best_val_loss",
@@ -185,6 +187,28 @@ def _env(home: Path) -> dict[str, str]:
     env["NETRC"] = str(home / "no-netrc")  # no credentials: W&B must go offline by itself, no prompt
     env["PYTHONPATH"] = str(REPO)
     return env
+
+
+@pytest.mark.slow
+def test_fast_dev_run_writes_no_checkpoint_and_starts_no_logger(
+    compose: Any,
+    tmp_path: Path,
+    char_data_dir: Path,
+    shakespeare_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")  # a W&B run would leave wandb/offline-run-* behind
+    run_dir = tmp_path / "run"
+    overrides = [
+        o for o in _overrides(run_dir, char_data_dir, shakespeare_path) if not o.startswith("logger=")
+    ]
+    summary, _ = _fit(compose, [*overrides, "debug=fast_dev_run", "logger=wandb"])
+    assert summary["steps"] == 1
+    assert summary["last_ckpt"] is None and summary["best_ckpt"] is None
+    assert not list(run_dir.rglob("*.ckpt"))
+    assert not (run_dir / "wandb").exists()
+    # what conf/debug/fast_dev_run.yaml promises
+    assert "checkpoints and loggers" in (CONF_DIR / "debug" / "fast_dev_run.yaml").read_text()
 
 
 @pytest.mark.slow
