@@ -147,6 +147,19 @@ class SampleText(Callback):
 
 
 # ---- NaN guard ------------------------------------------------------------------------------------
+FULL_PRECISION = ("32-true", "32", "64-true", "64")
+
+
+def nonfinite_advice(precision: Any, gradient_clip_val: float | None) -> str:
+    """What to try after a NaN/inf loss: only the remedies this run has not already applied."""
+    tips = ["lower optim.lr"]
+    if not gradient_clip_val:
+        tips.append("set trainer.gradient_clip_val=1.0")
+    if str(precision) not in FULL_PRECISION:
+        tips.append(f"use trainer.precision=32-true (this run used {precision})")
+    return ", ".join(tips[:-1]) + (" or " if len(tips) > 1 else "") + tips[-1]
+
+
 class NaNGuard(Callback):
     """Stops training with a one-line error once the loss has been NaN/inf.
 
@@ -167,7 +180,7 @@ class NaNGuard(Callback):
         kept = f"last good checkpoint: {last}" if last and last.exists() else "no checkpoint was saved yet"
         raise NonFiniteLossError(
             f"training loss became NaN/inf by step {trainer.global_step}; stopped without saving this state "
-            f"({kept}); lower optim.lr, set trainer.gradient_clip_val, or use trainer.precision=32-true"
+            f"({kept}); {nonfinite_advice(trainer.precision, trainer.gradient_clip_val)}"
         )
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:

@@ -6,6 +6,7 @@ import math
 import os
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -244,3 +245,31 @@ def test_progress_bar_shows_python_side_metrics(dm: Any) -> None:
     )
     shown = ProgressBar().get_metrics(None, module)  # type: ignore[arg-type]
     assert shown == {"loss": "2.3457", "val": "2.5000", "tok/s": "12,346", "mfu": "43.2%"}
+
+
+@pytest.mark.parametrize(
+    ("precision", "clip", "advice"),
+    [
+        ("32-true", 1.0, "lower optim.lr"),
+        ("32-true", None, "lower optim.lr or set trainer.gradient_clip_val=1.0"),
+        (
+            "bf16-mixed",
+            1.0,
+            "lower optim.lr or use trainer.precision=32-true (this run used bf16-mixed)",
+        ),
+        (
+            "16-mixed",
+            0.0,
+            "lower optim.lr, set trainer.gradient_clip_val=1.0 or use trainer.precision=32-true "
+            "(this run used 16-mixed)",
+        ),
+    ],
+)
+def test_nan_message_suggests_only_what_the_run_has_not_tried(precision: str, clip: Any, advice: str) -> None:
+    trainer = SimpleNamespace(
+        global_step=7, precision=precision, gradient_clip_val=clip, checkpoint_callback=None, callbacks=[]
+    )
+    module = SimpleNamespace(saw_nonfinite_loss=lambda: True)
+    with pytest.raises(NonFiniteLossError) as err:
+        NaNGuard()._check(trainer, module)
+    assert str(err.value).endswith(f"(no checkpoint was saved yet); {advice}")
