@@ -152,3 +152,11 @@ def test_nanogpt_contender_computes_what_our_gpt_computes() -> None:
     x, y = torch.randint(0, 30, (3, 16)), torch.randint(0, 30, (3, 16))
     # tight: GPT-2's tanh GELU (mlp="gelu") would already be off by ~1e-5 here
     torch.testing.assert_close(nano(x, y), ours(x, targets=y), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("section", bench_main.SECTIONS)
+def test_section_help_describes_the_section_in_whole_sentences(section: str) -> None:
+    module = bench_main.load_section(section)
+    description = bench_main.section_parser(section, module).description
+    assert description.startswith(module.__doc__.strip().splitlines()[0])
+    assert description.endswith(".")  # not cut at the end of the docstring's first line

@@ -34,10 +34,9 @@ def load_section(name: str) -> ModuleType:
 
 
 def section_parser(name: str, module: ModuleType) -> argparse.ArgumentParser:
-    doc = (module.__doc__ or "").strip().splitlines()
-    parser = argparse.ArgumentParser(
-        prog=f"python -m mini_gpt.bench {name}", description=doc[0] if doc else None
-    )
+    # The docstring's first paragraph (which may wrap over several lines), as one sentence.
+    summary = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
+    parser = argparse.ArgumentParser(prog=f"python -m mini_gpt.bench {name}", description=summary or None)
     module.add_arguments(parser)
     return parser
 
