@@ -9,7 +9,12 @@ For people who train without W&B online. Sources, all searched for anywhere belo
   per resumed run) are merged, a later file winning on a repeated step;
 - `summary.json` written by train.py: its `val_curve` ([step, seconds, val_loss] rows) gives the
   validation curve when it has at least as many points as the CSVs' (its steps are exact).
-Only matplotlib (Agg) and the standard library: no Lightning, no torch.
+
+A resumed run (`train.py ckpt_path=<run>/checkpoints/last.ckpt`) writes a new run directory; its
+`.hydra/config.yaml` names the checkpoint, so the plot follows that chain back and joins the segments
+(oldest first, a later segment winning on a repeated step), marking where each resumed segment starts.
+A run with `logger=none` has only summary.json's validation points: the plot says train loss was not
+logged. Only matplotlib (Agg), PyYAML (Hydra's dependency) and the standard library: no Lightning, no torch.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ Series = dict[int, float]  # step -> value
 TRAIN_KEYS = ("train/loss", "train_loss", "train/loss_step", "train_loss_step", "loss")
 VAL_KEYS = ("val/loss", "val_loss", "val/loss_epoch", "valid/loss", "validation/loss")
 LR_PREFIXES = ("lr", "lr-", "learning_rate", "lr/")
+NO_TRAIN_LOSS = "train loss not logged (logger=none); rerun with logger=csv or logger=wandb"
 
 
 def _float(text: str) -> float | None:
@@ -166,18 +172,60 @@ def read_summary_val_curve(path: Path) -> Series:
     return series
 
 
+def resumed_from(run_dir: Path) -> Path | None:
+    """The run directory whose checkpoint `run_dir` resumed from (its `.hydra/config.yaml` ckpt_path)."""
+    import yaml
+
+    config = run_dir / ".hydra" / "config.yaml"
+    try:
+        ckpt = (yaml.safe_load(config.read_text()) or {}).get("ckpt_path") if config.is_file() else None
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    if not ckpt:
+        return None
+    ckpt = Path(str(ckpt))
+    previous = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    return previous if previous.is_dir() and previous.resolve() != run_dir.resolve() else None
+
+
+def run_segments(run_dir: Path) -> list[Path]:
+    """The run directories a (possibly resumed, possibly several times) run is made of, oldest first."""
+    segments = [run_dir]
+    seen = {run_dir.resolve()}
+    while (previous := resumed_from(segments[0])) is not None and previous.resolve() not in seen:
+        segments.insert(0, previous)
+        seen.add(previous.resolve())
+    return segments
+
+
+def _metric_files(run_dir: Path) -> list[Path]:
+    if run_dir.is_file():  # a metrics.csv / summary.json passed directly
+        return [run_dir]
+    files: list[Path] = []
+    for pattern in ("metrics.csv", "run-*.wandb", "summary.json"):  # wandb/(offline-)run-*/run-ID.wandb
+        found = {p.resolve() for p in run_dir.rglob(pattern) if p.is_file()}  # latest-run is a symlink
+        files += sorted(found, key=lambda p: (p.stat().st_mtime, str(p)))
+    return files
+
+
+def _read_any(path: Path) -> dict[str, Series]:
+    if path.suffix == ".csv":
+        return read_metrics_csv(path)
+    if path.suffix == ".wandb":
+        return read_wandb_offline(path)
+    return {"val_loss": read_summary_val_curve(path)}
+
+
 def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
-    """All curves found below run_dir, and the files they came from."""
+    """All curves found below run_dir (and the runs it resumed from), and the files they came from.
+
+    When the run was resumed, curves["resumed_at"] = {first step of each later segment: 0.0}.
+    """
     run_dir = Path(run_dir).expanduser()
     if not run_dir.exists():
         raise MiniGPTError(f"run directory {run_dir} does not exist")
-    if run_dir.is_file():  # a metrics.csv / summary.json passed directly
-        files = [run_dir]
-    else:
-        files = []
-        for pattern in ("metrics.csv", "run-*.wandb", "summary.json"):  # wandb/(offline-)run-*/run-ID.wandb
-            found = {p.resolve() for p in run_dir.rglob(pattern) if p.is_file()}  # latest-run is a symlink
-            files += sorted(found, key=lambda p: (p.stat().st_mtime, str(p)))
+    segments = [run_dir] if run_dir.is_file() else run_segments(run_dir)
+    files = [path for segment in segments for path in _metric_files(segment)]
     curves: dict[str, Series] = {}
     used: list[Path] = []
     summary_val: Series = {}
@@ -199,6 +247,13 @@ def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
     if summary_val and len(summary_val) >= len(curves.get("val_loss", {})):
         curves["val_loss"] = summary_val
         used += summary_files
+    starts = []
+    for segment in segments[1:]:
+        steps = [s for p in _metric_files(segment) for series in _read_any(p).values() for s in series]
+        if steps:
+            starts.append(min(steps))
+    if starts:
+        curves["resumed_at"] = {step: 0.0 for step in starts}
     if not any(k in curves for k in ("train_loss", "val_loss")):
         raise MiniGPTError(
             f"no metrics found under {run_dir}: expected a CSVLogger metrics.csv (logger=csv), a W&B offline "
@@ -238,6 +293,15 @@ def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dic
         ax_loss.set_yscale("log")  # early loss is much larger than late loss
         ax_loss.yaxis.set_major_formatter(ScalarFormatter())
         ax_loss.yaxis.set_minor_formatter(ScalarFormatter())
+    for step in sorted(curves.get("resumed_at", {})):
+        for ax in axes[:, 0]:
+            ax.axvline(step, color="gray", ls=":", lw=1)
+        ax_loss.annotate(f"resumed at {step}", (step, 1.0), xycoords=("data", "axes fraction"),
+                         fontsize=7, color="gray", rotation=90, ha="right", va="top")  # fmt: skip
+    data["resumed_at"] = sorted(curves.get("resumed_at", {}))
+    if "train_loss" not in data:
+        # logger=none keeps only summary.json's evaluations: say why there is no train curve.
+        ax_loss.plot([], [], " ", label=NO_TRAIN_LOSS)
     ax_loss.legend()
     ax_loss.grid(alpha=0.3, which="both")
     if "val_loss" in data:
@@ -271,6 +335,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 120)
     finally:
         plt.close(fig)
     print(f"read {', '.join(str(p) for p in used)}\nwrote {out}")
+    if "train_loss" not in curves:
+        print(f"note: {NO_TRAIN_LOSS}")
     return out
 
 

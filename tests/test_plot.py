@@ -165,3 +165,44 @@ def test_cli(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_resumed_run_joins_the_runs_it_resumed_from(tmp_path: Path) -> None:
+    """train.py ckpt_path=... writes a new run dir; the plot follows .hydra/config.yaml back to the first."""
+    first = write_run(tmp_path / "a", val_curve=[[20, 1.0, 3.3], [40, 2.0, 2.9]])
+    second = tmp_path / "b" / "run"
+    third = tmp_path / "c" / "run"
+    for run, previous, rows in (
+        (second, first, "0.0003,50,2.0\n0.0002,60,1.8\n"),
+        (third, second, "0.0001,70,1.7\n"),
+    ):
+        (run / "csv").mkdir(parents=True)
+        (run / "csv" / "metrics.csv").write_text("lr,step,train/loss\n" + rows)
+        (run / ".hydra").mkdir()
+        (run / ".hydra" / "config.yaml").write_text(
+            f"seed: 1337\nckpt_path: {previous / 'checkpoints' / 'last.ckpt'}\nmodel:\n  n_layer: 2\n"
+        )
+    (third / "summary.json").write_text(json.dumps({"val_curve": [[70, 1.0, 2.5]]}))
+    curves, used = find_metrics(third)
+    assert curves["train_loss"] == {10: 4.2, 20: 3.1, 30: 2.5, 40: 2.2, 50: 2.0, 60: 1.8, 70: 1.7}
+    assert curves["val_loss"] == {20: 3.3, 40: 2.9, 70: 2.5}
+    assert sorted(curves["resumed_at"]) == [50, 70]
+    assert used[0] == first / "csv" / "metrics.csv"
+    _, data = plot_curves(curves)
+    assert data["train_loss"][0] == [10, 20, 30, 40, 50, 60, 70]
+    assert data["resumed_at"] == [50, 70]
+    marks = [line.get_xdata()[0] for line in data["axes"][0].get_lines() if line.get_linestyle() == ":"]
+    assert marks == [50, 70]
+
+
+def test_val_only_run_says_train_loss_was_not_logged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = write_run(tmp_path, csv=None, val_curve=[[0, 0.5, 4.1], [100, 12.0, 2.0]])  # logger=none
+    _, data = plot_curves(find_metrics(run)[0])
+    legend = [t.get_text() for t in data["axes"][0].get_legend().get_texts()]
+    assert legend == ["val", "train loss not logged (logger=none); rerun with logger=csv or logger=wandb"]
+    plot_run(run)
+    assert "note: train loss not logged (logger=none)" in capsys.readouterr().out
+    _, with_train = plot_curves(find_metrics(write_run(tmp_path / "csv"))[0])
+    assert [t.get_text() for t in with_train["axes"][0].get_legend().get_texts()] == ["train", "val"]
