@@ -5,6 +5,11 @@ the model on a fixed prompt through the exact attention path and logs the figure
 `mini_gpt.visualize` to W&B as images (keys `attention/maps`, `attention/summary`). When no W&B run is
 active (no WandbLogger, or WANDB_MODE=disabled) it writes PNGs instead, under
 `<run dir>/attention_maps/step<NNNNNN>_{maps,summary}.png`.
+
+Cost: one forward pass through the exact path serves both figures, and the figures are built once and
+then reused (new weights into the same images and bars, the layout computed once), so a render after
+the first is mostly the PNG encoding. Measured with `python -m mini_gpt.bench attention_maps`: see the
+README ("Attention maps while training").
 """
 
 from __future__ import annotations
@@ -20,7 +25,15 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.visualize import attention_maps, attention_summary, parse_selection, save_figure
+from mini_gpt.visualize import (
+    attention_maps,
+    attention_summary,
+    compute_attention,
+    parse_selection,
+    save_figure,
+    update_attention_maps,
+    update_attention_summary,
+)
 
 DEFAULT_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak."
 
@@ -39,14 +52,12 @@ def _wandb_loggers(trainer: L.Trainer) -> list[Any]:
 
 
 def _png_image(fig: Any, dpi: int) -> Any:
-    """A wandb.Image of a figure, rendered to PNG here (no plotly conversion); closes the figure."""
-    import matplotlib.pyplot as plt
+    """A wandb.Image of a figure, rendered to PNG here (no plotly conversion); the figure stays open."""
     import wandb
     from PIL import Image
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
     buf.seek(0)
     return wandb.Image(Image.open(buf).convert("RGB"))
 
@@ -91,6 +102,7 @@ class AttentionMaps(Callback):
         self.saved: list[Path] = []  # PNGs written (when W&B is off)
         self._prompt_text: str | None = None
         self._last_step = -1
+        self._figures: dict[str, tuple[Any, dict[str, Any]]] = {}  # name -> (Figure, data), reused
 
     @property
     def enabled(self) -> bool:
@@ -156,9 +168,7 @@ class AttentionMaps(Callback):
         tok = self._tokenizer(trainer, pl_module)
         prompt = self._prompt_text or self._resolve_prompt(tok)
         model, step = pl_module.model, trainer.global_step
-        figures = {"maps": attention_maps(model, tok, prompt, self.layers, self.heads, self.max_tokens)[0]}
-        if self.summary:
-            figures["summary"] = attention_summary(model, tok, prompt, self.layers, self.max_tokens)[0]
+        figures = self.draw(model, tok, prompt, step)
         loggers = _wandb_loggers(trainer)
         if loggers:
             images = {name: _png_image(fig, self.dpi) for name, fig in figures.items()}
@@ -168,9 +178,39 @@ class AttentionMaps(Callback):
         else:
             root = Path(self.out_dir) if self.out_dir else Path(trainer.default_root_dir) / "attention_maps"
             for name, fig in figures.items():
-                self.saved.append(save_figure(fig, root / f"step{step:06d}_{name}.png", self.dpi))
+                self.saved.append(
+                    save_figure(fig, root / f"step{step:06d}_{name}.png", self.dpi, close=False)
+                )
+        for fig in figures.values():
+            fig.set_layout_engine("none")  # keep the layout of the first render: a later one only repaints
         # Drawing is not training: keep it out of tokens/s (the Throughput callback subtracts this).
         pl_module.stats.excluded_seconds += time.perf_counter() - t0
+
+    def draw(self, model: Any, tokenizer: Any, prompt: str, step: int) -> dict[str, Any]:
+        """The figures for the current weights: built at the first call, updated in place after."""
+        attention = compute_attention(model, tokenizer, prompt, self.max_tokens)  # one forward pass
+        if not self._figures:
+            self._figures["maps"] = attention_maps(
+                model, tokenizer, prompt, self.layers, self.heads, self.max_tokens, attention=attention
+            )
+            if self.summary:
+                self._figures["summary"] = attention_summary(
+                    model, tokenizer, prompt, self.layers, self.max_tokens, attention=attention
+                )
+        else:
+            update_attention_maps(self._figures["maps"][1], attention[2])
+            if "summary" in self._figures:
+                update_attention_summary(self._figures["summary"][1], attention[2])
+        for fig, data in self._figures.values():
+            fig.suptitle(f"{data['title']} · step {step}", fontsize=10)
+        return {name: fig for name, (fig, _) in self._figures.items()}
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        import matplotlib.pyplot as plt
+
+        for fig, _ in self._figures.values():
+            plt.close(fig)
+        self._figures.clear()
 
 
 def build_attention_maps(cfg: Any = None) -> AttentionMaps | None:

@@ -121,12 +121,17 @@ def autocast_context(device: torch.device, dtype: str) -> Any:
 
 def read_prompt(cfg: GenerateConfig) -> str:
     """The prompt text: `prompt`, `prompt=@FILE` or `prompt_file=FILE`."""
-    prompt = "" if cfg.prompt is None else str(cfg.prompt)
+    return prompt_text(cfg.prompt, cfg.prompt_file)
+
+
+def prompt_text(prompt: str | None, prompt_file: str | None = None) -> str:
+    """`prompt` as given, the contents of FILE for `@FILE` (`@@...` for a literal `@...`) or `prompt_file`."""
+    prompt = "" if prompt is None else str(prompt)
     path = None
-    if cfg.prompt_file:
+    if prompt_file:
         if prompt:
             raise MiniGPTError("set either prompt or prompt_file, not both")
-        path = cfg.prompt_file
+        path = prompt_file
     elif prompt.startswith("@@"):
         return prompt[1:]
     elif prompt.startswith("@"):

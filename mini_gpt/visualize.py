@@ -3,6 +3,12 @@
     python -m mini_gpt.visualize ckpt=out/last.ckpt prompt="ROMEO:" layer=all head=all out=attn.png
     python -m mini_gpt.visualize ckpt=... prompt="..." view=summary out=summary.png
     python -m mini_gpt.visualize ckpt=... prompt="..." layer=[0,2] head=1 view=both out=attn.png
+    python -m mini_gpt.visualize ckpt=... prompt=@speech.txt layer=2 out=layer2.png   # prompt from a file
+
+`prompt=` takes any text, commas included (no Hydra quoting needed). A prompt longer than the window
+keeps its last `max_tokens` (default block_size) tokens, and the titles quote that kept window. The
+grid is capped at MAX_FIGURE_INCHES a side: with many layers x heads the panels shrink and the tool
+prints how to zoom in on one layer (`layer=N`) or one panel (`layer=N head=M`).
 
 The weights come from the exact attention path (`model(idx, return_attention=True)`), in eval mode
 (no dropout): row t of a panel is the distribution query token t puts over the keys s <= t.
@@ -21,6 +27,7 @@ imported here: no Lightning.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +43,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.generate import prompt_text, quote_free_text
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -50,11 +58,16 @@ __all__ = [
     "parse_selection",
     "save_figure",
     "token_label",
+    "update_attention_maps",
+    "update_attention_summary",
 ]
 
 # Visible stand-ins for characters a tick label would otherwise swallow.
 _ESCAPES = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+Attention = tuple[list[int], list[str], list[np.ndarray]]  # compute_attention(): ids, labels, weights
 MAX_TICK_LABELS = 64  # more than this and labels overlap: label every k-th token instead
+MAX_FIGURE_INCHES = 20.0  # per side: 2400 px at the default 120 dpi
+MIN_TICK_FONT = 4.0  # points; below this, label every k-th token instead of shrinking further
 
 
 # ---- tokens and selections ------------------------------------------------------------------------
@@ -173,33 +186,41 @@ def attention_maps(
     layers: Any = "all",
     heads: Any = "all",
     max_tokens: int | None = None,
+    attention: Attention | None = None,
 ) -> tuple[Figure, dict[str, Any]]:
     """A grid of heatmaps, one row per selected layer and one column per selected head.
 
+    `attention` (from `compute_attention`) saves the forward pass when the caller has run it already.
     Returns (figure, data) with data = {"tokens": tick labels, "ids", "layers", "heads",
-    "weights": {(layer, head): (T, T) array drawn in that panel}, "axes": {(layer, head): Axes}}.
+    "weights": {(layer, head): (T, T) array drawn in that panel}, "axes": {(layer, head): Axes},
+    "images": {(layer, head): AxesImage}, "title", "shrunk"}; `update_attention_maps` redraws it.
     """
-    ids, labels, weights = compute_attention(model, tokenizer, prompt, max_tokens)
+    ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
     cfg = model.config
     layer_idx = parse_selection(layers, cfg.n_layer, "layer")
     head_idx = parse_selection(heads, cfg.n_head, "head")
     T = len(ids)
-    # Panels grow with the prompt so every label stays legible; capped to keep PNGs reasonable.
-    panel = min(12.0, max(2.6, 0.16 * T + 1.0))
-    per_label = (panel - 1.0) / T * _tick_step(T)  # inches available to one tick label
-    font = max(3.0, min(9.0, per_label * 72 * 0.75))
     nrows, ncols = len(layer_idx), len(head_idx)
+    # Panels grow with the prompt so every label stays legible, but the whole grid stays within
+    # MAX_FIGURE_INCHES a side: many layers x heads get small panels (zoom in with layer=/head=).
+    wanted = min(12.0, max(2.6, 0.16 * T + 1.0))
+    panel = min(wanted, (MAX_FIGURE_INCHES - 1.2) / ncols, (MAX_FIGURE_INCHES - 0.6) / nrows)
+    step = _tick_step(T)
+    while step < T and (panel - 1.0) / T * step * 72 * 0.75 < MIN_TICK_FONT:
+        step += 1  # too little room per label: label fewer tokens
+    font = max(MIN_TICK_FONT, min(9.0, (panel - 1.0) / T * step * 72 * 0.75))
     fig = plt.figure(figsize=(panel * ncols + 1.2, panel * nrows + 0.6), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
-    step = _tick_step(T)
     ticks = list(range(0, T, step))
     data: dict[str, Any] = {
+        "shrunk": panel < wanted,  # the cap made panels smaller than the prompt asks for
         "tokens": labels,
         "ids": ids,
         "layers": layer_idx,
         "heads": head_idx,
         "weights": {},
         "axes": {},
+        "images": {},
     }
     # Square-root colour scale: diffuse heads (weights ~1/t) stay visible next to sharp ones; the
     # plotted array is still the raw weights.
@@ -211,18 +232,36 @@ def attention_maps(
             w = weights[layer][head]
             image = ax.imshow(w, norm=norm, cmap="viridis", interpolation="nearest", aspect="equal")
             ax.set_title(f"layer {layer} · head {head}", fontsize=9)
-            ax.set_xticks(ticks, [labels[i] for i in ticks], rotation=90, fontsize=font)
-            ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=font)
+            # Token ticks on the outer panels only (keys under the bottom row, queries left of the first
+            # column): the panels share both axes, and every tick and label costs drawing time.
+            bottom, left = r == nrows - 1, c == 0
+            ax.set_xticks(
+                ticks if bottom else [],
+                [labels[i] for i in ticks] if bottom else [],
+                rotation=90,
+                fontsize=font,
+            )
+            ax.set_yticks(ticks if left else [], [labels[i] for i in ticks] if left else [], fontsize=font)
             if r == nrows - 1:
                 ax.set_xlabel("key (attended to)", fontsize=8)
             if c == 0:
                 ax.set_ylabel("query", fontsize=8)
             data["weights"][(layer, head)] = w
             data["axes"][(layer, head)] = ax
+            data["images"][(layer, head)] = image
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
-    fig.suptitle(f"attention weights for {_short(prompt)} ({T} tokens)", fontsize=10)
+    data["title"] = f"attention weights for {window_title(tokenizer, prompt, ids)}"
+    fig.suptitle(data["title"], fontsize=10)
     return fig, data
+
+
+def update_attention_maps(data: dict[str, Any], weights: list[np.ndarray]) -> None:
+    """Put new weights (same prompt, e.g. later in training) into the panels of `attention_maps`."""
+    for (layer, head), image in data["images"].items():
+        w = weights[layer][head]
+        image.set_data(w)
+        data["weights"][(layer, head)] = w
 
 
 def attention_summary(
@@ -231,6 +270,7 @@ def attention_summary(
     prompt: str,
     layers: Any = "all",
     max_tokens: int | None = None,
+    attention: Attention | None = None,
 ) -> tuple[Figure, dict[str, Any]]:
     """Per layer, one bar per head: mean attention entropy (left) and mean attention distance (right).
 
@@ -238,7 +278,7 @@ def attention_summary(
     "uniform_entropy", "uniform_distance", "tokens", "axes": (entropy Axes, distance Axes),
     "bars": {"entropy"|"distance": [BarContainer per head]}} -- bar heights equal the arrays.
     """
-    ids, labels, weights = compute_attention(model, tokenizer, prompt, max_tokens)
+    ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
     layer_idx = parse_selection(layers, model.config.n_layer, "layer")
     n_head = model.config.n_head
     stats = [attention_stats(weights[layer]) for layer in layer_idx]
@@ -268,8 +308,10 @@ def attention_summary(
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(unit)
     ax_d.legend(fontsize=7, ncols=max(1, n_head // 6), loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle(f"per-head summary for {_short(prompt)} ({len(ids)} tokens)", fontsize=10)
+    title = f"per-head summary for {window_title(tokenizer, prompt, ids)}"
+    fig.suptitle(title, fontsize=10)
     data = {
+        "title": title,
         "layers": layer_idx,
         "entropy": entropy,
         "distance": distance,
@@ -282,13 +324,35 @@ def attention_summary(
     return fig, data
 
 
-def _short(prompt: str, n: int = 60) -> str:
-    text = "".join(_ESCAPES[ch] if ch in "\n\t\r" else ch for ch in prompt)
-    return "“" + text[:n] + ("…" if len(text) > n else "") + "”"
+def update_attention_summary(data: dict[str, Any], weights: list[np.ndarray]) -> None:
+    """Put the statistics of new weights (same prompt) into the bars of `attention_summary`."""
+    stats = [attention_stats(weights[layer]) for layer in data["layers"]]
+    data["entropy"] = np.stack([s[0] for s in stats])  # (L, n_head)
+    data["distance"] = np.stack([s[1] for s in stats])
+    for name, ax in zip(("entropy", "distance"), data["axes"], strict=True):
+        for h, bars in enumerate(data["bars"][name]):
+            for rect, height in zip(bars.patches, data[name][:, h], strict=True):
+                rect.set_height(height)
+        ax.relim()
+        ax.autoscale_view()
 
 
-def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
-    """Write a figure as PNG (creating the folder) and release its memory."""
+def _short(text: str, n: int = 60, cut_before: bool = False) -> str:
+    text = "".join(_ESCAPES[ch] if ch in "\n\t\r" else ch for ch in text)
+    return "“" + ("…" if cut_before else "") + text[:n] + ("…" if len(text) > n else "") + "”"
+
+
+def window_title(tokenizer: Any, prompt: str, ids: list[int]) -> str:
+    """The text of the tokens drawn (the kept window) and how many of the prompt's tokens they are."""
+    total = len(tokenizer.encode(prompt))
+    kept = tokenizer.decode(ids)
+    if total > len(ids):
+        return f"{_short(kept, cut_before=True)} (last {len(ids)} of {total} tokens)"
+    return f"{_short(kept)} ({len(ids)} tokens)"
+
+
+def save_figure(fig: Figure, path: str | Path, dpi: int = 120, close: bool = True) -> Path:
+    """Write a figure as PNG (creating the folder) and release its memory (unless close=False)."""
     path = Path(path)
     if path.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise MiniGPTError(f"out={path} must end in .png, .pdf or .svg")
@@ -300,7 +364,8 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
             f"cannot draw {path}: {err}; pick fewer layers/heads or a shorter prompt"
         ) from None
     finally:
-        plt.close(fig)
+        if close:
+            plt.close(fig)
     return path
 
 
@@ -324,24 +389,34 @@ def run(cfg: DictConfig | dict[str, Any]) -> list[Path]:
         raise MiniGPTError("ckpt=PATH is required (a training .ckpt or an export directory)")
     if view not in VIEWS:
         raise MiniGPTError(f"view={view!r} must be one of {', '.join(VIEWS)}")
-    prompt = get("prompt")
-    if prompt is None or str(prompt) == "":
-        raise MiniGPTError('prompt is empty; pass prompt="some text" to look at')
-    prompt = str(prompt).replace("\\n", "\n")  # let shells pass newlines as \n
+    raw = get("prompt")
+    if raw is None or str(raw) == "":
+        raise MiniGPTError('prompt is empty; pass prompt="some text" (or prompt=@file.txt) to look at')
+    raw = str(raw)
+    # @FILE: the file's text as it is; otherwise let shells pass newlines as \n.
+    prompt = prompt_text(raw) if raw.startswith("@") else raw.replace("\\n", "\n")
     out = Path(str(get("out", "attn.png")))
     dpi = int(get("dpi", 120))
     max_tokens = get("max_tokens")
     model, tokenizer = load_model(ckpt, str(get("device", "cpu")))
-    written = []
+    written, notes = [], []
     if view in ("maps", "both"):
-        fig, _ = attention_maps(model, tokenizer, prompt, get("layer", "all"), get("head", "all"), max_tokens)
+        fig, data = attention_maps(
+            model, tokenizer, prompt, get("layer", "all"), get("head", "all"), max_tokens
+        )
         written.append(save_figure(fig, out, dpi))
+        if data["shrunk"]:
+            notes.append(
+                f"note: {len(data['layers'])} layers x {len(data['heads'])} heads were shrunk to fit "
+                f"{MAX_FIGURE_INCHES:g} in a side; zoom in on one layer with layer=N (one row, "
+                "e.g. layer=0) or on one head with layer=N head=M"
+            )
     if view in ("summary", "both"):
         target = out if view == "summary" else Path(str(get("summary_out") or summary_path(out)))
         fig, _ = attention_summary(model, tokenizer, prompt, get("layer", "all"), max_tokens)
         written.append(save_figure(fig, target, dpi))
-    for path in written:
-        print(f"wrote {path}")
+    for line in [f"wrote {path}" for path in written] + notes:
+        print(line)
     return written
 
 
@@ -349,6 +424,7 @@ def main() -> None:
     """Console entry point (`python -m mini_gpt.visualize ...`)."""
     from mini_gpt.conf import hydra_main
 
+    sys.argv[1:] = quote_free_text(sys.argv[1:])  # prompt= takes any text, commas included
     hydra_main("visualize", run)
 
 

@@ -83,3 +83,51 @@ def test_prompts(tmp_path: Path) -> None:
         AttentionMaps(every_n_steps=1, prompt="xyz").on_train_start(trainer, module)
     with pytest.raises(MiniGPTError, match="layers=5 is out of range"):
         AttentionMaps(every_n_steps=1, layers=5).setup(trainer, module, "fit")
+
+
+def test_one_forward_pass_per_render_and_figures_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from mini_gpt.visualize import attention_stats
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    trainer, module = fakes(tmp_path)
+    forwards: list[int] = []
+    module.model.register_forward_pre_hook(lambda m, args: forwards.append(1))
+    cb = AttentionMaps(every_n_steps=2, prompt="abc def")
+    drive(cb, trainer, module, [2])
+    assert len(forwards) == 1  # heatmaps and summary drawn from one forward pass
+    first = {name: fig for name, (fig, _) in cb._figures.items()}
+    open_figures = len(plt.get_fignums())
+    with torch.no_grad():  # training moves the weights between renders
+        module.model.transformer.h[1].attn.c_attn.weight.mul_(3.0)
+    for step in (3, 4):
+        trainer.global_step = step
+        cb.on_train_batch_end(trainer, module, None, None, 0)
+    assert len(forwards) == 2
+    assert {name: fig for name, (fig, _) in cb._figures.items()} == first  # the same Figure objects
+    assert len(plt.get_fignums()) == open_figures  # no new figures per render
+    # ...showing the new weights, not the first render's
+    idx = torch.tensor([module.tokenizer.encode("abc def")])
+    with torch.no_grad():
+        _, ref = module.model.eval()(idx, return_attention=True)
+    module.model.train()
+    maps, summary = cb._figures["maps"][1], cb._figures["summary"][1]
+    for (layer, head), image in maps["images"].items():
+        np.testing.assert_allclose(image.get_array(), ref[layer][0, head].double().numpy(), atol=1e-6)
+    entropy, _ = attention_stats(ref[1][0].double().numpy())
+    heights = [bars.patches[1].get_height() for bars in summary["bars"]["entropy"]]  # layer 1, per head
+    np.testing.assert_allclose(heights, entropy, atol=1e-6)
+    assert first["maps"]._suptitle.get_text().endswith("· step 4")
+    names = sorted(p.name for p in (tmp_path / "attention_maps").iterdir())
+    assert names == [
+        "step000002_maps.png",
+        "step000002_summary.png",
+        "step000004_maps.png",
+        "step000004_summary.png",
+    ]
+    cb.teardown(trainer, module, "fit")
+    assert len(plt.get_fignums()) == open_figures - 2

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from mini_gpt import visualize
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer
@@ -28,15 +29,15 @@ from mini_gpt.visualize import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-CHARS = "abcdefgh \n"
+CHARS = "abcdefgh ,\n"
 PROMPT = "ab c\nhead"
 
 
-def make_model(n_layer: int = 2, n_head: int = 3) -> tuple[GPT, CharTokenizer]:
+def make_model(n_layer: int = 2, n_head: int = 3, n_embd: int = 24) -> tuple[GPT, CharTokenizer]:
     tok = CharTokenizer(CHARS)
     torch.manual_seed(0)
     model = GPT(
-        GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=n_layer, n_head=n_head, n_embd=24)
+        GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
     )
     with torch.no_grad():  # sharpen the (near-uniform at init) attention so heads differ visibly
         for block in model.transformer.h:
@@ -84,7 +85,9 @@ def test_maps_panels_labels_and_values_match_model() -> None:
         np.testing.assert_allclose(drawn, ref[layer][head], rtol=0, atol=1e-12)
         np.testing.assert_allclose(data["weights"][(layer, head)], ref[layer][head], atol=1e-12)
         assert ax.get_title() == f"layer {layer} · head {head}"
-        assert [t.get_text() for t in ax.get_xticklabels()] == data["tokens"]
+        # token labels on the outer panels: keys under the last layer's row, queries left of head 0
+        assert [t.get_text() for t in ax.get_xticklabels()] == (data["tokens"] if layer == 1 else [])
+        assert [t.get_text() for t in ax.get_yticklabels()] == (data["tokens"] if head == 0 else [])
     # the sharpened model really has distinct heads, so a mixed-up panel would be caught
     assert not np.allclose(ref[0][0], ref[0][1], atol=1e-3)
 
@@ -149,9 +152,9 @@ def test_save_figure(tmp_path: Path) -> None:
         save_figure(fig, tmp_path / "attn.txt")
 
 
-def write_checkpoint(path: Path) -> GPT:
+def write_checkpoint(path: Path, **sizes: int) -> GPT:
     """A checkpoint in the SPEC format, built by hand (not by the training code)."""
-    model, tok = make_model()
+    model, tok = make_model(**sizes)
     torch.save(
         {
             "state_dict": {"model." + k: v for k, v in model.state_dict().items()},
@@ -207,7 +210,65 @@ def test_cli(tmp_path: Path) -> None:
         cwd=tmp_path,
         timeout=120,
     )
+    # A comma in the prompt is text, not a Hydra list.
+    comma = subprocess.run(
+        [*base[:-1], "prompt=ab, ch", "view=summary", f"out={tmp_path / 'c.png'}"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert comma.returncode == 0, comma.stderr
+    assert comma.stdout.strip() == f"wrote {tmp_path / 'c.png'}"
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         "error: layer=7 is out of range: the model has 2 (valid 0..1 or all)"
     ]
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height from the PNG header (IHDR), read by hand."""
+    header = path.read_bytes()[:24]
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def test_prompt_from_a_file(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path / "m.ckpt")
+    (tmp_path / "p.txt").write_text("a, b\nc")
+    cfg = {"ckpt": str(tmp_path / "m.ckpt"), "view": "maps", "out": str(tmp_path / "a.png")}
+    run({**cfg, "prompt": f"@{tmp_path / 'p.txt'}"})
+    from_text = attention_maps(*make_model(), "a, b\nc")[1]
+    assert from_text["tokens"] == ["a", ",", "␣", "b", "\\n", "c"]
+    with pytest.raises(MiniGPTError, match="cannot read prompt file"):
+        run({**cfg, "prompt": f"@{tmp_path / 'missing.txt'}"})
+
+
+def test_title_quotes_the_kept_window() -> None:
+    model, tok = make_model()
+    prompt = "abc abc abc hgf,edcba hgfedcb"  # 29 characters; the window keeps the last 16
+    fig, data = attention_maps(model, tok, prompt)
+    assert data["ids"] == tok.encode(prompt[-16:])
+    assert fig._suptitle.get_text() == "attention weights for “…gf,edcba hgfedcb” (last 16 of 29 tokens)"
+    fig, _ = attention_summary(model, tok, prompt)
+    assert fig._suptitle.get_text() == "per-head summary for “…gf,edcba hgfedcb” (last 16 of 29 tokens)"
+    fig, _ = attention_maps(model, tok, "abc")
+    assert fig._suptitle.get_text() == "attention weights for “abc” (3 tokens)"
+
+
+def test_big_grids_are_capped_and_say_how_to_zoom_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tok = make_model(n_layer=6, n_head=4)
+    fig, data = attention_maps(model, tok, "abcdefgh abcdefg")
+    width, height = fig.get_size_inches()
+    assert width <= 20.0 and height <= 20.0 and data["shrunk"]
+    path = save_figure(fig, tmp_path / "big.png", dpi=120)
+    assert max(png_size(path)) <= 2400
+    small, data = attention_maps(model, tok, "abcdefgh abcdefg", layers=3)
+    assert not data["shrunk"] and small.get_size_inches()[1] < 5
+    # The CLI says how to zoom in (a smaller cap makes the default 2 x 3 grid count as big: faster).
+    monkeypatch.setattr(visualize, "MAX_FIGURE_INCHES", 6.0)
+    write_checkpoint(tmp_path / "m.ckpt")
+    run({"ckpt": str(tmp_path / "m.ckpt"), "prompt": "abcdefgh abcdefg", "out": str(tmp_path / "a.png")})
+    note = capsys.readouterr().out.splitlines()[-1]
+    assert note == (
+        "note: 2 layers x 3 heads were shrunk to fit 6 in a side; zoom in on one layer with layer=N "
+        "(one row, e.g. layer=0) or on one head with layer=N head=M"
+    )
