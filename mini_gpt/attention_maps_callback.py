@@ -74,6 +74,7 @@ class AttentionMaps(Callback):
         max_tokens: keep the last N prompt tokens (default: block_size); long prompts give huge grids.
         out_dir: where PNGs go when W&B is off (default `<trainer.default_root_dir>/attention_maps`).
         dpi: resolution of the PNGs / W&B images.
+        max_inches: cap on the heatmap grid's sides (12 in at dpi 100 = 1200 px); zoom in with `layers`.
     """
 
     def __init__(
@@ -86,6 +87,7 @@ class AttentionMaps(Callback):
         max_tokens: int | None = 64,
         out_dir: str | None = None,
         dpi: int = 100,
+        max_inches: float = 12.0,
     ) -> None:
         if not isinstance(every_n_steps, int) or every_n_steps < 0:
             raise MiniGPTError(
@@ -99,6 +101,7 @@ class AttentionMaps(Callback):
         self.max_tokens = max_tokens
         self.out_dir = out_dir
         self.dpi = dpi
+        self.max_inches = max_inches
         self.saved: list[Path] = []  # PNGs written (when W&B is off)
         self._prompt_text: str | None = None
         self._last_step = -1
@@ -191,7 +194,7 @@ class AttentionMaps(Callback):
         attention = compute_attention(model, tokenizer, prompt, self.max_tokens)  # one forward pass
         if not self._figures:
             self._figures["maps"] = attention_maps(
-                model, tokenizer, prompt, self.layers, self.heads, self.max_tokens, attention=attention
+                model, tokenizer, prompt, self.layers, self.heads, self.max_tokens, attention, self.max_inches
             )
             if self.summary:
                 self._figures["summary"] = attention_summary(

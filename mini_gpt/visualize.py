@@ -187,10 +187,12 @@ def attention_maps(
     heads: Any = "all",
     max_tokens: int | None = None,
     attention: Attention | None = None,
+    max_inches: float | None = None,
 ) -> tuple[Figure, dict[str, Any]]:
     """A grid of heatmaps, one row per selected layer and one column per selected head.
 
-    `attention` (from `compute_attention`) saves the forward pass when the caller has run it already.
+    `attention` (from `compute_attention`) saves the forward pass when the caller has run it already;
+    `max_inches` caps the figure's sides (default MAX_FIGURE_INCHES).
     Returns (figure, data) with data = {"tokens": tick labels, "ids", "layers", "heads",
     "weights": {(layer, head): (T, T) array drawn in that panel}, "axes": {(layer, head): Axes},
     "images": {(layer, head): AxesImage}, "title", "shrunk"}; `update_attention_maps` redraws it.
@@ -204,7 +206,8 @@ def attention_maps(
     # Panels grow with the prompt so every label stays legible, but the whole grid stays within
     # MAX_FIGURE_INCHES a side: many layers x heads get small panels (zoom in with layer=/head=).
     wanted = min(12.0, max(2.6, 0.16 * T + 1.0))
-    panel = min(wanted, (MAX_FIGURE_INCHES - 1.2) / ncols, (MAX_FIGURE_INCHES - 0.6) / nrows)
+    cap = max_inches or MAX_FIGURE_INCHES
+    panel = min(wanted, (cap - 1.2) / ncols, (cap - 0.6) / nrows)
     step = _tick_step(T)
     while step < T and (panel - 1.0) / T * step * 72 * 0.75 < MIN_TICK_FONT:
         step += 1  # too little room per label: label fewer tokens

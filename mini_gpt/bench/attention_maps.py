@@ -3,11 +3,12 @@
     python -m mini_gpt.bench attention_maps [--repeats 5] [--model char] [--dpi 100]
 
 The default model (conf/model/char.yaml sizes: 4 layers x 4 heads, context 64) with random weights
-draws the callback's default prompt (64 tokens kept, dpi 100, heatmaps + summary) to in-memory PNGs,
+draws the callback's default prompt (64 tokens kept, dpi 100, grid capped at 12 in, heatmaps + summary)
+to in-memory PNGs,
 as the callback does for W&B. Contenders, alternated, medians of the repeats:
 
 - `rebuild`: what the callback did before: each figure from scratch (one forward pass per figure,
-  new subplots, ticks and layout), then closed;
+  new subplots, ticks and layout, the grid not capped: 46 x 45 in for this model), then closed;
 - `first-render`: a fresh callback's first render (one forward pass, both figures built);
 - `reuse`: a later render of the same callback (new weights into the same images and bars, the layout
   kept): the cost of every render after the first.
@@ -23,6 +24,7 @@ import torch
 
 from mini_gpt.bench.common import LoadMeter, alternate, machine_info
 
+UNCAPPED = 1000.0  # inches: no cap, as before max_inches existed
 MODEL_SIZES = {"char": dict(n_layer=4, n_head=4, n_embd=128), "tiny": dict(n_layer=2, n_head=2, n_embd=32)}
 
 
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
 
     def rebuild() -> None:
         for fig, _ in (
-            attention_maps(model, tokenizer, prompt, max_tokens=max_tokens),
+            attention_maps(model, tokenizer, prompt, max_tokens=max_tokens, max_inches=UNCAPPED),
             attention_summary(model, tokenizer, prompt, max_tokens=max_tokens),
         ):
             _png(fig, dpi)
