@@ -349,6 +349,14 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
         raise MiniGPTError(f"model_type={model_type!r} is not one mini-gpt reads (GPT-2, GPT-NeoX, Llama)")
     arch = ARCHITECTURES[model_type]
     rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+    # transformers 4.x keeps these as plain attributes (rotary_pct and rotary_emb_base for GPT-NeoX).
+    for key, attr in (
+        ("rope_theta", "rope_theta"),
+        ("rope_theta", "rotary_emb_base"),
+        ("partial_rotary_factor", "rotary_pct"),
+    ):
+        if key not in rope and getattr(hf_config, attr, None) is not None:
+            rope[key] = getattr(hf_config, attr)
     config = GPTConfig(
         vocab_size=hf_config.vocab_size,
         block_size=hf_config.max_position_embeddings,

@@ -122,3 +122,22 @@ def test_rotary_architectures_load_with_equal_logits(kind):
 def test_settings_without_a_counterpart_are_refused(kind, overrides, message):
     with pytest.raises(MiniGPTError, match=message):
         gpt_from_hf(random_hf(kind, seed=0, **overrides))
+
+
+def test_transformers_4_style_rotary_settings_are_read():
+    """transformers 4.x kept GPT-NeoX's rotary settings as attributes, without rope_parameters."""
+    from types import SimpleNamespace
+
+    from mini_gpt.hf import config_from_hf
+
+    v4 = dict(
+        model_type="gpt_neox", vocab_size=97, max_position_embeddings=32, num_hidden_layers=2,
+        num_attention_heads=4, hidden_size=48, intermediate_size=192, attention_bias=True,
+        tie_word_embeddings=False, use_parallel_residual=False, hidden_act="gelu_new", layer_norm_eps=1e-5,
+        rotary_emb_base=10000, rotary_pct=1.0,
+    )  # fmt: skip
+    assert config_from_hf(SimpleNamespace(**v4)).pos_embedding == "rope"
+    with pytest.raises(MiniGPTError, match="partial rotary"):
+        config_from_hf(SimpleNamespace(**{**v4, "rotary_pct": 0.25}))
+    with pytest.raises(MiniGPTError, match="rope_theta=500000"):
+        config_from_hf(SimpleNamespace(**{**v4, "rotary_emb_base": 500000}))
