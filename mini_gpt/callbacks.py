@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -20,7 +22,11 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import CustomBarColumn
 from lightning.pytorch.utilities import rank_zero_only
+from rich.progress import ProgressColumn, Task, TextColumn
+from rich.table import Column
+from rich.text import Text
 
 from mini_gpt.errors import MiniGPTError
 
@@ -51,7 +57,15 @@ class EvalCheckpoint(ModelCheckpoint):
 
     Lightning (2.6) refreshes last.ckpt only when a top-k checkpoint was written at the same step, i.e.
     when val/loss improved; a run whose val loss plateaus would resume from an old step.
+
+    A resumed run writes into its own new directory: its best.ckpt / last.ckpt track that run, so the
+    state saved by the previous directory's callback is restored only when the directory is the same
+    (Lightning would restore part of it and warn "The dirpath has changed" on every resume).
     """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
+            super().load_state_dict(state_dict)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
@@ -324,6 +338,11 @@ class Throughput(Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._close_interval(pl_module)  # the tail after the last log interval
+        # From here on the progress bar shows the run's averages: the figures summary.json reports.
+        latest = pl_module.stats.latest
+        latest["tokens_per_sec"] = self.tokens_per_sec
+        if self.peak and "mfu" in latest:
+            latest["mfu"] = self._flops_per_token * self.tokens_per_sec / (self.peak * trainer.world_size)
 
     def _close_interval(self, pl_module: L.LightningModule) -> tuple[int, float]:
         """Tokens and training seconds since the last call; adds them to the run totals (and stats)."""
@@ -354,28 +373,81 @@ class Throughput(Callback):
 
 
 # ---- progress bar ---------------------------------------------------------------------------------
+def _clock(seconds: float | None) -> str:
+    """m:ss below an hour, else h:mm:ss; -:-- when unknown."""
+    if seconds is None:
+        return "-:--"
+    minutes, sec = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{sec:02d}" if hours else f"{minutes}:{sec:02d}"
+
+
+class _TimeColumn(ProgressColumn):
+    """`elapsed<remaining`, as compact as tqdm's."""
+
+    max_refresh = 0.5  # redrawn at most twice a second: no jitter
+
+    def __init__(self) -> None:
+        super().__init__(table_column=Column(no_wrap=True))
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.finished_time if task.finished else task.elapsed
+        return Text(f"{_clock(elapsed)}<{_clock(task.time_remaining)}", style="grey70")
+
+
+class _StatsColumn(ProgressColumn):
+    """The run's numbers as one line that never wraps (cut with an ellipsis on a very narrow terminal)."""
+
+    def __init__(self) -> None:
+        super().__init__(table_column=Column(no_wrap=True, overflow="ellipsis"))
+        self.text = ""  # set by ProgressBar from the module's stats; render() runs in Rich's thread
+
+    def render(self, task: Task) -> Text:
+        return Text(self.text if task.description == ProgressBar.TRAIN else "", style="grey82")
+
+
 class ProgressBar(RichProgressBar):
-    """Rich bar showing train loss, last val loss, tokens/s and MFU from the module's python-side
-    `stats.latest` (updated at log intervals), so refreshing it never syncs with the device."""
+    """Rich bar, one line within 80 columns: `train ━━━━━━━━━━ 250/500 0:21<0:20 loss 1.912 val 2.018
+    12,658 tok/s 31.6% mfu`. The numbers come from the module's python-side `stats.latest` (updated at log
+    intervals), so refreshing never syncs with the device. tok/s is the last log interval's rate while
+    training; at the end the bar shows the run's average, the figure summary.json calls tokens_per_sec."""
+
+    TRAIN = "train"
 
     def __init__(self, refresh_rate: int = 10, leave: bool = True) -> None:
         super().__init__(refresh_rate=refresh_rate, leave=leave)
+        self._stats = _StatsColumn()
+
+    @staticmethod
+    def stats_text(latest: dict[str, float]) -> str:
+        parts = []
+        if "train/loss" in latest:
+            parts.append(f"loss {latest['train/loss']:.3f}")
+        if "val_loss" in latest:
+            parts.append(f"val {latest['val_loss']:.3f}")
+        if "tokens_per_sec" in latest:
+            parts.append(f"{latest['tokens_per_sec']:,.0f} tok/s")
+        if "mfu" in latest:
+            parts.append(f"{100 * latest['mfu']:.1f}% mfu")
+        return " ".join(parts)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-        m = pl_module.stats.latest
-        shown: dict[str, Any] = {}
-        if "train/loss" in m:
-            shown["loss"] = f"{m['train/loss']:.4f}"
-        if "val_loss" in m:
-            shown["val"] = f"{m['val_loss']:.4f}"
-        if "tokens_per_sec" in m:
-            shown["tok/s"] = f"{m['tokens_per_sec']:,.0f}"
-        if "mfu" in m:
-            shown["mfu"] = f"{100 * m['mfu']:.1f}%"
-        return shown
+        self._stats.text = self.stats_text(pl_module.stats.latest)
+        return {}  # Lightning's own metrics column stays empty: ours is compact and never wraps
+
+    def configure_columns(self, trainer: L.Trainer) -> list[Any]:
+        return [
+            TextColumn("[progress.description]{task.description}"),
+            CustomBarColumn(bar_width=10),
+            TextColumn(
+                "{task.completed:.0f}/{task.total:.0f}", style="grey70", table_column=Column(no_wrap=True)
+            ),
+            _TimeColumn(),
+            self._stats,
+        ]
 
     def _get_train_description(self, current_epoch: int) -> str:
-        return "train"  # one endless epoch: "Epoch 0/-2" would only confuse
+        return self.TRAIN  # one endless epoch: "Epoch 0/-2" would only confuse
 
     @property
     def total_train_batches(self) -> int | float:
@@ -385,8 +457,23 @@ class ProgressBar(RichProgressBar):
             return trainer.max_steps * trainer.accumulate_grad_batches
         return total
 
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Throughput's on_train_end (it comes first in the callback list) put the run averages in stats.
+        self.get_metrics(trainer, pl_module)
+        self.refresh(hard=True)
+
 
 # ---- Ctrl-C ---------------------------------------------------------------------------------------
+def resume_command(ckpt: Path) -> str:
+    """The command that resumes from `ckpt`: this script (as it was invoked) with `ckpt_path=` alone, as a
+    resumed run restores the rest of its config from the checkpoint (mini_gpt.resume). `python` when
+    that is this interpreter on PATH, else the interpreter's full path."""
+    on_path = shutil.which("python")
+    same = on_path is not None and Path(on_path).resolve() == Path(sys.executable).resolve()
+    python = "python" if same else sys.executable
+    return shlex.join([python, sys.argv[0], f"ckpt_path={Path(ckpt).resolve()}"])
+
+
 class SaveOnInterrupt(Callback):
     """First Ctrl-C (SIGINT): finish the current optimizer step, save last.ckpt, exit. A second
     Ctrl-C interrupts at once. Saving between steps keeps the checkpoint consistent, so resuming from
@@ -425,7 +512,12 @@ class SaveOnInterrupt(Callback):
         if isinstance(trainer.checkpoint_callback, ModelCheckpoint):  # what summary.json reports
             trainer.checkpoint_callback.last_model_path = str(path)
         if trainer.is_global_zero:
-            print(f"interrupted at step {trainer.global_step}: saved {path}", file=sys.stderr, flush=True)
+            print(
+                f"interrupted at step {trainer.global_step}: saved {path}\n"
+                f"resume with: {resume_command(path)}",
+                file=sys.stderr,
+                flush=True,
+            )
         return path
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
@@ -471,11 +563,13 @@ class RunSummary(Callback):
     """Writes `summary.json` (rank 0) when the fit ends or stops, from the module's `RunStats`.
 
     `status` is completed, interrupted (Ctrl-C), nonfinite (NaN guard) or failed (any other exception);
-    times count from process start. The file is replaced atomically: never half-written.
+    times (`wall_seconds`, the `val_curve` rows) count from `start` (unix time; default: process start;
+    each trial of a multirun passes its own). The file is replaced atomically: never half-written.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, start: float | None = None) -> None:
         self.path = Path(path)
+        self.start = start
         self.summary: dict[str, Any] | None = None  # what was written last (rank 0)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -489,7 +583,8 @@ class RunSummary(Callback):
 
     @rank_zero_only
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str) -> None:
-        start, stats, ckpt = process_start_time(), pl_module.stats, trainer.checkpoint_callback
+        start = self.start if self.start is not None else process_start_time()
+        stats, ckpt = pl_module.stats, trainer.checkpoint_callback
         vals = stats.val_history
         best = getattr(ckpt, "best_model_path", "")
         last = getattr(ckpt, "last_model_path", "")

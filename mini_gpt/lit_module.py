@@ -61,6 +61,8 @@ class GPTLitModule(L.LightningModule):
         self.model = GPT(model_config)
         self._compiled: Any = None  # plain attribute, not a submodule: keeps state_dict keys clean
         self.stats = RunStats()
+        # The run's whole config (plain, unresolved), saved into checkpoints so a resume can restore it.
+        self.run_config: dict[str, Any] | None = None
         self._grad_norm: Tensor | None = None
         self._pending_step = -1
         self._pending_loss: Tensor | None = None
@@ -238,6 +240,8 @@ class GPTLitModule(L.LightningModule):
                 for k, v in dataclasses.asdict(self.optim_config).items()
             },
         }
+        if self.run_config is not None:
+            checkpoint["run_config"] = self.run_config  # read by mini_gpt.resume
         # Dropout draws from the global generator; saving it makes resumed runs match exactly.
         checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available() and self.device.type == "cuda":

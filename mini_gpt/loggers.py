@@ -1,8 +1,9 @@
 """Experiment loggers of a training run: built from `cfg.logger`, W&B set up so it never blocks.
 
-W&B runs online only with credentials and a reachable server, else offline (no login prompt); runs of
-one sweep share a group; at the end the checkpoint is uploaded if asked and the run is finished (one
-run per sweep trial), printing the `wandb sync` command of an offline run.
+W&B runs online only with credentials and a reachable server, else offline (no login prompt) and silent
+(wandb's own banner and footer would only repeat where the files are); runs of one sweep share a group;
+at the end the checkpoint is uploaded if asked and the run is finished (one run per sweep trial),
+printing once how to upload an offline run (`wandb login`, then `wandb sync DIR`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_loggers", "default_wandb_group", "finish_wandb", "wandb_mode"]
+__all__ = ["build_loggers", "default_wandb_group", "finish_wandb", "sync_hint", "wandb_mode"]
 
 
 def wandb_mode() -> str:
@@ -62,12 +63,19 @@ def build_loggers(logger_cfgs: Mapping[str, Any], trial: tuple[str, int] | None)
             mode = wandb_mode()
             os.environ["WANDB_MODE"] = mode
             lcfg.update(offline=mode == "offline", log_model=False)
+            if mode == "offline":  # no banner, no footer: finish_wandb prints the one line that matters
+                lcfg["settings"] = {**(lcfg.get("settings") or {}), "silent": True}
             if lcfg.get("group") is None:
                 lcfg["group"] = default_wandb_group(os.environ, trial[0] if trial else None)
             if trial and lcfg.get("name") is None:
                 lcfg["name"] = f"trial-{trial[1]}"
             Path(lcfg["save_dir"]).mkdir(parents=True, exist_ok=True)
-        loggers.append(instantiate(lcfg, _convert_="all"))
+        logger = instantiate(lcfg, _convert_="all")
+        if isinstance(getattr(logger, "_wandb_init", None), dict):
+            # Lightning's WandbLogger always passes anonymous=None, which wandb >= 0.19 answers with
+            # "WARNING The anonymous setting has no effect" on every run: leave the argument out.
+            logger._wandb_init.pop("anonymous", None)
+        loggers.append(logger)
     return loggers, log_model
 
 
@@ -92,4 +100,9 @@ def finish_wandb(loggers: list[Any], log_model: bool, ckpt_path: str | None) -> 
     finally:
         wandb.finish()
     if offline_dir is not None:
-        print(f"W&B offline run saved; upload it with: wandb sync {offline_dir}")
+        print(sync_hint(offline_dir))
+
+
+def sync_hint(offline_dir: Path) -> str:
+    """The one line printed after an offline W&B run: where it is and how to upload it."""
+    return f"W&B run saved offline in {offline_dir}; to upload it: wandb login, then wandb sync {offline_dir}"

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
+import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +29,81 @@ from mini_gpt.errors import MiniGPTError
 if TYPE_CHECKING:
     import lightning as L
 
-__all__ = ["apply_batch_layout", "check_multirun_strategy", "hydra_trial", "sweep_objective", "train"]
+__all__ = [
+    "apply_batch_layout",
+    "check_multirun_strategy",
+    "hydra_trial",
+    "launcher_rank",
+    "run_directory",
+    "sweep_objective",
+    "train",
+]
+
+# What Hydra and a run that never reached training leave in a run directory (removed on such a failure).
+_UNSTARTED_ENTRIES = {".hydra", "train.log", "wandb", "csv", "checkpoints", "attention_maps"}
+_runs_in_process = 0  # train() calls so far: the first run's clock starts at process start
+
+
+def launcher_rank() -> int:
+    """This process's global rank as set by whoever started it (Lightning's DDP re-launch, torchrun,
+    SLURM); 0 for a process started by the user. Known before any Trainer exists."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
+
+
+@contextmanager
+def run_directory(
+    run_dir: str | Path, keep_unstarted: bool = False, output_dir: str | Path | None = None
+) -> Iterator[None]:
+    """The run directory's life around one run (rank 0 only; other ranks just run the block).
+
+    `train.log` receives what the console shows (an error line or traceback included, so a failed run's
+    folder says why). A run that fails before training started (no summary.json: a bad config, a missing
+    checkpoint) leaves no folder behind, unless `keep_unstarted` (a sweep trial: its folder holds its
+    error for the sweep's table). Only what Hydra and the run write is removed, then the folder and its
+    emptied parents below `output_dir` (e.g. the date folder of outputs/train/runs/<date>/<time>).
+    """
+    from mini_gpt.console_log import record_console
+
+    if launcher_rank() != 0:
+        yield
+        return
+    run_dir = Path(run_dir)
+    completed = False
+    try:
+        with record_console(run_dir / "train.log"):
+            yield
+        completed = True
+    finally:
+        if not completed and not keep_unstarted and not (run_dir / "summary.json").exists():
+            _remove_unstarted(run_dir.resolve(), Path(output_dir).resolve() if output_dir else None)
+
+
+def _remove_unstarted(run_dir: Path, output_dir: Path | None) -> None:
+    if not run_dir.is_dir():
+        return
+    for entry in run_dir.iterdir():
+        if entry.name in _UNSTARTED_ENTRIES:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    inside = output_dir is not None and output_dir in run_dir.parents
+    parents = [p for p in run_dir.parents if inside and output_dir in p.parents]
+    for folder in (run_dir, *parents):  # the run dir, then emptied folders below output_dir
+        try:
+            folder.rmdir()  # only if empty
+        except OSError:
+            break
+
+
+def _run_start() -> float:
+    """Unix time this run's clock starts: process start for the first run of the process (imports and
+    start-up count), the call itself for later ones (the next trials of a Hydra multirun)."""
+    global _runs_in_process
+    from mini_gpt.callbacks import process_start_time
+
+    _runs_in_process += 1
+    return process_start_time() if _runs_in_process == 1 else time.time()
 
 
 def hydra_trial() -> tuple[str, int] | None:
@@ -83,7 +162,7 @@ def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if node is not None else {}
 
 
-def _callbacks(cfg: DictConfig, summary_path: Path) -> list[Any]:
+def _callbacks(cfg: DictConfig, summary_path: Path, started: float) -> list[Any]:
     """The configured callbacks (`_target_` entries, null = dropped) + final validation + the summary."""
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
@@ -96,7 +175,8 @@ def _callbacks(cfg: DictConfig, summary_path: Path) -> list[Any]:
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     if not cfg.trainer.get("enable_checkpointing", True):
         callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
-    return [*callbacks, ValidateAtEnd(), RunSummary(summary_path)]  # after SaveOnInterrupt: sees its save
+    # RunSummary after SaveOnInterrupt: it sees the Ctrl-C save.
+    return [*callbacks, ValidateAtEnd(), RunSummary(summary_path, started)]
 
 
 def _model_dict(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
@@ -114,6 +194,7 @@ def _model_dict(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
 
 def train(cfg: DictConfig) -> float | None:
     """Build everything from the composed config and fit; returns the best val loss (rank 0, else None)."""
+    started = _run_start()
     ckpt_path = cfg.get("ckpt_path")
     if ckpt_path is not None:  # checked before the slow imports: a typo fails in a second
         ckpt_path = Path(ckpt_path).expanduser().resolve()
@@ -150,7 +231,7 @@ def train(cfg: DictConfig) -> float | None:
         raise MiniGPTError(f"bad data/loader config: {err}") from None
 
     # The Trainer comes before the model: it knows this process's rank (data preparation runs on one).
-    callbacks = _callbacks(cfg, run_dir / "summary.json")
+    callbacks = _callbacks(cfg, run_dir / "summary.json", started)
     trial = hydra_trial()
     loggers, log_model = build_loggers(_plain(cfg.get("logger")), trial)
     trainer: L.Trainer = instantiate(
@@ -170,6 +251,7 @@ def train(cfg: DictConfig) -> float | None:
         compile=cfg.compile,
     )
     module.stats.tokens_per_step = layout.tokens_per_step
+    module.run_config = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
     # trainer.loggers, not `loggers`: fast_dev_run swaps them for a DummyLogger (no W&B run is started)
     for logger in trainer.loggers:  # rank 0 only (Lightning's loggers are rank-zero guarded)
         logger.log_hyperparams({**_plain(cfg), "batch": layout.as_dict()})

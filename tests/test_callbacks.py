@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
+import shutil
 import signal
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -159,7 +162,9 @@ def test_without_guard_nan_would_be_checkpointed(tmp_path: Path, dm: Any) -> Non
     assert not all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
 
 
-def test_sigint_saves_last_checkpoint_between_steps(tmp_path: Path, dm: Any) -> None:
+def test_sigint_saves_last_checkpoint_between_steps(
+    tmp_path: Path, dm: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     import lightning as L
 
     class CtrlC(L.Callback):
@@ -177,6 +182,18 @@ def test_sigint_saves_last_checkpoint_between_steps(tmp_path: Path, dm: Any) -> 
         signal.signal(signal.SIGINT, previous)  # Lightning leaves SIGINT ignored after an interrupt
     assert saver.saved_path == tmp_path / "ckpt" / "last.ckpt"
     assert _ckpt_step(saver.saved_path) == 3  # step 3 finished, then saved
+    # the exact command that resumes: this script with the checkpoint (the rest comes from the checkpoint)
+    err = capsys.readouterr().err.splitlines()
+    assert f"interrupted at step 3: saved {saver.saved_path}" in err
+    python = (
+        "python"
+        if shutil.which("python") and Path(shutil.which("python")).resolve() == Path(sys.executable).resolve()
+        else sys.executable
+    )
+    expected = shlex.join([python, sys.argv[0], f"ckpt_path={saver.saved_path}"])
+    assert (
+        err[err.index(f"interrupted at step 3: saved {saver.saved_path}") + 1] == f"resume with: {expected}"
+    )
 
 
 def test_throughput_logs_tokens_per_sec_and_mfu(tmp_path: Path, dm: Any) -> None:
@@ -243,8 +260,33 @@ def test_progress_bar_shows_python_side_metrics(dm: Any) -> None:
     module.stats.latest.update(
         {"train/loss": 2.34567, "val_loss": 2.5, "tokens_per_sec": 12345.6, "mfu": 0.4321}
     )
-    shown = ProgressBar().get_metrics(None, module)  # type: ignore[arg-type]
-    assert shown == {"loss": "2.3457", "val": "2.5000", "tok/s": "12,346", "mfu": "43.2%"}
+    bar = ProgressBar()
+    assert bar.get_metrics(None, module) == {}  # type: ignore[arg-type]  # Lightning's column stays empty
+    assert bar._stats.text == "loss 2.346 val 2.500 12,346 tok/s 43.2% mfu"
+
+
+@pytest.mark.parametrize("steps", [500, 25_000])
+def test_progress_bar_is_one_line_in_80_columns(steps: int) -> None:
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    bar = ProgressBar()
+    bar._stats.text = bar.stats_text(
+        {"train/loss": 1.82345, "val_loss": 1.819, "tokens_per_sec": 126580.4, "mfu": 0.316}
+    )
+    out = io.StringIO()
+    console = Console(file=out, width=80)
+    progress = Progress(*bar.configure_columns(None), console=console)  # type: ignore[arg-type]
+    task = progress.add_task("train", total=steps)
+    progress.update(task, completed=steps // 2)
+    console.print(progress.make_tasks_table(progress.tasks))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and len(lines[0]) <= 80, lines
+    assert lines[0].startswith("train ")
+    assert f"{steps // 2}/{steps}" in lines[0]
+    assert lines[0].endswith("loss 1.823 val 1.819 126,580 tok/s 31.6% mfu")
 
 
 @pytest.mark.parametrize(

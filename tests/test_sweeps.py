@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -115,6 +116,79 @@ def test_optuna_sweep_runs_trials_and_survives_a_failed_one(
     assert results["best_value"] == pytest.approx(min(values.values()), abs=1e-12)
     assert results["best_params"]["loader.batch_size"] == 8
     assert "Best parameters" in out
+
+    # Each trial is timed from its own start: trial 1 began after trial 0 wrote its summary.
+    summaries = {t: json.loads((sweep_dir / str(t) / "summary.json").read_text()) for t in values}
+    mtime = {t: (sweep_dir / str(t) / "summary.json").stat().st_mtime for t in values}
+    own = mtime[1] - mtime[0]
+    assert 0 < summaries[1]["wall_seconds"] <= own + 0.5, (summaries[1]["wall_seconds"], own)
+    assert 0 < summaries[1]["val_curve"][-1][1] <= summaries[1]["wall_seconds"]
+    # The failed trial's folder says why.
+    assert "error: batch_size=0 must be a positive integer" in (sweep_dir / "2" / "train.log").read_text()
+    # The table of trials: printed at the end and written beside optimization_results.yaml.
+    with (sweep_dir / "trials.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [row["trial"] for row in table] == ["0", "1", "2"]
+    assert set(table[0]) >= SEARCHED | {"status", "best_val_loss", "wall_seconds", "steps", "error"}
+    for trial in (0, 1):
+        row = table[trial]
+        assert row["status"] == "completed" and row["error"] == ""
+        assert float(row["best_val_loss"]) == pytest.approx(values[trial], abs=1e-4)
+        assert float(row["wall_seconds"]) == pytest.approx(summaries[trial]["wall_seconds"], abs=0.05)
+        overrides = yaml.safe_load((sweep_dir / str(trial) / ".hydra" / "overrides.yaml").read_text())
+        assert f"optim.lr={row['optim.lr']}" in overrides
+    assert table[2]["status"] == "failed" and table[2]["loader.batch_size"] == "0"
+    assert table[2]["error"].startswith("error: batch_size=0 must be a positive integer")
+    assert f"trials of {sweep_dir}" in proc.stdout
+    printed = proc.stdout[proc.stdout.index(f"trials of {sweep_dir}") :].splitlines()
+    assert printed[1].split()[:2] == ["trial", *[k for k in table[0] if k != "trial"][:1]]
+    assert [line.split()[0] for line in printed[2:5]] == ["0", "1", "2"]
+
+
+@pytest.mark.slow
+def test_multirun_with_ddp_stops_once_before_the_first_trial(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "-m", "trainer=ddp", "trainer.accelerator=cpu",
+         "trainer.devices=2", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: Hydra multirun (-m) cannot run a multi-device strategy started from inside the trial "
+        "(trainer.devices=2): sweep with one device per trial, or run each trial as a multi-GPU SLURM job "
+        "with hydra/launcher=slurm"
+    ]
+    assert "Launching" not in proc.stdout and not sweep_dir.exists()  # no trial started
+
+
+def test_trials_table_from_trial_folders(tmp_path: Path) -> None:
+    from mini_gpt.sweeps import read_trials, trials_table
+
+    def trial(n: int, overrides: list[str], summary: dict[str, Any] | None, log: str = "") -> None:
+        folder = tmp_path / str(n)
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+        if summary is not None:
+            (folder / "summary.json").write_text(json.dumps(summary))
+        (folder / "train.log").write_text(log)
+
+    common = "trainer.max_steps=3"
+    done = {"status": "completed", "best_val_loss": 2.5, "wall_seconds": 9.04, "steps": 3}
+    diverged = {"status": "nonfinite", "best_val_loss": None, "wall_seconds": 3.0, "steps": 2}
+    trial(0, [common, "optim.lr=0.01", "seed=1"], done)
+    trial(1, [common, "optim.lr=0.02", "seed=1"], None, "step 0\nerror: bad value\nmore\n")
+    trial(10, [common, "optim.lr=0.03", "seed=1"], diverged, "Traceback\nValueError: x\n")
+    (tmp_path / ".submitit").mkdir()  # not a trial
+    header, rows = trials_table(read_trials(tmp_path))
+    # only the override that differs between trials gets a column; trials in numeric order
+    assert header == ["trial", "optim.lr", "status", "best_val_loss", "wall_seconds", "steps", "error"]
+    assert rows == [
+        ["0", "0.01", "completed", "2.5000", "9.0", "3", ""],
+        ["1", "0.02", "failed", "-", "-", "-", "error: bad value"],
+        ["10", "0.03", "nonfinite", "-", "3.0", "2", "ValueError: x"],
+    ]
 
 
 def _search_space_lr_bounds() -> list[float]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from mini_gpt.conf import CONF_DIR
 
@@ -60,9 +61,11 @@ def _overrides(run_dir: Path, data_dir: Path, shakespeare: Path, *extra: str) ->
     ]
 
 
-def _fit(compose: Any, overrides: list[str]) -> tuple[dict[str, Any], Any]:
-    """Run train() on a composed config; return (summary.json, the LightningModule)."""
+def _fit(compose: Any, overrides: list[str], resume: bool = False) -> tuple[dict[str, Any], Any]:
+    """Run train() on a composed config (`resume`: as train.py does, the resumed run's own config plus
+    `overrides`); return (summary.json, the LightningModule)."""
     import mini_gpt.lit_module as lm
+    from mini_gpt.resume import resumed_config
     from mini_gpt.training import train
 
     captured: dict[str, Any] = {}
@@ -72,7 +75,7 @@ def _fit(compose: Any, overrides: list[str]) -> tuple[dict[str, Any], Any]:
         original_init(self, *args, **kwargs)
         captured["module"] = self
 
-    cfg = compose(overrides)
+    cfg = resumed_config(compose(overrides), overrides) if resume else compose(overrides)
     lm.GPTLitModule.__init__ = spy_init  # type: ignore[method-assign]
     try:
         train(cfg)
@@ -162,6 +165,42 @@ def test_exact_resume_and_same_seed(
 
 
 @pytest.mark.slow
+def test_resume_restores_the_run_config_and_prints_what_changes(
+    compose: Any,
+    tmp_path: Path,
+    char_data_dir: Path,
+    shakespeare_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import warnings
+
+    first = ("trainer.max_steps=4", "trainer.val_check_interval=2", "optim.lr=7e-3", "optim.warmup_steps=1")
+    summary, _ = _fit(compose, _overrides(tmp_path / "first", char_data_dir, shakespeare_path, *first))
+    capsys.readouterr()
+    # The command names only the checkpoint, a new directory and a longer run: the rest is the run's own.
+    again = [
+        f"paths.run_dir={tmp_path / 'second'}",
+        f"ckpt_path={summary['last_ckpt']}",
+        "trainer.max_steps=6",
+    ]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed, module = _fit(compose, again, resume=True)
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [
+        f"resuming {summary['last_ckpt']} with its run's config (from the checkpoint); command-line changes:",
+        "  trainer.max_steps: 4 -> 6",
+    ]
+    assert module.optim_config.lr == 7e-3 != compose([]).optim.lr  # the run's lr, not the default
+    assert module.stats.start_step == 4 and resumed["steps"] == 6
+    assert [row[0] for row in resumed["val_curve"]] == [6]  # the run's val_check_interval=2 kept
+    assert not [w for w in caught if "dirpath" in str(w.message)], [str(w.message) for w in caught]
+    assert Path(resumed["last_ckpt"]).parent == tmp_path / "second" / "checkpoints"
+    saved = torch.load(resumed["last_ckpt"], map_location="cpu", weights_only=True)["run_config"]
+    assert saved["trainer"]["max_steps"] == 6 and saved["optim"]["lr"] == 7e-3
+
+
+@pytest.mark.slow
 def test_overfit_one_batch(compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path) -> None:
     _, module = _fit(
         compose,
@@ -217,29 +256,82 @@ def test_subprocess_default_wandb_offline_from_other_cwd(
 ) -> None:
     run_dir = tmp_path / "run"
     args = [a for a in _overrides(run_dir, char_data_dir, shakespeare_path) if not a.startswith("logger=")]
-    args = [a for a in args if not a.startswith("paths.run_dir")]
+    args = [a for a in args if not a.startswith(("paths.run_dir", "trainer.enable_progress_bar"))]
     args += [f"hydra.run.dir={run_dir}", "trainer.max_steps=4", "trainer.val_check_interval=2"]
     proc = subprocess.run(
         [sys.executable, str(REPO / "train.py"), *args],
         cwd=tmp_path,
-        env=_env(tmp_path),
+        env={**_env(tmp_path), "COLUMNS": "80"},
         capture_output=True,
         text=True,
         timeout=300,
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    console = proc.stdout + proc.stderr
     offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 1 and any(offline_runs[0].glob("*.wandb"))
-    assert f"wandb sync {offline_runs[0]}" in proc.stdout
+    # W&B: no deprecation noise, and the way to upload said once, with the login step
+    assert "anonymous" not in console
+    assert console.count("wandb sync") == 1
+    hint = next(line for line in proc.stdout.splitlines() if "wandb sync" in line)
+    assert "wandb login" in hint and hint.endswith(f"wandb sync {offline_runs[0]}")
     # the summary's path and headline numbers are printed last
     tail = proc.stdout.strip().splitlines()[-3:]
     assert tail[0] == f"summary: {run_dir / 'summary.json'}"
     assert "best_val_loss=" in tail[1] and "tokens/s=" in tail[1]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["last_ckpt"] == str(run_dir / "checkpoints" / "last.ckpt")
+    # the progress bar's final line fits 80 columns and shows the summary's tokens/s
+    bar = [line for line in proc.stdout.splitlines() if line.startswith("train ") and "tok/s" in line]
+    assert len(bar) == 1 and len(bar[0].rstrip()) <= 80, bar
+    assert f" {summary['tokens_per_sec']:,.0f} tok/s" in bar[0]
+    assert f"tokens/s={summary['tokens_per_sec']:,.0f}" in tail[1]
+    # train.log holds what the console showed (stdout and stderr)
+    log = (run_dir / "train.log").read_text().splitlines()
+    shown = [line.rstrip() for line in console.splitlines() if line.strip()]
+    assert shown and [line for line in shown if line not in log] == []
     assert (run_dir / ".hydra" / "config.yaml").is_file()  # resolved config saved by Hydra
     assert not (tmp_path / "outputs").exists()  # nothing written relative to the cwd
+
+
+def test_run_directory_records_the_console_and_drops_runs_that_never_started(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mini_gpt.errors import MiniGPTError
+    from mini_gpt.training import run_directory
+
+    outputs = tmp_path / "outputs"
+
+    def run(name: str, started: bool, error: BaseException | None, keep: bool = False) -> Path:
+        run_dir = outputs / "train" / "runs" / name / "12-00-00"
+        (run_dir / ".hydra").mkdir(parents=True)  # as Hydra leaves it before the run
+        (run_dir / ".hydra" / "config.yaml").write_text("seed: 1\n")
+        try:
+            with run_directory(run_dir, keep_unstarted=keep, output_dir=outputs):
+                print(f"run {name}")
+                if started:
+                    (run_dir / "summary.json").write_text("{}")
+                if error is not None:
+                    raise error
+        except (MiniGPTError, RuntimeError, SystemExit):
+            pass
+        return run_dir
+
+    ok = run("ok", started=True, error=None)
+    assert (ok / "train.log").read_text() == "run ok\n"
+    # failed before training: no run folder, no emptied date folder; outputs/ itself stays
+    early = run("early", started=False, error=SystemExit(2))
+    assert not early.exists() and not early.parent.exists() and outputs.is_dir()
+    crashed = run("crashed", started=False, error=RuntimeError("bug"))
+    assert not crashed.parent.exists()
+    # failed while training: the folder stays, and its log says why (here a traceback)
+    late = run("late", started=True, error=RuntimeError("out of memory at step 7"))
+    assert (late / "train.log").read_text().splitlines()[-1] == "RuntimeError: out of memory at step 7"
+    # a sweep trial keeps its folder even when it failed before training
+    trial = run("trial", started=False, error=MiniGPTError("bad"), keep=True)
+    assert (trial / "train.log").read_text().startswith("run trial\n")
+    assert "run early" in capsys.readouterr().out  # the console got everything too
 
 
 @pytest.mark.slow
@@ -267,6 +359,7 @@ def test_cli_errors_are_short(tmp_path: Path) -> None:
     assert bad_ckpt.stderr.strip().splitlines() == [
         f"error: ckpt_path={missing} does not exist; pass an existing .ckpt to resume"
     ]
+    assert not (tmp_path / "r").exists()  # a run that never started leaves no folder
 
 
 @pytest.mark.slow
