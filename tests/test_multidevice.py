@@ -220,8 +220,9 @@ def test_ddp_two_cpu_processes_match_one_process(
     assert "8 micro-batch x 1 accumulate x 2 devices x 1 nodes x 64 block_size = 1,024" in ddp_out
     assert "8 micro-batch x 2 accumulate x 1 devices x 1 nodes x 64 block_size = 1,024" in single_out
 
-    # One output dir for both ranks (rank 1 logs there as train_ddp_process_1), one W&B run.
-    assert (ddp_dir / "train_ddp_process_1.log").is_file()
+    # One output dir for both ranks, rank 0's console as its train.log (rank 1 records none), one W&B run.
+    assert sorted(p.name for p in ddp_dir.glob("*.log")) == ["train.log"]
+    assert (ddp_dir / "train.log").read_text().count("summary: ") == 1
     assert (ddp_dir / ".hydra" / "config.yaml").is_file()
     wandb_runs = sorted((ddp_dir / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 1, wandb_runs
