@@ -17,7 +17,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from mini_gpt.conf import CONF_DIR, register_resolvers
+from mini_gpt.conf import CONF_DIR, exit_with_help_if_asked, register_resolvers
 from mini_gpt.errors import MiniGPTError
 
 register_resolvers()
@@ -43,6 +43,6 @@ def main(cfg: DictConfig) -> float | None:
     return sweep_objective(value) if in_sweep else value
 
 
-
 if __name__ == "__main__":
+    exit_with_help_if_asked("train")  # the groups and keys of train.yaml, with their comments
     main()

@@ -39,15 +39,79 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train", hydra: bo
         return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=hydra)
 
 
+def _segments(text: str) -> list[tuple[str, list[str]]]:
+    """A YAML file as (top-level key, its lines): each key with the comment lines just above it and
+    everything indented below it; ("", lines) for comments before the first key."""
+    segments: list[tuple[str, list[str]]] = [("", [])]
+    pending: list[str] = []  # comments / blank lines not yet attached to a key
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            pending.append(line)
+        elif line[0] not in " -":  # a top-level key
+            segments.append((line.split(":", 1)[0], [*pending, line]))
+            pending = []
+        else:
+            segments[-1][1].extend([*pending, line])
+            pending = []
+    segments[-1][1].extend(pending)
+    return segments
+
+
+def tool_help(config_name: str) -> str:
+    """`--help` of a tool: its own config file (every key with its comment; a tool's Hydra settings left
+    out) and, for a config with groups (train), the options of each group its defaults list names."""
+    from omegaconf import OmegaConf
+
+    path = CONF_DIR / f"{config_name}.yaml"
+    text = path.read_text()
+    defaults = OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []  # type: ignore[union-attr]
+    groups = [
+        next(iter(entry))
+        for entry in defaults
+        if isinstance(entry, dict) and not next(iter(entry)).startswith(("override ", "hydra"))
+    ]
+    lines = []
+    for key, segment in _segments(text):
+        if key == "hydra" or (key == "defaults" and not groups):  # Hydra plumbing, not the tool's keys
+            continue
+        lines += segment
+    help_text = "\n".join(lines).strip("\n")
+    if groups:
+        options = [
+            f"  {group}: {', '.join(sorted(p.stem for p in (CONF_DIR / group).glob('*.yaml')))}"
+            for group in groups
+        ]
+        help_text += "\n\nOptions of each group (mini_gpt/conf/<group>/<option>.yaml):\n" + "\n".join(options)
+        help_text += (
+            "\nPick an option with group=option, set any key with key=value (e.g. model.n_layer=6);"
+            "\n--cfg job prints every key of the composed config. A key that does not exist is an error."
+        )
+    else:
+        help_text += "\n\nSet any key above with key=value; a key that is not listed is an error."
+    return help_text + "\n"
+
+
+def exit_with_help_if_asked(config_name: str) -> None:
+    """`--help` / `-h` on the command line: print `tool_help(config_name)` and exit 0. Hydra's own help
+    would list every config group in CONF_DIR (the training groups in every tool's help)."""
+    import sys
+
+    if {"--help", "-h"} & set(sys.argv[1:]):
+        print(tool_help(config_name), end="")
+        raise SystemExit(0)
+
+
 def hydra_main(config_name: str, task: Callable[[Any], Any]) -> Any:
     """Run `task(cfg)` on `CONF_DIR/<config_name>.yaml` plus the command line's Hydra overrides.
 
     A `MiniGPTError` becomes one `error: ...` line on stderr and exit status 2 (see mini_gpt.errors).
+    `--help` / `-h` prints `tool_help(config_name)`.
     """
     import hydra
 
     from mini_gpt.errors import exit_on_user_error
 
+    exit_with_help_if_asked(config_name)
     register_resolvers()
     return hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(
         exit_on_user_error(task)

@@ -1,0 +1,73 @@
+"""conf: every tool's --help shows that tool's own keys with their comments, and only real groups."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mini_gpt.conf import CONF_DIR
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _help(*argv: str, cwd: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, *argv, "--help"],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr == ""
+    return proc.stdout
+
+
+def _own_keys(config_name: str) -> dict[str, str]:
+    """{top-level key: its comment} read from the YAML text (the reference, independent of the help)."""
+    content = yaml.safe_load((CONF_DIR / f"{config_name}.yaml").read_text())
+    keys = {k for k in content if k not in ("defaults", "hydra")}
+    comments = {}
+    for line in (CONF_DIR / f"{config_name}.yaml").read_text().splitlines():
+        key = line.split(":", 1)[0]
+        if key in keys and not line.startswith((" ", "#")):
+            comments[key] = line.split(" #", 1)[1].strip() if " #" in line else ""
+    assert set(comments) == keys
+    return comments
+
+
+@pytest.mark.parametrize("tool", ["generate", "export", "visualize"])
+def test_tool_help_lists_its_own_keys_with_comments(tool: str, tmp_path: Path) -> None:
+    out = _help("-m", f"mini_gpt.{tool}", cwd=tmp_path)
+    lines = out.splitlines()
+    for key, comment in _own_keys(tool).items():
+        line = next((x for x in lines if x.startswith(f"{key}:")), None)
+        assert line is not None, (key, out)
+        assert comment in line
+    # nothing of the training config or of Hydra's plumbing
+    train_groups = {d.name for d in CONF_DIR.iterdir() if d.is_dir() and not d.name.startswith("_")}
+    assert not [x for x in lines if x.split(":")[0].strip() in train_groups - set(_own_keys(tool))]
+    assert "Configuration groups" not in out and "Powered by Hydra" not in out
+    assert "hydra" not in out.lower().replace("hydra_", "")
+
+
+def test_train_help_lists_the_groups_of_its_defaults_and_no_sweep(tmp_path: Path) -> None:
+    out = _help(str(REPO / "train.py"), cwd=tmp_path)
+    defaults = yaml.safe_load((CONF_DIR / "train.yaml").read_text())["defaults"]
+    groups = [next(iter(e)) for e in defaults if isinstance(e, dict) and next(iter(e)) != "hydra"]
+    listed = {}
+    for line in out.split("Options of each group", 1)[1].splitlines()[1:]:
+        if line.startswith("  ") and ":" in line:
+            group, options = line.strip().split(":", 1)
+            listed[group] = [o.strip() for o in options.split(",")]
+    assert listed == {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in groups}
+    assert "sweep" not in listed and (CONF_DIR / "sweep").is_dir()  # W&B sweep specs are no Hydra group
+    for key, comment in _own_keys("train").items():
+        assert any(x.startswith(f"{key}:") for x in out.splitlines()), key
+        assert comment in out
