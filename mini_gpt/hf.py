@@ -2,12 +2,14 @@
 
 Each of our architecture choices has one `transformers` counterpart, picked by three options:
 
-    norm       pos_embedding  mlp      transformers class
-    layernorm  learned        gelu     GPT2LMHeadModel     (module names as ours; Conv1D weights transposed)
-    layernorm  rope           gelu     GPTNeoXForCausalLM  (sequential residual, full rotary, per-head QKV)
-    rmsnorm    rope           swiglu   LlamaForCausalLM    (q/k/v and gate/up as separate matrices)
+    norm       pos_embedding  mlp                transformers class
+    layernorm  learned        gelu | gelu_exact  GPT2LMHeadModel     (same module names; Conv1D transposed)
+    layernorm  rope           gelu | gelu_exact  GPTNeoXForCausalLM  (sequential residual, full rotary,
+                                                                      per-head QKV)
+    rmsnorm    rope           swiglu             LlamaForCausalLM    (q/k/v and gate/up as separate matrices)
 
-The maths is the same on both sides: pre-norm blocks, tanh GELU (GPT-2's "gelu_new"), rotary tables
+The maths is the same on both sides: pre-norm blocks, GELU as tanh approximation (`gelu`, GPT-2's
+"gelu_new") or exact (`gelu_exact`, transformers' "gelu"), rotary tables
 with base 10000 rotating the two halves of each head (`mini_gpt.rope`), eps 1e-5. Only the storage
 differs, which the tables below spell out. A model without biases (`bias=false`) maps onto the biased
 layers of GPT-2 / GPT-NeoX with zero biases, so the logits are the same. The other combinations exist
@@ -59,6 +61,9 @@ GPT2_LIKE = ("gpt2", "r50k_base")
 ROPE_BASE = 10000.0  # mini_gpt.rope.rotary_tables' default
 NORM_EPS = 1e-5  # mini_gpt.model.make_norm
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")  # transformers' names for our F.gelu(approximate="tanh")
+# our mlp -> transformers' activation name, and back
+HF_ACTIVATION = {"gelu": "gelu_new", "gelu_exact": "gelu"}
+MLP_OF_ACTIVATION = {**dict.fromkeys(TANH_GELU, "gelu"), "gelu": "gelu_exact"}
 _OPTIONS = ("norm", "pos_embedding", "mlp")
 
 
@@ -72,7 +77,7 @@ class Architecture:
 
     label: str
     model_class: str
-    options: dict[str, str]
+    options: dict[str, tuple[str, ...]]  # the values of each option this architecture can hold
     top: dict[str, str]
     layer_prefix: str
     layer: dict[str, str | tuple[str, ...]]
@@ -86,7 +91,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "gpt2": Architecture(
         label="GPT-2",
         model_class="GPT2LMHeadModel",
-        options=dict(norm="layernorm", pos_embedding="learned", mlp="gelu"),
+        options=dict(norm=("layernorm",), pos_embedding=("learned",), mlp=("gelu", "gelu_exact")),
         top={name: name for name in ("transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head")},
         layer_prefix="transformer.h.{i}.",
         layer={name: name for name in _BLOCK},
@@ -95,7 +100,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "gpt_neox": Architecture(
         label="GPT-NeoX",
         model_class="GPTNeoXForCausalLM",
-        options=dict(norm="layernorm", pos_embedding="rope", mlp="gelu"),
+        options=dict(norm=("layernorm",), pos_embedding=("rope",), mlp=("gelu", "gelu_exact")),
         top={
             "transformer.wte": "gpt_neox.embed_in",
             "transformer.ln_f": "gpt_neox.final_layer_norm",
@@ -115,7 +120,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture(
         label="Llama",
         model_class="LlamaForCausalLM",
-        options=dict(norm="rmsnorm", pos_embedding="rope", mlp="swiglu"),
+        options=dict(norm=("rmsnorm",), pos_embedding=("rope",), mlp=("swiglu",)),
         top={"transformer.wte": "model.embed_tokens", "transformer.ln_f": "model.norm", "lm_head": "lm_head"},
         layer_prefix="model.layers.{i}.",
         layer={
@@ -136,10 +141,11 @@ def hf_architecture(config: GPTConfig) -> str:
     """The key in ARCHITECTURES that holds a model with this config, or a MiniGPTError naming the fix."""
     ours = {k: getattr(config, k) for k in _OPTIONS}
     for name, arch in ARCHITECTURES.items():
-        if arch.options == ours:
+        if all(ours[k] in allowed for k, allowed in arch.options.items()):
             return name
     changes = {
-        arch.label: {k: v for k, v in arch.options.items() if ours[k] != v} for arch in ARCHITECTURES.values()
+        arch.label: {k: v[0] for k, v in arch.options.items() if ours[k] not in v}
+        for arch in ARCHITECTURES.values()
     }
     fewest = min(len(c) for c in changes.values())
     fixes = " or ".join(
@@ -239,13 +245,13 @@ def _hf_config(arch_name: str, c: GPTConfig) -> Any:
     if arch_name == "gpt2":
         return transformers.GPT2Config(
             **common, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
-            activation_function="gelu_new", layer_norm_epsilon=NORM_EPS,
+            activation_function=HF_ACTIVATION[c.mlp], layer_norm_epsilon=NORM_EPS,
             resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.dropout,
         )  # fmt: skip
     if arch_name == "gpt_neox":
         return transformers.GPTNeoXConfig(
             **common, hidden_size=c.n_embd, num_hidden_layers=c.n_layer, num_attention_heads=c.n_head,
-            intermediate_size=4 * c.n_embd, hidden_act="gelu_pytorch_tanh", layer_norm_eps=NORM_EPS,
+            intermediate_size=4 * c.n_embd, hidden_act=HF_ACTIVATION[c.mlp], layer_norm_eps=NORM_EPS,
             max_position_embeddings=c.block_size, rotary_pct=1.0, rotary_emb_base=ROPE_BASE,
             use_parallel_residual=False, attention_bias=c.bias,
             hidden_dropout=c.dropout, attention_dropout=c.dropout,
@@ -267,7 +273,9 @@ def to_hf(model: GPT, architecture: str | None = None) -> Any:
     name = hf_architecture(model.config)
     if architecture is not None and name != architecture:
         wanted = ARCHITECTURES[architecture]
-        fix = " ".join(f"model.{k}={v}" for k, v in wanted.options.items() if getattr(model.config, k) != v)
+        fix = " ".join(
+            f"model.{k}={v[0]}" for k, v in wanted.options.items() if getattr(model.config, k) not in v
+        )
         raise MiniGPTError(
             f"this model cannot be expressed as {wanted.label} (it is a {ARCHITECTURES[name].label} model); "
             f"that needs {fix}"
@@ -334,7 +342,10 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
         act, eps = hf_config.activation_function, hf_config.layer_norm_epsilon
         _check(
             "GPT-2",
-            [(act in TANH_GELU, f"activation {act!r}"), (_close(eps, NORM_EPS), f"layer_norm_epsilon={eps}")],
+            [
+                (act in MLP_OF_ACTIVATION, f"activation {act!r}"),
+                (_close(eps, NORM_EPS), f"layer_norm_epsilon={eps}"),
+            ],
         )
         return GPTConfig(
             vocab_size=hf_config.vocab_size,
@@ -343,6 +354,7 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
             n_head=hf_config.n_head,
             n_embd=hf_config.n_embd,
             bias=True,
+            mlp=MLP_OF_ACTIVATION[act],
             tie_weights=bool(getattr(hf_config, "tie_word_embeddings", True)),
         )
     if model_type not in ("gpt_neox", "llama"):
@@ -365,7 +377,9 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
         n_embd=hf_config.hidden_size,
         bias=bool(hf_config.attention_bias),
         tie_weights=bool(hf_config.tie_word_embeddings),
-        **arch.options,
+        norm=arch.options["norm"][0],
+        pos_embedding="rope",
+        mlp=MLP_OF_ACTIVATION.get(hf_config.hidden_act, "gelu") if model_type == "gpt_neox" else "swiglu",
     )
     hidden = MLP(config).c_proj.in_features
     checks = [
@@ -380,7 +394,7 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
         checks += [
             (not hf_config.use_parallel_residual, "use_parallel_residual=True"),
             (float(rope.get("partial_rotary_factor", 1.0)) == 1.0, "partial rotary positions"),
-            (hf_config.hidden_act in TANH_GELU, f"hidden_act={hf_config.hidden_act!r}"),
+            (hf_config.hidden_act in MLP_OF_ACTIVATION, f"hidden_act={hf_config.hidden_act!r}"),
             (_close(hf_config.layer_norm_eps, NORM_EPS), f"layer_norm_eps={hf_config.layer_norm_eps}"),
         ]
     else:

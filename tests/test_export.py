@@ -72,18 +72,24 @@ def test_safetensors_round_trip(tmp_path, overrides):
 
 # Every architecture train.py can build that transformers also has, with and without biases.
 HF_CASES = {
-    "GPT2LMHeadModel": {},
-    "GPTNeoXForCausalLM": {"pos_embedding": "rope"},
-    "LlamaForCausalLM": {"pos_embedding": "rope", "norm": "rmsnorm", "mlp": "swiglu"},
+    "gpt2": ("GPT2LMHeadModel", {"mlp": "gelu"}),
+    "gpt2-exact-gelu": ("GPT2LMHeadModel", {"mlp": "gelu_exact"}),
+    "neox": ("GPTNeoXForCausalLM", {"pos_embedding": "rope", "mlp": "gelu"}),
+    "neox-exact-gelu (the default char model)": (
+        "GPTNeoXForCausalLM",
+        {"pos_embedding": "rope", "mlp": "gelu_exact"},
+    ),
+    "llama": ("LlamaForCausalLM", {"pos_embedding": "rope", "norm": "rmsnorm", "mlp": "swiglu"}),
 }
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("hf_class", sorted(HF_CASES))
-def test_hf_export_logits_and_greedy_tokens_match_transformers(tmp_path, hf_class, bias):
+@pytest.mark.parametrize("case", sorted(HF_CASES))
+def test_hf_export_logits_and_greedy_tokens_match_transformers(tmp_path, case, bias):
     from transformers import AutoModelForCausalLM
 
-    model = spread_model(seed=0, bias=bias, **HF_CASES[hf_class])
+    hf_class, options = HF_CASES[case]
+    model = spread_model(seed=0, bias=bias, **options)
     out = export_model(model, CHARS, tmp_path / "hf", "hf")
     hf = AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(hf).__name__ == hf_class
