@@ -4,6 +4,8 @@ Accepted sources (`load_model(path)`):
 - a Lightning `.ckpt` from training: `checkpoint["mini_gpt"]` holds the model config and the tokenizer,
   `checkpoint["state_dict"]` the weights under `model.` (a `_orig_mod.` left by torch.compile is
   dropped). Read with `torch.load(weights_only=True)`: a checkpoint cannot run code.
+- a `.ckpt` of a LoRA fine-tuning run (`finetune=lora`): `checkpoint["mini_gpt"]["finetune"]["lora"]`
+  names the adapters, which are merged into the weights (mini_gpt.lora); the model is a plain GPT.
 - an export directory with `format=safetensors` (`model.safetensors` + `config.json`, whose
   `mini_gpt` entry has the same content as the checkpoint's), or the `model.safetensors` file in it;
 - an export directory with `format=hf` (or any local GPT-2 directory `transformers` can load): weights
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.lora import LoraSpec, has_lora_weights, merge_lora
 from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.tokenizer import Tokenizer, tokenizer_from_dict
 
@@ -96,6 +99,11 @@ def _build(meta: dict[str, Any], weights: dict[str, torch.Tensor], source: Path)
     except (TypeError, ValueError) as err:
         raise MiniGPTError(f"{source}: invalid model_config ({err})") from None
     tokenizer = tokenizer_from_dict(meta["tokenizer"])
+    if has_lora_weights(weights):  # a LoRA fine-tuning checkpoint: fold the adapters into the weights
+        lora = (meta.get("finetune") or {}).get("lora")
+        if not isinstance(lora, dict):
+            raise MiniGPTError(f"{source}: has LoRA weights but no record of its adapters (finetune.lora)")
+        return merge_lora(config, LoraSpec.from_dict(lora), weights), tokenizer
     model = GPT(config)
     if config.tie_weights:
         # Tied exports store the shared matrix once (as the token embedding).

@@ -21,7 +21,6 @@ import dataclasses
 import json
 import re
 import secrets
-import socket
 import sys
 import time
 from contextlib import nullcontext
@@ -36,8 +35,6 @@ from mini_gpt.inference import can_pack, prepare_for_inference
 from mini_gpt.model import GPT
 from mini_gpt.sampling import check_sampling_args, generate_tokens
 from mini_gpt.tokenizer import Tokenizer
-
-HF_PRESETS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
 
 @dataclass
@@ -160,32 +157,6 @@ def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
         return [0]  # a vocabulary without newlines: start from its first character
 
 
-def _check_hub(name: str) -> None:
-    """Fail in a second, not after ~30 s of retries, when a hub model is neither cached nor reachable."""
-    import os
-
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        if isinstance(try_to_load_from_cache(name, "config.json"), str):
-            return
-    except ImportError:
-        pass
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
-    host, _, port = endpoint.partition(":")
-    reason = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0") else None
-    if reason is None:
-        try:
-            socket.create_connection((host, int(port or 443)), timeout=3).close()
-            return
-        except OSError as err:
-            reason = f"cannot reach {host} ({type(err).__name__})"
-    raise MiniGPTError(
-        f"init_from={name}: the weights are not cached and {reason}; download them where there is "
-        "network (GPT2LMHeadModel.from_pretrained(name).save_pretrained(DIR)) and pass init_from=DIR"
-    )
-
-
 def load_source(cfg: GenerateConfig, device: torch.device) -> tuple[GPT, Tokenizer]:
     """The model and tokenizer from `ckpt` (our checkpoint or export) or `init_from` (GPT-2 weights)."""
     from mini_gpt.checkpoint import load_model
@@ -199,12 +170,12 @@ def load_source(cfg: GenerateConfig, device: torch.device) -> tuple[GPT, Tokeniz
     source = str(cfg.init_from)
     if Path(source).expanduser().is_dir():
         return load_model(source, device=device)
-    if source not in HF_PRESETS:
-        raise MiniGPTError(f"init_from={source!r} is neither a local directory nor one of {HF_PRESETS}")
-    from mini_gpt.hf import gpt_from_hf
+    from mini_gpt.hf import HUB_MODELS, check_hub_available, gpt_from_hf
     from mini_gpt.tokenizer import build_tokenizer
 
-    _check_hub(source)
+    if source not in HUB_MODELS:
+        raise MiniGPTError(f"init_from={source!r} is neither a local directory nor one of {HUB_MODELS}")
+    check_hub_available(source)
     tokenizer = build_tokenizer("gpt2", bpe_file=cfg.bpe_file)  # same vocabulary for every GPT-2 size
     return gpt_from_hf(source).to(device).eval(), tokenizer
 

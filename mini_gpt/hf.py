@@ -16,6 +16,7 @@ layers of GPT-2 / GPT-NeoX with zero biases, so the logits are the same. The oth
 in no `transformers` architecture: `hf_architecture` says which option to change.
 
 - `gpt_from_hf(source)` / `to_hf(model)` (`gpt_to_hf` for GPT-2 only): our GPT <-> `transformers`.
+- `check_hub_available(name)`: one line, in a second, when a hub model is neither cached nor reachable.
 - `write_hf(model, tokenizer, dir)` / `load_hf_dir(dir)`: a directory `from_pretrained` loads, with our
   tokenizer beside it (`mini_gpt_tokenizer.json`) and in `transformers`' own files: `vocab.json` +
   `merges.txt` for GPT-2's BPE, a `tokenizers` character vocabulary (`tokenizer.json`) for characters.
@@ -27,6 +28,8 @@ else in mini-gpt imports this module at start-up.
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +46,9 @@ from mini_gpt.tokenizer import CharTokenizer, TiktokenTokenizer, Tokenizer, enco
 __all__ = [
     "ARCHITECTURES",
     "HF_TOKENIZER_FILE",
+    "HUB_MODELS",
     "char_tokenizer",
+    "check_hub_available",
     "config_from_hf",
     "gpt2_tokenizer_files",
     "gpt_from_hf",
@@ -158,6 +163,9 @@ def hf_architecture(config: GPTConfig) -> str:
         f"no transformers architecture has {described}: train with {fixes} to export format=hf, "
         "or export this model with format=safetensors (mini-gpt's own format; generate reads it)"
     )
+
+
+HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # the published GPT-2 family on the hub
 
 
 def _transformers() -> Any:
@@ -302,6 +310,7 @@ def _load_hf_model(source: Any) -> Any:
     transformers = _transformers()
     if isinstance(source, transformers.PreTrainedModel):
         return source
+    transformers.logging.disable_progress_bar()  # "Loading weights" bars would bury our one-line errors
     source = str(source)
     local = Path(source).expanduser()
     try:
@@ -333,6 +342,30 @@ def _check(label: str, checks: list[tuple[bool, str]]) -> None:
 
 def _close(a: float, b: float) -> bool:
     return abs(a - b) < 1e-12
+
+
+def check_hub_available(name: str) -> None:
+    """Fail in a second, not after ~30 s of retries, when a hub model is neither cached nor reachable."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return
+    except ImportError:
+        pass
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    host, _, port = endpoint.partition(":")
+    reason = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0") else None
+    if reason is None:
+        try:
+            socket.create_connection((host, int(port or 443)), timeout=3).close()
+            return
+        except OSError as err:
+            reason = f"cannot reach {host} ({type(err).__name__})"
+    raise MiniGPTError(
+        f"init_from={name}: the weights are not cached and {reason}; download them where there is "
+        "network (GPT2LMHeadModel.from_pretrained(name).save_pretrained(DIR)) and pass init_from=DIR"
+    )
 
 
 def config_from_hf(hf_config: Any) -> GPTConfig:

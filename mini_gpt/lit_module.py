@@ -51,14 +51,20 @@ class GPTLitModule(L.LightningModule):
         tokenizer: Any = None,
         max_steps: int | None = None,
         compile: bool = False,
+        model: GPT | None = None,
+        finetune: dict[str, Any] | None = None,
     ) -> None:
+        """`model`: a prepared GPT of `model_config` (pretrained weights, frozen parts or LoRA adapters;
+        mini_gpt.finetune) instead of a freshly initialised one; `finetune` (primitives) says how it was
+        prepared and goes into every checkpoint, so resume and loading can rebuild it."""
         super().__init__()
         self.model_config = model_config
         self.optim_config = optim
         self.tokenizer = tokenizer  # anything with to_dict(); saved into checkpoints
         self.max_steps = max_steps
         self.compile = compile
-        self.model = GPT(model_config)
+        self.model = model if model is not None else GPT(model_config)
+        self.finetune = finetune
         self._compiled: Any = None  # plain attribute, not a submodule: keeps state_dict keys clean
         self.stats = RunStats()
         # The run's whole config (plain, unresolved), saved into checkpoints so a resume can restore it.
@@ -242,6 +248,8 @@ class GPTLitModule(L.LightningModule):
         }
         if self.run_config is not None:
             checkpoint["run_config"] = self.run_config  # read by mini_gpt.resume
+        if self.finetune is not None:
+            checkpoint["mini_gpt"]["finetune"] = self.finetune
         # Dropout draws from the global generator; saving it makes resumed runs match exactly.
         checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available() and self.device.type == "cuda":
