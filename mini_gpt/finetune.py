@@ -47,6 +47,7 @@ __all__ = [
     "METHODS",
     "MUTABLE_MODEL_KEYS",
     "FinetuneConfig",
+    "Start",
     "build_model",
     "check_tokenizer",
     "count_parameters",
@@ -55,9 +56,8 @@ __all__ = [
     "finetune_model_config",
     "load_source",
     "lora_spec",
+    "plan_start",
     "prepare_model",
-    "resume_from",
-    "start_from",
 ]
 
 METHODS = ("full", "lora")
@@ -271,38 +271,69 @@ def finetune_meta(init_from: str, config: GPTConfig, cfg: FinetuneConfig) -> dic
     return meta
 
 
-def start_from(
-    init_from: str,
+@dataclass
+class Start:
+    """How a run's model begins when it is not a fresh initialisation.
+
+    From `init_from` the source's weights are held until `build` (after the data is prepared, so the
+    tokenizer can be checked); when resuming a fine-tuning checkpoint only the structure is rebuilt and
+    Lightning loads the weights.
+    """
+
+    config: GPTConfig  # the run's model config: its block_size sizes the data windows
+    record: dict[str, Any]  # the checkpoint's `finetune` entry
+    finetune: FinetuneConfig
+    source: GPT | None = None
+    tokenizer: Tokenizer | None = None
+
+    def build(self, data_tokenizer: Tokenizer) -> GPT:
+        if self.source is None:  # resuming: weights come from the checkpoint
+            return prepare_model(GPT(self.config), self.finetune)
+        assert self.tokenizer is not None
+        check_tokenizer(self.tokenizer, data_tokenizer, self.record["init_from"])
+        model = prepare_model(build_model(self.source, self.config), self.finetune)
+        self.source = None  # the pretrained copy is no longer needed
+        return model
+
+
+def plan_start(
+    init_from: str | None,
     cfg: FinetuneConfig,
     requested: Mapping[str, Any],
-    data_tokenizer: Tokenizer,
+    ckpt_path: str | Path | None = None,
+    checkpoint_meta: Mapping[str, Any] | None = None,
     bpe_file: str | Path | None = None,
-) -> tuple[GPT, dict[str, Any]]:
-    """The model a new run from `init_from` trains, and the `finetune` record for its checkpoints."""
-    source, tokenizer = load_source(init_from, bpe_file)
-    check_tokenizer(tokenizer, data_tokenizer, init_from)
-    config = finetune_model_config(source.config, requested, init_from)
-    model = prepare_model(build_model(source, config), cfg)
-    return model, finetune_meta(init_from, config, cfg)
-
-
-def resume_from(
-    checkpoint_meta: Mapping[str, Any], cfg: FinetuneConfig, ckpt_path: str | Path
-) -> tuple[GPT, dict[str, Any]] | None:
-    """For a checkpoint of a fine-tuning run: a model of the same structure (adapters, frozen parts)
-    for Lightning to load the weights into, and its record; None for a run trained from scratch."""
-    record = checkpoint_meta.get("finetune")
-    if not isinstance(record, dict):
-        return None
-    recorded = FinetuneConfig.from_dict(record["config"])
-    if recorded != cfg:
-        changed = [f"finetune.{k}={v}" for k, v in recorded.to_dict().items() if v != cfg.to_dict()[k]]
+) -> Start | None:
+    """The Start of a run: from `init_from`, or resuming a fine-tuning checkpoint (`checkpoint_meta`,
+    its `mini_gpt` entry); None for a run from scratch or the resume of one."""
+    if init_from and ckpt_path:
         raise MiniGPTError(
-            f"ckpt_path={ckpt_path} was trained with {' '.join(changed)}; resume with the same finetune "
-            f"settings (finetune={recorded.method} ...), or start a new run from it with init_from="
+            "ckpt_path= resumes a run and init_from= starts a new one from pretrained weights; pass one "
+            "of them (to resume a fine-tuning run, add init_from=null)"
         )
-    config = GPTConfig.from_dict(dict(checkpoint_meta["model_config"]))
-    return prepare_model(GPT(config), recorded), dict(record)
+    if init_from:
+        source, tokenizer = load_source(str(init_from), bpe_file)
+        config = finetune_model_config(source.config, requested, str(init_from))
+        return Start(config, finetune_meta(str(init_from), config, cfg), cfg, source, tokenizer)
+    record = (checkpoint_meta or {}).get("finetune")
+    if isinstance(record, dict):
+        recorded = FinetuneConfig.from_dict(record["config"])
+        if recorded != cfg:
+            theirs, ours = recorded.to_dict(), cfg.to_dict()
+            changed = " ".join(f"finetune.{k}={v}" for k, v in theirs.items() if v != ours[k])
+            raise MiniGPTError(
+                f"ckpt_path={ckpt_path} was trained with {changed}; resume with the same finetune "
+                f"settings (finetune={recorded.method} ...), or start a new run from it with init_from="
+            )
+        assert checkpoint_meta is not None
+        config = GPTConfig.from_dict(dict(checkpoint_meta["model_config"]))
+        return Start(config, dict(record), recorded)
+    if cfg.method == "lora" or cfg.freeze_embeddings or cfg.train_last_n_blocks is not None:
+        raise MiniGPTError(
+            "finetune=lora, finetune.freeze_embeddings and finetune.train_last_n_blocks need pretrained "
+            "weights: add init_from=... (a hub name, a model directory or a .ckpt)"
+        )
+    return None
 
 
 def describe(model: GPT, record: Mapping[str, Any]) -> str:

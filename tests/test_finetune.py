@@ -216,3 +216,246 @@ def test_finetune_config_validation() -> None:
             FinetuneConfig(**bad)
     with pytest.raises(MiniGPTError, match=r"unknown key\(s\) \['rank'\]"):
         FinetuneConfig.from_dict({"rank": 4})
+
+
+# ---- end to end: python train.py init_from=... ---------------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def train_script() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mini_gpt_train_script_ft", REPO / "train.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.getbasetemp() / "finetune_data_cache"
+
+
+def _overrides(run_dir: Path, data_root: Path, shakespeare: Path, *extra: str) -> list[str]:
+    return [
+        "logger=none",
+        f"paths.run_dir={run_dir}",
+        f"data.path={shakespeare}",
+        f"data.data_dir={data_root}",
+        "loader.batch_size=8",
+        "trainer.accelerator=cpu",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "trainer.log_every_n_steps=1",
+        "callbacks.sample_text=null",
+        "optim=adamw",
+        "optim.warmup_steps=0",
+        "optim.schedule=constant",
+        *extra,
+    ]
+
+
+def _fit(train_script: Any, overrides: list[str]) -> tuple[dict[str, Any], Any]:
+    """train() on the composed config, with Hydra's run-time record set as `python train.py` has it
+    (the explicit model overrides are read from it); returns (summary.json, the LightningModule)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    import mini_gpt.lit_module as lm
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    captured: dict[str, Any] = {}
+    original_init = lm.GPTLitModule.__init__
+
+    def spy_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        captured["module"] = self
+
+    lm.GPTLitModule.__init__ = spy_init  # type: ignore[method-assign]
+    try:
+        train_script.train(cfg)
+    finally:
+        lm.GPTLitModule.__init__ = original_init  # type: ignore[method-assign]
+        HydraConfig.instance().cfg = None  # type: ignore[assignment]
+    summary = json.loads((Path(cfg.paths.run_dir) / "summary.json").read_text())
+    return summary, captured["module"]
+
+
+def _val_tokens(data_root: Path) -> Any:
+    import numpy as np
+
+    meta = json.loads((data_root / "shakespeare" / "meta.json").read_text())
+    return np.fromfile(data_root / "shakespeare" / "val.bin", dtype=meta["dtype"])
+
+
+@pytest.mark.slow
+def test_run_from_transformers_dir_starts_at_its_loss_and_lowers_it(
+    train_script: Any, tmp_path: Path, gpt2_dir: Path, data_root: Path, shakespeare_path: Path,
+    gpt2_bpe_file: Path,
+) -> None:
+    import transformers
+
+    T = 32  # model.block_size shrinks the source's 64 positions
+    summary, module = _fit(
+        train_script,
+        _overrides(
+            tmp_path / "run", data_root, shakespeare_path,
+            f"init_from={gpt2_dir}", "data=shakespeare", f"data.bpe_file={gpt2_bpe_file}",
+            "data.val_fraction=0.01", f"model.block_size={T}", "trainer.max_steps=6", "trainer.val_check_interval=6", "optim.lr=3e-3",
+        ),
+    )
+    assert module.model.config.block_size == T and module.model.config.n_embd == HF_SHAPE["n_embd"]
+    # transformers' loss on the same windows: every non-overlapping (T + 1)-token window of the val split
+    val = torch.from_numpy(_val_tokens(data_root).astype("int64"))
+    n = (len(val) - 1) // T
+    rows = torch.stack([val[i * T : i * T + T + 1] for i in range(n)])
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(gpt2_dir)).eval()
+    total = 0.0
+    with torch.no_grad():
+        for chunk in rows.split(128):
+            logits = hf(chunk[:, :-1]).logits
+            total += torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum"
+            ).item()
+    expected = total / (n * T)
+    steps = [row[0] for row in summary["val_curve"]]
+    assert steps == [0, 6]
+    assert summary["val_curve"][0][2] == pytest.approx(expected, abs=1e-4)
+    assert summary["final_val_loss"] < summary["val_curve"][0][2] - 0.1
+    assert summary["steps"] == 6
+
+
+@pytest.mark.slow
+def test_run_from_our_checkpoint_starts_at_its_val_loss(
+    train_script: Any, tmp_path: Path, data_root: Path, shakespeare_path: Path, gpt2_bpe_file: Path
+) -> None:
+    from mini_gpt.errors import MiniGPTError
+
+    char = ("model=tiny", "loader.val_windows=32", "optim.lr=1e-2")
+    first, _ = _fit(
+        train_script,
+        _overrides(tmp_path / "a", data_root, shakespeare_path, *char, "trainer.max_steps=6",
+                   "trainer.val_check_interval=6"),
+    )
+    second, module = _fit(
+        train_script,
+        _overrides(tmp_path / "b", data_root, shakespeare_path, *char, f"init_from={first['last_ckpt']}",
+                   "trainer.max_steps=3", "trainer.val_check_interval=3", "model.dropout=0.1"),
+    )
+    assert second["val_curve"][0][0] == 0
+    assert second["val_curve"][0][2] == pytest.approx(first["final_val_loss"], abs=1e-6)
+    assert module.model.config.dropout == 0.1
+    ckpt = torch.load(second["last_ckpt"], map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 3  # a fresh step count (ckpt_path would continue at 6)
+    assert ckpt["mini_gpt"]["finetune"]["init_from"] == first["last_ckpt"]
+    # both at once: one line; the char checkpoint on GPT-2 BPE data: one line, before any training
+    with pytest.raises(MiniGPTError) as err:
+        _fit(train_script, _overrides(tmp_path / "c", data_root, shakespeare_path, *char,
+                                      f"init_from={first['last_ckpt']}", f"ckpt_path={first['last_ckpt']}"))
+    assert str(err.value) == (
+        "ckpt_path= resumes a run and init_from= starts a new one from pretrained weights; pass one of them "
+        "(to resume a fine-tuning run, add init_from=null)"
+    )
+    with pytest.raises(MiniGPTError, match=r"comes with a 65-character vocabulary but the data is tokenized "
+                       r"with the gpt2 BPE \(50,257 tokens\)"):
+        _fit(train_script, _overrides(tmp_path / "d", data_root, shakespeare_path, "data=shakespeare",
+                                      f"data.bpe_file={gpt2_bpe_file}", f"init_from={first['last_ckpt']}"))
+    assert not (tmp_path / "d" / "checkpoints").exists() and not (tmp_path / "d" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_lora_run_frozen_weights_merge_export_and_resume(
+    train_script: Any, tmp_path: Path, gpt2_dir: Path, data_root: Path, shakespeare_path: Path,
+    gpt2_bpe_file: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    import transformers
+
+    from mini_gpt.checkpoint import load_model
+    from mini_gpt.export import export_model
+
+    T, r = 32, 4
+    lora = (
+        f"init_from={gpt2_dir}", "data=shakespeare", f"data.bpe_file={gpt2_bpe_file}", "data.val_fraction=0.01",
+        f"model.block_size={T}", "finetune=lora", f"finetune.lora_rank={r}", "optim.lr=1e-2",
+        "trainer.val_check_interval=4", "loader.val_windows=16", "finetune.lora_dropout=0.0",
+    )
+    half, module = _fit(train_script, _overrides(tmp_path / "half", data_root, shakespeare_path, *lora,
+                                                 "trainer.max_steps=4"))
+    C, L = HF_SHAPE["n_embd"], HF_SHAPE["n_layer"]
+    adapters = L * r * ((C + 3 * C) + (C + C) + (C + 4 * C) + (4 * C + C))
+    base = sum(p.numel() for p in GPT(GPTConfig(vocab_size=50257, block_size=T, n_layer=L, n_head=2,
+                                                 n_embd=C)).parameters())
+    assert f"fine-tuning (lora) from {gpt2_dir}: {adapters:,} of {base + adapters:,} parameters" in (
+        capsys.readouterr().out
+    )
+    # every pretrained weight is bit-identical after training; the adapters moved
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(gpt2_dir)).eval()
+    theirs = hf.state_dict()
+    state = torch.load(half["last_ckpt"], map_location="cpu", weights_only=True)["state_dict"]
+    conv1d = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
+    checked = 0
+    for key, value in state.items():
+        name = key.removeprefix("model.")
+        if ".lora_" in name:
+            continue
+        name = name.replace(".base_layer.", ".")
+        expected = theirs[name].t() if name.endswith(conv1d) and ".h." in name else theirs[name]
+        if name == "transformer.wpe.weight":
+            expected = expected[:T]
+        assert torch.equal(value, expected), name
+        checked += 1
+    assert checked == len(theirs) - (0 if "lm_head.weight" in state else 1) or checked >= 2 + 12 * L
+    assert any(v.abs().sum() > 0 for k, v in state.items() if "lora_B" in k)
+    # the merged export (plain GPT-2 for transformers) equals the adapter model
+    merged, tokenizer = load_model(half["last_ckpt"])
+    out = export_model(merged, tokenizer, tmp_path / "export", "hf")
+    exported = transformers.GPT2LMHeadModel.from_pretrained(str(out)).eval()
+    adapter_model = module.model.eval()
+    idx = torch.randint(0, 50257, (2, T), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(idx).logits, adapter_model(idx), atol=1e-5, rtol=0)
+    # resume: the checkpoint holds what it needs (adapters, frozen parts, optimizer): same as 8 in a row
+    full, full_module = _fit(train_script, _overrides(tmp_path / "full", data_root, shakespeare_path, *lora,
+                                                      "trainer.max_steps=8"))
+    resumed, resumed_module = _fit(
+        train_script,
+        _overrides(tmp_path / "resumed", data_root, shakespeare_path, *lora[1:], "trainer.max_steps=8",
+                   "init_from=null", f"ckpt_path={half['last_ckpt']}"),
+    )
+    assert resumed_module.train_history == full_module.train_history[4:]
+    assert resumed["final_val_loss"] == full["final_val_loss"]
+
+
+@pytest.mark.slow
+def test_cli_bad_inputs_are_one_line(tmp_path: Path, gpt2_dir: Path, gpt2_bpe_file: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    cases = {
+        (f"init_from={gpt2_dir}", "model.n_layer=3", "model.n_embd=64", "model.dropout=0.1"): (
+            f"error: init_from={gpt2_dir} fixes the model's shape; remove model.n_layer=3 (source: 2), "
+            "model.n_embd=64 (source: 32) (only model.dropout and model.block_size may change, the context "
+            "only shrink)"
+        ),
+        ("init_from=gpt2-huge",): (
+            "error: init_from='gpt2-huge' is neither an existing path (a .ckpt file or a model directory) nor "
+            "a hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl)"
+        ),
+    }
+    for args, expected in cases.items():
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "train.py"), *args, "data=shakespeare", f"data.bpe_file={gpt2_bpe_file}",
+             f"hydra.run.dir={tmp_path / 'run'}", "logger=none"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines() == [expected]
