@@ -3,6 +3,10 @@
     config -> GPTDataModule (token files, tokenizer) -> GPTConfig (vocabulary from the tokenizer)
            -> GPTLitModule -> Trainer (+ callbacks, loggers) -> fit -> checkpoints, summary.json
 
+With `init_from=...` the model (config and weights) comes from a pretrained source instead, prepared by
+mini_gpt.finetune (frozen parts or LoRA adapters); it is evaluated once before the first step (the
+curve's step 0). Resuming a fine-tuning checkpoint rebuilds the same adapters / frozen parts.
+
 `train.py` is its Hydra entry point. Multi-device (trainer=ddp / fsdp): Lightning re-runs the entry point
 once per extra device, so everything before `trainer.fit` runs on every rank; data preparation,
 printing, summary.json and W&B are guarded by rank.
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "apply_batch_layout",
     "check_multirun_strategy",
+    "explicit_model_keys",
     "hydra_trial",
     "launcher_rank",
     "run_directory",
@@ -158,6 +163,34 @@ def check_multirun_strategy(trainer: L.Trainer, multirun: bool) -> None:
         )
 
 
+def explicit_model_keys(cfg: DictConfig) -> dict[str, Any]:
+    """The model keys this run sets on purpose: on the command line (`model.KEY=...`, or every key of a
+    `model=NAME` choice) or in the chosen experiment's YAML. With init_from they must fit the source;
+    outside a Hydra run (library use) none."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from mini_gpt.conf import CONF_DIR
+
+    if not HydraConfig.initialized():
+        return {}
+    hydra_cfg = HydraConfig.get()
+    model = _plain(cfg.model)
+    keys: set[str] = set()
+    for override in hydra_cfg.overrides.task:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key == "model":
+            keys |= set(model)
+        elif key.startswith("model."):
+            keys.add(key.split(".", 1)[1])
+    experiment = hydra_cfg.runtime.choices.get("experiment")
+    if experiment:
+        recipe = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / f"{experiment}.yaml"))
+        keys |= set(recipe.get("model") or {})
+        if any("/model" in str(entry) for entry in recipe.get("defaults") or []):
+            keys |= set(model)  # the recipe chose a model config
+    return {k: v for k, v in model.items() if k in keys}
+
+
 def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if node is not None else {}
 
@@ -200,6 +233,7 @@ def train(cfg: DictConfig) -> float | None:
         ckpt_path = Path(ckpt_path).expanduser().resolve()
         if not ckpt_path.is_file():
             raise MiniGPTError(f"ckpt_path={ckpt_path} does not exist; pass an existing .ckpt to resume")
+    init_from = cfg.get("init_from")
     run_dir = Path(cfg.paths.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -208,8 +242,10 @@ def train(cfg: DictConfig) -> float | None:
     from hydra.utils import instantiate
 
     from mini_gpt.callbacks import RunSummary
+    from mini_gpt.checkpoint import read_checkpoint
     from mini_gpt.corpus.config import data_config
     from mini_gpt.datamodule import GPTDataModule
+    from mini_gpt.finetune import FinetuneConfig, describe, plan_start
     from mini_gpt.lit_module import GPTLitModule
     from mini_gpt.loggers import build_loggers, finish_wandb
     from mini_gpt.model import GPTConfig
@@ -223,12 +259,21 @@ def train(cfg: DictConfig) -> float | None:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
 
+    data_cfg = data_config(_plain(cfg.data))
+    # Pretrained weights (init_from), or the resume of a fine-tuning run, fix the model's config.
+    start = plan_start(
+        init_from,
+        FinetuneConfig.from_dict(_plain(cfg.get("finetune"))),
+        explicit_model_keys(cfg),
+        ckpt_path=ckpt_path,
+        checkpoint_meta=read_checkpoint(ckpt_path).get("mini_gpt") if ckpt_path else None,
+        bpe_file=getattr(data_cfg, "bpe_file", None),
+    )
+    block_size = start.config.block_size if start else cfg.model.block_size
     try:
-        dm = GPTDataModule(
-            data_config(_plain(cfg.data)), block_size=cfg.model.block_size, seed=cfg.seed, **cfg.loader
-        )
-    except TypeError as err:  # an unknown key in data/loader
-        raise MiniGPTError(f"bad data/loader config: {err}") from None
+        dm = GPTDataModule(data_cfg, block_size=block_size, seed=cfg.seed, **cfg.loader)
+    except TypeError as err:  # an unknown key in loader
+        raise MiniGPTError(f"bad loader config: {err}") from None
 
     # The Trainer comes before the model: it knows this process's rank (data preparation runs on one).
     callbacks = _callbacks(cfg, run_dir / "summary.json", started)
@@ -243,12 +288,17 @@ def train(cfg: DictConfig) -> float | None:
         print(layout.describe(), flush=True)
 
     tokenizer = dm.prepare_once(trainer.local_rank).tokenizer  # DDP children start later, find it ready
+    model = start.build(tokenizer) if start else None  # checks the data's tokenizer against the source
+    if start and trainer.is_global_zero:
+        print(describe(model, start.record), flush=True)
     module = GPTLitModule(
-        GPTConfig.from_dict(_model_dict(cfg, tokenizer.vocab_size)),
+        start.config if start else GPTConfig.from_dict(_model_dict(cfg, tokenizer.vocab_size)),
         OptimConfig.from_dict(_plain(cfg.optim)),
         tokenizer=tokenizer,
         max_steps=cfg.trainer.max_steps,
         compile=cfg.compile,
+        model=model,
+        finetune=start.record if start else None,
     )
     module.stats.tokens_per_step = layout.tokens_per_step
     module.run_config = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
@@ -258,6 +308,8 @@ def train(cfg: DictConfig) -> float | None:
 
     ckpt = trainer.checkpoint_callback
     try:
+        if init_from:  # the pretrained model's val loss is the curve's step 0
+            trainer.validate(module, datamodule=dm, verbose=False)
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     finally:
         best = ckpt and (ckpt.best_model_path or ckpt.last_model_path)

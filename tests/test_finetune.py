@@ -34,7 +34,7 @@ def save_gpt2_dir(directory: Path, bpe_file: Path, seed: int = 0) -> Any:
     """A small GPT-2-shaped transformers model + GPT-2 tokenizer files in `directory`; returns the model."""
     import transformers
 
-    from mini_gpt.export import gpt2_tokenizer_files
+    from mini_gpt.hf import gpt2_tokenizer_files
 
     torch.manual_seed(seed)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**HF_SHAPE)).eval()
@@ -222,17 +222,6 @@ def test_finetune_config_validation() -> None:
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def train_script() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("mini_gpt_train_script_ft", REPO / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.getbasetemp() / "finetune_data_cache"
@@ -257,17 +246,17 @@ def _overrides(run_dir: Path, data_root: Path, shakespeare: Path, *extra: str) -
     ]
 
 
-def _fit(train_script: Any, overrides: list[str]) -> tuple[dict[str, Any], Any]:
+def _fit(overrides: list[str]) -> tuple[dict[str, Any], Any]:
     """train() on the composed config, with Hydra's run-time record set as `python train.py` has it
     (the explicit model overrides are read from it); returns (summary.json, the LightningModule)."""
-    from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
     import mini_gpt.lit_module as lm
+    from mini_gpt.conf import compose
+    from mini_gpt.training import train
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    cfg = compose(overrides, hydra=True)
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
@@ -280,7 +269,7 @@ def _fit(train_script: Any, overrides: list[str]) -> tuple[dict[str, Any], Any]:
 
     lm.GPTLitModule.__init__ = spy_init  # type: ignore[method-assign]
     try:
-        train_script.train(cfg)
+        train(cfg)
     finally:
         lm.GPTLitModule.__init__ = original_init  # type: ignore[method-assign]
         HydraConfig.instance().cfg = None  # type: ignore[assignment]
@@ -297,18 +286,28 @@ def _val_tokens(data_root: Path) -> Any:
 
 @pytest.mark.slow
 def test_run_from_transformers_dir_starts_at_its_loss_and_lowers_it(
-    train_script: Any, tmp_path: Path, gpt2_dir: Path, data_root: Path, shakespeare_path: Path,
+    tmp_path: Path,
+    gpt2_dir: Path,
+    data_root: Path,
+    shakespeare_path: Path,
     gpt2_bpe_file: Path,
 ) -> None:
     import transformers
 
     T = 32  # model.block_size shrinks the source's 64 positions
     summary, module = _fit(
-        train_script,
         _overrides(
-            tmp_path / "run", data_root, shakespeare_path,
-            f"init_from={gpt2_dir}", "data=shakespeare", f"data.bpe_file={gpt2_bpe_file}",
-            "data.val_fraction=0.01", f"model.block_size={T}", "trainer.max_steps=6", "trainer.val_check_interval=6", "optim.lr=3e-3",
+            tmp_path / "run",
+            data_root,
+            shakespeare_path,
+            f"init_from={gpt2_dir}",
+            "data=shakespeare",
+            f"data.bpe_file={gpt2_bpe_file}",
+            "data.val_fraction=0.01",
+            f"model.block_size={T}",
+            "trainer.max_steps=6",
+            "trainer.val_check_interval=6",
+            "optim.lr=3e-3",
         ),
     )
     assert module.model.config.block_size == T and module.model.config.n_embd == HF_SHAPE["n_embd"]
@@ -334,20 +333,32 @@ def test_run_from_transformers_dir_starts_at_its_loss_and_lowers_it(
 
 @pytest.mark.slow
 def test_run_from_our_checkpoint_starts_at_its_val_loss(
-    train_script: Any, tmp_path: Path, data_root: Path, shakespeare_path: Path, gpt2_bpe_file: Path
+    tmp_path: Path, data_root: Path, shakespeare_path: Path, gpt2_bpe_file: Path
 ) -> None:
     from mini_gpt.errors import MiniGPTError
 
     char = ("model=tiny", "loader.val_windows=32", "optim.lr=1e-2")
     first, _ = _fit(
-        train_script,
-        _overrides(tmp_path / "a", data_root, shakespeare_path, *char, "trainer.max_steps=6",
-                   "trainer.val_check_interval=6"),
+        _overrides(
+            tmp_path / "a",
+            data_root,
+            shakespeare_path,
+            *char,
+            "trainer.max_steps=6",
+            "trainer.val_check_interval=6",
+        ),
     )
     second, module = _fit(
-        train_script,
-        _overrides(tmp_path / "b", data_root, shakespeare_path, *char, f"init_from={first['last_ckpt']}",
-                   "trainer.max_steps=3", "trainer.val_check_interval=3", "model.dropout=0.1"),
+        _overrides(
+            tmp_path / "b",
+            data_root,
+            shakespeare_path,
+            *char,
+            f"init_from={first['last_ckpt']}",
+            "trainer.max_steps=3",
+            "trainer.val_check_interval=3",
+            "model.dropout=0.1",
+        ),
     )
     assert second["val_curve"][0][0] == 0
     assert second["val_curve"][0][2] == pytest.approx(first["final_val_loss"], abs=1e-6)
@@ -357,23 +368,46 @@ def test_run_from_our_checkpoint_starts_at_its_val_loss(
     assert ckpt["mini_gpt"]["finetune"]["init_from"] == first["last_ckpt"]
     # both at once: one line; the char checkpoint on GPT-2 BPE data: one line, before any training
     with pytest.raises(MiniGPTError) as err:
-        _fit(train_script, _overrides(tmp_path / "c", data_root, shakespeare_path, *char,
-                                      f"init_from={first['last_ckpt']}", f"ckpt_path={first['last_ckpt']}"))
+        _fit(
+            _overrides(
+                tmp_path / "c",
+                data_root,
+                shakespeare_path,
+                *char,
+                f"init_from={first['last_ckpt']}",
+                f"ckpt_path={first['last_ckpt']}",
+            )
+        )
     assert str(err.value) == (
         "ckpt_path= resumes a run and init_from= starts a new one from pretrained weights; pass one of them "
         "(to resume a fine-tuning run, add init_from=null)"
     )
-    with pytest.raises(MiniGPTError, match=r"comes with a 65-character vocabulary but the data is tokenized "
-                       r"with the gpt2 BPE \(50,257 tokens\)"):
-        _fit(train_script, _overrides(tmp_path / "d", data_root, shakespeare_path, "data=shakespeare",
-                                      f"data.bpe_file={gpt2_bpe_file}", f"init_from={first['last_ckpt']}"))
+    with pytest.raises(
+        MiniGPTError,
+        match=r"comes with a 65-character vocabulary but the data is tokenized "
+        r"with the gpt2 BPE \(50,257 tokens\)",
+    ):
+        _fit(
+            _overrides(
+                tmp_path / "d",
+                data_root,
+                shakespeare_path,
+                "data=shakespeare",
+                f"data.bpe_file={gpt2_bpe_file}",
+                f"init_from={first['last_ckpt']}",
+            )
+        )
     assert not (tmp_path / "d" / "checkpoints").exists() and not (tmp_path / "d" / "summary.json").exists()
 
 
 @pytest.mark.slow
 def test_lora_run_frozen_weights_merge_export_and_resume(
-    train_script: Any, tmp_path: Path, gpt2_dir: Path, data_root: Path, shakespeare_path: Path,
-    gpt2_bpe_file: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    gpt2_dir: Path,
+    data_root: Path,
+    shakespeare_path: Path,
+    gpt2_bpe_file: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     import transformers
 
@@ -382,16 +416,27 @@ def test_lora_run_frozen_weights_merge_export_and_resume(
 
     T, r = 32, 4
     lora = (
-        f"init_from={gpt2_dir}", "data=shakespeare", f"data.bpe_file={gpt2_bpe_file}", "data.val_fraction=0.01",
-        f"model.block_size={T}", "finetune=lora", f"finetune.lora_rank={r}", "optim.lr=1e-2",
-        "trainer.val_check_interval=4", "loader.val_windows=16", "finetune.lora_dropout=0.0",
+        f"init_from={gpt2_dir}",
+        "data=shakespeare",
+        f"data.bpe_file={gpt2_bpe_file}",
+        "data.val_fraction=0.01",
+        f"model.block_size={T}",
+        "finetune=lora",
+        f"finetune.lora_rank={r}",
+        "optim.lr=1e-2",
+        "trainer.val_check_interval=4",
+        "loader.val_windows=16",
+        "finetune.lora_dropout=0.0",
     )
-    half, module = _fit(train_script, _overrides(tmp_path / "half", data_root, shakespeare_path, *lora,
-                                                 "trainer.max_steps=4"))
+    half, module = _fit(
+        _overrides(tmp_path / "half", data_root, shakespeare_path, *lora, "trainer.max_steps=4")
+    )
     C, L = HF_SHAPE["n_embd"], HF_SHAPE["n_layer"]
     adapters = L * r * ((C + 3 * C) + (C + C) + (C + 4 * C) + (4 * C + C))
-    base = sum(p.numel() for p in GPT(GPTConfig(vocab_size=50257, block_size=T, n_layer=L, n_head=2,
-                                                 n_embd=C)).parameters())
+    base = sum(
+        p.numel()
+        for p in GPT(GPTConfig(vocab_size=50257, block_size=T, n_layer=L, n_head=2, n_embd=C)).parameters()
+    )
     assert f"fine-tuning (lora) from {gpt2_dir}: {adapters:,} of {base + adapters:,} parameters" in (
         capsys.readouterr().out
     )
@@ -422,14 +467,21 @@ def test_lora_run_frozen_weights_merge_export_and_resume(
     with torch.no_grad():
         torch.testing.assert_close(exported(idx).logits, adapter_model(idx), atol=1e-5, rtol=0)
     # resume: the checkpoint holds what it needs (adapters, frozen parts, optimizer): same as 8 in a row
-    full, full_module = _fit(train_script, _overrides(tmp_path / "full", data_root, shakespeare_path, *lora,
-                                                      "trainer.max_steps=8"))
-    resumed, resumed_module = _fit(
-        train_script,
-        _overrides(tmp_path / "resumed", data_root, shakespeare_path, *lora[1:], "trainer.max_steps=8",
-                   "init_from=null", f"ckpt_path={half['last_ckpt']}"),
+    full, full_module = _fit(
+        _overrides(tmp_path / "full", data_root, shakespeare_path, *lora, "trainer.max_steps=8")
     )
-    assert resumed_module.train_history == full_module.train_history[4:]
+    resumed, resumed_module = _fit(
+        _overrides(
+            tmp_path / "resumed",
+            data_root,
+            shakespeare_path,
+            *lora[1:],
+            "trainer.max_steps=8",
+            "init_from=null",
+            f"ckpt_path={half['last_ckpt']}",
+        ),
+    )
+    assert resumed_module.stats.train_history == full_module.stats.train_history[4:]
     assert resumed["final_val_loss"] == full["final_val_loss"]
 
 
@@ -447,15 +499,26 @@ def test_cli_bad_inputs_are_one_line(tmp_path: Path, gpt2_dir: Path, gpt2_bpe_fi
             "only shrink)"
         ),
         ("init_from=gpt2-huge",): (
-            "error: init_from='gpt2-huge' is neither an existing path (a .ckpt file or a model directory) nor "
-            "a hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl)"
+            "error: init_from='gpt2-huge' is neither an existing path (a .ckpt file or a model directory) "
+            "nor a hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl)"
         ),
     }
     for args, expected in cases.items():
         proc = subprocess.run(
-            [sys.executable, str(REPO / "train.py"), *args, "data=shakespeare", f"data.bpe_file={gpt2_bpe_file}",
-             f"hydra.run.dir={tmp_path / 'run'}", "logger=none"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                str(REPO / "train.py"),
+                *args,
+                "data=shakespeare",
+                f"data.bpe_file={gpt2_bpe_file}",
+                f"hydra.run.dir={tmp_path / 'run'}",
+                "logger=none",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert proc.stderr.strip().splitlines() == [expected]
