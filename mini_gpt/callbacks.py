@@ -242,8 +242,9 @@ def measure_cpu_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 512, r
     """Best-of-`repeats` FLOP/s of an n x n matmul on this CPU with torch's current threads (~0.1 s,
     once per process). bf16 matters: CPUs with AMX/avx512_bf16 run it ~2x faster than fp32."""
     try:
-        a = torch.randn(n, n, dtype=dtype)
-        b = torch.randn(n, n, dtype=dtype)
+        gen = torch.Generator().manual_seed(0)  # not the global generator: dropout masks must not shift
+        a = torch.randn(n, n, dtype=dtype, generator=gen)
+        b = torch.randn(n, n, dtype=dtype, generator=gen)
         reps = 4
         torch.mm(a, b)  # warm up (thread pool, kernel choice)
         best = float("inf")

@@ -78,6 +78,7 @@ class GPTLitModule(L.LightningModule):
         self._queued: dict[str, float] = {}
         self._val_sum: Tensor | None = None
         self._val_count: Tensor | None = None
+        self._resume_rng: dict[str, Tensor] | None = None  # applied at the first batch after a resume
 
     # ---- forward / loss -------------------------------------------------------------------------
     @property
@@ -256,8 +257,14 @@ class GPTLitModule(L.LightningModule):
             checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state(self.device)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        rng = checkpoint.get("rng_state")
+        # Restored at the first training batch, not now: between here and that batch Lightning builds
+        # the sanity-check and train DataLoader iterators, and each draws its base seed from the global
+        # generator, which the uninterrupted run did not do at this point (its dropout masks would differ).
+        self._resume_rng = checkpoint.get("rng_state") or None
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        rng, self._resume_rng = self._resume_rng, None
         if rng:
             torch.set_rng_state(rng["torch"])
             if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state(rng["cuda"])
+                torch.cuda.set_rng_state(rng["cuda"], self.device)
