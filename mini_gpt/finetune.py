@@ -132,12 +132,18 @@ def load_source(init_from: str, bpe_file: str | Path | None = None) -> tuple[GPT
             config = json.loads(config_path.read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise MiniGPTError(f"init_from={init_from}: cannot read {config_path} ({err})") from None
-        if not isinstance(config, dict) or ("mini_gpt" not in config and config.get("model_type") != "gpt2"):
+        from mini_gpt.hf import ARCHITECTURES
+
+        if not isinstance(config, dict) or (
+            "mini_gpt" not in config and config.get("model_type") not in ARCHITECTURES
+        ):
             kind = config.get("model_type") if isinstance(config, dict) else None
+            what = f"{kind!r} model" if kind else "no known model"
+            readable = ", ".join(a.label for a in ARCHITECTURES.values())
             raise MiniGPTError(
-                f"init_from={init_from}: {config_path} describes "
-                f"{repr(kind) + ' model' if kind else 'no known model'}, not GPT-2; pass a transformers "
-                "GPT-2 directory (model_type gpt2), a mini_gpt.export directory or a .ckpt file"
+                f"init_from={init_from}: {config_path} describes {what}, not one mini-gpt reads "
+                f"({readable}); "
+                "pass a transformers GPT-2 directory, a mini_gpt.export directory or a .ckpt file"
             )
         return load_model(path)
     from mini_gpt.hf import HUB_MODELS, check_hub_available, gpt_from_hf

@@ -103,11 +103,11 @@ def test_bad_sources_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     (tmp_path / "notes" / "a.txt").write_text("hi")
     with pytest.raises(MiniGPTError, match=r"has no config.json, so it is not a model directory"):
         load_source(str(tmp_path / "notes"))
-    llama = tmp_path / "llama"
-    llama.mkdir()
-    (llama / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(MiniGPTError, match=r"describes 'llama' model, not GPT-2"):
-        load_source(str(llama))
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(MiniGPTError, match=r"describes 'bert' model, not one mini-gpt reads \(GPT-2, "):
+        load_source(str(bert))
     (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
     with pytest.raises(MiniGPTError, match="cannot read checkpoint"):
         load_source(str(tmp_path / "junk.ckpt"))
