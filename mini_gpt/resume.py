@@ -26,7 +26,9 @@ from mini_gpt.errors import MiniGPTError
 __all__ = ["RUN_CONFIG_KEY", "config_changes", "restore_run_config", "resumed_config", "saved_run_config"]
 
 RUN_CONFIG_KEY = "run_config"  # the checkpoint entry holding the run's unresolved config
-_NEVER_RESTORED = ("ckpt_path", "paths.run_dir")  # always this process's: the checkpoint, the new run dir
+# Always this process's: the checkpoint, the new run dir, and init_from (a resumed run's weights come from
+# the checkpoint; a fine-tuning run's adapters and frozen parts are rebuilt from its record there).
+_NEVER_RESTORED = ("ckpt_path", "paths.run_dir", "init_from")
 _MISSING = object()
 
 
