@@ -1,0 +1,265 @@
+"""Evaluate a model: `python -m mini_gpt.evaluate ckpt=PATH tasks=[bpb,hellaswag] output=results.json`.
+
+Every key lives in `conf/evaluate.yaml`:
+
+    python -m mini_gpt.evaluate ckpt=out/last.ckpt                     # bits per byte on the val split
+    python -m mini_gpt.evaluate ckpt=out/last.ckpt bpb.path=notes.txt  # ... on any file / dir / glob
+    python -m mini_gpt.evaluate ckpt=out/last.ckpt tasks=[bpb,hellaswag] hellaswag.path=hellaswag_val.jsonl
+    python -m mini_gpt.evaluate init_from=gpt2 data=shakespeare        # GPT-2 (hub or a local HF dir)
+    python -m mini_gpt.evaluate ckpt=out/last.ckpt tasks=[] harness_tasks=[arc_easy] harness.limit=100
+
+Tasks: `bpb` (bits per byte, loss per token and perplexity of a text, by sliding windows: `mini_gpt.bpb`),
+`hellaswag` (completion-style acc / acc_norm: `mini_gpt.hellaswag`), and any lm-evaluation-harness task
+through `harness_tasks` (`mini_gpt.harness`; needs the `eval` extra). Prints a markdown table; with
+`output=FILE` also writes one JSON object per task plus the checkpoint's step and tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from mini_gpt.errors import MiniGPTError, exit_on_user_error
+from mini_gpt.generate import CONF_DIR, GenerateConfig, autocast_context, load_source, resolve_device
+
+TASKS = ("bpb", "hellaswag")
+
+
+def _section(cls: type, d: Any, name: str) -> Any:
+    """A nested config dataclass from its mapping; unknown keys are an error naming the section."""
+    if isinstance(d, cls):
+        return d
+    d = dict(d or {})
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise MiniGPTError(f"unknown {name} key(s) {unknown}; see conf/evaluate.yaml")
+    return cls(**d)
+
+
+@dataclass
+class BpbConfig:
+    path: str | None = None  # text file / directory of .txt / glob; None = the prepared `data` split
+    split: str = "val"
+    stride: int | None = None  # None = block_size // 2
+    batch_size: int = 16  # windows per forward pass
+
+    def __post_init__(self) -> None:
+        if self.split not in ("train", "val"):
+            raise MiniGPTError(f"bpb.split={self.split!r} must be train or val")
+        if self.stride is not None and self.stride < 1:
+            raise MiniGPTError(f"bpb.stride={self.stride} must be >= 1 (or null for block_size // 2)")
+        if self.batch_size < 1:
+            raise MiniGPTError(f"bpb.batch_size={self.batch_size} must be >= 1")
+
+
+@dataclass
+class HellaSwagConfig:
+    path: str | None = None  # hellaswag_val.jsonl; None = the cached copy, downloaded once when online
+    limit: int | None = None  # the first N items only
+    batch_size: int = 4  # items per forward pass (4 rows each)
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 1:
+            raise MiniGPTError(f"hellaswag.limit={self.limit} must be >= 1 (or null for all items)")
+        if self.batch_size < 1:
+            raise MiniGPTError(f"hellaswag.batch_size={self.batch_size} must be >= 1")
+
+
+@dataclass
+class HarnessConfig:
+    limit: float | None = None  # per task: N examples, or a fraction < 1
+    num_fewshot: int | None = None
+    batch_size: int = 16
+    include_path: str | None = None  # directory of your own task YAMLs
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit <= 0:
+            raise MiniGPTError(f"harness.limit={self.limit} must be > 0 (or null)")
+
+
+@dataclass
+class EvaluateConfig:
+    """What conf/evaluate.yaml holds (see the comments there)."""
+
+    ckpt: str | None = None
+    init_from: str | None = None
+    bpe_file: str | None = None
+    tasks: list[str] = field(default_factory=lambda: ["bpb"])
+    harness_tasks: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+    bpb: Any = None
+    hellaswag: Any = None
+    harness: Any = None
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int | None = None
+    progress: bool | None = None
+    output: str | None = None
+
+    def __post_init__(self) -> None:
+        self.tasks = [self.tasks] if isinstance(self.tasks, str) else list(self.tasks or [])
+        self.harness_tasks = (
+            [self.harness_tasks] if isinstance(self.harness_tasks, str) else list(self.harness_tasks or [])
+        )
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise MiniGPTError(
+                f"unknown task(s) {unknown} in tasks=; choose from {list(TASKS)} "
+                "(lm-evaluation-harness tasks go in harness_tasks=[...])"
+            )
+        if not self.tasks and not self.harness_tasks:
+            raise MiniGPTError("nothing to evaluate: set tasks=[bpb,hellaswag] and/or harness_tasks=[...]")
+        self.bpb = _section(BpbConfig, self.bpb, "bpb")
+        self.hellaswag = _section(HellaSwagConfig, self.hellaswag, "hellaswag")
+        self.harness = _section(HarnessConfig, self.harness, "harness")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise MiniGPTError(f"dtype={self.dtype!r} must be auto, float32, bfloat16 or float16")
+        if self.threads is not None and self.threads < 1:
+            raise MiniGPTError(f"threads={self.threads} must be >= 1 (or null for torch's default)")
+
+
+def checkpoint_info(path: str | None) -> dict[str, Any]:
+    """step / tokens recorded in a training checkpoint (None for exports and GPT-2 weights)."""
+    info: dict[str, Any] = {"step": None, "tokens": None}
+    if not path or not Path(path).expanduser().is_file() or str(path).endswith(".safetensors"):
+        return info
+    try:  # memory-mapped: only the few scalars we read leave the disk
+        ckpt = torch.load(Path(path).expanduser(), map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # load_model already accepted the file; a non-zip legacy file cannot be mmapped
+        return info
+    info["step"] = ckpt.get("global_step")
+    meta = ckpt.get("mini_gpt") or {}
+    info["tokens"] = meta.get("tokens")
+    return info
+
+
+def bpb_documents(cfg: EvaluateConfig) -> tuple[list[str], str]:
+    """(documents to score, a description of where they came from)."""
+    from mini_gpt.bpb import prepared_split_documents, read_documents
+
+    if cfg.bpb.path:
+        return read_documents(cfg.bpb.path), str(cfg.bpb.path)
+    from mini_gpt.data import DataConfig, prepare_data
+
+    data_cfg = DataConfig(**cfg.data)
+    prep = prepare_data(data_cfg, progress=cfg.progress)
+    ids = prep.memmap(cfg.bpb.split)
+    return prepared_split_documents(ids.tolist(), prep.tokenizer), f"{data_cfg.name}:{cfg.bpb.split}"
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """The metrics as a markdown table: task | metric | value."""
+    lines = ["| task | metric | value |", "| --- | --- | ---: |"]
+    for task, metrics in results.items():
+        if not isinstance(metrics, dict):
+            continue
+        for name, value in metrics.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            shown = f"{value:,}" if isinstance(value, int) else f"{value:.4f}"
+            lines.append(f"| {task} | {name} | {shown} |")
+    return "\n".join(lines)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    """Write atomically: an interrupted run never leaves half a results file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(obj, indent=2, allow_nan=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        raise MiniGPTError(f"cannot write output={path} ({err.strerror or err})") from None
+
+
+def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = None) -> dict[str, Any]:
+    """Evaluate as configured; print the table to `out`; return the results dict (also written to output)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    source = GenerateConfig(ckpt=cfg.ckpt, init_from=cfg.init_from, bpe_file=cfg.bpe_file)
+    model, tokenizer = load_source(source, device)
+    results: dict[str, Any] = {"checkpoint": str(cfg.ckpt or cfg.init_from), **checkpoint_info(cfg.ckpt)}
+    # Read every input before the first (possibly long) task, so a wrong path fails in a second.
+    documents = bpb_documents(cfg) if "bpb" in cfg.tasks else None
+    items = None
+    if "hellaswag" in cfg.tasks:
+        from mini_gpt.data import DataConfig
+        from mini_gpt.hellaswag import load_hellaswag
+
+        cache = DataConfig(**cfg.data).root / "hellaswag"
+        items = load_hellaswag(cfg.hellaswag.path, cache, cfg.hellaswag.limit)
+    with autocast_context(device, cfg.dtype):
+        if documents is not None:
+            from mini_gpt.bpb import bits_per_byte
+
+            t0 = time.perf_counter()
+            docs, where = documents
+            res = bits_per_byte(model, tokenizer, docs, cfg.bpb.stride, cfg.bpb.batch_size)
+            results["bpb"] = {**res.to_dict(), "text": where, "seconds": round(time.perf_counter() - t0, 2)}
+        if items is not None:
+            from mini_gpt.hellaswag import evaluate_hellaswag
+
+            t0 = time.perf_counter()
+            hs = evaluate_hellaswag(model, tokenizer, items, cfg.hellaswag.batch_size, cfg.progress)
+            results["hellaswag"] = {**hs.to_dict(), "seconds": round(time.perf_counter() - t0, 2)}
+    if cfg.harness_tasks:
+        from mini_gpt.harness import run_harness
+
+        h = cfg.harness
+        results.update(
+            run_harness(
+                model, tokenizer, cfg.harness_tasks, limit=h.limit, num_fewshot=h.num_fewshot,
+                batch_size=h.batch_size, include_path=h.include_path, seed=h.seed,
+            )
+        )  # fmt: skip
+    out.write(markdown_table(results) + "\n")
+    if cfg.output:
+        _write_json(Path(cfg.output).expanduser(), results)
+        print(f"results written to {Path(cfg.output).expanduser()}", file=err)
+    for task, metrics in results.items():
+        if isinstance(metrics, dict) and any(
+            isinstance(v, float) and math.isnan(v) for v in metrics.values()
+        ):
+            print(f"warning: {task} has NaN metrics", file=err)
+    return results
+
+
+def config_from_dict(d: dict[str, Any]) -> EvaluateConfig:
+    known = {f.name for f in dataclasses.fields(EvaluateConfig)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise MiniGPTError(f"unknown evaluate key(s) {unknown}; see conf/evaluate.yaml")
+    return EvaluateConfig(**d)
+
+
+def main() -> None:
+    """`python -m mini_gpt.evaluate key=value ...` (Hydra overrides of conf/evaluate.yaml)."""
+    import hydra
+    from omegaconf import OmegaConf
+
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")
+    def app(cfg: Any) -> None:
+        @exit_on_user_error
+        def go() -> None:
+            run(config_from_dict(OmegaConf.to_container(cfg, resolve=True)))
+
+        go()
+
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Log-likelihoods of text under a GPT: the two primitives every evaluation is built from.
+
+- `continuation_logprobs(model, pairs)`: for (context ids, continuation ids) pairs, the summed
+  log-probability of the continuation given the context, its token count and whether greedy decoding
+  would have produced it. Pairs are packed into right-padded batches (a causal model cannot see the
+  padding at the end of a row, so padding changes nothing). HellaSwag and the harness's
+  `loglikelihood` use it.
+- `rolling_nll(model, ids, stride)`: the summed negative log-likelihood of every token of a sequence of
+  any length, scored by a sliding window of `block_size` tokens that moves `stride` tokens at a time; each
+  window scores only the tokens the previous one did not (the transformers perplexity guide), so every
+  token is predicted once, from at least `block_size - stride` tokens of context once the first window is
+  full. Windows of all documents are batched together. Bits per byte and the harness's
+  `loglikelihood_rolling` use it.
+
+Everything runs under `torch.inference_mode()` in float32 log-softmax, whatever the model's dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mini_gpt.errors import MiniGPTError
+
+__all__ = ["Continuation", "RollingScore", "continuation_logprobs", "rolling_nll", "score_windows", "windows"]
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """Score of one continuation: summed log-probability (nats), token count, greedy match."""
+
+    logprob: float
+    tokens: int
+    is_greedy: bool
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _pack(rows: Sequence[Sequence[int]], device: torch.device) -> Tensor:
+    """Right-padded (B, T) long tensor of the rows (padding id 0, never scored)."""
+    T = max(len(r) for r in rows)
+    out = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+    return out.to(device)
+
+
+@torch.inference_mode()
+def continuation_logprobs(
+    model: nn.Module, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 16
+) -> list[Continuation]:
+    """Score `continuation` after `context` for every pair, `batch_size` rows per forward pass.
+
+    The context must not be empty (something has to predict the first continuation token: pass the
+    end-of-text id when there is no context). When context + continuation is longer than block_size the
+    context is cut from the left; a continuation longer than block_size is an error.
+    """
+    block_size = model.config.block_size
+    device = _device(model)
+    rows, spans = [], []  # model inputs, and (first scored input position, continuation length)
+    for context, continuation in pairs:
+        if not context:
+            raise MiniGPTError("continuation_logprobs needs a non-empty context (e.g. [eot_id])")
+        if not continuation:
+            raise MiniGPTError("continuation_logprobs got an empty continuation")
+        if len(continuation) > block_size:
+            raise MiniGPTError(
+                f"a continuation of {len(continuation)} tokens does not fit block_size={block_size}"
+            )
+        full = [*context, *continuation][-(block_size + 1) :]
+        rows.append(full[:-1])  # the last token is only a target
+        spans.append((len(full) - 1 - len(continuation), len(continuation)))
+    results: list[Continuation] = []
+    for b in range(0, len(rows), batch_size):
+        batch_rows, batch_spans = rows[b : b + batch_size], spans[b : b + batch_size]
+        logits = model(_pack(batch_rows, device))  # (B, T, V)
+        # Gather the positions that predict continuation tokens: row i, positions start..start+n-1.
+        row_idx = torch.cat([torch.full((n,), i) for i, (_, n) in enumerate(batch_spans)]).to(device)
+        pos_idx = torch.cat([torch.arange(s, s + n) for s, n in batch_spans]).to(device)
+        targets = torch.cat(
+            [torch.as_tensor(pairs[b + i][1], dtype=torch.long) for i in range(len(batch_rows))]
+        ).to(device)
+        picked = logits[row_idx, pos_idx].float()  # (N, V)
+        logp = -F.cross_entropy(picked, targets, reduction="none")  # (N,)
+        greedy = picked.argmax(dim=-1) == targets  # (N,)
+        counts = [n for _, n in batch_spans]
+        for lp, gr, n in zip(logp.split(counts), greedy.split(counts), counts, strict=True):
+            results.append(Continuation(float(lp.sum()), n, bool(gr.all())))
+    return results
+
+
+@dataclass(frozen=True)
+class Window:
+    """One forward pass of a sliding-window score: input ids and which of its targets count.
+
+    `ids` holds the window's tokens plus the target of its last position (len = inputs + 1). Targets of
+    positions `first..len(ids)-2` are scored; position p sees p + 1 tokens of context.
+    """
+
+    ids: Sequence[int]
+    first: int
+    doc: int
+
+
+def windows(ids: Sequence[int], block_size: int, stride: int, doc: int = 0) -> Iterator[Window]:
+    """Sliding windows over `ids`: every token but the first is a target exactly once.
+
+    Window k starts at k * stride and holds block_size inputs; it scores the targets after the last
+    one the previous window scored. With stride < block_size every target after the first window has at
+    least block_size - stride tokens of context.
+    """
+    if not 1 <= stride <= block_size:
+        raise MiniGPTError(f"stride={stride} must be between 1 and block_size={block_size}")
+    n = len(ids)
+    scored_to = 0  # targets ids[1..scored_to] are done
+    begin = 0
+    while scored_to < n - 1:
+        end = min(begin + block_size, n - 1)  # inputs ids[begin:end], targets ids[begin+1:end+1]
+        yield Window(ids[begin : end + 1], first=scored_to - begin, doc=doc)
+        scored_to = end
+        begin += stride
+
+
+@dataclass
+class RollingScore:
+    """Totals of a rolling (sliding-window) score."""
+
+    nll: float = 0.0  # summed negative log-likelihood, nats
+    tokens: int = 0  # scored tokens
+    context: int = 0  # summed context length of the scored tokens (context per token = context / tokens)
+    min_context: int | None = None
+
+    @property
+    def context_per_token(self) -> float:
+        return self.context / self.tokens if self.tokens else 0.0
+
+
+@torch.inference_mode()
+def score_windows(
+    model: nn.Module, wins: Sequence[Window], batch_size: int = 16, per_doc: bool = False
+) -> tuple[RollingScore, list[float]]:
+    """Sum the scored targets' NLL over all windows (batched); with `per_doc`, also NLL per document."""
+    device = _device(model)
+    total = RollingScore()
+    doc_nll: list[float] = [0.0] * (max((w.doc for w in wins), default=-1) + 1) if per_doc else []
+    # Equal lengths batch best: sort by length (windows are mostly block_size long).
+    order = sorted(range(len(wins)), key=lambda i: len(wins[i].ids))
+    for b in range(0, len(order), batch_size):
+        batch = [wins[i] for i in order[b : b + batch_size]]
+        logits = model(_pack([w.ids[:-1] for w in batch], device))  # (B, T, V)
+        row_idx = torch.cat([torch.full((len(w.ids) - 1 - w.first,), i) for i, w in enumerate(batch)])
+        pos_idx = torch.cat([torch.arange(w.first, len(w.ids) - 1) for w in batch])
+        targets = torch.cat([torch.as_tensor(w.ids[w.first + 1 :], dtype=torch.long) for w in batch])
+        nll = F.cross_entropy(
+            logits[row_idx.to(device), pos_idx.to(device)].float(), targets.to(device), reduction="none"
+        )  # (N,)
+        counts = [len(w.ids) - 1 - w.first for w in batch]
+        sums = torch.stack([part.sum() for part in nll.split(counts)]).tolist()  # one sync per batch
+        for w, s, n in zip(batch, sums, counts, strict=True):
+            total.nll += s
+            total.tokens += n
+            # position p predicts with p + 1 tokens of context: sum over p = first..first+n-1
+            total.context += n * (w.first + 1) + n * (n - 1) // 2
+            total.min_context = min(total.min_context or w.first + 1, w.first + 1)
+            if per_doc:
+                doc_nll[w.doc] += s
+    return total, doc_nll
+
+
+def rolling_nll(
+    model: nn.Module, ids: Sequence[int], stride: int | None = None, batch_size: int = 16
+) -> RollingScore:
+    """NLL of ids[1:] given everything before, by sliding windows of block_size moving `stride` tokens."""
+    block_size = model.config.block_size
+    stride = stride or max(1, block_size // 2)
+    return score_windows(model, list(windows(ids, block_size, stride)), batch_size)[0]
