@@ -110,7 +110,7 @@ def test_download_once_then_cached_and_offline_is_one_error(tmp_path, monkeypatc
     write_jsonl(source, make_items(10_042))
     cache = tmp_path / "cache"
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with pytest.raises(MiniGPTError, match=r"not cached and HF_DATASETS_OFFLINE is set.*hellaswag\.path=FILE"):
+    with pytest.raises(MiniGPTError, match=r"HF_DATASETS_OFFLINE is set.*hellaswag\.path=FILE"):
         resolve_hellaswag_path(None, cache, url=source.as_uri())
     monkeypatch.delenv("HF_DATASETS_OFFLINE")
     path = resolve_hellaswag_path(None, cache, url=source.as_uri())
