@@ -80,6 +80,7 @@ class HarnessConfig:
     num_fewshot: int | None = None
     batch_size: int = 16
     include_path: str | None = None  # directory of your own task YAMLs
+    builtin_tasks: bool = True  # False: only the tasks under include_path (skips indexing lm-eval's own)
     seed: int = 1234
 
     def __post_init__(self) -> None:
@@ -223,6 +224,7 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
             run_harness(
                 model, tokenizer, cfg.harness_tasks, limit=h.limit, num_fewshot=h.num_fewshot,
                 batch_size=h.batch_size, include_path=h.include_path, seed=h.seed,
+                builtin_tasks=h.builtin_tasks,
             )
         )  # fmt: skip
     out.write(markdown_table(results) + "\n")

@@ -9,8 +9,8 @@
   any length, scored by a sliding window of `block_size` tokens that moves `stride` tokens at a time; each
   window scores only the tokens the previous one did not (the transformers perplexity guide), so every
   token is predicted once, from at least `block_size - stride` tokens of context once the first window is
-  full. Windows of all documents are batched together. Bits per byte and the harness's
-  `loglikelihood_rolling` use it.
+  full (the last window is right-aligned to the end, as lm-evaluation-harness does). Windows of all
+  documents are batched together. Bits per byte and the harness's `loglikelihood_rolling` use it.
 
 Everything runs under `torch.inference_mode()` in float32 log-softmax, whatever the model's dtype.
 """
@@ -112,8 +112,9 @@ def windows(ids: Sequence[int], block_size: int, stride: int, doc: int = 0) -> I
     """Sliding windows over `ids`: every token but the first is a target exactly once.
 
     Window k starts at k * stride and holds block_size inputs; it scores the targets after the last
-    one the previous window scored. With stride < block_size every target after the first window has at
-    least block_size - stride tokens of context.
+    one the previous window scored. The last window ends at the last token and is block_size long (as
+    lm-evaluation-harness does), so it gives its targets more context, never less. With stride <
+    block_size every target after the first window has at least block_size - stride tokens of context.
     """
     if not 1 <= stride <= block_size:
         raise MiniGPTError(f"stride={stride} must be between 1 and block_size={block_size}")
@@ -122,6 +123,8 @@ def windows(ids: Sequence[int], block_size: int, stride: int, doc: int = 0) -> I
     begin = 0
     while scored_to < n - 1:
         end = min(begin + block_size, n - 1)  # inputs ids[begin:end], targets ids[begin+1:end+1]
+        if end == n - 1:  # the last window: right-aligned, so its targets see a whole block of context
+            begin = max(0, end - block_size)
         yield Window(ids[begin : end + 1], first=scored_to - begin, doc=doc)
         scored_to = end
         begin += stride

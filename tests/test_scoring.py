@@ -143,15 +143,19 @@ def test_windows_score_every_token_once_with_the_promised_context(n, block, stri
             if target > block:  # after the first window: at least block - stride tokens of context
                 assert context >= block - stride
     assert seen == list(range(1, n))  # every token but the first, once, in order
+    assert len(w.ids) - 1 == min(block, n - 1)  # the last window is a whole block (right-aligned)
 
 
 def reference_sliding_nll(hf, ids: list[int], block: int, stride: int) -> tuple[float, int, int]:
     """The transformers perplexity guide's loop: windows of `block` inputs moving by `stride`, each
-    scoring only the targets the previous window did not (labels of the others set to -100).
+    scoring only the targets the previous window did not (labels of the others set to -100); the last
+    window is right-aligned (a whole block of context), as lm-evaluation-harness does.
     Returns (NLL, scored targets, summed context length of the scored targets)."""
     nll, count, context, prev_end = 0.0, 0, 0, 0
     for begin in range(0, len(ids), stride):
         end = min(begin + block, len(ids) - 1)  # inputs ids[begin:end], targets ids[begin+1:end+1]
+        if end == len(ids) - 1:
+            begin = max(0, end - block)
         trg_len = end - prev_end
         inputs = torch.tensor([ids[begin:end]])
         labels = torch.tensor([ids[begin + 1 : end + 1]])

@@ -1,0 +1,364 @@
+"""Our GPT as an lm-evaluation-harness model named `mini-gpt` (needs the `eval` extra: lm-eval).
+
+    lm_eval --model mini-gpt --model_args ckpt=out/last.ckpt --tasks arc_easy --limit 100
+    python -m mini_gpt.harness --model mini-gpt --model_args ckpt=out/last.ckpt --tasks arc_easy
+    python -m mini_gpt.evaluate ckpt=out/last.ckpt tasks=[] harness_tasks=[arc_easy] harness.limit=100
+
+`MiniGPTLM` implements the three request types with our own code: `loglikelihood` (the harness splits
+context/continuation; `mini_gpt.scoring.continuation_logprobs` scores them in padded batches, longest
+first), `loglikelihood_rolling` (sliding windows of `block_size`, `stride` tokens apart; default
+`block_size`, the harness's own disjoint windows), and `generate_until` (`mini_gpt.sampling.generate`,
+the KV-cache sampler: greedy unless the task asks for sampling, stopped at the task's stop strings).
+A character model drops characters its vocabulary lacks (tiny Shakespeare has no digits).
+
+How the `lm_eval` command finds `mini-gpt` (lm-eval 0.4.13): the harness has no plugin mechanism. Its
+model registry (`lm_eval.api.registry.model_registry`) maps names to classes or lazy "module:Class"
+strings (it even accepts `importlib.metadata.EntryPoint`s), but nothing scans installed packages: the
+registry is filled by `lm_eval/models/__init__.py` and by `@register_model` in modules someone imports,
+and the CLI imports nothing of ours (its `--include_path` loads task YAMLs only; upstream issues #1457,
+#1621 and #3282 ask for model plugins). Two ways that need no change to lm-eval:
+
+- `python -m mini_gpt.harness ARGS`: the harness CLI itself, after importing this module.
+- `python -m mini_gpt.harness install-hook` (once per environment): writes `mini_gpt_lm_eval.pth` into
+  the site-packages that holds lm_eval. Python runs a `.pth` import line at start-up; ours only adds an
+  import hook (no torch, no lm_eval import) that, when `lm_eval.api.registry` is first imported, registers
+  "mini-gpt" as the lazy target `mini_gpt.harness:MiniGPTLM`. `uninstall-hook` removes the file.
+
+Trap: `get_model` imports the harness's own models only while the registry is *empty*, so a module that
+registers a model before `lm_eval.models` is imported hides `hf` and all the others. Both this module and
+the hook import `lm_eval.models` first.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mini_gpt.errors import MiniGPTError
+
+try:
+    import lm_eval.models
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise MiniGPTError(
+        'the lm-evaluation-harness is not installed: pip install -e ".[eval]" (or pip install lm-eval)'
+    ) from err
+
+from mini_gpt.model import GPT
+from mini_gpt.scoring import continuation_logprobs, score_windows, windows
+from mini_gpt.tokenizer import Tokenizer
+
+__all__ = ["HOOK_FILE", "MiniGPTLM", "install_hook", "run_harness", "uninstall_hook"]
+
+MODEL_NAME = "mini-gpt"
+HOOK_FILE = "mini_gpt_lm_eval.pth"
+
+
+def _as_int(value: Any, default: int) -> int:
+    """lm-eval passes batch sizes as int, str or "auto"."""
+    if value is None or value == "auto" or str(value).startswith("auto"):
+        return default
+    return int(value)
+
+
+@register_model(MODEL_NAME)
+class MiniGPTLM(TemplateLM):
+    """lm-eval model over a mini-gpt checkpoint / export (`ckpt=`), GPT-2 weights (`init_from=`), or a
+    model and tokenizer passed in (`model=`, `tokenizer=`, from Python)."""
+
+    def __init__(
+        self,
+        ckpt: str | None = None,
+        init_from: str | None = None,
+        bpe_file: str | None = None,
+        model: GPT | None = None,
+        tokenizer: Tokenizer | None = None,
+        device: str | None = None,
+        batch_size: Any = 16,
+        max_batch_size: Any = None,
+        stride: Any = None,
+        max_gen_toks: Any = 256,
+        seed: Any = 1234,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        from mini_gpt.generate import GenerateConfig, load_source, resolve_device
+
+        if device in ("cuda", "cuda:0") and not torch.cuda.is_available():  # the lm_eval CLI's default
+            print("warning: device=cuda but torch sees no CUDA GPU; running on the CPU", file=sys.stderr)
+            device = "auto"
+        self._device = resolve_device(device or "auto")
+        if model is None:
+            source = GenerateConfig(ckpt=ckpt, init_from=init_from, bpe_file=bpe_file)
+            model, tokenizer = load_source(source, self._device)
+        elif tokenizer is None:
+            raise MiniGPTError("MiniGPTLM(model=...) also needs tokenizer=...")
+        self.model = model.to(self._device).eval()
+        self.tok = tokenizer
+        self.batch_size = _as_int(batch_size, 16)
+        self.block_size = model.config.block_size
+        self.stride = _as_int(stride, self.block_size)
+        self.max_gen_toks = _as_int(max_gen_toks, 256)
+        self.seed = _as_int(seed, 1234)
+        chars = getattr(tokenizer, "chars", None)
+        self._known = set(chars) if chars is not None else None
+
+    # ---- tokens -------------------------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        eot = self.tok.eot_id
+        return eot if eot is not None else self.prefix_token_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        """What an empty context starts from: end-of-text, or a newline for a character model."""
+        if self.tok.eot_id is not None:
+            return self.tok.eot_id
+        newline = self.tok_encode("\n")
+        return newline[0] if newline else 0
+
+    @property
+    def max_length(self) -> int:
+        return self.block_size
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        if self._known is not None:
+            string = "".join(c for c in string if c in self._known)
+        encode_ordinary = getattr(self.tok, "encode_ordinary", None)
+        return encode_ordinary(string) if encode_ordinary else self.tok.encode(string)
+
+    def tok_decode(self, tokens: Sequence[int], **kwargs: Any) -> str:
+        return self.tok.decode(list(tokens))
+
+    # ---- requests -----------------------------------------------------------------------------
+    def _loglikelihood_tokens(
+        self,
+        requests: list[tuple[tuple[str, str], list[int], list[int]]],
+        disable_tqdm: bool = False,
+        **kw: Any,
+    ) -> list[tuple[float, bool]]:
+        from tqdm import tqdm
+
+        # Longest first: similar lengths share a batch, and an out-of-memory error shows up at once.
+        order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))
+        results: list[tuple[float, bool]] = [(0.0, True)] * len(requests)
+        with tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="loglikelihood") as bar:
+            for b in range(0, len(order), self.batch_size):
+                chunk = [i for i in order[b : b + self.batch_size] if requests[i][2]]  # empty: (0, True)
+                pairs = [(requests[i][1] or [self.prefix_token_id], requests[i][2]) for i in chunk]
+                for i, score in zip(chunk, continuation_logprobs(self.model, pairs, len(pairs) or 1)):
+                    results[i] = (score.logprob, score.is_greedy)
+                    if self.cache_hook is not None:
+                        self.cache_hook.add_partial("loglikelihood", requests[i][0], results[i])
+                bar.update(len(order[b : b + self.batch_size]))
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """Log-likelihood of each whole text, every token predicted (the first from the prefix token)."""
+        from tqdm import tqdm
+
+        out = []
+        for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="loglikelihood_rolling"):
+            (text,) = req.args
+            ids = [self.prefix_token_id, *self.tok_encode(text)]
+            wins = list(windows(ids, self.block_size, self.stride))
+            total = score_windows(self.model, wins, self.batch_size)[0].nll if len(ids) > 1 else 0.0
+            out.append(-total)
+            if self.cache_hook is not None:
+                self.cache_hook.add_partial("loglikelihood_rolling", (text,), -total)
+        return out
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        """Continue each context with the KV-cache sampler until a stop string or max_gen_toks."""
+        from tqdm import tqdm
+
+        out = []
+        generator = torch.Generator(device=self._device).manual_seed(self.seed)
+        for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="generate_until"):
+            context, gen_kwargs = req.args
+            kwargs = dict(gen_kwargs or {})
+            until = kwargs.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = _as_int(kwargs.pop("max_gen_toks", None), self.max_gen_toks)
+            sample = bool(kwargs.pop("do_sample", False))
+            temperature = float(kwargs.pop("temperature", 0.0) or 0.0) if sample else 0.0
+            top_k = kwargs.pop("top_k", None)
+            top_p = kwargs.pop("top_p", None)
+            sampling = {
+                "temperature": temperature,
+                "top_k": int(top_k) if top_k else None,
+                "top_p": float(top_p) if top_p else None,
+                "generator": generator,
+            }
+            text = self._continue(context, until, max_new, sampling)
+            out.append(text)
+            if self.cache_hook is not None:
+                self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+        return out
+
+    def _continue(self, context: str, until: list[str], max_new: int, sampling: dict[str, Any]) -> str:
+        """The text generated after `context`, cut before the first stop string (or end-of-text)."""
+        from mini_gpt.sampling import generate
+
+        ids = self.tok_encode(context) or [self.prefix_token_id]
+        idx = torch.tensor([ids], dtype=torch.long, device=self._device)
+        eot = self.tok.eot_id
+        new: list[int] = []
+
+        def stop(token: torch.Tensor) -> bool:
+            new.append(int(token[0]))
+            if eot is not None and new[-1] == eot:
+                return True
+            text = self.tok_decode(new)
+            return any(s and s in text for s in until)
+
+        generate(self.model, idx, max_new, stream=stop, **sampling)
+        if eot is not None and new and new[-1] == eot:
+            new = new[:-1]
+        text = self.tok_decode(new)
+        for s in until:
+            if s:
+                text = text.split(s)[0]
+        return text
+
+    def get_model_info(self) -> dict[str, Any]:
+        c = self.model.config
+        return {
+            "model_num_parameters": self.model.num_params(non_embedding=False),
+            "block_size": c.block_size,
+        }
+
+
+def _metrics(task_results: dict[str, Any]) -> dict[str, Any]:
+    """{"acc,none": 0.5, "acc_stderr,none": 0.1, "alias": ...} -> {"acc": 0.5, "acc_stderr": 0.1}."""
+    out = {}
+    for key, value in task_results.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        name, _, filt = key.partition(",")
+        out[name if filt in ("", "none") else f"{name},{filt}"] = value
+    return out
+
+
+def run_harness(
+    model: GPT,
+    tokenizer: Tokenizer,
+    tasks: Sequence[str],
+    limit: float | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int = 16,
+    include_path: str | None = None,
+    seed: int = 1234,
+    builtin_tasks: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """Run harness tasks on our model; {task: {metric: value}} (filter suffixes `,none` dropped)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None and not Path(include_path).expanduser().exists():
+        raise MiniGPTError(f"harness.include_path={include_path} does not exist")
+    manager = TaskManager(
+        include_path=str(Path(include_path).expanduser()) if include_path else None,
+        include_defaults=builtin_tasks,
+    )
+    missing = [t for t in tasks if t not in manager.all_tasks]
+    if missing:
+        raise MiniGPTError(
+            f"unknown lm-eval task(s) {missing}; list them with `lm_eval ls tasks`, or pass your own "
+            "task YAMLs with harness.include_path=DIR"
+        )
+    lm = MiniGPTLM(model=model, tokenizer=tokenizer, batch_size=batch_size, seed=seed)
+    try:
+        res = simple_evaluate(
+            model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit, task_manager=manager,
+            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+            log_samples=False, bootstrap_iters=0,
+        )  # fmt: skip
+    except (ConnectionError, OSError) as err:
+        raise MiniGPTError(
+            f"lm-eval could not load the task data ({type(err).__name__}: {str(err)[:200]}); offline, "
+            "write a task YAML over local files (data_files: a dict of splits) and pass harness.include_path"
+        ) from None
+    return {task: _metrics(metrics) for task, metrics in (res or {}).get("results", {}).items()}
+
+
+# ---- the `lm_eval` command ---------------------------------------------------------------------
+
+# Runs at every interpreter start once installed, so it imports nothing heavy: it only waits for
+# lm_eval's registry to be imported and then registers the lazy target.
+HOOK_CODE = '''
+import sys
+class MiniGptLmEvalHook:
+    """Register mini-gpt's lm_eval model when lm_eval.api.registry is first imported."""
+    def find_spec(self, name, path=None, target=None):
+        if name != "lm_eval.api.registry":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+        def exec_module(module):
+            run(module)
+            import lm_eval.models  # the harness's own models first
+            if "mini-gpt" not in module.model_registry:
+                module.model_registry.register("mini-gpt", target="mini_gpt.harness:MiniGPTLM")
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, MiniGptLmEvalHook())
+'''
+
+
+def hook_line() -> str:
+    """The one `.pth` line: `import` lines in .pth files are executed by `site` at start-up."""
+    return f"import sys; exec({HOOK_CODE!r})\n"
+
+
+def default_site_dir() -> Path:
+    """The site-packages directory that holds lm_eval (where its `lm_eval` command imports from)."""
+    return Path(lm_eval.__file__).resolve().parents[1]
+
+
+def install_hook(site_dir: str | Path | None = None) -> Path:
+    path = Path(site_dir or default_site_dir()) / HOOK_FILE
+    try:
+        path.write_text(hook_line(), encoding="utf-8")
+    except OSError as err:
+        raise MiniGPTError(
+            f"cannot write {path} ({err.strerror or err}); is this environment writable?"
+        ) from None
+    return path
+
+
+def uninstall_hook(site_dir: str | Path | None = None) -> Path:
+    path = Path(site_dir or default_site_dir()) / HOOK_FILE
+    path.unlink(missing_ok=True)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m mini_gpt.harness install-hook|uninstall-hook`, or any `lm_eval` command line."""
+    from mini_gpt.errors import exit_on_user_error
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["install-hook"]:
+        path = exit_on_user_error(install_hook)(*argv[1:2])
+        print(f"wrote {path}: `lm_eval --model {MODEL_NAME} --model_args ckpt=PATH ...` now works")
+        return
+    if argv[:1] == ["uninstall-hook"]:
+        print(f"removed {uninstall_hook(*argv[1:2])}")
+        return
+    from lm_eval.__main__ import cli_evaluate
+
+    sys.argv = ["lm_eval", *argv]
+    exit_on_user_error(cli_evaluate)()
+
+
+if __name__ == "__main__":
+    main()
