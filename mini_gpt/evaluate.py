@@ -1,6 +1,6 @@
 """Evaluate a model: `python -m mini_gpt.evaluate ckpt=PATH tasks=[bpb,hellaswag] output=results.json`.
 
-Every key lives in `conf/evaluate.yaml`:
+Every key lives in `mini_gpt/conf/evaluate.yaml`:
 
     python -m mini_gpt.evaluate ckpt=out/last.ckpt                     # bits per byte on the val split
     python -m mini_gpt.evaluate ckpt=out/last.ckpt bpb.path=notes.txt  # ... on any file / dir / glob
@@ -28,8 +28,8 @@ from typing import Any, TextIO
 
 import torch
 
-from mini_gpt.errors import MiniGPTError, exit_on_user_error
-from mini_gpt.generate import CONF_DIR, GenerateConfig, autocast_context, load_source, resolve_device
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.generate import GenerateConfig, autocast_context, load_source, resolve_device
 
 TASKS = ("bpb", "hellaswag")
 
@@ -41,7 +41,7 @@ def _section(cls: type, d: Any, name: str) -> Any:
     d = dict(d or {})
     unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
-        raise MiniGPTError(f"unknown {name} key(s) {unknown}; see conf/evaluate.yaml")
+        raise MiniGPTError(f"unknown {name} key(s) {unknown}; see mini_gpt/conf/evaluate.yaml")
     return cls(**d)
 
 
@@ -243,24 +243,17 @@ def config_from_dict(d: dict[str, Any]) -> EvaluateConfig:
     known = {f.name for f in dataclasses.fields(EvaluateConfig)}
     unknown = sorted(set(d) - known)
     if unknown:
-        raise MiniGPTError(f"unknown evaluate key(s) {unknown}; see conf/evaluate.yaml")
+        raise MiniGPTError(f"unknown evaluate key(s) {unknown}; see mini_gpt/conf/evaluate.yaml")
     return EvaluateConfig(**d)
 
 
 def main() -> None:
     """`python -m mini_gpt.evaluate key=value ...` (Hydra overrides of conf/evaluate.yaml)."""
-    import hydra
     from omegaconf import OmegaConf
 
-    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")
-    def app(cfg: Any) -> None:
-        @exit_on_user_error
-        def go() -> None:
-            run(config_from_dict(OmegaConf.to_container(cfg, resolve=True)))
+    from mini_gpt.conf import hydra_main
 
-        go()
-
-    app()
+    hydra_main("evaluate", lambda cfg: run(config_from_dict(OmegaConf.to_container(cfg, resolve=True))))
 
 
 if __name__ == "__main__":

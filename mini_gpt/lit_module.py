@@ -246,6 +246,8 @@ class GPTLitModule(L.LightningModule):
                 k: list(v) if isinstance(v, tuple) else v
                 for k, v in dataclasses.asdict(self.optim_config).items()
             },
+            # tokens trained on so far (as summary.json counts them); evaluation reports it beside the step
+            "tokens": self.global_step * self.stats.tokens_per_step if self.stats.tokens_per_step else None,
         }
         if self.run_config is not None:
             checkpoint["run_config"] = self.run_config  # read by mini_gpt.resume

@@ -59,40 +59,63 @@ def continuation_logprobs(
 
     The context must not be empty (something has to predict the first continuation token: pass the
     end-of-text id when there is no context). When context + continuation is longer than block_size the
-    context is cut from the left; a continuation longer than block_size is an error.
+    context is cut from the left. A continuation longer than block_size (a character model's long
+    HellaSwag ending) is scored on its own by sliding windows that keep half a block of context.
     """
     block_size = model.config.block_size
     device = _device(model)
-    rows, spans = [], []  # model inputs, and (first scored input position, continuation length)
-    for context, continuation in pairs:
+    short = []  # indices of the pairs that fit one forward pass
+    for i, (context, continuation) in enumerate(pairs):
         if not context:
             raise MiniGPTError("continuation_logprobs needs a non-empty context (e.g. [eot_id])")
         if not continuation:
             raise MiniGPTError("continuation_logprobs got an empty continuation")
-        if len(continuation) > block_size:
-            raise MiniGPTError(
-                f"a continuation of {len(continuation)} tokens does not fit block_size={block_size}"
-            )
-        full = [*context, *continuation][-(block_size + 1) :]
-        rows.append(full[:-1])  # the last token is only a target
-        spans.append((len(full) - 1 - len(continuation), len(continuation)))
-    results: list[Continuation] = []
-    for b in range(0, len(rows), batch_size):
-        batch_rows, batch_spans = rows[b : b + batch_size], spans[b : b + batch_size]
-        logits = model(_pack(batch_rows, device))  # (B, T, V)
-        # Gather the positions that predict continuation tokens: row i, positions start..start+n-1.
-        row_idx = torch.cat([torch.full((n,), i) for i, (_, n) in enumerate(batch_spans)]).to(device)
-        pos_idx = torch.cat([torch.arange(s, s + n) for s, n in batch_spans]).to(device)
-        targets = torch.cat(
-            [torch.as_tensor(pairs[b + i][1], dtype=torch.long) for i in range(len(batch_rows))]
-        ).to(device)
+        if len(continuation) <= block_size:
+            short.append(i)
+    results: dict[int, Continuation] = {
+        i: _score_long(model, *pairs[i]) for i in range(len(pairs)) if len(pairs[i][1]) > block_size
+    }
+    for b in range(0, len(short), batch_size):
+        batch = short[b : b + batch_size]
+        rows, spans = [], []  # model inputs, and (first scored input position, continuation length)
+        for i in batch:
+            context, continuation = pairs[i]
+            full = [*context, *continuation][-(block_size + 1) :]
+            rows.append(full[:-1])  # the last token is only a target
+            spans.append((len(full) - 1 - len(continuation), len(continuation)))
+        logits = model(_pack(rows, device))  # (B, T, V)
+        # Gather the positions that predict continuation tokens: row r, positions start..start+n-1.
+        row_idx = torch.cat([torch.full((n,), r) for r, (_, n) in enumerate(spans)]).to(device)
+        pos_idx = torch.cat([torch.arange(s, s + n) for s, n in spans]).to(device)
+        targets = torch.cat([torch.as_tensor(pairs[i][1], dtype=torch.long) for i in batch]).to(device)
         picked = logits[row_idx, pos_idx].float()  # (N, V)
         logp = -F.cross_entropy(picked, targets, reduction="none")  # (N,)
         greedy = picked.argmax(dim=-1) == targets  # (N,)
-        counts = [n for _, n in batch_spans]
-        for lp, gr, n in zip(logp.split(counts), greedy.split(counts), counts, strict=True):
-            results.append(Continuation(float(lp.sum()), n, bool(gr.all())))
-    return results
+        counts = [n for _, n in spans]
+        for i, lp, gr, n in zip(batch, logp.split(counts), greedy.split(counts), counts, strict=True):
+            results[i] = Continuation(float(lp.sum()), n, bool(gr.all()))
+    return [results[i] for i in range(len(pairs))]
+
+
+def _score_long(model: nn.Module, context: Sequence[int], continuation: Sequence[int]) -> Continuation:
+    """A continuation longer than block_size: sliding windows (stride block_size // 2) over the
+    continuation and the last half block of the context, scoring only continuation tokens."""
+    block_size = model.config.block_size
+    device = _device(model)
+    half = max(1, block_size // 2)
+    start = max(0, len(context) - half)
+    ids = [*context[start:], *continuation]
+    first_target = len(context) - start  # index in ids of the first continuation token
+    logprob, greedy = 0.0, True
+    for w in windows(ids, block_size, half):
+        first = max(w.first, first_target - 1 - w.begin)  # position p predicts ids[begin + p + 1]
+        if first > len(w.ids) - 2:
+            continue
+        logits = model(torch.as_tensor([w.ids[:-1]], device=device))[0, first:].float()  # (n, V)
+        targets = torch.as_tensor(w.ids[first + 1 :], device=device)
+        logprob -= float(F.cross_entropy(logits, targets, reduction="sum"))
+        greedy = greedy and bool((logits.argmax(dim=-1) == targets).all())
+    return Continuation(logprob, len(continuation), greedy)
 
 
 @dataclass(frozen=True)
@@ -106,6 +129,7 @@ class Window:
     ids: Sequence[int]
     first: int
     doc: int
+    begin: int = 0  # index of ids[0] in the scored sequence
 
 
 def windows(ids: Sequence[int], block_size: int, stride: int, doc: int = 0) -> Iterator[Window]:
@@ -125,7 +149,7 @@ def windows(ids: Sequence[int], block_size: int, stride: int, doc: int = 0) -> I
         end = min(begin + block_size, n - 1)  # inputs ids[begin:end], targets ids[begin+1:end+1]
         if end == n - 1:  # the last window: right-aligned, so its targets see a whole block of context
             begin = max(0, end - block_size)
-        yield Window(ids[begin : end + 1], first=scored_to - begin, doc=doc)
+        yield Window(ids[begin : end + 1], first=scored_to - begin, doc=doc, begin=begin)
         scored_to = end
         begin += stride
 

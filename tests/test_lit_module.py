@@ -126,6 +126,7 @@ def test_checkpoint_alone_rebuilds_model_and_tokenizer(
     dm = _datamodule(char_data_dir, shakespeare_path)
     dm.prepare_data()
     module = _module(dm.vocab_size, dm.tokenizer)
+    module.stats.tokens_per_step = 96  # what training.py sets from the batch layout
     trainer = _trainer(tmp_path, max_steps=2, limit_val_batches=1)
     trainer.fit(module, datamodule=dm)
     path = tmp_path / "m.ckpt"
@@ -135,6 +136,7 @@ def test_checkpoint_alone_rebuilds_model_and_tokenizer(
     meta = ckpt["mini_gpt"]
     assert meta["format_version"] == 1
     assert meta["model_config"] == dataclasses.asdict(module.model_config)
+    assert meta["tokens"] == 2 * 96
     assert ckpt["global_step"] == 2 and ckpt["optimizer_states"] and ckpt["lr_schedulers"]
     keys = list(ckpt["state_dict"])
     assert keys and all(k.startswith("model.") and "_orig_mod" not in k for k in keys)

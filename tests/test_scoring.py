@@ -113,6 +113,30 @@ def test_greedy_flag_is_true_for_the_models_own_argmax_continuation(exported):
     assert other.is_greedy is False
 
 
+def test_a_continuation_longer_than_block_size_is_scored_by_windows(exported):
+    model, _ = exported
+    block = model.config.block_size
+    ctx, cont = list(range(300, 330)), list(range(500, 500 + 2 * block + 5))
+    (got,) = continuation_logprobs(model, [(ctx, cont)])
+    # Independent: every continuation token once, from the tokens before it inside its window. The
+    # windows hold block inputs, start half a block before the continuation and move by half a block.
+    full, half = ctx + cont, block // 2
+    start = len(ctx) - half
+    want, done = 0.0, len(ctx) - 1  # full[done] is the last token already scored (or context)
+    begin = start
+    while done < len(full) - 1:
+        end = min(begin + block, len(full) - 1)
+        if end == len(full) - 1:
+            begin = max(start, end - block)
+        with torch.no_grad():
+            logp = F.log_softmax(model(torch.tensor([full[begin:end]]))[0], -1)
+        for j in range(done + 1, end + 1):
+            want += logp[j - begin - 1, full[j]].item()
+        done, begin = end, begin + half
+    assert got.tokens == len(cont)
+    assert got.logprob == pytest.approx(want, abs=1e-3)
+
+
 def test_long_context_is_cut_from_the_left(exported):
     model, _ = exported
     block = model.config.block_size
@@ -120,8 +144,6 @@ def test_long_context_is_cut_from_the_left(exported):
     (got,) = continuation_logprobs(model, [(ctx, cont)])
     (short,) = continuation_logprobs(model, [(ctx[-(block + 1 - len(cont)) :], cont)])
     assert got.logprob == pytest.approx(short.logprob, abs=1e-5)
-    with pytest.raises(MiniGPTError, match="does not fit block_size"):
-        continuation_logprobs(model, [([1], list(range(block + 1)))])
     with pytest.raises(MiniGPTError, match="non-empty context"):
         continuation_logprobs(model, [([], [1])])
 
