@@ -160,3 +160,19 @@ def test_section_help_describes_the_section_in_whole_sentences(section: str) -> 
     description = bench_main.section_parser(section, module).description
     assert description.startswith(module.__doc__.strip().splitlines()[0])
     assert description.endswith(".")  # not cut at the end of the docstring's first line
+
+
+def test_bench_evaluate_contenders_compute_the_same_scores() -> None:
+    from mini_gpt.bench import evaluate as bench_evaluate
+    from mini_gpt.hf import gpt_to_hf
+    from mini_gpt.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("tiny", vocab_size=97, block_size=48)).eval()
+    items = bench_evaluate.make_items(5, vocab=97, block_size=48)
+    assert all(len(ctx) + max(map(len, endings)) <= 48 for ctx, endings in items)
+    batched = bench_evaluate.ours(model, items, batch_items=3)
+    naive = bench_evaluate.transformers_naive(gpt_to_hf(model), items)
+    assert len(batched) == len(naive) == 5
+    for a, b in zip(batched, naive):
+        assert a == pytest.approx(b, abs=1e-4)

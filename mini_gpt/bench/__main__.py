@@ -18,7 +18,7 @@ from typing import Any
 
 from mini_gpt.bench.common import LoadMeter, machine_info, print_table, write_json
 
-SECTIONS = ("attention", "train", "generate", "data", "attention_maps")
+SECTIONS = ("attention", "train", "generate", "data", "attention_maps", "evaluate")
 
 
 def load_section(name: str) -> ModuleType:
