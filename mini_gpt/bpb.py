@@ -4,7 +4,8 @@
 
 so a character model and a BPE model (or GPT-2) are compared on the same text. The text is a list of
 documents: a file, every `.txt` file under a directory (sorted), a glob, or a prepared corpus split
-(`train.bin` / `val.bin` decoded with its own tokenizer and cut into documents at end-of-text ids).
+(`train.bin` / `val.bin`, or the shards of `data=hf` / `data=shards`: parquet or jsonl columns, decoded
+with their own tokenizer and cut into documents at end-of-text ids).
 
 Each document is encoded with the model's tokenizer and scored by sliding windows (`mini_gpt.scoring`).
 When the tokenizer has an end-of-text id it is put before the document as context, so every token of the
@@ -23,13 +24,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from torch import nn
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.scoring import RollingScore, Window, score_windows, windows
 from mini_gpt.tokenizer import Tokenizer
 
-__all__ = ["BpbResult", "bits_per_byte", "document_windows", "prepared_split_documents", "read_documents"]
+__all__ = [
+    "BpbResult",
+    "bits_per_byte",
+    "document_windows",
+    "prepare_split",
+    "prepared_split_documents",
+    "read_documents",
+    "split_token_ids",
+]
 
 
 @dataclass
@@ -90,6 +100,40 @@ def read_documents(path: str | Path) -> list[str]:
     if not docs:
         raise MiniGPTError(f"bpb.path={path} holds no text")
     return docs
+
+
+def split_token_ids(prepared: Any, split: str) -> np.ndarray:
+    """The token ids of a prepared split: `train.bin`/`val.bin` corpora or llm.c-format shards."""
+    if hasattr(prepared, "memmap"):
+        return np.asarray(prepared.memmap(split))
+    from mini_gpt.corpus.shards import open_shard
+
+    shards = getattr(prepared, split)
+    if not shards:
+        raise MiniGPTError(f"the prepared corpus has no {split} shards")
+    return np.concatenate([np.asarray(open_shard(info)) for info in shards])
+
+
+def prepare_split(data: dict[str, Any], split: str, progress: bool | None = None) -> tuple[list[str], str]:
+    """(documents, description) of a split of the corpus `data` (a `data=` config mapping), preparing
+    its token files first when needed: text corpora (`train.bin`/`val.bin`), `data=hf` or `data=shards`."""
+    from mini_gpt.corpus.config import HFDataConfig, ShardsDataConfig, data_config
+
+    cfg = data_config(dict(data))
+    if isinstance(cfg, HFDataConfig):
+        from mini_gpt.corpus.sharding import prepare_shards
+
+        prepared = prepare_shards(cfg)
+    elif isinstance(cfg, ShardsDataConfig):
+        from mini_gpt.corpus.sharding import find_shards
+
+        prepared = find_shards(cfg)
+    else:
+        from mini_gpt.data import prepare_data
+
+        prepared = prepare_data(cfg, progress=progress)
+    ids = split_token_ids(prepared, split)
+    return prepared_split_documents(ids.tolist(), prepared.tokenizer), f"{cfg.name}:{split}"
 
 
 def prepared_split_documents(ids: Sequence[int], tokenizer: Tokenizer) -> list[str]:

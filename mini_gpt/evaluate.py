@@ -146,16 +146,18 @@ def checkpoint_info(path: str | None) -> dict[str, Any]:
 
 def bpb_documents(cfg: EvaluateConfig) -> tuple[list[str], str]:
     """(documents to score, a description of where they came from)."""
-    from mini_gpt.bpb import prepared_split_documents, read_documents
+    from mini_gpt.bpb import prepare_split, read_documents
 
     if cfg.bpb.path:
         return read_documents(cfg.bpb.path), str(cfg.bpb.path)
-    from mini_gpt.data import DataConfig, prepare_data
+    return prepare_split(cfg.data, cfg.bpb.split, cfg.progress)
 
-    data_cfg = DataConfig(**cfg.data)
-    prep = prepare_data(data_cfg, progress=cfg.progress)
-    ids = prep.memmap(cfg.bpb.split)
-    return prepared_split_documents(ids.tolist(), prep.tokenizer), f"{data_cfg.name}:{cfg.bpb.split}"
+
+def data_root(data: dict[str, Any]) -> Path:
+    """The data directory of the `data` config (where HellaSwag is cached too)."""
+    from mini_gpt.data import default_data_dir
+
+    return Path(data["data_dir"]).expanduser().resolve() if data.get("data_dir") else default_data_dir()
 
 
 def markdown_table(results: dict[str, Any]) -> str:
@@ -197,10 +199,9 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
     documents = bpb_documents(cfg) if "bpb" in cfg.tasks else None
     items = None
     if "hellaswag" in cfg.tasks:
-        from mini_gpt.data import DataConfig
         from mini_gpt.hellaswag import load_hellaswag
 
-        cache = DataConfig(**cfg.data).root / "hellaswag"
+        cache = data_root(cfg.data) / "hellaswag"
         items = load_hellaswag(cfg.hellaswag.path, cache, cfg.hellaswag.limit)
     with autocast_context(device, cfg.dtype):
         if documents is not None:

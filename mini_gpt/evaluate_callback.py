@@ -80,15 +80,16 @@ class EvaluateCallback(Callback):
         tokenizer = self._tokenizer = prepared.tokenizer
         block_size = pl_module.model.config.block_size
         if "bpb" in self.tasks:
-            from mini_gpt.bpb import document_windows, prepared_split_documents
+            from mini_gpt.bpb import document_windows, prepared_split_documents, split_token_ids
 
-            docs = prepared_split_documents(prepared.memmap("val").tolist(), tokenizer)
+            docs = prepared_split_documents(split_token_ids(prepared, "val").tolist(), tokenizer)
             stride = self.stride or max(1, block_size // 2)
             self._windows, self._bytes = document_windows(tokenizer, docs, block_size, stride)
         if "hellaswag" in self.tasks:
+            from mini_gpt.evaluate import data_root
             from mini_gpt.hellaswag import load_hellaswag
 
-            cache = datamodule.cfg.root / "hellaswag"
+            cache = data_root(dict(vars(datamodule.cfg))) / "hellaswag"
             self._items = load_hellaswag(self.hellaswag_path, cache, self.hellaswag_limit)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -106,3 +107,19 @@ def test_prepared_split_documents_cut_at_end_of_text(gpt2_bpe_file):
     assert prepared_split_documents(ids, tok) == ["one doc", "two"]
     chars = CharTokenizer("abc\n")
     assert prepared_split_documents(chars.encode("ab\nc"), chars) == ["ab\nc"]
+
+
+def test_prepare_split_of_a_jsonl_column_yields_its_held_out_documents(tmp_path, gpt2_bpe_file):
+    from mini_gpt.bpb import prepare_split
+
+    docs = [f"Document number {i} says: the quick brown fox, café {i * 7}." for i in range(60)]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    data = {"name": "hf", "dataset": str(tmp_path / "c.jsonl"), "tokenizer": "gpt2"}
+    data.update(bpe_file=str(gpt2_bpe_file), data_dir=str(tmp_path / "data"), val_fraction=0.3)
+    val, where = prepare_split(data, "val")
+    train, _ = prepare_split(data, "train")
+    assert where == "hf:val"
+    assert 0 < len(val) < 60 and sorted(val + train, key=docs.index) == docs  # whole documents, each once
+    tok = build_tokenizer("gpt2", bpe_file=gpt2_bpe_file)
+    res = bits_per_byte(bpe_model(block_size=32), tok, val)
+    assert res.bytes == sum(len(d.encode("utf-8")) for d in val)
