@@ -34,14 +34,20 @@ def test_char_model_bits_per_byte_is_nats_per_char_over_ln2_on_ascii():
     tok = CharTokenizer.from_text(TEXT)
     model = char_model(tok)
     res = bits_per_byte(model, tok, [TEXT], stride=16)
-    # Independent: non-overlapping windows of 16 inputs, plain cross-entropy, one window at a time.
+    # Independent: windows of 16 inputs moving by 16, the last one ending at the last character (scoring
+    # only what is new), plain cross-entropy, one window at a time.
     ids = tok.encode(TEXT)
-    nll = 0.0
+    nll, done = 0.0, 0
+    assert (len(ids) - 1) % 16 != 0  # a partial last window is exercised
     for b in range(0, len(ids) - 1, 16):
-        x, y = ids[b : b + 16], ids[b + 1 : b + 17]
-        x = x[: len(y)]
+        end = min(b + 16, len(ids) - 1)
+        start = max(0, end - 16)
+        x, y = ids[start:end], ids[start + 1 : end + 1]
         with torch.no_grad():
-            nll += F.cross_entropy(model(torch.tensor([x]))[0], torch.tensor(y), reduction="sum").item()
+            logits = model(torch.tensor([x]))[0]
+        new = done - start  # positions before it were scored by the previous window
+        nll += F.cross_entropy(logits[new:], torch.tensor(y[new:]), reduction="sum").item()
+        done = end
     nats_per_char = nll / (len(TEXT) - 1)  # the first character is context only
     assert res.tokens == res.bytes == len(TEXT) - 1
     assert res.loss == pytest.approx(nats_per_char, rel=1e-6)
