@@ -158,7 +158,7 @@ def test_lm_eval_command_finds_mini_gpt_through_the_installed_hook(setup, tmp_pa
         """
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "mini-gpt" in proc.stdout + proc.stderr
     assert "|tiny_mc|" in proc.stdout.replace(" ", "")
