@@ -124,7 +124,8 @@ def make_parquet_corpus(
                 text = "".join(doc)
                 docs.append(text)
                 nbytes += len(text.encode())
-        pq.write_table(pa.table({"text": docs}), out_dir / f"part-{f:02d}.parquet")
+        # row groups of 1,000 documents, as published datasets have (a reader holds one at a time)
+        pq.write_table(pa.table({"text": docs}), out_dir / f"part-{f:02d}.parquet", row_group_size=1000)
         total_bytes += nbytes
         total_docs += len(docs)
     return total_bytes, total_docs
