@@ -104,7 +104,7 @@ def test_data_section_wraps_bench_prepare(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(mini_gpt.bench_data, "bench_prepare", fake_bench_prepare)
     parser = argparse.ArgumentParser()
     bench_data.add_arguments(parser)
-    rows, extra = bench_data.run(parser.parse_args(["--quick", "--threads", "1"]))
+    rows, extra = bench_data.run(parser.parse_args(["--kind", "text", "--quick", "--threads", "1"]))
     assert seen == {"size_mb": 2, "bpe_file": None, "num_threads": 1, "workdir": None}
     assert rows[0]["prepare_mb_s"] == 10.0 and rows[0]["other_load"] >= 0
     assert "other_load" in extra
@@ -176,3 +176,37 @@ def test_bench_evaluate_contenders_compute_the_same_scores() -> None:
     assert len(batched) == len(naive) == 5
     for a, b in zip(batched, naive):
         assert a == pytest.approx(b, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_data_section_shards_counts_match_tiktoken(
+    tmp_path: Path, shakespeare_path: Path, gpt2_bpe_file: Path
+) -> None:
+    """`bench data` (shards): all three contenders run on the same 1 MB parquet corpus and count the same
+    tokens; the ratios are computed against the right rows."""
+    parser = argparse.ArgumentParser()
+    bench_data.add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--size-mb",
+            "1",
+            "--procs",
+            "1,2",
+            "--text",
+            str(shakespeare_path),
+            "--bpe-file",
+            str(gpt2_bpe_file),
+            "--workdir",
+            str(tmp_path),
+        ]
+    )
+    rows, extra = bench_data.run(args)
+    assert [(r["contender"], r["num_proc"]) for r in rows] == [
+        (c, n) for n in (1, 2) for c in ("mini-gpt", "nanogpt", "tiktoken")
+    ]
+    assert len({r["tokens"] for r in rows}) == 1 and rows[0]["tokens"] > 200_000
+    by = {(r["contender"], r["num_proc"]): r for r in rows}
+    assert by[("mini-gpt", 2)]["time_vs_tiktoken"] == round(
+        by[("mini-gpt", 2)]["seconds"] / by[("tiktoken", 2)]["seconds"], 2
+    )
+    assert extra["corpus_mb"] == 1.0 and extra["other_load"] >= 0
