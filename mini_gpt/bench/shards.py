@@ -34,7 +34,7 @@ def _peak_rss_mb() -> float:
     )
 
 
-def _mini_gpt(files: list[str], bpe_file: str, work: str, num_proc: int) -> dict[str, Any]:
+def _mini_gpt(files: list[str], bpe_file: str | None, work: str, num_proc: int) -> dict[str, Any]:
     from mini_gpt.corpus.config import HFDataConfig
     from mini_gpt.corpus.sharding import prepare_shards
 
@@ -52,7 +52,7 @@ def _mini_gpt(files: list[str], bpe_file: str, work: str, num_proc: int) -> dict
     }
 
 
-def _nanogpt(files: list[str], bpe_file: str, work: str, num_proc: int) -> dict[str, Any]:
+def _nanogpt(files: list[str], bpe_file: str | None, work: str, num_proc: int) -> dict[str, Any]:
     """nanoGPT's data/openwebtext/prepare.py, on these files: map(num_proc) then one memmap."""
     t = time.perf_counter()
     from datasets import disable_progress_bars, load_dataset
@@ -82,7 +82,7 @@ def _nanogpt(files: list[str], bpe_file: str, work: str, num_proc: int) -> dict[
     return {"seconds": time.perf_counter() - t, "tokens": total, "peak_rss_mb": _peak_rss_mb()}
 
 
-def _tiktoken(files: list[str], bpe_file: str, work: str, num_proc: int) -> dict[str, Any]:
+def _tiktoken(files: list[str], bpe_file: str | None, work: str, num_proc: int) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     from mini_gpt.tokenizer import build_tokenizer
@@ -139,13 +139,15 @@ def _in_fresh_process(fn: Any, *args: Any) -> dict[str, Any]:
 
 def bench_sharded(
     source: str | Path,
-    bpe_file: str | Path,
+    bpe_file: str | Path | None,
     size_mb: int = 300,
     procs: tuple[int, ...] = (1, 2),
     repeats: int = 1,
     workdir: str | Path | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Rows (one per contender and num_proc, medians over repeats) and extra facts about the corpus."""
+    """Rows (one per contender and num_proc, medians over repeats) and extra facts about the corpus.
+    `bpe_file=None`: GPT-2's ranks from tiktoken (its cache, or the network)."""
+    bpe = bpe_file
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(dir=workdir, prefix="mini-gpt-bench-shards-") as tmp:
         corpus = Path(tmp) / "corpus"
@@ -161,7 +163,7 @@ def bench_sharded(
                 for name in order:
                     out = Path(tmp) / f"{name}-{n}-{r}"
                     out.mkdir()
-                    result = _in_fresh_process(CONTENDERS[name], files, str(bpe_file), str(out), n)
+                    result = _in_fresh_process(CONTENDERS[name], files, bpe and str(bpe), str(out), n)
                     samples.setdefault((name, n), []).append(result)
                     shutil.rmtree(out, ignore_errors=True)
     mb = nbytes / 1e6
