@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("MINI_GPT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+SHIPPED_DATA = REPO_ROOT / "data"  # tiny Shakespeare and GPT-2 ranks ship with the repository
 
 _PREPARE = """
 import json, resource, sys, time
@@ -65,7 +65,7 @@ print(json.dumps({"seconds": seconds, "tokens": tokens,
 
 def make_corpus(path: Path, size_mb: int, seed: int = 0, source: Path | None = None) -> int:
     """Write ~size_mb MB of shuffled tiny-Shakespeare lines to `path`; returns the byte count."""
-    source = source or SHARED_DATA / "tinyshakespeare" / "input.txt"
+    source = source or SHIPPED_DATA / "tinyshakespeare" / "input.txt"
     lines = np.array(source.read_text().splitlines(keepends=True), dtype=object)
     rng = np.random.default_rng(seed)
     target, written = size_mb * 1_000_000, 0
@@ -94,7 +94,7 @@ def bench_prepare(
     workdir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Prepare a generated `size_mb` MB corpus with GPT-2 BPE; report MB/s, peak RSS and tiktoken alone."""
-    bpe = Path(bpe_file) if bpe_file else SHARED_DATA / "tokenizers" / "gpt2.tiktoken"
+    bpe = Path(bpe_file) if bpe_file else SHIPPED_DATA / "tokenizers" / "gpt2.tiktoken"
     threads = num_threads or os.cpu_count() or 1
     with tempfile.TemporaryDirectory(dir=workdir, prefix="mini-gpt-bench-") as tmp:
         corpus = Path(tmp) / "corpus.txt"

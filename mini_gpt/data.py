@@ -25,6 +25,11 @@ Decisions worth knowing:
   meta.json is written (atomically) last. A cache is used only if meta.json exists and matches the source
   sha256, tokenizer, split fraction and dtype, and the bins have the recorded sizes; anything else,
   including a preparation killed midway, is rebuilt.
+* **One preparer at a time**: building takes a file lock in the cache folder (`filelock`); other
+  processes (a parallel sweep, a SLURM array on shared storage) wait, then reuse the finished cache.
+  Checking a valid cache takes no lock, so a read-only cache works.
+* **Shipped defaults**: tiny Shakespeare is in the repository (`data/tinyshakespeare/input.txt`), so the
+  default corpora never download; other named corpora download once, verified by sha256.
 
 No Lightning or Hydra here: plain dataclasses in, plain files out.
 """
@@ -32,6 +37,7 @@ No Lightning or Hydra here: plain dataclasses in, plain files out.
 from __future__ import annotations
 
 import codecs
+import errno
 import glob
 import hashlib
 import json
@@ -44,6 +50,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,11 +77,15 @@ __all__ = [
     "default_data_dir",
     "download",
     "load_prepared",
+    "preparation_lock",
     "prepare_data",
     "token_dtype",
 ]
 
 FORMAT_VERSION = 1
+LOCK_FILE = ".prepare.lock"  # in each cache folder; held while that cache is (re)built
+# The checkout's data/, which ships tiny Shakespeare (a wheel install has none: named corpora download).
+SHIPPED_DATA = Path(__file__).resolve().parents[1] / "data"
 DOWNLOAD_TIMEOUT_S = 15.0  # per socket operation; an offline machine fails in well under this
 PIECE_CHARS = 1 << 20  # characters per encoded piece: big enough to amortise calls, small for memory
 
@@ -85,26 +96,43 @@ class DataConfigError(MiniGPTError, ValueError):
 
 @dataclass(frozen=True)
 class Corpus:
-    """A named corpus: where to download it, what it must hash to, and its default tokenizer."""
+    """A named corpus: where to download it, what it must hash to, and its default tokenizer.
+
+    `bundled` is a copy shipped in the repository (found before any download, so the default corpora
+    need no network), or None.
+    """
 
     url: str
     sha256: str
     filename: str
     tokenizer: str
     description: str
+    bundled: Path | None = None
 
 
 _TINY_SHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 )
 _TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+# Shipped with the repository (public domain, 1,115,394 characters); see data/README.md.
+BUNDLED_SHAKESPEARE = SHIPPED_DATA / "tinyshakespeare" / "input.txt"
 
 CORPORA: dict[str, Corpus] = {
     "shakespeare_char": Corpus(
-        _TINY_SHAKESPEARE_URL, _TINY_SHAKESPEARE_SHA256, "input.txt", "char", "tiny Shakespeare, characters"
+        _TINY_SHAKESPEARE_URL,
+        _TINY_SHAKESPEARE_SHA256,
+        "input.txt",
+        "char",
+        "tiny Shakespeare, characters",
+        bundled=BUNDLED_SHAKESPEARE,
     ),
     "shakespeare": Corpus(
-        _TINY_SHAKESPEARE_URL, _TINY_SHAKESPEARE_SHA256, "input.txt", "gpt2", "tiny Shakespeare, GPT-2 BPE"
+        _TINY_SHAKESPEARE_URL,
+        _TINY_SHAKESPEARE_SHA256,
+        "input.txt",
+        "gpt2",
+        "tiny Shakespeare, GPT-2 BPE",
+        bundled=BUNDLED_SHAKESPEARE,
     ),
 }
 TEXT_CORPUS = "text"
@@ -290,7 +318,8 @@ def download(url: str, dest: Path, sha256: str, progress: bool | None = None) ->
 
 
 def _named_corpus_file(cfg: DataConfig, progress: bool | None) -> Path:
-    """The verified text of a named corpus: data.path, else data/<name>/, else download it there."""
+    """The verified text of a named corpus: data.path, else the repository's copy, else
+    <data_dir>/<name>/ (or a corpus sharing the file), else download it there."""
     corpus = CORPORA[cfg.name]
     if cfg.path:
         path = Path(cfg.path).expanduser().resolve()
@@ -304,6 +333,14 @@ def _named_corpus_file(cfg: DataConfig, progress: bool | None) -> Path:
             )
         return path
     dest = cfg.root / cfg.name / corpus.filename
+    if corpus.bundled is not None and corpus.bundled.is_file():
+        if _sha256_file(corpus.bundled) == corpus.sha256:
+            return corpus.bundled
+        warnings.warn(
+            f"{corpus.bundled} does not match the {cfg.name} sha256 (edited?); restore it with "
+            "`git checkout -- data/`; looking for another copy",
+            stacklevel=3,
+        )
     # Corpora that share a file (shakespeare, shakespeare_char) may reuse each other's copy.
     candidates = [dest] + [
         cfg.root / other / c.filename
@@ -582,6 +619,50 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _unwritable(where: Path, err: OSError) -> MiniGPTError:
+    """One line for a data dir we cannot write to (read-only, no permission, disk full)."""
+    reason = err.strerror or type(err).__name__
+    return MiniGPTError(
+        f"cannot write the token cache in {where} ({reason}); free some space or point "
+        "data.data_dir (or MINI_GPT_DATA_DIR) at a writable directory"
+    )
+
+
+# What writing to a full, read-only or foreign directory raises.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+@contextmanager
+def preparation_lock(out_dir: Path, what: str) -> Iterator[None]:
+    """Hold `out_dir`'s preparation lock: one process (on this machine, or on any machine sharing a
+    file system with working locks) prepares a cache at a time; the others wait here, then find the
+    finished cache. `what` names the corpus in the message printed while waiting.
+
+    The lock file stays behind on purpose: deleting it would race with a process about to take it.
+    """
+    from filelock import FileLock, Timeout
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(out_dir / LOCK_FILE)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            print(
+                f"waiting for another process to finish preparing {what} in {out_dir} "
+                f"(lock file {lock.lock_file})",
+                file=sys.stderr,
+                flush=True,
+            )
+            lock.acquire()
+    except OSError as err:
+        raise _unwritable(out_dir, err) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def prepare_data(
     cfg: DataConfig,
     *,
@@ -609,14 +690,22 @@ def prepare_data(
         tok = build_tokenizer(tok_name, bpe_file=cfg.bpe_file)
     out_dir = cache_dir(cfg)
     key = _cache_key(cfg, source_sha, tok)
-    meta = _valid_cache(out_dir, key)
+    meta = _valid_cache(out_dir, key)  # a valid cache needs no lock (it may be on read-only storage)
     if meta is None:
         if not build:
             raise MiniGPTError(
                 f"no valid prepared data in {out_dir} for this data config; run preparation first "
                 "(GPTDataModule.prepare_data or mini_gpt.data.prepare_data)"
             )
-        meta = _build(cfg, files, total_bytes, key, tok, out_dir, progress, piece_chars)
+        with preparation_lock(out_dir, cfg.name):
+            meta = _valid_cache(out_dir, key)  # another process may have prepared it while we waited
+            if meta is None:
+                try:
+                    meta = _build(cfg, files, total_bytes, key, tok, out_dir, progress, piece_chars)
+                except OSError as err:  # writing the cache: disk full, read-only, permissions
+                    if err.errno in _WRITE_ERRNOS and err.filename not in {str(f) for f in files}:
+                        raise _unwritable(out_dir, err) from None
+                    raise
     prep = _prepared(out_dir, meta, tok)
     _check_lengths(cfg, prep, block_size)
     return prep
@@ -654,9 +743,10 @@ def _build(
     split_at = int(n_chars * (1.0 - cfg.val_fraction))
     eot = tok.eot_id
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "meta.json").unlink(missing_ok=True)  # from now on the cache is invalid until the end
-    for stale in out_dir.glob(".*.tmp"):  # leftovers of a killed run
+    # Leftovers of a preparation that was killed. We hold the lock, so these temporary bins belong to
+    # no live process; other temporary files here (a download in progress) are left alone.
+    for stale in out_dir.glob(".*.bin.*.tmp"):
         stale.unlink(missing_ok=True)
     tmp = {s: out_dir / f".{s}.bin.{os.getpid()}.tmp" for s in ("train", "val")}
     counts = {"train": 0, "val": 0}

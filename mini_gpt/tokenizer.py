@@ -7,8 +7,10 @@ tokenizer with no network and no file, which is why the tiktoken dict embeds the
 
 Offline BPE: `build_tokenizer("gpt2", bpe_file="path/to/gpt2.tiktoken")` reads a `.tiktoken` ranks file
 (one `base64(token_bytes) rank` per line), checks its sha256 against the hash tiktoken pins for that
-encoding, and never touches the network. Without a file we ask `tiktoken.get_encoding`, which works
-offline when the files are in `TIKTOKEN_CACHE_DIR`, and otherwise downloads them.
+encoding, and never touches the network. GPT-2's ranks ship with the repository
+(`data/tokenizers/gpt2.tiktoken`, MIT, see the LICENSE beside it), so `gpt2` and `r50k_base` (the same
+vocabulary) need no file argument either. For other encodings we ask `tiktoken.get_encoding`, which
+works offline when the files are in `TIKTOKEN_CACHE_DIR`, and otherwise downloads them.
 
 This module imports no Lightning/Hydra (generation needs it and must start fast).
 """
@@ -27,6 +29,7 @@ from typing import Any
 from mini_gpt.errors import MiniGPTError
 
 __all__ = [
+    "BUNDLED_BPE_FILES",
     "CHAR_EOT",
     "CharTokenizer",
     "TiktokenTokenizer",
@@ -40,6 +43,10 @@ __all__ = [
 # sha256 of r50k_base.tiktoken. `gpt2` is the same vocabulary (tiktoken builds it from vocab.bpe +
 # encoder.json instead, so its constructor pins no hash for a `.tiktoken` file).
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+# Ranks files shipped with the repository, by encoding name (r50k_base is GPT-2's vocabulary).
+BUNDLED_BPE_FILES: dict[str, Path] = dict.fromkeys(
+    ("gpt2", "r50k_base"), Path(__file__).resolve().parents[1] / "data" / "tokenizers" / "gpt2.tiktoken"
+)
 # Seconds we wait for tiktoken.get_encoding before calling it offline (tiktoken's HTTP calls carry
 # no timeout of their own, so a black-holed network would otherwise hang forever).
 NETWORK_TIMEOUT_S = 20.0
@@ -319,13 +326,15 @@ def _get_encoding(name: str) -> Any:
 def build_tokenizer(name: str, bpe_file: str | Path | None = None, text: str | None = None) -> Tokenizer:
     """`char` (vocabulary from `text`) or any tiktoken encoding name (e.g. `gpt2`, `cl100k_base`).
 
-    With `bpe_file` the ranks come from that file and the network is never used; without it from
-    `tiktoken.get_encoding` (TIKTOKEN_CACHE_DIR, else download).
+    With `bpe_file` the ranks come from that file and the network is never used; without it from the
+    repository's copy (gpt2, r50k_base), else `tiktoken.get_encoding` (TIKTOKEN_CACHE_DIR, else download).
     """
     if name == "char":
         if text is None:
             raise MiniGPTError("the char tokenizer needs the corpus text to build its vocabulary")
         return CharTokenizer.from_text(text)
+    if bpe_file is None and name in BUNDLED_BPE_FILES and BUNDLED_BPE_FILES[name].is_file():
+        bpe_file = BUNDLED_BPE_FILES[name]
     if bpe_file is not None:
         return _from_bpe_file(name, bpe_file)
     encoding_spec(name)  # unknown names fail here, before any network attempt

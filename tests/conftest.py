@@ -1,7 +1,13 @@
-"""Shared test fixtures: the read-only corpora, Hydra config composition, torch threads."""
+"""Shared test fixtures: the repository's own copies of the read-only corpora, Hydra config
+composition, torch threads.
+
+Everything a test reads ships with the repository (data/), so `pytest` passes on a plain clone with
+no network and nothing beside the checkout.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -9,31 +15,35 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-# CI clones the repo with ../shared beside it; MINI_GPT_SHARED_DATA points elsewhere if needed.
-SHARED_DATA = Path(os.environ.get("MINI_GPT_SHARED_DATA", REPO.parent / "shared" / "data"))
+# Published hashes (karpathy/char-rnn's input.txt; tiktoken's pin for r50k_base.tiktoken).
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
 # Tests never talk to W&B's servers or block on a login prompt.
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
-def _shared_file(*parts: str) -> Path:
-    path = SHARED_DATA.joinpath(*parts)
+def _repo_file(relative: str, sha256: str) -> Path:
+    path = REPO / relative
     if not path.is_file():  # a loud failure, never a silent skip
-        pytest.fail(f"missing shared test data {path}; set MINI_GPT_SHARED_DATA to the shared/data folder")
+        pytest.fail(f"missing {path}: it ships with the repository; restore it with `git checkout -- data/`")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != sha256:
+        pytest.fail(f"{path} has sha256 {digest}, expected {sha256}; restore it with `git checkout -- data/`")
     return path
 
 
 @pytest.fixture(scope="session")
 def shakespeare_path() -> Path:
     """The standard 1,115,394-character tiny Shakespeare corpus (read-only)."""
-    return _shared_file("tinyshakespeare", "input.txt")
+    return _repo_file("data/tinyshakespeare/input.txt", SHAKESPEARE_SHA256)
 
 
 @pytest.fixture(scope="session")
 def gpt2_bpe_file() -> Path:
     """GPT-2's BPE ranks in tiktoken's format (read-only)."""
-    return _shared_file("tokenizers", "gpt2.tiktoken")
+    return _repo_file("data/tokenizers/gpt2.tiktoken", GPT2_RANKS_SHA256)
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,8 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer
 
-SHAKESPEARE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "tinyshakespeare" / "input.txt"
 REPO = Path(__file__).resolve().parents[1]
+SHAKESPEARE = REPO / "data" / "tinyshakespeare" / "input.txt"  # shipped with the repository
 
 
 # Tiny models decode faster on one thread than on two fighting over a shared machine.

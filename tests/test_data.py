@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -164,7 +165,37 @@ def test_corrupted_bin_is_rebuilt(data_dir: Path) -> None:
     assert prep.val_path.stat().st_size == 2 * 111_540
 
 
-def test_offline_download_error_says_where_to_put_the_file(tmp_path: Path) -> None:
+def test_shipped_corpora_need_no_network_or_environment(tmp_path: Path, monkeypatch) -> None:
+    # What `python train.py` and `data=shakespeare` do on a fresh clone: an empty data dir, no
+    # download (the autouse fixture makes any attempt fail), no tiktoken cache, no bpe_file.
+    import tiktoken
+
+    monkeypatch.delenv("MINI_GPT_DATA_DIR", raising=False)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken-cache"))
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda *_a: pytest.fail("get_encoding called"))
+    char = prepare_data(DataConfig(data_dir=str(tmp_path / "d")), progress=False)
+    assert (char.train_tokens, char.val_tokens, char.vocab_size) == (1_003_854, 111_540, 65)
+    bpe = prepare_data(DataConfig(name="shakespeare", data_dir=str(tmp_path / "d")), progress=False)
+    assert (bpe.train_tokens, bpe.val_tokens, bpe.vocab_size) == (301_966, 36_059, 50257)
+    # read in place: nothing copied next to the token files
+    assert not list((tmp_path / "d").rglob("input.txt"))
+    assert char.meta["sources"] == [str(REPO / "data" / "tinyshakespeare" / "input.txt")]
+
+
+def test_edited_shipped_corpus_is_not_used(tmp_path: Path, monkeypatch) -> None:
+    fake = tmp_path / "shipped" / "input.txt"
+    fake.parent.mkdir()
+    fake.write_text("not shakespeare\n" * 100)
+    corpus = data.CORPORA["shakespeare_char"]
+    monkeypatch.setitem(data.CORPORA, "shakespeare_char", dataclasses.replace(corpus, bundled=fake))
+    with pytest.warns(UserWarning, match="does not match"), pytest.raises(MiniGPTError, match="download"):
+        prepare_data(DataConfig(data_dir=str(tmp_path / "d")), progress=False)
+
+
+def test_offline_download_error_says_where_to_put_the_file(tmp_path: Path, monkeypatch) -> None:
+    # A named corpus that does not ship with the repository (as tiny Shakespeare does).
+    corpus = data.CORPORA["shakespeare"]
+    monkeypatch.setitem(data.CORPORA, "shakespeare", dataclasses.replace(corpus, bundled=None))
     cfg = DataConfig(name="shakespeare", data_dir=str(tmp_path), bpe_file=None, tokenizer="char")
     start = time.monotonic()
     with pytest.raises(MiniGPTError) as info:
@@ -181,7 +212,9 @@ def test_download_verified_and_atomic(tmp_path: Path, shakespeare_path: Path, mo
     monkeypatch.setattr(data, "_urlopen", lambda url, timeout: urllib.request.urlopen(url, timeout=timeout))
     corpus = data.CORPORA["shakespeare_char"]
     monkeypatch.setitem(
-        data.CORPORA, "shakespeare_char", dataclasses.replace(corpus, url=shakespeare_path.as_uri())
+        data.CORPORA,
+        "shakespeare_char",
+        dataclasses.replace(corpus, url=shakespeare_path.as_uri(), bundled=None),  # not shipped: download
     )
     prep = prepare_data(DataConfig(data_dir=str(tmp_path)), progress=False)
     assert prep.train_tokens == 1_003_854
@@ -348,3 +381,117 @@ def test_interrupted_preparation_rebuilds(data_dir: Path, mode: str) -> None:
     again = prepare_data(cfg, progress=False)
     assert read_ids(again, "train") == ids_train and again.val_tokens == 111_540
     assert list((data_dir / "shakespeare_char").glob(".*.tmp")) == []
+
+
+RACER = """
+import os, sys, time
+import mini_gpt.data as data
+real_build, real_encoder = data._build, data._encoder
+def build(*args, **kwargs):
+    print("BUILT", flush=True)
+    return real_build(*args, **kwargs)
+def slow_encoder(tok, dtype):  # keeps the lock held long enough for the other process to arrive
+    enc = real_encoder(tok, dtype)
+    def encode(text):
+        time.sleep(0.05)
+        return enc(text)
+    return encode
+data._build, data._encoder = build, slow_encoder
+while not os.path.exists(sys.argv[2]):  # start together
+    time.sleep(0.005)
+cfg = data.DataConfig(name="shakespeare_char", data_dir=sys.argv[1], num_threads=1)
+prep = data.prepare_data(cfg, progress=False, piece_chars=20_000)
+print("TOKENS", prep.train_tokens, prep.val_tokens, flush=True)
+"""
+
+
+def test_two_processes_racing_on_one_corpus(tmp_path: Path) -> None:
+    racing, single = tmp_path / "racing", tmp_path / "single"
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(racing), str(go)],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        time.sleep(2.0)  # both are past their imports, polling for the start signal
+        go.touch()
+        results = [child.communicate(timeout=120) for child in children]
+    finally:
+        for child in children:
+            child.kill()
+    for child, (out, err) in zip(children, results):
+        assert child.returncode == 0, err[-2000:]
+        assert "TOKENS 1003854 111540" in out
+    # exactly one tokenized; the other waited for it (and said so), then reused the finished cache
+    assert sorted(out.count("BUILT") for out, _ in results) == [0, 1]
+    waiter_err = next(err for out, err in results if "BUILT" not in out)
+    assert "waiting for another process to finish preparing shakespeare_char" in waiter_err
+    prepare_data(DataConfig(name="shakespeare_char", data_dir=str(single)), progress=False)
+    for name in ("train.bin", "val.bin", "meta.json"):
+        raced = (racing / "shakespeare_char" / name).read_bytes()
+        assert raced == (single / "shakespeare_char" / name).read_bytes(), name
+    assert list((racing / "shakespeare_char").glob(".*.tmp")) == []
+
+
+def test_another_process_temp_files_are_left_alone(tmp_path: Path) -> None:
+    # e.g. a download in progress into the same folder: only our own stale bins may be removed
+    out = tmp_path / "shakespeare_char"
+    out.mkdir()
+    theirs = out / ".input.txt.999999.tmp"
+    theirs.write_text("partial download")
+    mine = out / ".train.bin.999999.tmp"  # a killed preparer's leftover: we hold the lock, so it is stale
+    mine.write_bytes(b"\0" * 10)
+    prepare_data(DataConfig(data_dir=str(tmp_path)), progress=False)
+    assert theirs.read_text() == "partial download" and not mine.exists()
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        (errno.EROFS, "Read-only file system", "mkdir"),
+        (errno.EACCES, "Permission denied", "mkdir"),
+        (errno.ENOSPC, "No space left on device", "fsync"),
+    ],
+)
+def test_unwritable_cache_is_one_line(tmp_path: Path, monkeypatch, failure) -> None:
+    # Simulated (tests run as root, which ignores permissions; no small disk to fill here).
+    code, reason, where = failure
+
+    def fail(*_args, **_kwargs):
+        raise OSError(code, reason)
+
+    cfg = DataConfig(data_dir=str(tmp_path / "d"))
+    if where == "mkdir":
+        monkeypatch.setattr(Path, "mkdir", fail)
+    else:
+        monkeypatch.setattr(data.os, "fsync", fail)
+    with pytest.raises(MiniGPTError) as info:
+        prepare_data(cfg, progress=False)
+    msg = str(info.value)
+    assert "\n" not in msg and reason in msg and "data.data_dir" in msg
+    assert msg.startswith(f"cannot write the token cache in {tmp_path / 'd' / 'shakespeare_char'}")
+    monkeypatch.undo()
+    if where == "fsync":  # nothing half-written: no temporary files, no meta.json claiming a cache
+        assert list((tmp_path / "d" / "shakespeare_char").glob(".*.tmp")) == []
+        assert not (tmp_path / "d" / "shakespeare_char" / "meta.json").exists()
+    assert prepare_data(cfg, progress=False).train_tokens == 1_003_854  # fine once writable again
+
+
+def test_valid_cache_on_read_only_storage_needs_no_lock(tmp_path: Path, monkeypatch) -> None:
+    cfg = DataConfig(data_dir=str(tmp_path))
+    prepare_data(cfg, progress=False)
+    (tmp_path / "shakespeare_char" / data.LOCK_FILE).unlink()
+
+    def read_only(*_args, **_kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(data, "preparation_lock", read_only)
+    assert prepare_data(cfg, progress=False).train_tokens == 1_003_854

@@ -20,7 +20,7 @@ from mini_gpt.sampling import generate
 from mini_gpt.tokenizer import build_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-GPT2_BPE = REPO / ".." / "shared" / "data" / "tokenizers" / "gpt2.tiktoken"
+GPT2_BPE = REPO / "data" / "tokenizers" / "gpt2.tiktoken"  # shipped with the repository
 
 
 # Tiny models decode faster on one thread than on two fighting over a shared machine.

@@ -80,6 +80,18 @@ def test_bpe_file_never_touches_network_or_tiktoken_cache(gpt2_bpe_file: Path, t
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize("name", ["gpt2", "r50k_base"])
+def test_gpt2_without_file_uses_the_shipped_ranks(name: str, tmp_path: Path, monkeypatch) -> None:
+    # No bpe_file, no network, an empty tiktoken cache: the repository's copy is enough.
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda *_a: pytest.fail("get_encoding called"))
+    monkeypatch.setattr(tiktoken.load, "read_file", lambda *_a: pytest.fail("tiktoken download"))
+    tok = build_tokenizer(name)
+    assert tok.encode("hello world") == [31373, 995]  # published GPT-2 ids
+    assert tok.encode("<|endoftext|>") == [50256] and tok.vocab_size == 50257
+    assert tok.to_dict()["ranks_sha256"] == "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+
+
 def test_parse_ranks_rejects_garbage(tmp_path: Path) -> None:
     ranks = tokmod.parse_tiktoken_ranks(f"{base64.b64encode(b'ab').decode()} 7\n\n")
     assert ranks == {b"ab": 7}
@@ -93,7 +105,7 @@ def test_offline_without_file_names_both_fixes(monkeypatch) -> None:
 
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
     with pytest.raises(MiniGPTError) as info:
-        build_tokenizer("gpt2")
+        build_tokenizer("cl100k_base")  # not shipped with the repository (gpt2 is)
     msg = str(info.value)
     assert "data.bpe_file=" in msg and "TIKTOKEN_CACHE_DIR" in msg and "\n" not in msg
 
@@ -106,7 +118,7 @@ def test_hanging_network_fails_fast(monkeypatch) -> None:
     monkeypatch.setattr(tokmod, "NETWORK_TIMEOUT_S", 0.2)
     try:
         with pytest.raises(MiniGPTError, match="no answer within"):
-            build_tokenizer("gpt2")
+            build_tokenizer("cl100k_base")
     finally:
         release.set()
 
@@ -116,6 +128,7 @@ def test_tiktoken_cache_dir_used_offline(gpt2_bpe_file: Path, tmp_path: Path, mo
     shutil.copy(gpt2_bpe_file, tmp_path / R50K_CACHE_NAME)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # forget encodings loaded by other tests
+    monkeypatch.setattr(tokmod, "BUNDLED_BPE_FILES", {})  # as if the repository's copy were absent
 
     def offline(*_a, **_k):
         raise ConnectionError("no network")

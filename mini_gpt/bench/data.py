@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", default=None, help="shards: source of the documents' lines")
     parser.add_argument("--size-mb", type=int, default=200, help="size of the generated corpus in MB")
     parser.add_argument("--threads", type=int, default=None, help="encoder threads (default: all cores)")
-    parser.add_argument("--bpe-file", default=None, help="gpt2.tiktoken (default: the shared data copy)")
+    parser.add_argument("--bpe-file", default=None, help="gpt2.tiktoken (default: the repository's copy)")
     parser.add_argument("--workdir", default=None, help="where the temporary corpus goes (default: /tmp)")
     parser.add_argument("--quick", action="store_true", help="a 2 MB corpus, for tests")
 

@@ -31,7 +31,6 @@ from mini_gpt.bench.common import LoadMeter, machine_info, print_table, write_js
 from mini_gpt.conf import CONF_DIR
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,7 +122,6 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
     batch_size = args.batch_size or int(_yaml(CONF_DIR / "train.yaml")["loader"]["batch_size"])
     data = DataConfig(
         name="shakespeare_char",
-        path=str(SHARED_CORPUS) if SHARED_CORPUS.is_file() else None,
         data_dir=args.data_dir,
     )
     model_dict = _yaml(CONF_DIR / "model" / f"{args.model}.yaml")
