@@ -1,5 +1,5 @@
 """Training callbacks: text samples, NaN guard, throughput/MFU, a progress bar, Ctrl-C, final validation,
-the run summary.
+the run summary, and the checkpoint writer (`AtomicCheckpointIO`, a Lightning CheckpointIO plugin).
 
 All of them read the device only at log intervals (`trainer.log_every_n_steps` optimizer steps) or at
 events that sync anyway (validation, checkpoints), so they add no per-step host-device syncs.
@@ -23,11 +23,13 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import CustomBarColumn
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from rich.progress import ProgressColumn, Task, TextColumn
 from rich.table import Column
 from rich.text import Text
 
+from mini_gpt.checkpoint import unreadable_checkpoint
 from mini_gpt.errors import MiniGPTError
 
 
@@ -52,6 +54,64 @@ def _last_ckpt_path(trainer: L.Trainer) -> Path | None:
 
 
 # ---- checkpoints --------------------------------------------------------------------------------
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes every checkpoint so that a crash, a hard kill or a full disk at any moment leaves the
+    previous file (e.g. last.ckpt) intact, and reads them with one-line errors.
+
+    Saving streams `torch.save` into `.<name>.<pid>.tmp` beside the target (same file system, no
+    in-memory copy of the whole checkpoint), fsyncs it, renames it over the target and fsyncs the folder.
+    Lightning's own writer stages the file in the system temp dir and moves it, which is a copy, not a
+    rename, when that dir is on another file system. Remote URLs (s3://...) still go through Lightning.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                torch.save(checkpoint, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)  # atomic: readers see the old file or the new one, never half of one
+            _fsync_dir(path.parent)
+        except OSError as err:
+            kept = "the previous one is unchanged" if path.exists() else "nothing was written"
+            raise MiniGPTError(
+                f"cannot write checkpoint {path} ({err.strerror or err}); {kept}; free some space or set "
+                "paths.run_dir (or callbacks.model_checkpoint.dirpath) to a writable directory"
+            ) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> Any:
+        try:
+            if map_location is None:
+                return super().load_checkpoint(path, weights_only=weights_only)
+            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        except MiniGPTError:
+            raise
+        except Exception as err:  # truncated, corrupt, not a checkpoint: the message generate/export give
+            raise unreadable_checkpoint(path, err) from None
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in `directory` durable (POSIX); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 class EvalCheckpoint(ModelCheckpoint):
     """ModelCheckpoint that writes last.ckpt after *every* evaluation.
 
@@ -452,11 +512,13 @@ class ProgressBar(RichProgressBar):
 
     @property
     def total_train_batches(self) -> int | float:
-        total = super().total_train_batches
+        # The bar counts micro-batches from the start of training, also after a resume (Lightning
+        # restores the count), so its total is the whole run: max_steps x accumulation. Lightning's own
+        # total is the steps *remaining*, which showed `8/3` after resuming at step 5 of 8.
         trainer = self.trainer
-        if total == float("inf") and trainer.max_steps > 0:  # endless loader: show progress to max_steps
+        if trainer.max_steps > 0:
             return trainer.max_steps * trainer.accumulate_grad_batches
-        return total
+        return super().total_train_batches
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Throughput's on_train_end (it comes first in the callback list) put the run averages in stats.

@@ -29,10 +29,12 @@ from mini_gpt.tokenizer import Tokenizer, tokenizer_from_dict
 
 __all__ = [
     "FORMAT_VERSION",
+    "check_resume",
     "load_model",
     "metadata",
     "model_state_dict",
     "read_checkpoint",
+    "unreadable_checkpoint",
 ]
 
 FORMAT_VERSION = 1
@@ -59,6 +61,16 @@ def model_state_dict(state_dict: dict[str, Any], prefix: str = "model.") -> dict
     return out
 
 
+def unreadable_checkpoint(path: str | Path, err: BaseException) -> MiniGPTError:
+    """The one-line error for a checkpoint file torch cannot load (also used when resuming training)."""
+    text = str(err).strip()
+    reason = text.splitlines()[0].split(". ")[0][:160] if text else ""  # torch's first sentence
+    return MiniGPTError(
+        f"cannot read checkpoint {path}: corrupt, truncated or not a torch checkpoint "
+        f"({type(err).__name__}{': ' + reason if reason else ''})"
+    )
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """torch.load a `.ckpt` safely (weights_only), turning every failure into one line."""
     path = Path(path).expanduser()
@@ -69,11 +81,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # zip/pickle/EOF/weights-only errors all mean "not a checkpoint we can read"
-        reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else ""
-        raise MiniGPTError(
-            f"cannot read checkpoint {path}: corrupt, truncated or not a torch checkpoint "
-            f"({type(err).__name__}{': ' + reason if reason else ''})"
-        ) from None
+        raise unreadable_checkpoint(path, err) from None
     if not isinstance(ckpt, dict):
         raise MiniGPTError(f"checkpoint {path} holds a {type(ckpt).__name__}, not a checkpoint dict")
     return ckpt
@@ -91,6 +99,74 @@ def _check_meta(meta: Any, source: Path) -> dict[str, Any]:
             f"{source} has mini_gpt format_version={version}; this mini-gpt reads version {FORMAT_VERSION}"
         )
     return meta
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+
+
+def _tokenizer_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """How two tokenizer dicts differ, in words (None when equal)."""
+    if saved == current:
+        return None
+    kinds = [
+        d.get("type") if d.get("type") != "tiktoken" else f"tiktoken {d.get('name')}"
+        for d in (saved, current)
+    ]
+    if kinds[0] != kinds[1]:
+        return f"tokenizer is {kinds[0]} in the checkpoint but {kinds[1]} in this run"
+    if saved.get("type") == "char":
+        old, new = saved.get("chars", ""), current.get("chars", "")
+        only_old = "".join(sorted(set(old) - set(new)))
+        only_new = "".join(sorted(set(new) - set(old)))
+        detail = (
+            f"only in the checkpoint: {only_old!r}; only in this corpus: {only_new!r}"
+            if only_old or only_new
+            else "same characters in a different order, so every id means another character"
+        )
+        return (
+            f"character vocabulary differs ({len(old)} characters in the checkpoint, {len(new)} in this "
+            f"run's corpus; {detail})"
+        )
+    keys = _differences(
+        {k: v for k, v in saved.items() if k != "ranks"}, {k: v for k, v in current.items() if k != "ranks"}
+    )
+    return f"tokenizer {kinds[0]} differs in {', '.join(keys or ['ranks'])}"
+
+
+def check_resume(
+    checkpoint: dict[str, Any], model_config: dict[str, Any], tokenizer: Tokenizer, source: str | Path
+) -> None:
+    """Refuse to resume training from `checkpoint` (a loaded Lightning checkpoint dict) into a run whose
+    model config or tokenizer differ, or from a checkpoint that cannot resume; one line each.
+
+    Called before Lightning loads any state: a different shape would otherwise end in a `size mismatch`
+    traceback, and a same-size character vocabulary with other characters would silently train on ids
+    that now mean other characters.
+    """
+    meta = _check_meta(checkpoint.get("mini_gpt"), Path(source))
+    if not isinstance(checkpoint.get("optimizer_states"), list) or "loops" not in checkpoint:
+        raise MiniGPTError(
+            f"{source} holds weights only (no optimizer or loop state), so training cannot resume from it; "
+            "use a last.ckpt/best.ckpt written by training, or drop ckpt_path to start a new run"
+        )
+    # The tokenizer first: a different vocabulary is the cause of a different model.vocab_size.
+    why = _tokenizer_difference(meta["tokenizer"], tokenizer.to_dict())
+    if why:
+        raise MiniGPTError(
+            f"cannot resume {source}: {why}; resume on the corpus and data.tokenizer it was trained with, "
+            "or drop ckpt_path to start a new run"
+        )
+    saved = dict(meta["model_config"])
+    differ = _differences(saved, model_config)
+    if differ:
+        theirs = " ".join(f"model.{k}={saved.get(k)}" for k in differ)
+        ours = " ".join(f"model.{k}={model_config.get(k)}" for k in differ)
+        raise MiniGPTError(
+            f"cannot resume {source}: the model differs from the checkpoint's in "
+            f"{', '.join(differ)} (this run: {ours}); resume with the checkpoint's settings ({theirs}) "
+            "or drop ckpt_path to start a new run"
+        )
 
 
 def _build(meta: dict[str, Any], weights: dict[str, torch.Tensor], source: Path) -> tuple[GPT, Tokenizer]:

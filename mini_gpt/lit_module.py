@@ -23,6 +23,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from mini_gpt.checkpoint import check_resume
 from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.optim import OptimConfig, build_optimizer, build_scheduler
 
@@ -259,6 +260,11 @@ class GPTLitModule(L.LightningModule):
             checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state(self.device)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning calls this before it loads any state: refuse a checkpoint of another model or
+        # tokenizer here, in one line, instead of a size-mismatch traceback (or silent nonsense).
+        if self.tokenizer is not None:
+            source = self._trainer.ckpt_path if self._trainer is not None else "checkpoint"
+            check_resume(checkpoint, dataclasses.asdict(self.model_config), self.tokenizer, source)
         # Restored at the first training batch, not now: between here and that batch Lightning builds
         # the sanity-check and train DataLoader iterators, and each draws its base seed from the global
         # generator, which the uninterrupted run did not do at this point (its dropout masks would differ).

@@ -28,6 +28,7 @@ from mini_gpt.callbacks import (
     measure_cpu_matmul_flops,
     peak_flops,
 )
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.model import GPTConfig
 from mini_gpt.optim import OptimConfig
 
@@ -315,3 +316,97 @@ def test_nan_message_suggests_only_what_the_run_has_not_tried(precision: str, cl
     with pytest.raises(NonFiniteLossError) as err:
         NaNGuard()._check(trainer, module)
     assert str(err.value).endswith(f"(no checkpoint was saved yet); {advice}")
+
+
+def test_progress_bar_counts_the_whole_run_after_a_resume(tmp_path: Path, dm: Any) -> None:
+    import lightning as L
+
+    seen: dict[str, Any] = {}
+
+    class Spy(L.Callback):  # listed before the bar: reads it before the bar closes at train end
+        def on_train_end(self, trainer: Any, *args: Any) -> None:
+            task = next(t for t in bar.progress.tasks if t.id == bar.train_progress_bar_id)
+            seen["bar"] = (task.completed, task.total)
+
+    first = _trainer(tmp_path / "a", [], max_steps=5, val_check_interval=5)
+    first.fit(_module(dm), datamodule=dm)
+    bar = ProgressBar(refresh_rate=1)
+    resumed = _trainer(
+        tmp_path / "b", [Spy(), bar], max_steps=8, val_check_interval=5, enable_progress_bar=True
+    )
+    resumed.fit(_module(dm), datamodule=dm, ckpt_path=tmp_path / "a" / "ckpt" / "last.ckpt")
+    assert resumed.global_step == 8
+    assert seen["bar"] == (8, 8)  # 8/8 at the end, not 8/3
+
+
+# ---- checkpoint writing -----------------------------------------------------------------------------
+KILLED_WRITER = """
+import sys, torch
+from mini_gpt.callbacks import AtomicCheckpointIO
+io, path = AtomicCheckpointIO(), sys.argv[1]
+io.save_checkpoint({"step": 1, "w": torch.ones(8)}, path)
+print("saved step 1", flush=True)
+io.save_checkpoint({"step": 2, "w": torch.ones(40_000_000)}, path)  # 160 MB: killed while writing it
+print("saved step 2", flush=True)
+"""
+
+
+def test_checkpoint_survives_a_hard_kill_while_the_next_is_written(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "last.ckpt"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(path)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "saved step 1\n"
+        size_1 = path.stat().st_size
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the second checkpoint is partly on disk
+            partial = [p.stat().st_size for p in [*tmp_path.glob(".last.ckpt.*.tmp"), path] if p.exists()]
+            if max(partial, default=0) > max(size_1, 1 << 20):
+                break
+            time.sleep(0.005)
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        child.kill()
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)  # still the complete previous one
+    assert ckpt["step"] == 1 and ckpt["w"].tolist() == [1.0] * 8
+
+
+def test_full_disk_while_writing_a_checkpoint_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    import mini_gpt.callbacks as callbacks
+
+    io = callbacks.AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1}, path)
+
+    def full(_fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(callbacks.os, "fsync", full)
+    with pytest.raises(callbacks.MiniGPTError) as info:
+        io.save_checkpoint({"step": 2}, path)
+    msg = str(info.value)
+    assert msg.startswith(f"cannot write checkpoint {path} (No space left on device)")
+    assert "the previous one is unchanged" in msg and "paths.run_dir" in msg and "\n" not in msg
+    assert torch.load(path, weights_only=True) == {"step": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary file left
+
+
+def test_unreadable_checkpoint_is_one_line(tmp_path: Path) -> None:
+    from mini_gpt.callbacks import AtomicCheckpointIO
+
+    path = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"step": 1, "w": torch.ones(1000)}, path)
+    path.write_bytes(path.read_bytes()[:-100])  # truncated
+    with pytest.raises(MiniGPTError) as info:
+        AtomicCheckpointIO().load_checkpoint(path)
+    assert str(info.value).startswith(f"cannot read checkpoint {path}: corrupt, truncated")
+    assert "\n" not in str(info.value)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mini_gpt.checkpoint import load_model
+from mini_gpt.checkpoint import check_resume, load_model
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer
@@ -170,3 +170,90 @@ def test_generation_modules_import_no_lightning_hydra_wandb():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# ---- resume checks (check_resume runs before Lightning loads any state) ----------------------------
+def _resumable(model_config: dict, tokenizer) -> dict:
+    """The parts of a training checkpoint check_resume looks at."""
+    return {
+        "state_dict": {},
+        "optimizer_states": [{}],
+        "loops": {},
+        "mini_gpt": {
+            "format_version": 1,
+            "model_config": dict(model_config),
+            "tokenizer": tokenizer.to_dict(),
+        },
+    }
+
+
+TINY = dataclasses.asdict(GPTConfig.from_preset("tiny", vocab_size=4, block_size=16))
+
+
+def test_resume_check_accepts_the_same_run() -> None:
+    check_resume(_resumable(TINY, CharTokenizer("abcd")), dict(TINY), CharTokenizer("abcd"), "last.ckpt")
+
+
+def test_resume_check_names_differing_model_keys() -> None:
+    run = {**TINY, "n_layer": 3, "n_embd": 64}
+    with pytest.raises(MiniGPTError) as info:
+        check_resume(_resumable(TINY, CharTokenizer("abcd")), run, CharTokenizer("abcd"), "last.ckpt")
+    msg = str(info.value)
+    assert "\n" not in msg and "n_embd, n_layer" in msg
+    assert "model.n_embd=64 model.n_layer=3" in msg  # this run
+    assert "model.n_embd=32 model.n_layer=2" in msg  # what resuming needs
+    assert "n_head" not in msg  # keys that agree are not listed
+
+
+@pytest.mark.parametrize(
+    "saved, current, expected",
+    [
+        (
+            "abcd",
+            "abcde",
+            "4 characters in the checkpoint, 5 in this run's corpus; only in the checkpoint: ''; "
+            "only in this corpus: 'e'",
+        ),
+        ("abcd", "abcz", "only in the checkpoint: 'd'; only in this corpus: 'z'"),  # same size, other ids
+        ("abcd", "bacd", "same characters in a different order"),
+    ],
+)
+def test_resume_check_character_vocabulary(saved: str, current: str, expected: str) -> None:
+    with pytest.raises(MiniGPTError, match="character vocabulary differs") as info:
+        check_resume(_resumable(TINY, CharTokenizer(saved)), dict(TINY), CharTokenizer(current), "x.ckpt")
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_resume_check_tokenizer_kind_and_bpe(gpt2_bpe_file: Path) -> None:
+    from mini_gpt.tokenizer import build_tokenizer
+
+    gpt2 = build_tokenizer("gpt2", bpe_file=gpt2_bpe_file)
+    with pytest.raises(
+        MiniGPTError, match="tokenizer is char in the checkpoint but tiktoken gpt2 in this run"
+    ):
+        check_resume(_resumable(TINY, CharTokenizer("abcd")), dict(TINY), gpt2, "x.ckpt")
+    other = gpt2.to_dict()
+    other["special_tokens"] = {"<|endoftext|>": 50256, "<|pad|>": 50257}
+
+    class Other:
+        def to_dict(self):
+            return other
+
+    with pytest.raises(MiniGPTError, match="tokenizer tiktoken gpt2 differs in special_tokens"):
+        check_resume(_resumable(TINY, gpt2), dict(TINY), Other(), "x.ckpt")  # type: ignore[arg-type]
+    check_resume(_resumable(TINY, gpt2), dict(TINY), gpt2, "x.ckpt")
+
+
+def test_resume_check_format_and_weights_only() -> None:
+    ckpt = _resumable(TINY, CharTokenizer("abcd"))
+    ckpt["mini_gpt"]["format_version"] = 2
+    with pytest.raises(MiniGPTError, match="format_version=2"):
+        check_resume(ckpt, dict(TINY), CharTokenizer("abcd"), "x.ckpt")
+    with pytest.raises(MiniGPTError, match="no mini_gpt metadata"):
+        check_resume(
+            {"state_dict": {}, "optimizer_states": [], "loops": {}}, dict(TINY), CharTokenizer("a"), "x"
+        )
+    weights_only = _resumable(TINY, CharTokenizer("abcd"))
+    del weights_only["optimizer_states"]
+    with pytest.raises(MiniGPTError, match="holds weights only"):
+        check_resume(weights_only, dict(TINY), CharTokenizer("abcd"), "x.ckpt")

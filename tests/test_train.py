@@ -1,6 +1,6 @@
 """train.py end to end: Hydra compose API and subprocesses, tiny model, a few steps on tiny Shakespeare.
 
-The data cache is a private tmp dir built from the shared read-only corpus (never the network).
+The data cache is a private tmp dir built from the repository's read-only corpus (never the network).
 """
 
 from __future__ import annotations
@@ -406,3 +406,81 @@ def test_train_on_shards_resumes_exactly(compose: Any, tmp_path: Path, gpt2_bpe_
     assert full_module.tokenizer.eot_id == 50256 and full["steps"] == 6
     assert resumed_module.stats.train_history == full_module.stats.train_history[3:]
     assert resumed["final_val_loss"] == full["final_val_loss"]
+
+
+# ---- resuming: every mismatch or broken file is one line, checked before any state is loaded ---------
+@pytest.fixture(scope="module")
+def tiny_ckpt(
+    compose: Any, tmp_path_factory: pytest.TempPathFactory, char_data_dir, shakespeare_path
+) -> Path:
+    run_dir = tmp_path_factory.mktemp("tiny_run")
+    summary, _ = _fit(
+        compose,
+        _overrides(
+            run_dir, char_data_dir, shakespeare_path, "trainer.max_steps=2", "trainer.val_check_interval=2"
+        ),
+    )
+    return Path(summary["last_ckpt"])
+
+
+def _resume_error(compose: Any, run_dir: Path, overrides: list[str]) -> str:
+    from mini_gpt.errors import MiniGPTError
+    from mini_gpt.training import train
+
+    with pytest.raises(MiniGPTError) as info:  # one step past the checkpoint, were it to train
+        train(compose([*overrides, "trainer.max_steps=3", "trainer.val_check_interval=3"]))
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert not (run_dir / "checkpoints").exists()  # stopped before training wrote anything
+    return msg
+
+
+@pytest.mark.slow
+def test_resume_with_another_model_config_names_the_keys(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, tiny_ckpt: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    overrides = _overrides(
+        run_dir, char_data_dir, shakespeare_path, f"ckpt_path={tiny_ckpt}", "model.n_layer=3"
+    )
+    msg = _resume_error(compose, run_dir, overrides)
+    assert msg.startswith(f"cannot resume {tiny_ckpt}: the model differs from the checkpoint's in n_layer ")
+    assert "model.n_layer=2" in msg and "model.n_layer=3" in msg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", ["fewer_chars", "other_chars"])
+def test_resume_on_another_character_vocabulary(
+    compose: Any, tmp_path: Path, shakespeare_path: Path, tiny_ckpt: Path, edit: str
+) -> None:
+    text = shakespeare_path.read_text()
+    # fewer_chars: 64 characters (vocab size differs: a size mismatch); other_chars: still 65, but 'Z'
+    # became '#', so every id after '#' would silently mean another character.
+    text = text.replace("Z", "z") if edit == "fewer_chars" else text.replace("Z", "#")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text)
+    run_dir = tmp_path / "run"
+    overrides = _overrides(run_dir, tmp_path / "data", corpus, f"ckpt_path={tiny_ckpt}")
+    overrides = [o for o in overrides if not o.startswith("data.path")]
+    overrides += ["data=text", f"data.path={corpus}", "data.tokenizer=char"]
+    msg = _resume_error(compose, run_dir, overrides)
+    assert msg.startswith(
+        f"cannot resume {tiny_ckpt}: character vocabulary differs (65 characters in the checkpoint"
+    )
+    assert "only in the checkpoint: 'Z'" in msg
+    assert (
+        ("64 in this run's corpus" in msg) if edit == "fewer_chars" else ("only in this corpus: '#'" in msg)
+    )
+
+
+@pytest.mark.slow
+def test_resume_from_a_truncated_checkpoint(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, tiny_ckpt: Path
+) -> None:
+    broken = tmp_path / "last.ckpt"
+    broken.write_bytes(tiny_ckpt.read_bytes()[: tiny_ckpt.stat().st_size // 2])
+    run_dir = tmp_path / "run"
+    msg = _resume_error(
+        compose, run_dir, _overrides(run_dir, char_data_dir, shakespeare_path, f"ckpt_path={broken}")
+    )
+    assert msg.startswith(f"cannot read checkpoint {broken}: corrupt, truncated or not a torch checkpoint")
