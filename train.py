@@ -33,6 +33,13 @@ def main(cfg: DictConfig) -> float | None:
     with run_directory(cfg.paths.run_dir, keep_unstarted=in_sweep, output_dir=cfg.paths.output_dir):
         try:
             value = train(resumed_config(cfg))  # ckpt_path=...: the run's own config + the command line's
+        except KeyboardInterrupt:  # Ctrl-C before fit (during fit, SaveOnInterrupt saves, Lightning exits)
+            print(
+                "interrupted (Ctrl-C) before training started; nothing half-written was kept, "
+                "run again to continue",
+                file=sys.stderr,
+            )
+            sys.exit(130)
         except MiniGPTError as err:  # bad user input or a NaN stop: one line, no traceback
             print(f"error: {err}", file=sys.stderr)
             if not in_sweep:

@@ -353,6 +353,13 @@ class Throughput(Callback):
     """
 
     def __init__(self, peak_flops: float | None = None) -> None:
+        if peak_flops is not None and (
+            not isinstance(peak_flops, int | float) or isinstance(peak_flops, bool) or peak_flops <= 0
+        ):
+            raise MiniGPTError(
+                f"callbacks.throughput.peak_flops={peak_flops!r} must be a positive number of FLOP/s "
+                "(e.g. 989e12) or null"
+            )
         self.peak_flops_override = peak_flops
         self.peak: float | None = None
         self.total_tokens = 0  # trained tokens in this run (all ranks)

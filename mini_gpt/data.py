@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from mini_gpt.conf import PROJECT_ROOT
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, check_field_types
 from mini_gpt.tokenizer import (
     CharTokenizer,
     TiktokenTokenizer,
@@ -159,6 +159,7 @@ class DataConfig:
     num_threads: int | None = None  # tokenizer threads; None = all CPU cores
 
     def __post_init__(self) -> None:
+        check_field_types(self, "data", DataConfigError)
         if self.name != TEXT_CORPUS and self.name not in CORPORA:
             names = ", ".join([*CORPORA, TEXT_CORPUS])
             raise DataConfigError(f"unknown corpus data.name={self.name!r}; choose one of: {names}")

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mini_gpt.attention import CausalSelfAttention, KVCache
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, check_field_types
 from mini_gpt.loss import lm_loss
 from mini_gpt.rope import rotary_tables
 
@@ -42,6 +42,7 @@ class GPTConfig:
     tie_weights: bool = True  # lm_head shares the token embedding matrix
 
     def __post_init__(self) -> None:
+        check_field_types(self, "model")
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

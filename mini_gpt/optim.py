@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, check_field_types
 
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -56,6 +56,7 @@ class OptimConfig:
     muon_adjust_lr_fn: str | None = None  # None/"original": lr*sqrt(max(1,A/B)); "match_rms_adamw"
 
     def __post_init__(self) -> None:
+        check_field_types(self, "optim")
         if self.name not in OPTIMIZERS:
             raise MiniGPTError(f"optim.name={self.name!r} must be one of {OPTIMIZERS}")
         if self.schedule not in SCHEDULES:

@@ -22,13 +22,14 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from mini_gpt.distributed import BatchLayout, accumulation_for
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, check_field_types
 
 if TYPE_CHECKING:
     import lightning as L
@@ -191,18 +192,64 @@ def explicit_model_keys(cfg: DictConfig) -> dict[str, Any]:
     return {k: v for k, v in model.items() if k in keys}
 
 
+@dataclass
+class RunOptions:
+    """The top-level keys of train.yaml (the groups' own dataclasses check theirs)."""
+
+    seed: int
+    ckpt_path: str | None
+    compile: bool
+    float32_matmul_precision: str
+    global_batch_tokens: int | None
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "")
+        if self.float32_matmul_precision not in MATMUL_PRECISIONS:
+            raise MiniGPTError(
+                f"float32_matmul_precision={self.float32_matmul_precision!r} must be one of "
+                f"{', '.join(MATMUL_PRECISIONS)}"
+            )
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> RunOptions:
+        return cls(**{f.name: cfg.get(f.name) for f in fields(cls)})
+
+
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+
 def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if node is not None else {}
 
 
+def _instantiate(node: Any, key: str, **kwargs: Any) -> Any:
+    """hydra's instantiate, with a value the class refuses (`trainer.max_steps=abc`) as one line."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as err:
+        if isinstance(err.__cause__, MiniGPTError):
+            raise err.__cause__ from None
+        cause = err.__cause__ or err
+        reason = " ".join(str(cause).split())[:300]
+        raise MiniGPTError(
+            f"bad {key} config ({type(cause).__name__}: {reason}); check the {key}.* values you set"
+        ) from None
+
+
 def _callbacks(cfg: DictConfig, summary_path: Path, started: float) -> list[Any]:
     """The configured callbacks (`_target_` entries, null = dropped) + final validation + the summary."""
-    from hydra.utils import instantiate
     from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
     from mini_gpt.callbacks import RunSummary, ValidateAtEnd
 
-    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    callbacks = [
+        _instantiate(c, f"callbacks.{name}")
+        for name, c in (cfg.get("callbacks") or {}).items()
+        if c is not None
+    ]
     # Lightning refuses a progress bar / checkpoint callback that its own switch turned off.
     if not cfg.trainer.get("enable_progress_bar", True):
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
@@ -228,6 +275,7 @@ def _model_dict(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
 def train(cfg: DictConfig) -> float | None:
     """Build everything from the composed config and fit; returns the best val loss (rank 0, else None)."""
     started = _run_start()
+    RunOptions.from_config(cfg)  # `seed=abc` is one line here, not a traceback from Lightning
     ckpt_path = cfg.get("ckpt_path")
     if ckpt_path is not None:  # checked before the slow imports: a typo fails in a second
         ckpt_path = Path(ckpt_path).expanduser().resolve()
@@ -239,7 +287,6 @@ def train(cfg: DictConfig) -> float | None:
 
     import lightning as L
     import torch
-    from hydra.utils import instantiate
 
     from mini_gpt.callbacks import RunSummary
     from mini_gpt.checkpoint import read_checkpoint
@@ -279,8 +326,8 @@ def train(cfg: DictConfig) -> float | None:
     callbacks = _callbacks(cfg, run_dir / "summary.json", started)
     trial = hydra_trial()
     loggers, log_model = build_loggers(_plain(cfg.get("logger")), trial)
-    trainer: L.Trainer = instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all"
+    trainer: L.Trainer = _instantiate(
+        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, _convert_="all"
     )
     check_multirun_strategy(trainer, multirun=trial is not None)
     layout = apply_batch_layout(trainer, dm.batch_size, dm.block_size, cfg.get("global_batch_tokens"))

@@ -484,3 +484,120 @@ def test_resume_from_a_truncated_checkpoint(
         compose, run_dir, _overrides(run_dir, char_data_dir, shakespeare_path, f"ckpt_path={broken}")
     )
     assert msg.startswith(f"cannot read checkpoint {broken}: corrupt, truncated or not a torch checkpoint")
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("seed=abc", "seed='abc' must be an integer"),
+        ("compile=maybe", "compile='maybe' must be true or false"),
+        (
+            "float32_matmul_precision=max",
+            "float32_matmul_precision='max' must be one of highest, high, medium",
+        ),
+        ("optim.lr=fast", "optim.lr='fast' must be a number"),
+        ("model.dropout=abc", "model.dropout='abc' must be a number"),
+        ("trainer.max_steps=abc", "bad trainer config (TypeError: "),
+        ("callbacks.sample_text.every_n_steps=often", "bad callbacks.sample_text config (TypeError: "),
+        ("callbacks.throughput.peak_flops=lots", "callbacks.throughput.peak_flops='lots' must be a positive"),
+    ],
+)
+def test_wrong_typed_config_values_are_one_line(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, override: str, expected: str
+) -> None:
+    from mini_gpt.errors import MiniGPTError
+    from mini_gpt.training import train
+
+    cfg = compose(
+        _overrides(tmp_path / "run", char_data_dir, shakespeare_path, override, "trainer.max_steps=1")
+    )
+    if override.startswith("trainer.max_steps"):  # the override above comes last: put the bad value back
+        cfg = compose(_overrides(tmp_path / "run", char_data_dir, shakespeare_path, override))
+    with pytest.raises(MiniGPTError) as info:
+        train(cfg)
+    assert str(info.value).startswith(expected) and "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_cli_resume_mismatch_and_bad_types_are_one_line(
+    tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, tiny_ckpt: Path
+) -> None:
+    def run(*overrides: str) -> subprocess.CompletedProcess:
+        args = [a for a in _overrides(tmp_path / "r", char_data_dir, shakespeare_path) if "run_dir" not in a]
+        return subprocess.run(
+            [sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={tmp_path / 'r'}", *overrides],
+            cwd=tmp_path,
+            env=_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    mismatch = run(f"ckpt_path={tiny_ckpt}", "model.n_layer=3")
+    assert mismatch.returncode == 2
+    assert mismatch.stderr.strip().splitlines() == [
+        f"error: cannot resume {tiny_ckpt}: the model differs from the checkpoint's in n_layer (this run: "
+        "model.n_layer=3); resume with the checkpoint's settings (model.n_layer=2) or drop ckpt_path to "
+        "start a new run"
+    ]
+    seed = run("seed=abc")
+    assert seed.returncode == 2
+    assert seed.stderr.strip().splitlines() == [
+        "error: seed='abc' must be an integer; fix it on the command line or in the config"
+    ]
+
+
+SLOW_PREPARE = """
+import runpy, sys, time
+import mini_gpt.data as data
+real = data._encoder
+def slow(tok, dtype):
+    enc = real(tok, dtype)
+    def encode(text):
+        time.sleep(0.2)
+        return enc(text)
+    return encode
+data._encoder = slow
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_preparation_is_one_line_and_leaves_nothing_half_written(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    data_dir = tmp_path / "data"
+    args = [
+        str(REPO / "train.py"),
+        "model=tiny",
+        "logger=none",
+        f"data.data_dir={data_dir}",
+        "data.num_threads=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_PREPARE, *args],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out_dir = data_dir / "shakespeare_char"
+        deadline = time.monotonic() + 240
+        while not list(out_dir.glob(".train.bin.*.tmp")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert list(out_dir.glob(".train.bin.*.tmp")), "preparation never started"
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 130, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1:] == [
+        "interrupted (Ctrl-C) before training started; nothing half-written was kept, run again to continue"
+    ]
+    assert "Traceback" not in stderr
+    assert sorted(p.name for p in out_dir.iterdir()) == [".prepare.lock"]  # no bins, no meta.json
