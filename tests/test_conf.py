@@ -1,4 +1,5 @@
-"""conf: every tool's --help shows that tool's own keys with their comments, and only real groups."""
+"""conf: every tool's --help shows that tool's own keys with their comments, and only real groups; the
+output-directory guard Hydra runs before it creates a run directory."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from mini_gpt.conf import CONF_DIR
+from mini_gpt.conf.guards import WritableOutputDir, check_writable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,3 +73,34 @@ def test_train_help_lists_the_groups_of_its_defaults_and_no_sweep(tmp_path: Path
     for key, comment in _own_keys("train").items():
         assert any(x.startswith(f"{key}:") for x in out.splitlines()), key
         assert comment in out
+
+
+def test_writable_output_dir_passes(tmp_path: Path) -> None:
+    check_writable(tmp_path / "outputs" / "train" / "runs" / "x", "hydra.run.dir")  # no exit
+    assert not (tmp_path / "outputs").exists()  # only checked, never created
+
+
+def test_read_only_output_dir_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    # Simulated: tests run as root, which may write anywhere except on a read-only file system.
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path else real_access(p, mode))
+    with pytest.raises(SystemExit) as info:
+        check_writable(tmp_path / "outputs" / "run", "hydra.run.dir")
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: cannot create the output directory {tmp_path / 'outputs' / 'run'}: {tmp_path} is read-only "
+        "or not writable by you; set paths.output_dir=... (or hydra.run.dir=...) to a writable directory"
+    ]
+
+
+def test_output_dir_under_a_file_is_one_line(tmp_path: Path, capsys) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit):
+        check_writable(tmp_path / "file" / "run", "hydra.sweep.dir")
+    assert f"{tmp_path / 'file'} is not a directory" in capsys.readouterr().err
+
+
+def test_train_config_runs_the_guard(compose) -> None:
+    cfg = compose(["model=tiny"], hydra=True)
+    targets = [c["_target_"] for c in cfg.hydra.callbacks.values()]
+    assert f"{WritableOutputDir.__module__}.{WritableOutputDir.__name__}" in targets

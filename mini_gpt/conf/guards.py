@@ -1,0 +1,40 @@
+"""Hydra callbacks that run before Hydra touches the disk.
+
+Hydra creates the run (or sweep) directory and writes `.hydra/` into it before any mini-gpt code runs,
+so an output location on a read-only file system or without permission would end in Hydra's traceback.
+`WritableOutputDir` checks the nearest existing folder of that directory first and stops with one line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+
+def check_writable(directory: str | Path, key: str) -> None:
+    """Exit with one `error:` line (status 2) unless `directory` can be created and written."""
+    path = Path(directory).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return
+    why = "is not a directory" if not existing.is_dir() else "is read-only or not writable by you"
+    print(
+        f"error: cannot create the output directory {path}: {existing} {why}; "
+        f"set paths.output_dir=... (or {key}=...) to a writable directory",
+        file=sys.stderr,
+    )
+    sys.exit(2)
+
+
+class WritableOutputDir(Callback):
+    """Check `hydra.run.dir` (single run) or `hydra.sweep.dir` (multirun) before Hydra creates it."""
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        check_writable(config.hydra.run.dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        check_writable(config.hydra.sweep.dir, "hydra.sweep.dir")
