@@ -1,4 +1,4 @@
-"""Train a GPT: `python train.py [group=option ...] [key=value ...]` (Hydra; configs in mini_gpt/conf/).
+"""Train a GPT: `python train.py [group=option ...] [key=value ...]` (Hydra; configs in conf/).
 
     python train.py                                   # the default char model on tiny Shakespeare
     python train.py model=baby trainer.max_steps=2000 optim.lr=1e-3 data=shakespeare logger=csv

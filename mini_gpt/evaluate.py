@@ -1,6 +1,6 @@
 """Evaluate a model: `python -m mini_gpt.evaluate ckpt=PATH tasks=[bpb,hellaswag] output=results.json`.
 
-Every key lives in `mini_gpt/conf/evaluate.yaml`:
+Every key lives in `conf/evaluate.yaml`:
 
     python -m mini_gpt.evaluate ckpt=out/last.ckpt                     # bits per byte on the val split
     python -m mini_gpt.evaluate ckpt=out/last.ckpt bpb.path=notes.txt  # ... on any file / dir / glob
@@ -41,7 +41,7 @@ def _section(cls: type, d: Any, name: str) -> Any:
     d = dict(d or {})
     unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
-        raise MiniGPTError(f"unknown {name} key(s) {unknown}; see mini_gpt/conf/evaluate.yaml")
+        raise MiniGPTError(f"unknown {name} key(s) {unknown}; see conf/evaluate.yaml")
     return cls(**d)
 
 
@@ -244,7 +244,7 @@ def config_from_dict(d: dict[str, Any]) -> EvaluateConfig:
     known = {f.name for f in dataclasses.fields(EvaluateConfig)}
     unknown = sorted(set(d) - known)
     if unknown:
-        raise MiniGPTError(f"unknown evaluate key(s) {unknown}; see mini_gpt/conf/evaluate.yaml")
+        raise MiniGPTError(f"unknown evaluate key(s) {unknown}; see conf/evaluate.yaml")
     return EvaluateConfig(**d)
 
 

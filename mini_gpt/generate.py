@@ -1,6 +1,6 @@
 """Sample text from a trained model: `python -m mini_gpt.generate ckpt=PATH prompt="ROMEO:"`.
 
-Also installed as the console script `mini-gpt-generate`. Every key lives in `mini_gpt/conf/generate.yaml`:
+Also installed as the console script `mini-gpt-generate`. Every key lives in `conf/generate.yaml`:
 
     mini-gpt-generate ckpt=out/last.ckpt prompt="ROMEO:" max_new_tokens=500 temperature=0.8 top_k=200
     mini-gpt-generate ckpt=export/ prompt=@prompt.txt num_samples=3 seed=1 stop='"\\n\\n"' output=s.jsonl
@@ -356,7 +356,7 @@ def config_from_dict(d: dict[str, Any]) -> GenerateConfig:
     known = {f.name for f in dataclasses.fields(GenerateConfig)}
     unknown = sorted(set(d) - known)
     if unknown:
-        raise MiniGPTError(f"unknown generate key(s) {unknown}; see mini_gpt/conf/generate.yaml")
+        raise MiniGPTError(f"unknown generate key(s) {unknown}; see conf/generate.yaml")
     return GenerateConfig(**d)
 
 

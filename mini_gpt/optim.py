@@ -86,7 +86,7 @@ class OptimConfig:
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             name = d.get("name", "adamw")
-            where = f"mini_gpt/conf/optim/{name}.yaml" + (
+            where = f"conf/optim/{name}.yaml" + (
                 " (and adamw.yaml, which it extends)" if name != "adamw" else ""
             )
             raise MiniGPTError(f"optim: unknown key(s) {sorted(unknown)}; the keys are listed in {where}")

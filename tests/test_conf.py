@@ -104,3 +104,18 @@ def test_train_config_runs_the_guard(compose) -> None:
     cfg = compose(["model=tiny"], hydra=True)
     targets = [c["_target_"] for c in cfg.hydra.callbacks.values()]
     assert f"{WritableOutputDir.__module__}.{WritableOutputDir.__name__}" in targets
+
+
+def test_configs_sit_at_the_top_of_the_checkout() -> None:
+    assert CONF_DIR == REPO / "conf" and (CONF_DIR / "train.yaml").is_file()
+
+
+def test_the_wheel_lists_every_package_and_ships_conf() -> None:
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {
+        ".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "mini_gpt").rglob("__init__.py")
+    }
+    assert on_disk | {"mini_gpt.configs"} == set(setuptools["packages"])
+    assert setuptools["package-dir"] == {"mini_gpt.configs": "conf"}

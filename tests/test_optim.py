@@ -146,7 +146,7 @@ def test_config_errors_are_one_line_user_errors() -> None:
     with pytest.raises(MiniGPTError, match=r"replaced by optim\.min_lr_ratio"):
         OptimConfig.from_dict({"lr": 1e-3, "min_lr": 1e-4})
     # A typo names the yaml of the optimizer in use.
-    listed = r"\['lrr'\]; the keys are listed in mini_gpt/conf/optim/"
+    listed = r"\['lrr'\]; the keys are listed in conf/optim/"
     with pytest.raises(MiniGPTError, match=listed + "muon.yaml"):
         OptimConfig.from_dict({"name": "muon", "lr": 1e-3, "lrr": 2})
     with pytest.raises(MiniGPTError, match=listed + "adamw.yaml$"):

@@ -1,9 +1,11 @@
-"""The Hydra configs of every mini-gpt tool, shipped inside the package (so a wheel install has them too).
+"""Where every mini-gpt tool finds its Hydra configs, and how it composes them.
 
-`train.yaml` and its groups (model/ data/ optim/ trainer/ callbacks/ logger/ paths/ hydra/ experiment/
-debug/ hparams_search/) configure `python train.py`; `generate.yaml`, `export.yaml` and
-`visualize.yaml` the command-line tools; `sweep/` holds W&B sweep specs (no defaults list uses it).
-Every tool finds them one way: `CONF_DIR`, the directory of this file. Hydra is imported lazily.
+The YAML lives in `conf/` at the top of the checkout: `train.yaml` and its groups (model/ data/ optim/
+trainer/ callbacks/ logger/ paths/ hydra/ experiment/ debug/ hparams_search/ finetune/) configure
+`python train.py`; `generate.yaml`, `export.yaml`, `visualize.yaml`, `evaluate.yaml` the command-line
+tools; `sweep/` holds W&B sweep specs (no defaults list uses it). A wheel carries the same files as
+`mini_gpt/configs/` (see pyproject.toml), so a regular install works too. Every tool finds them one way:
+`CONF_DIR`. Hydra is imported lazily.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-CONF_DIR = Path(__file__).resolve().parent
-# A source checkout (the package beside pyproject.toml) keeps outputs/ and data/ in the checkout, whatever
-# the working directory; an installed package uses the working directory.
-_CHECKOUT = CONF_DIR.parents[1]
-PROJECT_ROOT = _CHECKOUT if (_CHECKOUT / "pyproject.toml").is_file() else Path.cwd()
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+_CHECKOUT = _PACKAGE_DIR.parent
+_IN_CHECKOUT = (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "conf" / "train.yaml").is_file()
+# A source checkout (editable install) reads conf/ beside the package; a wheel its copy inside the package.
+CONF_DIR = _CHECKOUT / "conf" if _IN_CHECKOUT else _PACKAGE_DIR / "configs"
+# A checkout keeps outputs/ and data/ in the checkout, whatever the working directory; an installed
+# package uses the working directory.
+PROJECT_ROOT = _CHECKOUT if _IN_CHECKOUT else Path.cwd()
 
 
 def register_resolvers() -> None:
@@ -81,7 +86,7 @@ def tool_help(config_name: str) -> str:
             f"  {group}: {', '.join(sorted(p.stem for p in (CONF_DIR / group).glob('*.yaml')))}"
             for group in groups
         ]
-        help_text += "\n\nOptions of each group (mini_gpt/conf/<group>/<option>.yaml):\n" + "\n".join(options)
+        help_text += "\n\nOptions of each group (conf/<group>/<option>.yaml):\n" + "\n".join(options)
         help_text += (
             "\nPick an option with group=option, set any key with key=value (e.g. model.n_layer=6);"
             "\n--cfg job prints every key of the composed config. A key that does not exist is an error."
