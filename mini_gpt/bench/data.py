@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    from mini_gpt.bench_data import SHARED_DATA, bench_prepare
+    from mini_gpt.bench_data import bench_prepare
+    from mini_gpt.data import SHIPPED_DATA
 
     size_mb = 2 if getattr(args, "quick", False) else args.size_mb
     if getattr(args, "kind", "text") == "shards":
@@ -36,8 +37,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
 
         with LoadMeter() as load:
             rows, extra = bench_sharded(
-                args.text or SHARED_DATA / "tinyshakespeare" / "input.txt",
-                args.bpe_file or SHARED_DATA / "tokenizers" / "gpt2.tiktoken",
+                args.text or SHIPPED_DATA / "tinyshakespeare" / "input.txt",
+                args.bpe_file or SHIPPED_DATA / "tokenizers" / "gpt2.tiktoken",
                 size_mb=size_mb,
                 procs=tuple(int(p) for p in args.procs.split(",")),
                 repeats=args.repeats,
