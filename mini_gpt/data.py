@@ -608,7 +608,8 @@ def _check_lengths(cfg: DataConfig, prep: PreparedData, block_size: int | None) 
         )
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write `obj` as JSON to a temporary name beside `path`, fsync, then rename: never half-written."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w") as fh:
@@ -811,5 +812,5 @@ def _build(
         "val_tokens": counts["val"],
         "replaced_bytes": bad,
     }
-    _write_json_atomic(out_dir / "meta.json", meta)  # last: only now is the cache valid
+    write_json_atomic(out_dir / "meta.json", meta)  # last: only now is the cache valid
     return meta

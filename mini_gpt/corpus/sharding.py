@@ -55,7 +55,7 @@ import numpy as np
 from mini_gpt.corpus.config import HFDataConfig, ShardsDataConfig
 from mini_gpt.corpus.shards import ShardInfo, ShardWriter, read_header
 from mini_gpt.corpus.sources import Source, is_local, iter_texts, open_source
-from mini_gpt.data import token_dtype
+from mini_gpt.data import token_dtype, write_json_atomic
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import (
     CHAR_EOT,
@@ -334,7 +334,7 @@ class _Writer:
 
     def _checkpoint(self, next_doc: int, offset: int) -> None:
         self.val.flush()
-        _write_json_atomic(
+        write_json_atomic(
             self.out / STATE,
             {
                 "key": self.key,
@@ -415,18 +415,6 @@ class _Progress:
 
 
 # ------------------------------------------------------------------------------------------ helpers
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -759,7 +747,7 @@ def _build(
         "val_tokens": val_tokens,
         "shards": {"train": writer.train_shards, "val": [{"file": "val_000000.bin", "tokens": val_tokens}]},
     }
-    _write_json_atomic(out / META, meta)  # last: only now are the shards valid
+    write_json_atomic(out / META, meta)  # last: only now are the shards valid
     (out / STATE).unlink(missing_ok=True)
     dt = time.perf_counter() - t0
     new_tokens = train_tokens + val_tokens - resumed_tokens
