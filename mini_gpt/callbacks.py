@@ -37,9 +37,26 @@ class NonFiniteLossError(MiniGPTError):
     """Training produced a NaN/inf loss; raised (so nothing more is saved) by NaNGuard."""
 
 
-def _step_ended(trainer: L.Trainer, last: int) -> bool:
-    """True once per optimizer step (on_train_batch_end fires per micro-batch)."""
-    return trainer.global_step != last
+class StepCallback(Callback):
+    """A callback with `on_optimizer_step`: called once after each optimizer step.
+
+    Lightning's `on_train_batch_end` fires per micro-batch; with gradient accumulation `global_step`
+    moves only on the micro-batch that stepped the optimizer. Subclasses that override
+    `on_train_start` or `on_train_batch_end` call `super()`.
+    """
+
+    _last_step = -1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last_step = trainer.global_step  # > 0 after a resume
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if trainer.global_step != self._last_step:
+            self._last_step = trainer.global_step
+            self.on_optimizer_step(trainer, pl_module)
+
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Override: runs once per optimizer step, after it (`trainer.global_step` counts it)."""
 
 
 def _last_ckpt_path(trainer: L.Trainer) -> Path | None:
@@ -121,6 +138,9 @@ class EvalCheckpoint(ModelCheckpoint):
     A resumed run writes into its own new directory: its best.ckpt / last.ckpt track that run, so the
     state saved by the previous directory's callback is restored only when the directory is the same
     (Lightning would restore part of it and warn "The dirpath has changed" on every resume).
+
+    There is no public hook for "save last now": this uses ModelCheckpoint's own private helpers
+    (Lightning is pinned to 2.6.x for this and SaveOnInterrupt.save).
     """
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -140,7 +160,7 @@ class EvalCheckpoint(ModelCheckpoint):
 
 
 # ---- text samples ---------------------------------------------------------------------------------
-class SampleText(Callback):
+class SampleText(StepCallback):
     """Every `every_n_steps` optimizer steps (and at the end), generate text from `prompt`, print it and
     log it to W&B as a table of (step, text). Uses a private seeded generator: the global RNG (dropout)
     is untouched, so sampling does not change training."""
@@ -169,7 +189,6 @@ class SampleText(Callback):
         self.at_end = at_end
         self.print_samples = print_samples
         self.rows: list[list[Any]] = []  # (step, text) for the W&B table
-        self._last_step = -1
 
     def sample(self, pl_module: L.LightningModule) -> str:
         from mini_gpt.sampling import generate
@@ -208,10 +227,7 @@ class SampleText(Callback):
         # Sampling is not training: keep it out of tokens/s.
         pl_module.stats.excluded_seconds += time.perf_counter() - t0
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if not _step_ended(trainer, self._last_step):
-            return
-        self._last_step = trainer.global_step
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.every_n_steps and trainer.global_step % self.every_n_steps == 0:
             self._emit(trainer, pl_module)
 
@@ -234,7 +250,7 @@ def nonfinite_advice(precision: Any, gradient_clip_val: float | None) -> str:
     return ", ".join(tips[:-1]) + (" or " if len(tips) > 1 else "") + tips[-1]
 
 
-class NaNGuard(Callback):
+class NaNGuard(StepCallback):
     """Stops training with a one-line error once the loss has been NaN/inf.
 
     Checked at every log interval and before every checkpoint that validation triggers (Lightning runs
@@ -245,7 +261,6 @@ class NaNGuard(Callback):
 
     def __init__(self, check_every_n_steps: int | None = None) -> None:
         self.check_every_n_steps = check_every_n_steps  # None = trainer.log_every_n_steps
-        self._last_step = -1
 
     def _check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not pl_module.saw_nonfinite_loss():
@@ -257,10 +272,7 @@ class NaNGuard(Callback):
             f"({kept}); {nonfinite_advice(trainer.precision, trainer.gradient_clip_val)}"
         )
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if not _step_ended(trainer, self._last_step):
-            return
-        self._last_step = trainer.global_step
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         every = self.check_every_n_steps or max(1, trainer.log_every_n_steps)
         if trainer.global_step % every == 0:
             self._check(trainer, pl_module)
@@ -271,28 +283,6 @@ class NaNGuard(Callback):
 
 
 # ---- throughput / MFU -----------------------------------------------------------------------------
-# Dense bf16/fp16 tensor-core peaks (FLOP/s) by device-name substring; first match wins. 32-true uses
-# half of these (TF32 rate on Ampere and newer). Override with `peak_flops` for anything else.
-GPU_PEAK_FLOPS: list[tuple[str, float]] = [
-    ("H200", 989e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),
-    ("GH200", 989e12),
-    ("B200", 2250e12),
-    ("A100", 312e12),
-    ("A800", 312e12),
-    ("A10G", 70e12),
-    ("A10", 125e12),
-    ("L40S", 362e12),
-    ("L40", 181e12),
-    ("L4", 121e12),
-    ("A6000", 155e12),
-    ("4090", 165e12),
-    ("4080", 97e12),
-    ("3090", 71e12),
-    ("V100", 125e12),
-    ("T4", 65e12),
-]
 # Measured fp32 matmul peak of the reference 2-core CPU machine, used only if the probe fails.
 DEFAULT_CPU_PEAK_FLOPS = 185e9
 
@@ -328,23 +318,21 @@ def _precision_dtype(precision: str) -> torch.dtype:
 
 
 def peak_flops(device: torch.device, precision: str = "32-true", override: float | None = None) -> float:
-    """Peak FLOP/s for MFU: `override` if given; a known GPU's dense tensor-core peak; or, on CPU, a
-    matmul probe in the training dtype."""
+    """Peak FLOP/s for MFU: `override` if given; on a GPU Lightning's table of dense peaks per dtype
+    (`get_available_flops`; 0 for a GPU it does not know); on a CPU a matmul probe in the training dtype."""
     if override:
         return float(override)
     dtype = _precision_dtype(precision)
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, flops in GPU_PEAK_FLOPS:
-            if key.lower() in name.lower():
-                return flops if dtype != torch.float32 else flops / 2
-        return 0.0  # unknown GPU: MFU is not logged unless peak_flops is configured
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        return float(get_available_flops(device, dtype) or 0.0)  # 0: MFU is not logged
     if device.type == "cpu":
         return measure_cpu_matmul_flops(dtype)
     return 0.0
 
 
-class Throughput(Callback):
+class Throughput(StepCallback):
     """Logs `tokens_per_sec` and `mfu` every log interval; keeps run totals for summary.json.
 
     Time counted is training wall time: validation and text sampling are left out. Tokens are counted
@@ -369,34 +357,34 @@ class Throughput(Callback):
         self._excluded0 = 0.0
         self._val_t0 = 0.0
         self._val_seconds = 0.0
-        self._last_step = -1
         self._flops_per_token = 0.0
+        self._seq_len: int | None = None
 
     def _sync(self, pl_module: L.LightningModule) -> None:
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
         self._t0 = time.perf_counter()
         self._excluded0 = pl_module.stats.excluded_seconds
-        self._last_step = trainer.global_step
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         x = batch[0] if isinstance(batch, list | tuple) else batch
         self._tokens += x.numel() * trainer.world_size
-        if not _step_ended(trainer, self._last_step):
-            return
-        self._last_step = trainer.global_step
+        self._seq_len = x.shape[-1] if x.dim() > 1 else None
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_step % max(1, trainer.log_every_n_steps):
             return
         tokens, seconds = self._close_interval(pl_module)
         metrics = {"tokens_per_sec": tokens / seconds if seconds > 0 else 0.0}
         if self.peak is None:  # first log interval: the CPU probe runs here, not before step 1
             self.peak = peak_flops(pl_module.device, str(trainer.precision), self.peak_flops_override)
-            seq_len = x.shape[-1] if x.dim() > 1 else None
-            self._flops_per_token = pl_module.model.flops_per_token(seq_len)
+            self._flops_per_token = pl_module.model.flops_per_token(self._seq_len)
             self._t0 = time.perf_counter()  # the probe is not training either
         if self.peak:
             metrics["mfu"] = (
@@ -515,6 +503,8 @@ class ProgressBar(RichProgressBar):
         ]
 
     def _get_train_description(self, current_epoch: int) -> str:
+        # one endless epoch: "Epoch 0/-2" would only confuse. RichProgressBar has no public hook for
+        # the description (tests/test_callbacks.py checks that Lightning still calls this one).
         return self.TRAIN  # one endless epoch: "Epoch 0/-2" would only confuse
 
     @property
@@ -544,7 +534,7 @@ def resume_command(ckpt: Path) -> str:
     return shlex.join([python, sys.argv[0], f"ckpt_path={Path(ckpt).resolve()}"])
 
 
-class SaveOnInterrupt(Callback):
+class SaveOnInterrupt(StepCallback):
     """First Ctrl-C (SIGINT): finish the current optimizer step, save last.ckpt, exit. A second
     Ctrl-C interrupts at once. Saving between steps keeps the checkpoint consistent, so resuming from
     it is exact. Nothing is saved if the loss had become NaN/inf (NaNGuard's state)."""
@@ -553,7 +543,6 @@ class SaveOnInterrupt(Callback):
         self.requested = False
         self.saved_path: Path | None = None
         self._previous: Any = None
-        self._last_step = -1
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.requested:  # second Ctrl-C
@@ -562,7 +551,7 @@ class SaveOnInterrupt(Callback):
         print("\nCtrl-C: saving last.ckpt after this step (press again to quit now)", file=sys.stderr)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._last_step = trainer.global_step
+        super().on_train_start(trainer, pl_module)
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handler)
 
@@ -575,7 +564,8 @@ class SaveOnInterrupt(Callback):
         path = _last_ckpt_path(trainer)
         if path is None or pl_module.saw_nonfinite_loss():
             return None
-        # dump + strategy save: no barrier (a rank interrupted alone must not wait for the others).
+        # dump + strategy save, not trainer.save_checkpoint: that one waits at a barrier, and a rank
+        # interrupted alone must not wait for the others. No public API dumps a checkpoint dict.
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         trainer.strategy.save_checkpoint(checkpoint, path)
         self.saved_path = path
@@ -590,10 +580,9 @@ class SaveOnInterrupt(Callback):
             )
         return path
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if not self.requested or not _step_ended(trainer, self._last_step):
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.requested:
             return
-        self._last_step = trainer.global_step
         self.save(trainer, pl_module)
         self._restore()
         raise KeyboardInterrupt  # Lightning shuts down gracefully and exits with status 1

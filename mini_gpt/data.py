@@ -74,6 +74,7 @@ __all__ = [
     "DataConfigError",
     "PreparedData",
     "cache_dir",
+    "check_split_length",
     "default_data_dir",
     "download",
     "load_prepared",
@@ -591,20 +592,14 @@ def _prepared(out_dir: Path, meta: dict[str, Any], tok: Tokenizer | None) -> Pre
     )
 
 
-def _check_lengths(cfg: DataConfig, prep: PreparedData, block_size: int | None) -> None:
-    if block_size is None:
-        return
-    need = block_size + 1
-    if prep.val_tokens < need:
+def check_split_length(split: str, n_tokens: int, block_size: int) -> None:
+    """One line when the `train` or `validation` split cannot fill one window of block_size + 1 tokens."""
+    if n_tokens < block_size + 1:
+        fraction = "raise" if split == "validation" else "lower"
         raise MiniGPTError(
-            f"validation split of {cfg.name} has {prep.val_tokens:,} tokens, but block_size={block_size} "
-            f"needs at least {need:,}; lower the block size (<= {max(prep.val_tokens - 1, 0)}), raise "
-            f"data.val_fraction (now {cfg.val_fraction}) or use a larger corpus"
-        )
-    if prep.train_tokens < need:
-        raise MiniGPTError(
-            f"train split of {cfg.name} has {prep.train_tokens:,} tokens, but block_size={block_size} needs "
-            f"at least {need:,}; lower the block size, lower data.val_fraction or use a larger corpus"
+            f"{split} split has {n_tokens:,} tokens, but block_size={block_size} needs at least "
+            f"{block_size + 1:,}; lower the block size (<= {max(n_tokens - 1, 0)}), {fraction} "
+            "data.val_fraction or use a larger corpus"
         )
 
 
@@ -709,7 +704,9 @@ def prepare_data(
                         raise _unwritable(out_dir, err) from None
                     raise
     prep = _prepared(out_dir, meta, tok)
-    _check_lengths(cfg, prep, block_size)
+    if block_size is not None:
+        check_split_length("validation", prep.val_tokens, block_size)
+        check_split_length("train", prep.train_tokens, block_size)
     return prep
 
 

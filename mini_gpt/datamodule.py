@@ -33,8 +33,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from mini_gpt.corpus.config import AnyDataConfig, DataConfig, HFDataConfig, ShardsDataConfig, data_config
 from mini_gpt.corpus.sharding import ShardedCorpus, find_shards, load_shards, prepare_shards
 from mini_gpt.corpus.windows import ShardTrainBatches, ShardValBatches, ShardValWindows
-from mini_gpt.data import PreparedData, cache_dir, load_prepared, prepare_data
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.data import PreparedData, cache_dir, check_split_length, load_prepared, prepare_data
+from mini_gpt.errors import MiniGPTError, check_positive_ints
 from mini_gpt.tokenizer import Tokenizer
 
 __all__ = ["GPTDataModule", "TrainBatches", "ValWindows", "val_window_starts"]
@@ -72,11 +72,7 @@ class TrainBatches(IterableDataset):
         self.rank = rank
         self.start_batch = start_batch
         self.n_tokens = Path(path).stat().st_size // np.dtype(dtype).itemsize
-        if self.n_tokens < block_size + 1:
-            raise MiniGPTError(
-                f"train split has {self.n_tokens:,} tokens, fewer than block_size + 1 = {block_size + 1}; "
-                "lower the block size or use a larger corpus"
-            )
+        check_split_length("train", self.n_tokens, block_size)
         self._data: np.memmap | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -118,12 +114,8 @@ class ValWindows(Dataset):
         self.dtype = dtype
         self.block_size = block_size
         n_tokens = Path(path).stat().st_size // np.dtype(dtype).itemsize
+        check_split_length("validation", n_tokens, block_size)
         self.starts = val_window_starts(n_tokens, block_size, max_windows)
-        if len(self.starts) == 0:
-            raise MiniGPTError(
-                f"validation split has {n_tokens:,} tokens, fewer than block_size + 1 = {block_size + 1}; "
-                "lower the block size, raise data.val_fraction or use a larger corpus"
-            )
         self._data: np.memmap | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -155,15 +147,11 @@ class GPTDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.cfg: AnyDataConfig = data_config(data)
-        for key, value, low in (("block_size", block_size, 1), ("batch_size", batch_size, 1)):
-            if not isinstance(value, int) or value < low:
-                raise MiniGPTError(f"{key}={value!r} must be a positive integer")
+        check_positive_ints(block_size=block_size, batch_size=batch_size)
+        if val_windows is not None:  # null = all windows
+            check_positive_ints(val_windows=val_windows)
         if not isinstance(num_workers, int) or num_workers < 0:
             raise MiniGPTError(f"num_workers={num_workers!r} must be an integer >= 0")
-        if val_windows is not None and (not isinstance(val_windows, int) or val_windows < 1):
-            raise MiniGPTError(
-                f"val_windows={val_windows!r} must be a positive integer or null (all windows)"
-            )
         self.block_size = block_size
         self.batch_size = batch_size
         self.num_workers = num_workers

@@ -10,25 +10,18 @@ optimizer step, so one step sees
 and the learning rate, warmup and max_steps keep their meaning only if that product stays fixed when
 the hardware changes. `accumulation_for` derives `accumulate` from a global batch given in tokens.
 
-The arithmetic is pure (no torch, Lightning or Hydra); `fsdp_strategy` imports Lightning lazily.
+The arithmetic is pure (no torch, Lightning or Hydra); `fsdp_strategy` imports Lightning and Hydra lazily.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, check_positive_ints
 
 __all__ = ["BatchLayout", "accumulation_for", "fsdp_strategy"]
-
-
-def _check_positive(**values: Any) -> None:
-    for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise MiniGPTError(f"{key}={value!r} must be a positive integer")
 
 
 @dataclass(frozen=True)
@@ -42,7 +35,7 @@ class BatchLayout:
     num_nodes: int = 1  # machines (trainer.num_nodes)
 
     def __post_init__(self) -> None:
-        _check_positive(**asdict(self))
+        check_positive_ints(**asdict(self))
 
     @property
     def world_size(self) -> int:
@@ -81,7 +74,7 @@ def accumulation_for(global_batch_tokens: int, micro_batch: int, block_size: int
     on every device processes (micro_batch x block_size x world_size): rounding would silently train
     with a different batch than asked for.
     """
-    _check_positive(
+    check_positive_ints(
         global_batch_tokens=global_batch_tokens,
         micro_batch=micro_batch,
         block_size=block_size,
@@ -100,17 +93,15 @@ def accumulation_for(global_batch_tokens: int, micro_batch: int, block_size: int
     return accumulate
 
 
-def _import_class(dotted: str) -> type:
-    module_name, _, name = dotted.rpartition(".")
+def _module_class(dotted: str) -> type:
+    from hydra.utils import get_class
+
     try:
-        cls = getattr(importlib.import_module(module_name), name) if module_name else None
-    except (ImportError, AttributeError):
-        cls = None
-    if not isinstance(cls, type):
+        return get_class(dotted)
+    except (ImportError, ValueError):
         raise MiniGPTError(
             f"cannot import the module class {dotted!r}; give a dotted path like mini_gpt.model.Block"
-        )
-    return cls
+        ) from None
 
 
 def fsdp_strategy(
@@ -128,7 +119,7 @@ def fsdp_strategy(
     """
     from lightning.pytorch.strategies import FSDPStrategy
 
-    classes = {_import_class(name) for name in wrap}
+    classes = {_module_class(name) for name in wrap}
     if not classes:
         raise MiniGPTError(
             "trainer.strategy.wrap is empty; list at least one module class (mini_gpt.model.Block)"

@@ -13,11 +13,12 @@ import dataclasses
 import sys
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import wraps
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class MiniGPTError(ValueError):
@@ -86,3 +87,17 @@ def check_field_types(config: Any, section: str, error: type[MiniGPTError] = Min
                 f"{key}={value!r} must be {_type_name(hints[field.name])}; "
                 "fix it on the command line or in the config"
             )
+def check_positive_ints(**values: Any) -> None:
+    """One line for the first value that is not a positive integer (True/False are not integers here)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MiniGPTError(f"{name}={value!r} must be a positive integer")
+
+
+def build_config(cls: type[T], d: Mapping[str, Any], section: str) -> T:
+    """`cls(**d)` for a config dataclass; keys it does not have (a typo in YAML) are one line."""
+    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise MiniGPTError(f"{section}: unknown key(s) {unknown}; the keys are {', '.join(known)}")
+    return cls(**d)

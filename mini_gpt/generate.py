@@ -17,7 +17,6 @@ Hydra's config parsing: no Lightning, no W&B, no transformers unless `init_from`
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import secrets
@@ -30,7 +29,7 @@ from typing import Any, TextIO
 
 import torch
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, build_config
 from mini_gpt.inference import can_pack, prepare_for_inference
 from mini_gpt.model import GPT
 from mini_gpt.sampling import check_sampling_args, generate_tokens
@@ -353,11 +352,7 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
 
 
 def config_from_dict(d: dict[str, Any]) -> GenerateConfig:
-    known = {f.name for f in dataclasses.fields(GenerateConfig)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise MiniGPTError(f"unknown generate key(s) {unknown}; see conf/generate.yaml")
-    return GenerateConfig(**d)
+    return build_config(GenerateConfig, d, "generate")
 
 
 # Keys whose values are free text: taken literally on the command line (see `quote_free_text`).

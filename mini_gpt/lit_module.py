@@ -77,6 +77,7 @@ class GPTLitModule(L.LightningModule):
         self._nonfinite: Tensor | None = None
         self._pending_lr = 0.0
         self._queued: dict[str, float] = {}
+        self._prebuilt_optimizer: torch.optim.Optimizer | None = None  # FSDP: see setup()
         self._val_sum: Tensor | None = None
         self._val_count: Tensor | None = None
         self._resume_rng: dict[str, Tensor] | None = None  # applied at the first batch after a resume
@@ -98,8 +99,7 @@ class GPTLitModule(L.LightningModule):
 
     def _logs_step(self, step: int) -> bool:
         """True for optimizer steps (1-based count) whose scalars are logged: the only ones that sync."""
-        trainer = self._trainer
-        return trainer is not None and step % max(1, trainer.log_every_n_steps) == 0
+        return step % max(1, self.trainer.log_every_n_steps) == 0
 
     def saw_nonfinite_loss(self) -> bool:
         """Whether any training loss so far was NaN/inf (syncs with the device)."""
@@ -225,11 +225,9 @@ class GPTLitModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         max_steps = self.max_steps
-        if max_steps is None and self._trainer is not None:
+        if max_steps is None:
             max_steps = self.trainer.max_steps
-        optimizer = getattr(self, "_prebuilt_optimizer", None)
-        if optimizer is None:
-            optimizer = build_optimizer(self.model, self.optim_config)
+        optimizer = self._prebuilt_optimizer or build_optimizer(self.model, self.optim_config)
         scheduler = build_scheduler(optimizer, self.optim_config, max_steps or -1)
         return {
             "optimizer": optimizer,

@@ -169,8 +169,18 @@ class TiktokenTokenizer(Tokenizer):
 
     @classmethod
     def from_encoding(cls, enc: Any) -> TiktokenTokenizer:
-        """Wrap an encoding from `tiktoken.get_encoding` (reads its ranks to make it serialisable)."""
-        return cls(enc.name, enc._pat_str, enc._mergeable_ranks, enc._special_tokens)
+        """Wrap an encoding from `tiktoken.get_encoding`, reading its ranks through the public API."""
+        specials = {token: enc.encode_single_token(token) for token in enc.special_tokens_set}
+        special_ids = set(specials.values())
+        ranks = {}
+        for i in range(enc.n_vocab):
+            if i in special_ids:
+                continue
+            try:
+                ranks[enc.decode_single_token_bytes(i)] = i
+            except KeyError:  # an unused id (cl100k_base and o200k_base have gaps before their specials)
+                continue
+        return cls(enc.name, encoding_spec(enc.name)["pat_str"], ranks, specials)
 
     @property
     def vocab_size(self) -> int:
@@ -251,7 +261,8 @@ def encoding_spec(name: str) -> dict[str, Any]:
 
     tiktoken's constructors load their ranks as they run; we run one with its loaders swapped for
     stand-ins that record the pinned `expected_hash`, so any registered encoding (plugins included)
-    gets its exact regex and special tokens without a download.
+    gets its exact regex and special tokens without a download. tiktoken has no public API for
+    this (nor for an Encoding's regex): this function is the one place that relies on its internals.
     """
     import tiktoken.registry
 

@@ -48,7 +48,7 @@ def train_tiny_char_model(steps: int = 150, seed: int = 0) -> tuple[GPT, CharTok
     tokenizer = CharTokenizer.from_text(text)
     data = torch.tensor(tokenizer.encode(text[:200_000]))
     torch.manual_seed(seed)
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=tokenizer.vocab_size, block_size=32))
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=tokenizer.vocab_size, block_size=32))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(steps):
@@ -94,8 +94,16 @@ def test_load_lightning_ckpt(tmp_path, trained, prefix):
 def test_load_rope_rmsnorm_swiglu_model(tmp_path):
     tokenizer = CharTokenizer("abcdefgh")
     model = GPT(
-        GPTConfig.from_preset(
-            "tiny", vocab_size=8, pos_embedding="rope", norm="rmsnorm", mlp="swiglu", tie_weights=False
+        GPTConfig(
+            n_layer=2,
+            n_head=2,
+            n_embd=32,
+            block_size=64,
+            vocab_size=8,
+            pos_embedding="rope",
+            norm="rmsnorm",
+            mlp="swiglu",
+            tie_weights=False,
         )
     )
     loaded, _ = load_model(write_lightning_ckpt(tmp_path / "r.ckpt", model, tokenizer))

@@ -109,7 +109,7 @@ def test_val_split_too_short_reports_tokens(cfg: DataConfig) -> None:
     module = GPTDataModule(cfg, block_size=200_000, batch_size=1)
     with pytest.raises(MiniGPTError, match=r"has 111,540 tokens.*at least 200,001"):
         module.prepare_data()
-    with pytest.raises(MiniGPTError, match="fewer than block_size"):
+    with pytest.raises(MiniGPTError, match="needs at least 200,001"):
         ValWindows(module.cfg.root / "shakespeare_char" / "val.bin", "uint16", 200_000)
 
 

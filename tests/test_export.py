@@ -34,7 +34,7 @@ def spread_model(seed: int = 0, **overrides) -> GPT:
     """Random tiny model with untied, scaled-up weights: varied greedy output, logits far from ties."""
     torch.manual_seed(seed)
     overrides = {"tie_weights": False, **overrides}
-    cfg = GPTConfig.from_preset("tiny", vocab_size=CHARS.vocab_size, block_size=32, **overrides)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=CHARS.vocab_size, block_size=32, **overrides)
     model = GPT(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -135,7 +135,7 @@ def test_hf_export_gpt2_tokenizer_files(tmp_path):
 
     tokenizer = build_tokenizer("gpt2", bpe_file=GPT2_BPE)
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=50257, block_size=32, n_embd=16))
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, vocab_size=50257, block_size=32))
     out = export_model(model, tokenizer, tmp_path / "hf", "hf")
     hf_tok = AutoTokenizer.from_pretrained(out)
     text = "Hello world! It's 2024 — naïve café 🙂 東京\n\n  spaces   and\ttabs<|endoftext|>end"

@@ -191,7 +191,7 @@ def test_config_errors(trained, monkeypatch):
         run_cli()
     with pytest.raises(MiniGPTError, match="num_samples=0"):
         run_cli(ckpt=str(ckpt), num_samples=0)
-    with pytest.raises(MiniGPTError, match="unknown generate key"):
+    with pytest.raises(MiniGPTError, match="generate: unknown key"):
         cli.config_from_dict({"ckpt": str(ckpt), "temprature": 0.5})
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(Path(ckpt).parent / "hf-home"))  # an empty cache

@@ -58,7 +58,7 @@ def test_round_trip_is_exact(tmp_path):
 
 
 def test_non_gpt2_architectures_refuse_hf_export():
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=10, pos_embedding="rope"))
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=10, pos_embedding="rope"))
     with pytest.raises(MiniGPTError, match="pos_embedding"):
         gpt_to_hf(model)
 

@@ -38,7 +38,7 @@ def _module(vocab_size: int, tokenizer: Any = None, **optim: Any) -> Any:
     from mini_gpt.lit_module import GPTLitModule
 
     torch.manual_seed(0)
-    cfg = GPTConfig.from_preset("tiny", vocab_size=vocab_size, block_size=BLOCK)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=vocab_size, block_size=BLOCK)
     return GPTLitModule(cfg, OptimConfig(**optim), tokenizer=tokenizer, max_steps=20)
 
 

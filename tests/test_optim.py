@@ -22,7 +22,7 @@ from mini_gpt.optim import (
 
 def _model(**overrides: object) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig.from_preset("tiny", vocab_size=17, block_size=16, **overrides))
+    return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=17, block_size=16, **overrides))
 
 
 @pytest.mark.parametrize(

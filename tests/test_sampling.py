@@ -29,8 +29,14 @@ def tiny_model(pos_embedding: str = "learned", block_size: int = 16, seed: int =
     """
     torch.manual_seed(seed)
     kw = {"tie_weights": False, **kw}
-    cfg = GPTConfig.from_preset(
-        "tiny", vocab_size=61, block_size=block_size, pos_embedding=pos_embedding, **kw
+    cfg = GPTConfig(
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        vocab_size=61,
+        block_size=block_size,
+        pos_embedding=pos_embedding,
+        **kw,
     )
     model = GPT(cfg).double().eval()
     with torch.no_grad():
