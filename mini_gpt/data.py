@@ -80,6 +80,7 @@ __all__ = [
     "load_prepared",
     "preparation_lock",
     "prepare_data",
+    "safe_cut",
     "token_dtype",
 ]
 
@@ -447,7 +448,7 @@ def _decoded_chunks(files: list[Path], chunk_bytes: int) -> Iterator[tuple[int, 
                     break
 
 
-def _safe_cut(text: str, limit: int) -> int:
+def safe_cut(text: str, limit: int) -> int:
     """Largest i in (0, len) where splitting text[:i] | text[i:] cannot change BPE ids, else 0.
 
     tiktoken's pre-tokenization regexes (gpt2, cl100k, o200k) never join a newline with a following
@@ -478,7 +479,7 @@ def _pieces(
     """(split 0/1, document, text, bytes consumed) pieces in corpus order.
 
     A piece never straddles the train/val cut (character `split_at` of the concatenation) or a document
-    boundary; with `exact_cuts` (BPE) pieces end only where `_safe_cut` allows.
+    boundary; with `exact_cuts` (BPE) pieces end only where `safe_cut` allows.
     """
     offset = 0  # characters of the concatenation seen so far
     key: tuple[int, int] | None = None
@@ -496,7 +497,7 @@ def _pieces(
                     yield key[0], key[1], carry, carry_bytes
                 key, carry, carry_bytes = (split, doc), "", 0
             buf = carry + part
-            cut = _safe_cut(buf, piece_chars) if exact_cuts else len(buf)
+            cut = safe_cut(buf, piece_chars) if exact_cuts else len(buf)
             if cut:
                 yield split, doc, buf[:cut], carry_bytes + nb
                 carry, carry_bytes = buf[cut:], 0

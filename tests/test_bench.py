@@ -99,15 +99,34 @@ def test_data_section_wraps_bench_prepare(monkeypatch: pytest.MonkeyPatch) -> No
         seen.update(kwargs)
         return {"corpus_mb": 2.0, "prepare_mb_s": 10.0}
 
-    import mini_gpt.bench_data
-
-    monkeypatch.setattr(mini_gpt.bench_data, "bench_prepare", fake_bench_prepare)
+    monkeypatch.setattr(bench_data, "bench_prepare", fake_bench_prepare)
     parser = argparse.ArgumentParser()
     bench_data.add_arguments(parser)
-    rows, extra = bench_data.run(parser.parse_args(["--kind", "text", "--quick", "--threads", "1"]))
-    assert seen == {"size_mb": 2, "bpe_file": None, "num_threads": 1, "workdir": None}
+    rows, extra = bench_data.run(
+        parser.parse_args(["--kind", "text", "--quick", "--threads", "1", "--text", "t.txt"])
+    )
+    assert seen == {"size_mb": 2, "text": "t.txt", "bpe_file": None, "num_threads": 1, "workdir": None}
     assert rows[0]["prepare_mb_s"] == 10.0 and rows[0]["other_load"] >= 0
     assert "other_load" in extra
+
+
+@pytest.mark.slow
+def test_data_section_prepares_in_fresh_processes(
+    tmp_path: Path, shakespeare_path: Path, gpt2_bpe_file: Path
+) -> None:
+    """The real thing on a 1 MB corpus: both jobs see the same text and count the same tokens."""
+    from mini_gpt.tokenizer import build_tokenizer
+
+    result = bench_data.bench_prepare(1, shakespeare_path, gpt2_bpe_file, num_threads=1, workdir=tmp_path)
+    assert result["corpus_mb"] == 1.0
+    corpus = tmp_path / "corpus.txt"
+    bench_data.make_corpus(corpus, 1, shakespeare_path)  # same seed: the same text the benchmark used
+    expected = len(build_tokenizer("gpt2", bpe_file=gpt2_bpe_file).encode_ordinary(corpus.read_text()))
+    # one prepared corpus is split in two halves (train / val), each encoded on its own: a token or
+    # so may differ at the cut; tiktoken alone encodes the whole text in ~1 MB pieces cut where BPE cuts
+    assert abs(result["tokens"] - expected) <= 2 and result["tiktoken_tokens"] == expected
+    assert result["prepare_peak_rss_mb"] > 50 and result["prepare_s"] > 0
+    assert list(tmp_path.glob("mini-gpt-bench-*")) == []  # the temporary corpus is removed
 
 
 def test_generate_decode_table_same_tokens_as_transformers() -> None:

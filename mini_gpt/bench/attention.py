@@ -205,21 +205,3 @@ def _run(
         "wall_s": total_load.wall,
     }
     return rows, extra
-
-
-def main(argv: list[str] | None = None) -> None:
-    from mini_gpt.bench.common import print_table, write_json
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
-    rows, extra = run(args)
-    print_table("attention", rows)
-    print(f"other_load={extra['other_load']:.2f} cores over {extra['wall_s']:.1f} s")
-    if args.json:
-        write_json(args.json, "attention", rows, extra)
-
-
-if __name__ == "__main__":
-    main()

@@ -2,17 +2,33 @@
 
 `--kind shards` (default): sharded preparation (`data=hf`) against nanoGPT's way and tiktoken alone, for
 num_proc 1 and 2, on a generated parquet corpus (see mini_gpt/bench/shards.py).
-`--kind text`: a thin wrapper over the data helper's `mini_gpt.bench_data.bench_prepare`, which
-generates a corpus of `size_mb` MB, prepares it with GPT-2 BPE in a fresh subprocess (MB/s, peak RSS)
-and compares with tiktoken's batch encoder alone on the same text.
+
+`--kind text` (train.bin / val.bin) generates a corpus of `--size-mb` MB (the lines of `--text`, tiny
+Shakespeare by default, shuffled and repeated), then, each in a fresh process so peak RSS is that job's
+alone:
+
+* prepares it with `mini_gpt.data.prepare_data` (GPT-2 BPE): MB/s and peak RSS;
+* encodes the same text with tiktoken's `encode_ordinary_batch` alone (the same ~1 MB pieces, same
+  thread count; reading the file is not timed): the speed ceiling preparation is compared with.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
+import resource
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mini_gpt.bench.common import LoadMeter
+from mini_gpt.data import PIECE_CHARS, SHIPPED_DATA, DataConfig, prepare_data, safe_cut
+from mini_gpt.tokenizer import TiktokenTokenizer, build_tokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,12 +43,100 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="a 2 MB corpus, for tests")
 
 
-def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    from mini_gpt.bench_data import bench_prepare
-    from mini_gpt.data import SHIPPED_DATA
+def make_corpus(path: Path, size_mb: int, source: Path, seed: int = 0) -> int:
+    """Write ~size_mb MB of shuffled lines of `source` to `path`; returns the byte count."""
+    lines = np.array(source.read_text(encoding="utf-8").splitlines(keepends=True), dtype=object)
+    rng = np.random.default_rng(seed)
+    target, written = size_mb * 1_000_000, 0
+    with open(path, "w", encoding="utf-8") as out:
+        while written < target:
+            chunk = "".join(lines[rng.permutation(len(lines))])[: target - written]
+            out.write(chunk)
+            written += len(chunk.encode())
+    return written
 
-    size_mb = 2 if getattr(args, "quick", False) else args.size_mb
-    if getattr(args, "kind", "text") == "shards":
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _prepare(corpus: str, bpe_file: str | None, data_dir: str, threads: int) -> dict[str, Any]:
+    cfg = DataConfig(
+        name="text", path=corpus, tokenizer="gpt2", bpe_file=bpe_file, data_dir=data_dir, num_threads=threads
+    )
+    t = time.perf_counter()
+    prep = prepare_data(cfg, progress=False)
+    seconds = time.perf_counter() - t
+    return {"seconds": seconds, "tokens": prep.train_tokens + prep.val_tokens, "peak_rss_mb": _peak_rss_mb()}
+
+
+def _tiktoken_alone(corpus: str, bpe_file: str | None, data_dir: str, threads: int) -> dict[str, Any]:
+    tokenizer = build_tokenizer("gpt2", bpe_file=bpe_file)
+    assert isinstance(tokenizer, TiktokenTokenizer)
+    seconds, tokens, carry = 0.0, 0, ""
+    with open(corpus, encoding="utf-8") as fh:
+        while True:
+            block = fh.read(PIECE_CHARS * threads * 4)
+            text, pieces = carry + block, []
+            while len(text) > PIECE_CHARS:
+                cut = safe_cut(text[: PIECE_CHARS + 1], PIECE_CHARS) or len(text)
+                pieces.append(text[:cut])
+                text = text[cut:]
+            carry = text
+            if not block:
+                pieces.append(carry)
+            t = time.perf_counter()
+            tokens += sum(map(len, tokenizer.encoding.encode_ordinary_batch(pieces, num_threads=threads)))
+            seconds += time.perf_counter() - t
+            if not block:
+                break
+    return {"seconds": seconds, "tokens": tokens, "peak_rss_mb": _peak_rss_mb()}
+
+
+def _in_fresh_process(fn: Any, *args: Any) -> dict[str, Any]:
+    """fn(*args) in a new interpreter (spawn), so its peak RSS is its own."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def bench_prepare(
+    size_mb: int = 200,
+    text: str | Path | None = None,
+    bpe_file: str | Path | None = None,
+    num_threads: int | None = None,
+    workdir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Prepare a generated `size_mb` MB corpus with GPT-2 BPE; report MB/s, peak RSS and tiktoken alone."""
+    source = Path(text or SHIPPED_DATA / "tinyshakespeare" / "input.txt")
+    threads = num_threads or os.cpu_count() or 1
+    bpe = str(bpe_file or SHIPPED_DATA / "tokenizers" / "gpt2.tiktoken")
+    with tempfile.TemporaryDirectory(dir=workdir, prefix="mini-gpt-bench-") as tmp:
+        corpus = Path(tmp) / "corpus.txt"
+        t = time.perf_counter()
+        nbytes = make_corpus(corpus, size_mb, source)
+        generate_s = time.perf_counter() - t
+        args = (str(corpus), bpe, str(Path(tmp) / "data"), threads)
+        prep = _in_fresh_process(_prepare, *args)
+        alone = _in_fresh_process(_tiktoken_alone, *args)
+    mb = nbytes / 1e6
+    return {
+        "corpus_mb": round(mb, 1),
+        "threads": threads,
+        "generate_s": round(generate_s, 2),
+        "tokens": prep["tokens"],
+        "prepare_s": round(prep["seconds"], 2),
+        "prepare_mb_s": round(mb / prep["seconds"], 2),
+        "prepare_peak_rss_mb": round(prep["peak_rss_mb"], 1),
+        "tiktoken_batch_s": round(alone["seconds"], 2),
+        "tiktoken_batch_mb_s": round(mb / alone["seconds"], 2),
+        "tiktoken_tokens": alone["tokens"],
+        "slowdown_vs_tiktoken": round(prep["seconds"] / alone["seconds"], 2),
+    }
+
+
+def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    size_mb = 2 if args.quick else args.size_mb
+    if args.kind == "shards":
         from mini_gpt.bench.shards import bench_sharded
 
         with LoadMeter() as load:
@@ -47,7 +151,10 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         return rows, {**extra, "other_load": load.other_load, "wall_s": load.wall}
     with LoadMeter() as load:
         result = bench_prepare(
-            size_mb=size_mb, bpe_file=args.bpe_file, num_threads=args.threads, workdir=args.workdir
+            size_mb=size_mb,
+            text=args.text,
+            bpe_file=args.bpe_file,
+            num_threads=args.threads,
+            workdir=args.workdir,
         )
-    row = {**result, "other_load": load.other_load}
-    return [row], {"other_load": load.other_load, "wall_s": load.wall}
+    return [{**result, "other_load": load.other_load}], {"other_load": load.other_load, "wall_s": load.wall}

@@ -29,8 +29,8 @@ top_k 200), alternating, medians of the repeats:
   last block_size tokens through the model. Past block_size its context is always full, so it does
   more work per token than `no-cache` (whose context shrinks to block_size // 2 after each slide).
 
-Models have random weights (speed does not depend on them): the baby preset with a 65-character
-vocabulary, and GPT-2 124M (fewer tokens by default: its no-cache path is slow on a CPU).
+Models have random weights (speed does not depend on them): the baby model (conf/model/baby.yaml) with
+a 65-character vocabulary, and GPT-2 124M (fewer tokens by default: its no-cache path is slow on a CPU).
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ import time
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
-from mini_gpt.bench.common import LoadMeter, alternate, machine_info, print_table, write_json
+from mini_gpt.bench.common import LoadMeter, alternate, machine_info, print_table
+from mini_gpt.conf import compose
 from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.sampling import generate
 
@@ -203,7 +205,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "a 2-core CPU, use 3 or more for figures you publish",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--json", default=None, help="merge the results into this JSON file")
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -231,7 +232,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
             decode["rows"] = decode_rows
             decode["other_load"] = round(decode_load.other_load, 2)
         if args.tokens:
-            baby = GPT(GPTConfig.from_preset("baby", vocab_size=65))
+            baby_cfg = OmegaConf.to_container(compose(["model=baby"]).model)
+            baby = GPT(GPTConfig.from_dict({**baby_cfg, "vocab_size": 65}))
             rows += _bench_model("baby (10.7M)", baby, args.tokens, args.repeats)
             del baby
         if args.gpt2_tokens:
@@ -246,19 +248,3 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         "cache_speedup = median seconds of the contender / median seconds of kv-cache",
     }
     return rows, extra
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args()
-    rows, extra = run(args)
-    print_table("generate", rows)
-    print(f"other_load={extra['other_load']} cores over {extra['wall_s']} s; {extra['settings']}")
-    print(f"machine: {extra['machine']}")
-    if args.json:
-        write_json(args.json, "generate", rows, extra)
-
-
-if __name__ == "__main__":
-    main()

@@ -15,6 +15,7 @@ Three comparisons, each alternating its contenders in one process so background 
 - `loss`: a training step of the baby model with GPT-2's 50,257-token vocabulary, the loss over all
   (B, T, V) logits at once against `mini_gpt.loss` (chunked): seconds and peak memory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,11 +27,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
-from mini_gpt.bench.common import LoadMeter, machine_info, print_table, write_json
-from mini_gpt.conf import CONF_DIR
-
-REPO = Path(__file__).resolve().parents[2]
+from mini_gpt.bench.common import LoadMeter, print_table
+from mini_gpt.conf import compose
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
     parser.add_argument("--device", default="auto", help="cpu | cuda | auto")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--corpus", default=None, help="tiny Shakespeare's input.txt (default: data/)")
     parser.add_argument("--data-dir", default=None, help="token cache (default: the data default)")
     parser.add_argument(
         "--compare",
@@ -55,23 +56,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss-vocab", type=int, default=50257, help="vocabulary of the loss comparison")
     parser.add_argument("--loss-batch-size", type=int, default=12, help="batch of the loss comparison")
     parser.add_argument("--loss-repeats", type=int, default=2, help="steps per loss path (median time)")
-    parser.add_argument("--json", default=None, help="merge results into this JSON file")
-
-
-def _yaml(path: Path) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.load(path)
-    d = OmegaConf.to_container(cfg, resolve=False)
-    d.pop("defaults", None)
-    return d  # type: ignore[return-value]
-
-
-def _optim_dict(name: str) -> dict[str, Any]:
-    d = _yaml(CONF_DIR / "optim" / "adamw.yaml")
-    if name != "adamw":
-        d.update(_yaml(CONF_DIR / "optim" / f"{name}.yaml"))
-    return d
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -119,17 +103,15 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
     device = torch.device(
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     )
-    batch_size = args.batch_size or int(_yaml(CONF_DIR / "train.yaml")["loader"]["batch_size"])
-    data = DataConfig(
-        name="shakespeare_char",
-        data_dir=args.data_dir,
-    )
-    model_dict = _yaml(CONF_DIR / "model" / f"{args.model}.yaml")
+    cfg = compose([f"model={args.model}", f"optim={args.optim}"])
+    batch_size = args.batch_size or int(cfg.loader.batch_size)
+    data = DataConfig(name="shakespeare_char", path=args.corpus, data_dir=args.data_dir)
+    model_dict = OmegaConf.to_container(cfg.model, resolve=True)
     dm = GPTDataModule(data, block_size=model_dict["block_size"], batch_size=batch_size, seed=1337)
     dm.prepare_data()
     model_dict["vocab_size"] = model_dict.get("vocab_size") or dm.vocab_size
     gpt_cfg = GPTConfig(**model_dict)
-    optim_cfg = OptimConfig(**_optim_dict(args.optim))
+    optim_cfg = OptimConfig.from_dict(OmegaConf.to_container(cfg.optim, resolve=True))
     total_chunks = args.repeats + 1  # +1 warm-up chunk each
     max_steps = args.steps * total_chunks
     tokens_per_step = batch_size * gpt_cfg.block_size
@@ -244,27 +226,6 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
         "other_load": load.other_load,
     }
     return rows, extra
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args()
-    rows, extra = run(args)
-    print_table("train: Lightning vs raw PyTorch loop", rows)
-    print(
-        f"lightning/raw = {extra['lightning_over_raw']:.3f} (target >= 0.95); model={extra['model']} "
-        f"({extra['n_params']:,} params) batch={extra['batch_size']}x{extra['block_size']} "
-        f"{extra['precision']} on {extra['device']}; peak {extra['peak_flops']:.3g} FLOP/s; "
-        f"other_load={extra['other_load']:.2f} cores"
-    )
-    print(f"machine: {machine_info()}")
-    if args.json:
-        write_json(args.json, "train", rows, extra)
-
-
-if __name__ == "__main__":
-    main()
 
 
 # ---- mini-gpt's step against a nanoGPT-style model ----------------------------------------------
