@@ -3,9 +3,10 @@
 Also installed as the console script `mini-gpt-generate`. Every key lives in `conf/generate.yaml`:
 
     mini-gpt-generate ckpt=out/last.ckpt prompt="ROMEO:" max_new_tokens=500 temperature=0.8 top_k=200
-    mini-gpt-generate ckpt=export/ prompt=@prompt.txt num_samples=3 seed=1 stop='"\\n\\n"' output=s.jsonl
+    mini-gpt-generate ckpt=export/ prompt=@prompt.txt num_samples=3 seed=1 stop='\\n\\n' output=s.jsonl
     mini-gpt-generate init_from=gpt2 prompt="Hello, I'm a language model," top_p=0.95   # needs network
 
+`prompt=` and `stop=` take any text verbatim (no Hydra quoting; repeat `stop=` for several stop strings).
 One sample is streamed to stdout as it is generated; several are generated as one batch (one shared
 prompt prefill) and printed between `--- sample i/n ---` lines. Warnings and timings go to stderr.
 Mistakes (a missing checkpoint, characters the vocabulary lacks, ...) print one `error:` line and
@@ -355,52 +356,24 @@ def config_from_dict(d: dict[str, Any]) -> GenerateConfig:
     return build_config(GenerateConfig, d, "generate")
 
 
-# Keys whose values are free text: taken literally on the command line (see `quote_free_text`).
+# Keys whose values are free text: taken from the command line verbatim, never parsed by Hydra (whose
+# override grammar rejects braces and non-ASCII letters and splits values on commas).
 FREE_TEXT_KEYS = ("prompt", "stop")
 
 
-def hydra_quote(value: str) -> str:
-    """`value` as a single-quoted Hydra override value that parses back to exactly `value`.
-
-    Inside quotes Hydra accepts any character; a quote is escaped with a backslash, a run of
-    backslashes needs doubling only before a quote or at the end, and `${` (OmegaConf interpolation)
-    is escaped as `\\${`.
-    """
-    out, i = [], 0
-    while i < len(value):
-        if value[i] == "\\":
-            j = i
-            while j < len(value) and value[j] == "\\":
-                j += 1
-            run = value[i:j]
-            out.append(run * 2 if j == len(value) or value[j] == "'" or value.startswith("${", j) else run)
-            i = j
-        elif value[i] == "'":
-            out.append("\\'")
-            i += 1
-        elif value.startswith("${", i):
-            out.append("\\${")
-            i += 2
-        else:
-            out.append(value[i])
-            i += 1
-    return "'" + "".join(out) + "'"
-
-
-def quote_free_text(argv: list[str]) -> list[str]:
-    """Let `prompt=` and `stop=` take any text without Hydra quoting.
-
-    Hydra's override grammar rejects non-ASCII letters and braces, and turns `a,b` into a list, which
-    is hostile to prompts. Values already quoted for Hydra, `null` and lists (`stop=[a,b]`) pass as they are.
-    """
-    out = []
+def split_free_text(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """(the Hydra overrides, {"prompt": text, "stop": [texts]}): `stop=` may be given several times."""
+    overrides: list[str] = []
+    text: dict[str, Any] = {}
     for arg in argv:
         key, eq, value = arg.partition("=")
-        already = len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""
-        if eq and key in FREE_TEXT_KEYS and not already and value != "null" and not value.startswith("["):
-            arg = f"{key}={hydra_quote(value)}"
-        out.append(arg)
-    return out
+        if not eq or key not in FREE_TEXT_KEYS:
+            overrides.append(arg)
+        elif key == "stop":
+            text.setdefault("stop", []).append(value)
+        else:
+            text[key] = value
+    return overrides, text
 
 
 def main() -> None:
@@ -409,8 +382,8 @@ def main() -> None:
 
     from mini_gpt.conf import hydra_main
 
-    sys.argv[1:] = quote_free_text(sys.argv[1:])
-    hydra_main("generate", lambda cfg: run(config_from_dict(OmegaConf.to_container(cfg, resolve=True))))
+    sys.argv[1:], text = split_free_text(sys.argv[1:])
+    hydra_main("generate", lambda cfg: run(config_from_dict({**OmegaConf.to_container(cfg, resolve=True), **text})))
 
 
 if __name__ == "__main__":

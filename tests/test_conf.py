@@ -1,18 +1,27 @@
-"""conf: every tool's --help shows that tool's own keys with their comments, and only real groups; the
-output-directory guard Hydra runs before it creates a run directory."""
+"""The configs: every tool's --help shows that tool's own keys with their comments, and only real groups;
+every experiment and every option of every config group composes into valid settings; they ship inside
+the package (a regular, non-editable install finds them); the output-directory guard runs before Hydra
+creates a run directory."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from mini_gpt.conf import CONF_DIR
 from mini_gpt.conf.guards import WritableOutputDir, check_writable
+from mini_gpt.data import DataConfig
+from mini_gpt.errors import build_config
+from mini_gpt.model import GPTConfig
+from mini_gpt.optim import OptimConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,3 +128,114 @@ def test_the_wheel_lists_every_package_and_ships_conf() -> None:
     }
     assert on_disk | {"mini_gpt.configs"} == set(setuptools["packages"])
     assert setuptools["package-dir"] == {"mini_gpt.configs": "conf"}
+
+
+# Groups of train.yaml's defaults list whose options are plain YAML files of that folder.
+GROUPS = ("model", "data", "optim", "trainer", "callbacks", "logger", "experiment", "debug")
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _settings(cfg: Any) -> tuple[GPTConfig, DataConfig, OptimConfig]:
+    """The dataclasses train() builds from a composed config (unknown keys or bad values raise)."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model["vocab_size"] = model["vocab_size"] or 65  # null: the tokenizer's, known only after preparation
+    data = build_config(DataConfig, OmegaConf.to_container(cfg.data, resolve=True), "data")
+    optim = OptimConfig.from_dict(OmegaConf.to_container(cfg.optim, resolve=True))
+    return GPTConfig.from_dict(model), data, optim
+
+
+def test_groups_in_the_defaults_list_are_the_folders(compose: Any) -> None:
+    entries = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "train.yaml"))["defaults"]
+    defaults = {next(iter(d)) for d in entries if isinstance(d, dict)}
+    assert set(GROUPS) | {"paths", "hydra", "hparams_search"} == defaults
+    assert all(_options(group) for group in GROUPS)
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_option_of_every_group_composes(compose: Any, group: str) -> None:
+    for option in _options(group):
+        extra = ["data.path=notes.txt"] if (group, option) == ("data", "text") else []
+        cfg = compose([f"{group}={option}", *extra])
+        model, data, optim = _settings(cfg)
+        assert cfg.trainer._target_ == "lightning.pytorch.Trainer", option
+        assert cfg.trainer.max_steps > 0 and cfg.loader.batch_size > 0, option
+        if group in ("model", "data", "optim"):  # the option is what the composed group holds
+            own = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
+            chosen = {"model": model, "data": data, "optim": optim}[group]
+            own = {k: v for k, v in own.items() if k not in ("defaults", "vocab_size", "path")}
+            assert {k: getattr(chosen, k) for k in own} == {
+                k: tuple(v) if k == "betas" else v for k, v in own.items()
+            }, option
+
+
+def test_experiments_compose_to_their_recipes(compose: Any) -> None:
+    gpt2 = compose(["experiment=gpt2_124m"])
+    model, data, optim = _settings(gpt2)
+    assert (model.n_layer, model.n_head, model.n_embd, model.block_size) == (12, 12, 768, 1024)
+    # the training recipe pads GPT-2's 50,257 tokens to 50,304 (a multiple of 64: faster matmuls);
+    # the published architecture (GPTConfig.from_preset("gpt2")) keeps 50,257
+    assert model.vocab_size == 50304 and GPTConfig.from_preset("gpt2").vocab_size == 50257
+    assert (data.name, data.resolved_tokenizer, optim.name) == ("shakespeare", "gpt2", "adamw")
+    assert 16 * gpt2.trainer.accumulate_grad_batches * 1024 == 524_288  # tokens per step, one device
+    assert gpt2.trainer.precision == "bf16-mixed" and gpt2.compile is True
+
+    gpu = compose(["experiment=shakespeare_char_gpu"])
+    model, data, optim = _settings(gpu)
+    assert (model.n_layer, model.n_embd, model.block_size, model.dropout) == (6, 384, 256, 0.2)
+    assert (data.resolved_tokenizer, optim.name, gpu.loader.batch_size) == ("char", "adamw", 64)
+    assert gpu.trainer.accelerator == "gpu" and gpu.trainer.max_steps == 5000
+
+    cpu = compose(["experiment=shakespeare_char_cpu"])
+    model, _, optim = _settings(cpu)
+    assert (model.n_layer, model.n_embd, optim.name, cpu.trainer.max_steps) == (4, 128, "muon", 2500)
+    assert cpu.trainer.accelerator == "cpu"
+
+
+def test_default_logger_writes_a_csv_log_beside_wandb(compose: Any) -> None:
+    loggers = compose([]).logger
+    assert set(loggers) == {"wandb", "csv"}
+    assert loggers.csv._target_ == "lightning.pytorch.loggers.CSVLogger"
+    assert set(compose(["logger=none"]).get("logger") or {}) == set()
+
+
+@pytest.mark.slow
+def test_regular_install_finds_its_configs(tmp_path: Path) -> None:
+    """Build a wheel (no network, no build isolation) from a copy of the sources, install it into a
+    folder of its own and generate from another working directory: the configs come with it."""
+    import torch
+
+    from mini_gpt.export import export_model
+    from mini_gpt.model import GPT
+    from mini_gpt.tokenizer import CharTokenizer
+
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "mini_gpt", src / "mini_gpt", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", src], check=True
+    )
+    [wheel] = (tmp_path / "dist").glob("mini_gpt-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--target", tmp_path / "site", wheel], check=True)
+
+    tokenizer = CharTokenizer("ab\n")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=16, vocab_size=3))
+    export_model(model, tokenizer, tmp_path / "model", "safetensors")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    where = subprocess.run(
+        [sys.executable, "-c", "import mini_gpt.conf as c; print(c.CONF_DIR)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert where.stdout.strip() == str(tmp_path / "site" / "mini_gpt" / "conf")  # the installed copy
+    done = subprocess.run(
+        [sys.executable, "-m", "mini_gpt.generate", f"ckpt={tmp_path / 'model'}", "prompt=ab",
+         "max_new_tokens=5", "temperature=0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ab") and len(done.stdout.rstrip("\n")) >= 2

@@ -170,18 +170,11 @@ def test_output_json_lines(trained, tmp_path):
     ["ROMEO, Жx {a} [b]", "it's", "a\\b", "end\\", "${oc.env:HOME}", "\\${x}", "tab\tnew\nline", "x=y"],
 )
 def test_free_text_arguments_reach_the_config_verbatim(text):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    [arg] = cli.quote_free_text([f"prompt={text}"])
-    value = OverridesParser.create().parse_override(arg).value()
-    assert OmegaConf.create({"prompt": value}).prompt == text
-    assert cli.quote_free_text(["prompt='already'", "stop=[a,b]", "prompt=null", "top_k=5"]) == [
-        "prompt='already'",
-        "stop=[a,b]",
-        "prompt=null",
-        "top_k=5",
-    ]
+    overrides, free = cli.split_free_text([f"prompt={text}", "top_k=5", "stop=a,b", "stop=\\n", "x=prompt=1"])
+    assert overrides == ["top_k=5", "x=prompt=1"]  # what Hydra parses
+    assert free == {"prompt": text, "stop": ["a,b", "\\n"]}
+    config = cli.config_from_dict({"ckpt": "m.ckpt", **free})
+    assert cli.read_prompt(config) == text and config.stops == ["a,b", "\n"]
     assert GenerateConfig(stop="\\n\\n").stops == ["\n\n"]  # typed backslash-n means newline
 
 
