@@ -2,7 +2,7 @@
 
 Off by default. With `callbacks.attention_maps.every_n_steps=N` (N > 0), every N optimizer steps it runs
 the model on a fixed prompt through the exact attention path and logs the figures of
-`mini_gpt.visualize` to W&B as images (keys `attention/maps`, `attention/summary`). When no W&B run is
+`mini_gpt.attention_maps` to W&B as images (keys `attention/maps`, `attention/summary`). When no W&B run is
 active (no WandbLogger, or WANDB_MODE=disabled) it writes PNGs instead, under
 `<run dir>/attention_maps/step<NNNNNN>_{maps,summary}.png`.
 
@@ -25,7 +25,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.visualize import (
+from mini_gpt.attention_maps import (
     attention_maps,
     attention_summary,
     compute_attention,
@@ -69,7 +69,7 @@ class AttentionMaps(Callback):
         every_n_steps: 0 = off (the default).
         prompt: fixed text to look at; None = a short Shakespeare line, minus characters the
             tokenizer does not know. A user prompt the tokenizer cannot encode fails at fit start.
-        layers, heads: as in `python -m mini_gpt.visualize` (int, list or "all").
+        layers, heads: as in `python -m mini_gpt.attention_maps` (int, list or "all").
         summary: also draw the entropy / mean-distance bar chart.
         max_tokens: keep the last N prompt tokens (default: block_size); long prompts give huge grids.
         out_dir: where PNGs go when W&B is off (default `<trainer.default_root_dir>/attention_maps`).

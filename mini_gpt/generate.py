@@ -383,7 +383,7 @@ def main() -> None:
     from mini_gpt.conf import hydra_main
 
     sys.argv[1:], text = split_free_text(sys.argv[1:])
-    hydra_main("generate", lambda cfg: run(config_from_dict({**OmegaConf.to_container(cfg, resolve=True), **text})))
+    hydra_main("generate", lambda cfg: run(config_from_dict({**OmegaConf.to_container(cfg), **text})))
 
 
 if __name__ == "__main__":

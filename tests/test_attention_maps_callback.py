@@ -91,7 +91,7 @@ def test_one_forward_pass_per_render_and_figures_reused(
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from mini_gpt.visualize import attention_stats
+    from mini_gpt.attention_maps import attention_stats
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     trainer, module = fakes(tmp_path)

@@ -53,7 +53,7 @@ def _own_keys(config_name: str) -> dict[str, str]:
     return comments
 
 
-@pytest.mark.parametrize("tool", ["generate", "export", "visualize"])
+@pytest.mark.parametrize("tool", ["generate", "export", "attention_maps"])
 def test_tool_help_lists_its_own_keys_with_comments(tool: str, tmp_path: Path) -> None:
     out = _help("-m", f"mini_gpt.{tool}", cwd=tmp_path)
     lines = out.splitlines()

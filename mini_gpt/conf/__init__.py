@@ -2,7 +2,7 @@
 
 The YAML lives in `conf/` at the top of the checkout: `train.yaml` and its groups (model/ data/ optim/
 trainer/ callbacks/ logger/ paths/ hydra/ experiment/ debug/ hparams_search/ finetune/) configure
-`python train.py`; `generate.yaml`, `export.yaml`, `visualize.yaml`, `evaluate.yaml` the command-line
+`python train.py`; `generate.yaml`, `export.yaml`, `attention_maps.yaml`, `evaluate.yaml` the command-line
 tools; `sweep/` holds W&B sweep specs (no defaults list uses it). A wheel carries the same files as
 `mini_gpt/configs/` (see pyproject.toml), so a regular install works too. Every tool finds them one way:
 `CONF_DIR`. Hydra is imported lazily.

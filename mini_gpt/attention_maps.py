@@ -1,9 +1,9 @@
 """Look at what the heads attend to: per-head heatmaps and a per-layer summary.
 
-    python -m mini_gpt.visualize ckpt=out/last.ckpt prompt="ROMEO:" layer=all head=all out=attn.png
-    python -m mini_gpt.visualize ckpt=... prompt="..." view=summary out=summary.png
-    python -m mini_gpt.visualize ckpt=... prompt="..." layer=[0,2] head=1 view=both out=attn.png
-    python -m mini_gpt.visualize ckpt=... prompt=@speech.txt layer=2 out=layer2.png   # prompt from a file
+    python -m mini_gpt.attention_maps ckpt=out/last.ckpt prompt="ROMEO:" layer=all head=all out=attn.png
+    python -m mini_gpt.attention_maps ckpt=... prompt="..." view=summary out=summary.png
+    python -m mini_gpt.attention_maps ckpt=... prompt="..." layer=[0,2] head=1 view=both out=attn.png
+    python -m mini_gpt.attention_maps ckpt=... prompt=@speech.txt layer=2 out=layer2.png   # prompt from a file
 
 `prompt=` takes any text, commas included (no Hydra quoting needed). A prompt longer than the window
 keeps its last `max_tokens` (default block_size) tokens, and the titles quote that kept window. The
@@ -424,11 +424,11 @@ def run(cfg: DictConfig | dict[str, Any]) -> list[Path]:
 
 
 def main() -> None:
-    """Console entry point (`python -m mini_gpt.visualize ...`)."""
+    """Console entry point (`python -m mini_gpt.attention_maps ...`)."""
     from mini_gpt.conf import hydra_main
 
     sys.argv[1:] = quote_free_text(sys.argv[1:])  # prompt= takes any text, commas included
-    hydra_main("visualize", run)
+    hydra_main("attention_maps", run)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.plot import find_metrics, main, parse_args, plot_curves, plot_run
+from mini_gpt.loss_curves import find_metrics, main, parse_args, plot_curves, plot_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -157,7 +157,7 @@ def test_cli(tmp_path: Path) -> None:
     run = write_run(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-m", "mini_gpt.plot", str(run), f"out={tmp_path / 'p.png'}"],
+        [sys.executable, "-m", "mini_gpt.loss_curves", str(run), f"out={tmp_path / 'p.png'}"],
         capture_output=True,
         text=True,
         env=env,

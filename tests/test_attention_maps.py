@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from mini_gpt import visualize
+from mini_gpt import attention_maps as visualize
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer
-from mini_gpt.visualize import (
+from mini_gpt.attention_maps import (
     attention_maps,
     attention_stats,
     attention_summary,
@@ -190,7 +190,7 @@ def test_run_writes_both_views(tmp_path: Path) -> None:
 def test_cli(tmp_path: Path) -> None:
     write_checkpoint(tmp_path / "m.ckpt")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    base = [sys.executable, "-m", "mini_gpt.visualize", f"ckpt={tmp_path / 'm.ckpt'}", "prompt=ab ch"]
+    base = [sys.executable, "-m", "mini_gpt.attention_maps", f"ckpt={tmp_path / 'm.ckpt'}", "prompt=ab ch"]
     ok = subprocess.run(
         [*base, "layer=[0,1]", "head=1", f"out={tmp_path / 'x.png'}"],
         capture_output=True,

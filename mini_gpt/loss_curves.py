@@ -1,7 +1,7 @@
 """Loss and learning-rate curves of a training run, as a PNG, from the files the run left locally.
 
-    python -m mini_gpt.plot outputs/train/runs/2024-05-01/12-00-00            # -> <RUN_DIR>/curves.png
-    python -m mini_gpt.plot RUN_DIR out=curves.png
+    python -m mini_gpt.loss_curves outputs/train/runs/2024-05-01/12-00-00            # -> <RUN_DIR>/curves.png
+    python -m mini_gpt.loss_curves RUN_DIR out=curves.png
 
 For people who train without W&B online. Sources, all searched for anywhere below RUN_DIR:
 - `metrics.csv` written by Lightning's CSVLogger (train/loss, val/loss, lr, ...) and W&B offline run
@@ -340,7 +340,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 120)
     return out
 
 
-USAGE = "usage: python -m mini_gpt.plot RUN_DIR [out=curves.png] [dpi=120]"
+USAGE = "usage: python -m mini_gpt.loss_curves RUN_DIR [out=curves.png] [dpi=120]"
 
 
 def parse_args(argv: list[str]) -> dict[str, str]:
