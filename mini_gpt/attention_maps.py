@@ -3,7 +3,7 @@
     python -m mini_gpt.attention_maps ckpt=out/last.ckpt prompt="ROMEO:" layer=all head=all out=attn.png
     python -m mini_gpt.attention_maps ckpt=... prompt="..." view=summary out=summary.png
     python -m mini_gpt.attention_maps ckpt=... prompt="..." layer=[0,2] head=1 view=both out=attn.png
-    python -m mini_gpt.attention_maps ckpt=... prompt=@speech.txt layer=2 out=layer2.png   # prompt from a file
+    python -m mini_gpt.attention_maps ckpt=... prompt=@speech.txt layer=2 out=layer2.png  # prompt from a file
 
 `prompt=` takes any text, commas included (no Hydra quoting needed). A prompt longer than the window
 keeps its last `max_tokens` (default block_size) tokens, and the titles quote that kept window. The

@@ -24,7 +24,6 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
-from mini_gpt.errors import MiniGPTError
 from mini_gpt.attention_maps import (
     attention_maps,
     attention_summary,
@@ -34,6 +33,7 @@ from mini_gpt.attention_maps import (
     update_attention_maps,
     update_attention_summary,
 )
+from mini_gpt.errors import MiniGPTError
 
 DEFAULT_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak."
 

@@ -42,12 +42,12 @@ SAFETENSORS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
-def metadata(model: GPT, tokenizer: Tokenizer) -> dict[str, Any]:
+def metadata(model: GPT, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """The `mini_gpt` entry of a checkpoint / export config: primitives only."""
     return {
         "format_version": FORMAT_VERSION,
         "model_config": model.config.to_dict(),
-        "tokenizer": tokenizer.to_dict(),
+        "tokenizer": tokenizer.to_dict() if tokenizer is not None else None,
     }
 
 

@@ -247,45 +247,19 @@ def token_dtype(vocab_size: int, requested: str = "auto") -> str:
 # ----------------------------------------------------------------------------------- progress output
 
 
-class _Progress:
-    """A rich progress bar with MB/s on an interactive stderr; silent otherwise (logs, CI)."""
+@contextmanager
+def _progress(description: str, total_bytes: int, enabled: bool | None) -> Iterator[Callable[[int], None]]:
+    """`advance(n_bytes)` of a rich bar with MB/s on an interactive stderr; silent otherwise (logs, CI)."""
+    if not (sys.stderr.isatty() if enabled is None else enabled):
+        yield lambda n: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-    def __init__(self, description: str, total_bytes: int, enabled: bool | None) -> None:
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self._bar: Any = None
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                DownloadColumn,
-                Progress,
-                TimeRemainingColumn,
-                TransferSpeedColumn,
-            )
-
-            self._bar = Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                TimeRemainingColumn(),
-                console=Console(stderr=True),
-                transient=True,
-            )
-            self._task = self._bar.add_task(description, total=total_bytes)
-
-    def __enter__(self) -> _Progress:
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def advance(self, n: int) -> None:
-        if self._bar is not None:
-            self._bar.advance(self._task, n)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress("{task.description}", *columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total_bytes)
+        yield lambda n: bar.advance(task, n)
 
 
 # ---------------------------------------------------------------------------------------- downloads
@@ -304,11 +278,11 @@ def download(url: str, dest: Path, sha256: str, progress: bool | None = None) ->
     try:
         with _urlopen(url, DOWNLOAD_TIMEOUT_S) as resp, open(tmp, "wb") as out:
             total = int(resp.headers.get("Content-Length") or 0) if hasattr(resp, "headers") else 0
-            with _Progress(f"download {dest.name}", total, progress) as bar:
+            with _progress(f"download {dest.name}", total, progress) as advance:
                 while block := resp.read(1 << 16):
                     out.write(block)
                     digest.update(block)
-                    bar.advance(len(block))
+                    advance(len(block))
         if digest.hexdigest() != sha256:
             raise MiniGPTError(
                 f"download of {url} has sha256 {digest.hexdigest()}, expected {sha256}; "
@@ -757,7 +731,7 @@ def _build(
             open(tmp["train"], "wb") as f_train,
             open(tmp["val"], "wb") as f_val,
             ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool,
-            _Progress(f"tokenize {cfg.name}", total_bytes, progress) as bar,
+            _progress(f"tokenize {cfg.name}", total_bytes, progress) as advance,
         ):
             outs = (f_train, f_val)
             names = ("train", "val")
@@ -773,7 +747,7 @@ def _build(
                         counts[names[split]] += 1
                     outs[split].write(ids.tobytes())
                     counts[names[split]] += len(ids)
-                    bar.advance(nbytes)
+                    advance(nbytes)
 
             for split, doc, text, nbytes in _pieces(
                 files, split_at, piece_chars, exact_cuts=not isinstance(tok, CharTokenizer)

@@ -23,11 +23,9 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from mini_gpt.checkpoint import check_resume
+from mini_gpt.checkpoint import check_resume, metadata
 from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.optim import OptimConfig, build_optimizer, build_scheduler
-
-CHECKPOINT_FORMAT_VERSION = 1
 
 
 @dataclass
@@ -236,11 +234,8 @@ class GPTLitModule(L.LightningModule):
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        tok = self.tokenizer
         checkpoint["mini_gpt"] = {
-            "format_version": CHECKPOINT_FORMAT_VERSION,
-            "model_config": dataclasses.asdict(self.model_config),
-            "tokenizer": tok.to_dict() if hasattr(tok, "to_dict") else tok,
+            **metadata(self.model, self.tokenizer),  # what mini_gpt.checkpoint.load_model reads
             "optim_config": {
                 k: list(v) if isinstance(v, tuple) else v
                 for k, v in dataclasses.asdict(self.optim_config).items()
