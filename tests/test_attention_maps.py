@@ -14,9 +14,6 @@ import pytest
 import torch
 
 from mini_gpt import attention_maps as visualize
-from mini_gpt.errors import MiniGPTError
-from mini_gpt.model import GPT, GPTConfig
-from mini_gpt.tokenizer import CharTokenizer
 from mini_gpt.attention_maps import (
     attention_maps,
     attention_stats,
@@ -27,6 +24,9 @@ from mini_gpt.attention_maps import (
     token_label,
     uniform_reference,
 )
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.model import GPT, GPTConfig
+from mini_gpt.tokenizer import CharTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 CHARS = "abcdefgh ,\n"

@@ -18,8 +18,7 @@ from omegaconf import OmegaConf
 
 from mini_gpt.conf import CONF_DIR
 from mini_gpt.conf.guards import WritableOutputDir, check_writable
-from mini_gpt.data import DataConfig
-from mini_gpt.errors import build_config
+from mini_gpt.corpus.config import AnyDataConfig, data_config
 from mini_gpt.model import GPTConfig
 from mini_gpt.optim import OptimConfig
 
@@ -132,17 +131,23 @@ def test_the_wheel_lists_every_package_and_ships_conf() -> None:
 
 # Groups of train.yaml's defaults list whose options are plain YAML files of that folder.
 GROUPS = ("model", "data", "optim", "trainer", "callbacks", "logger", "experiment", "debug")
+# Options whose required keys are null in their YAML (the user names their corpus).
+REQUIRED = {
+    ("data", "text"): ["data.path=notes.txt"],
+    ("data", "hf"): ["data.dataset=user/corpus"],
+    ("data", "shards"): ["data.path=shards/*.bin"],
+}
 
 
 def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
-def _settings(cfg: Any) -> tuple[GPTConfig, DataConfig, OptimConfig]:
+def _settings(cfg: Any) -> tuple[GPTConfig, AnyDataConfig, OptimConfig]:
     """The dataclasses train() builds from a composed config (unknown keys or bad values raise)."""
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model["vocab_size"] = model["vocab_size"] or 65  # null: the tokenizer's, known only after preparation
-    data = build_config(DataConfig, OmegaConf.to_container(cfg.data, resolve=True), "data")
+    data = data_config(OmegaConf.to_container(cfg.data, resolve=True))
     optim = OptimConfig.from_dict(OmegaConf.to_container(cfg.optim, resolve=True))
     return GPTConfig.from_dict(model), data, optim
 
@@ -157,7 +162,7 @@ def test_groups_in_the_defaults_list_are_the_folders(compose: Any) -> None:
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_option_of_every_group_composes(compose: Any, group: str) -> None:
     for option in _options(group):
-        extra = ["data.path=notes.txt"] if (group, option) == ("data", "text") else []
+        extra = REQUIRED.get((group, option), [])
         cfg = compose([f"{group}={option}", *extra])
         model, data, optim = _settings(cfg)
         assert cfg.trainer._target_ == "lightning.pytorch.Trainer", option
@@ -165,7 +170,7 @@ def test_every_option_of_every_group_composes(compose: Any, group: str) -> None:
         if group in ("model", "data", "optim"):  # the option is what the composed group holds
             own = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
             chosen = {"model": model, "data": data, "optim": optim}[group]
-            own = {k: v for k, v in own.items() if k not in ("defaults", "vocab_size", "path")}
+            own = {k: v for k, v in own.items() if k not in ("defaults", "vocab_size", "path", "dataset")}
             assert {k: getattr(chosen, k) for k in own} == {
                 k: tuple(v) if k == "betas" else v for k, v in own.items()
             }, option
