@@ -43,7 +43,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.generate import prompt_text, quote_free_text
+from mini_gpt.generate import prompt_text, split_free_text
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -425,10 +425,12 @@ def run(cfg: DictConfig | dict[str, Any]) -> list[Path]:
 
 def main() -> None:
     """Console entry point (`python -m mini_gpt.attention_maps ...`)."""
+    from omegaconf import OmegaConf
+
     from mini_gpt.conf import hydra_main
 
-    sys.argv[1:] = quote_free_text(sys.argv[1:])  # prompt= takes any text, commas included
-    hydra_main("attention_maps", run)
+    sys.argv[1:], text = split_free_text(sys.argv[1:])  # prompt= takes any text, commas included
+    hydra_main("attention_maps", lambda cfg: run({**OmegaConf.to_container(cfg), **text}))
 
 
 if __name__ == "__main__":
