@@ -130,12 +130,13 @@ def test_the_wheel_lists_every_package_and_ships_conf() -> None:
 
 
 # Groups of train.yaml's defaults list whose options are plain YAML files of that folder.
-GROUPS = ("model", "data", "optim", "trainer", "callbacks", "logger", "experiment", "debug")
+GROUPS = ("model", "data", "optim", "trainer", "callbacks", "logger", "experiment", "debug", "finetune")
 # Options whose required keys are null in their YAML (the user names their corpus).
 REQUIRED = {
     ("data", "text"): ["data.path=notes.txt"],
     ("data", "hf"): ["data.dataset=user/corpus"],
     ("data", "shards"): ["data.path=shards/*.bin"],
+    ("experiment", "finetune_cpu"): ["data.path=notes.txt"],
 }
 
 
@@ -218,6 +219,7 @@ def test_regular_install_finds_its_configs(tmp_path: Path) -> None:
 
     src = tmp_path / "src"
     shutil.copytree(REPO / "mini_gpt", src / "mini_gpt", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "conf", src / "conf")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
@@ -236,7 +238,7 @@ def test_regular_install_finds_its_configs(tmp_path: Path) -> None:
         [sys.executable, "-c", "import mini_gpt.conf as c; print(c.CONF_DIR)"],
         cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
-    assert where.stdout.strip() == str(tmp_path / "site" / "mini_gpt" / "conf")  # the installed copy
+    assert where.stdout.strip() == str(tmp_path / "site" / "mini_gpt" / "configs")  # the installed copy
     done = subprocess.run(
         [sys.executable, "-m", "mini_gpt.generate", f"ckpt={tmp_path / 'model'}", "prompt=ab",
          "max_new_tokens=5", "temperature=0"],
