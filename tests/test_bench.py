@@ -144,6 +144,20 @@ def test_generate_decode_table_same_tokens_as_transformers() -> None:
     assert extra["weight_mb_fp32"] == round(4 * (101 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32) / 1e6, 1)
 
 
+
+@pytest.mark.slow
+def test_generate_decode_table_compiled_contender_same_tokens() -> None:
+    """--compiled adds torch.compile's model (what generate compile=true runs): same greedy tokens."""
+    from transformers import GPT2Config
+
+    from mini_gpt.bench.generate import decode_table
+
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=64, vocab_size=101)
+    rows, extra = decode_table(8, 6, repeats=1, hf_config=config, bandwidth_bytes=1 << 20, compiled=True)
+    compiled = next(row for row in rows if row["contender"] == "mini-gpt-compiled")
+    assert compiled["same_tokens"] and compiled["tokens_per_s"] > 0
+    assert extra["compile_s"] > 0
+
 def test_nanogpt_contender_computes_what_our_gpt_computes() -> None:
     """The benchmark's nanoGPT-style model is the same architecture as GPT(learned, gelu_exact, bias):
     with our weights copied in, the losses agree (so the step comparison compares like with like)."""
