@@ -1,11 +1,27 @@
 """mini-gpt: a small decoder-only transformer whose causal self-attention is the readable core.
 
-Importing the package is cheap (torch only); training pulls in Lightning, Hydra and W&B lazily.
+Importing the package is cheap: the names below load their module (and torch) on first use, so data
+preparation workers (`mini_gpt.data.sharding`) never pay for torch. Training pulls in Lightning, Hydra
+and W&B lazily too.
 """
 
-from mini_gpt.attention import CausalSelfAttention, KVCache
-from mini_gpt.errors import MiniGPTError
-from mini_gpt.model import GPT, GPTConfig
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = ["GPT", "CausalSelfAttention", "GPTConfig", "KVCache", "MiniGPTError"]
 __version__ = "0.1.0"
+_HOMES = {
+    "GPT": "model",
+    "GPTConfig": "model",
+    "CausalSelfAttention": "attention",
+    "KVCache": "attention",
+    "MiniGPTError": "errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"mini_gpt.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'mini_gpt' has no attribute {name!r}")

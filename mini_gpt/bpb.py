@@ -106,7 +106,7 @@ def split_token_ids(prepared: Any, split: str) -> np.ndarray:
     """The token ids of a prepared split: `train.bin`/`val.bin` corpora or llm.c-format shards."""
     if hasattr(prepared, "memmap"):
         return np.asarray(prepared.memmap(split))
-    from mini_gpt.corpus.shards import open_shard
+    from mini_gpt.data.shards import open_shard
 
     shards = getattr(prepared, split)
     if not shards:
@@ -117,21 +117,10 @@ def split_token_ids(prepared: Any, split: str) -> np.ndarray:
 def prepare_split(data: dict[str, Any], split: str, progress: bool | None = None) -> tuple[list[str], str]:
     """(documents, description) of a split of the corpus `data` (a `data=` config mapping), preparing
     its token files first when needed: text corpora (`train.bin`/`val.bin`), `data=hf` or `data=shards`."""
-    from mini_gpt.corpus.config import HFDataConfig, ShardsDataConfig, data_config
+    from mini_gpt.data import data_config, prepare
 
     cfg = data_config(dict(data))
-    if isinstance(cfg, HFDataConfig):
-        from mini_gpt.corpus.sharding import prepare_shards
-
-        prepared = prepare_shards(cfg)
-    elif isinstance(cfg, ShardsDataConfig):
-        from mini_gpt.corpus.sharding import find_shards
-
-        prepared = find_shards(cfg)
-    else:
-        from mini_gpt.data import prepare_data
-
-        prepared = prepare_data(cfg, progress=progress)
+    prepared = prepare(cfg, progress=progress)
     ids = split_token_ids(prepared, split)
     return prepared_split_documents(ids.tolist(), prepared.tokenizer), f"{cfg.name}:{split}"
 

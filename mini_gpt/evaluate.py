@@ -155,7 +155,7 @@ def bpb_documents(cfg: EvaluateConfig) -> tuple[list[str], str]:
 
 def data_root(data: dict[str, Any]) -> Path:
     """The data directory of the `data` config (where HellaSwag is cached too)."""
-    from mini_gpt.data import default_data_dir
+    from mini_gpt.data.config import default_data_dir
 
     return Path(data["data_dir"]).expanduser().resolve() if data.get("data_dir") else default_data_dir()
 

@@ -290,8 +290,8 @@ def train(cfg: DictConfig) -> float | None:
 
     from mini_gpt.callbacks import RunSummary
     from mini_gpt.checkpoint import read_checkpoint
-    from mini_gpt.corpus.config import data_config
-    from mini_gpt.datamodule import GPTDataModule
+    from mini_gpt.data.config import data_config
+    from mini_gpt.data.datamodule import GPTDataModule
     from mini_gpt.finetune import FinetuneConfig, describe, plan_start
     from mini_gpt.lit_module import GPTLitModule
     from mini_gpt.loggers import build_loggers, finish_wandb

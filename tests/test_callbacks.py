@@ -47,7 +47,7 @@ def char_data_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Pa
 @pytest.fixture
 def dm(char_data_dir: Path, shakespeare_path: Path) -> Any:
     from mini_gpt.data import DataConfig
-    from mini_gpt.datamodule import GPTDataModule
+    from mini_gpt.data.datamodule import GPTDataModule
 
     cfg = DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(char_data_dir))
     return GPTDataModule(cfg, block_size=BLOCK, batch_size=4, seed=3, val_windows=4)

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from mini_gpt.conf import CONF_DIR
 from mini_gpt.conf.guards import WritableOutputDir, check_writable
-from mini_gpt.corpus.config import AnyDataConfig, data_config
+from mini_gpt.data.config import AnyDataConfig, data_config
 from mini_gpt.model import GPTConfig
 from mini_gpt.optim import OptimConfig
 

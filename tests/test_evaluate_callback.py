@@ -31,7 +31,7 @@ def corpus(tmp_path_factory, shakespeare_path) -> Path:
 
 def datamodule(root: Path):
     from mini_gpt.data import DataConfig
-    from mini_gpt.datamodule import GPTDataModule
+    from mini_gpt.data.datamodule import GPTDataModule
 
     cfg = DataConfig(name="text", path=str(root / "small.txt"), tokenizer="char", data_dir=str(root / "data"))
     return GPTDataModule(cfg, block_size=BLOCK, batch_size=4, seed=1, val_windows=4)

@@ -28,7 +28,7 @@ def char_data_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Pa
 
 def _datamodule(data_dir: Path, shakespeare: Path, val_windows: int = 8) -> Any:
     from mini_gpt.data import DataConfig
-    from mini_gpt.datamodule import GPTDataModule
+    from mini_gpt.data.datamodule import GPTDataModule
 
     cfg = DataConfig(name="shakespeare_char", path=str(shakespeare), data_dir=str(data_dir))
     return GPTDataModule(cfg, block_size=BLOCK, batch_size=BATCH, seed=7, val_windows=val_windows)

@@ -133,7 +133,7 @@ def test_multirun_with_multi_device_strategies_is_refused(compose: Any) -> None:
 # one-process micro-batch j to (rank j % 2, index j // 2): the same data, in accumulation order.
 SINGLE_WRAPPER = """
 import runpy, sys
-from mini_gpt import datamodule
+from mini_gpt.data import datamodule
 
 WORLD = 2
 original = datamodule.TrainBatches.batch

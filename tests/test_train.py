@@ -549,15 +549,15 @@ def test_cli_resume_mismatch_and_bad_types_are_one_line(
 
 SLOW_PREPARE = """
 import runpy, sys, time
-import mini_gpt.data as data
-real = data._encoder
+import mini_gpt.data.text as data
+real = data.encoder
 def slow(tok, dtype):
     enc = real(tok, dtype)
     def encode(text):
         time.sleep(0.2)
         return enc(text)
     return encode
-data._encoder = slow
+data.encoder = slow
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

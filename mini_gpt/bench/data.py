@@ -7,7 +7,7 @@ num_proc 1 and 2, on a generated parquet corpus (see mini_gpt/bench/shards.py).
 Shakespeare by default, shuffled and repeated), then, each in a fresh process so peak RSS is that job's
 alone:
 
-* prepares it with `mini_gpt.data.prepare_data` (GPT-2 BPE): MB/s and peak RSS;
+* prepares it with `mini_gpt.data.text.prepare_data` (GPT-2 BPE): MB/s and peak RSS;
 * encodes the same text with tiktoken's `encode_ordinary_batch` alone (the same ~1 MB pieces, same
   thread count; reading the file is not timed): the speed ceiling preparation is compared with.
 """
@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from mini_gpt.bench.common import LoadMeter
-from mini_gpt.data import PIECE_CHARS, SHIPPED_DATA, DataConfig, prepare_data, safe_cut
+from mini_gpt.data.config import SHIPPED_DATA, DataConfig
+from mini_gpt.data.text import PIECE_CHARS, prepare_data, safe_cut
 from mini_gpt.tokenizer import TiktokenTokenizer, build_tokenizer
 
 

@@ -95,7 +95,7 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
 
     from mini_gpt.callbacks import NaNGuard, ProgressBar, Throughput, peak_flops
     from mini_gpt.data import DataConfig
-    from mini_gpt.datamodule import GPTDataModule, TrainBatches
+    from mini_gpt.data.datamodule import GPTDataModule, TrainBatches
     from mini_gpt.lit_module import GPTLitModule
     from mini_gpt.model import GPT, GPTConfig
     from mini_gpt.optim import OptimConfig, build_optimizer, build_scheduler

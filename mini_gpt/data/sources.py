@@ -1,17 +1,21 @@
-"""Where the documents of `data=hf` come from: a Hugging Face Hub dataset (streamed) or local files.
+"""Where text comes from: named corpora (shipped or downloaded, verified), local text files, and the
+documents of `data=hf` (a Hugging Face Hub dataset, streamed, or local files read by `datasets`).
 
-`open_source(cfg)` resolves `data.dataset` once (files, the `datasets` builder, a fingerprint, the number
-of documents when it is cheap to know) and `iter_texts(source)` streams the text column in batches, in
-a fixed order (local files sorted by path), without materialising the dataset in the HF cache.
+* **Named corpora** (`data=shakespeare_char`, `shakespeare`): `data.path`, else the repository's copy
+  (tiny Shakespeare ships in `data/`, so the default corpora never download), else a copy under the data
+  dir, else a download there, each verified by sha256.
+* **Text files** (`data=text`): one file, the `.txt` files under a directory, or a glob (sorted by path).
+* **Dataset documents** (`data=hf`): `open_source(cfg)` resolves `data.dataset` once (files, the
+  `datasets` builder, a fingerprint, the number of documents when it is cheap to know) and
+  `iter_texts(source)` streams the text column in batches, in a fixed order (local files sorted by
+  path), without materialising the dataset in the HF cache. Local files: a path, a directory (every
+  supported file below it) or a glob; Parquet, JSON lines (`.jsonl`, `.json`, `.ndjson`, optionally
+  `.gz` / `.zst` / `.bz2` / `.xz` compressed), Arrow, CSV. Hub names (`HuggingFaceFW/fineweb-edu`) need
+  the network: offline (`HF_HUB_OFFLINE=1`, `HF_DATASETS_OFFLINE=1`, or no answer from the Hub within a
+  few seconds) they fail at once with one line saying to pass local files instead.
 
-* **Local files**: a path, a directory (every supported file below it) or a glob. Parquet, JSON lines
-  (`.jsonl`, `.json`, `.ndjson`, optionally `.gz` / `.zst` / `.bz2` / `.xz` compressed), Arrow, CSV.
-* **Hub names** (`HuggingFaceFW/fineweb-edu`) need the network. Offline (`HF_HUB_OFFLINE=1`,
-  `HF_DATASETS_OFFLINE=1`, or no answer from the Hub within a few seconds) they fail at once with one
-  line saying to pass local files instead.
-
-`datasets` is imported only here, and only when a `data=hf` corpus is actually read: it is an optional
-extra (`pip install -e '.[datasets]'`).
+`datasets` is imported only when a `data=hf` corpus is actually read: it is an optional extra
+(`pip install -e '.[datasets]'`).
 """
 
 from __future__ import annotations
@@ -20,17 +24,32 @@ import glob
 import hashlib
 import os
 import socket
+import urllib.error
 import urllib.parse
+import urllib.request
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mini_gpt.corpus.config import HFDataConfig
+from mini_gpt.data.config import CORPORA, DataConfig, HFDataConfig
+from mini_gpt.data.files import byte_progress, sha256_file
 from mini_gpt.errors import MiniGPTError
 
-__all__ = ["BUILDERS", "Source", "is_local", "iter_texts", "open_source"]
+__all__ = [
+    "BUILDERS",
+    "Source",
+    "download",
+    "glob_files",
+    "is_local",
+    "iter_texts",
+    "named_corpus_file",
+    "open_source",
+    "text_files",
+]
 
+DOWNLOAD_TIMEOUT_S = 15.0  # per socket operation; an offline machine fails in well under this
 # file suffix -> `datasets` builder
 BUILDERS = {
     ".parquet": "parquet",
@@ -43,6 +62,118 @@ BUILDERS = {
 COMPRESSIONS = (".gz", ".zst", ".bz2", ".xz")
 SAVE_TO_DISK_METADATA = ("state.json", "dataset_info.json")  # beside the .arrow files of save_to_disk
 HUB_TIMEOUT_S = 3.0  # to decide that the Hub is unreachable
+
+
+# ------------------------------------------------------------------------ named corpora and text files
+
+
+def _urlopen(url: str, timeout: float) -> Any:
+    """Indirection so tests can simulate being offline."""
+    return urllib.request.urlopen(url, timeout=timeout)
+
+
+def download(url: str, dest: Path, sha256: str, progress: bool | None = None) -> Path:
+    """Download `url` to `dest` via a temporary file, check its sha256, then rename into place."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    digest = hashlib.sha256()
+    try:
+        with _urlopen(url, DOWNLOAD_TIMEOUT_S) as resp, open(tmp, "wb") as out:
+            total = int(resp.headers.get("Content-Length") or 0) if hasattr(resp, "headers") else 0
+            with byte_progress(f"download {dest.name}", total, progress) as advance:
+                while block := resp.read(1 << 16):
+                    out.write(block)
+                    digest.update(block)
+                    advance(len(block))
+        if digest.hexdigest() != sha256:
+            raise MiniGPTError(
+                f"download of {url} has sha256 {digest.hexdigest()}, expected {sha256}; "
+                f"retry, or put a verified copy at {dest}"
+            )
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def named_corpus_file(cfg: DataConfig, progress: bool | None) -> Path:
+    """The verified text of a named corpus: data.path, else the repository's copy, else
+    <data_dir>/<name>/ (or a corpus sharing the file), else download it there."""
+    corpus = CORPORA[cfg.name]
+    if cfg.path:
+        path = Path(cfg.path).expanduser().resolve()
+        if not path.is_file():
+            raise MiniGPTError(f"data.path={cfg.path} does not exist (looked for {path}); fix the path")
+        digest = sha256_file(path)
+        if digest != corpus.sha256:
+            raise MiniGPTError(
+                f"data.path={path} has sha256 {digest}, not the {cfg.name} corpus ({corpus.sha256}); "
+                f"for your own text use data=text data.path={path}"
+            )
+        return path
+    dest = cfg.root / cfg.name / corpus.filename
+    if corpus.bundled is not None and corpus.bundled.is_file():
+        if sha256_file(corpus.bundled) == corpus.sha256:
+            return corpus.bundled
+        warnings.warn(
+            f"{corpus.bundled} does not match the {cfg.name} sha256 (edited?); restore it with "
+            "`git checkout -- data/`; looking for another copy",
+            stacklevel=3,
+        )
+    # Corpora that share a file (shakespeare, shakespeare_char) may reuse each other's copy.
+    candidates = [dest] + [
+        cfg.root / other / c.filename
+        for other, c in CORPORA.items()
+        if other != cfg.name and c.sha256 == corpus.sha256
+    ]
+    for path in candidates:
+        if path.is_file():
+            if sha256_file(path) == corpus.sha256:
+                return path
+            if path == dest:
+                raise MiniGPTError(
+                    f"{path} does not match the {cfg.name} sha256 {corpus.sha256}; delete it to download "
+                    "again, or replace it with the right file"
+                )
+    try:
+        return download(corpus.url, dest, corpus.sha256, progress)
+    except (urllib.error.URLError, OSError, TimeoutError) as err:
+        raise MiniGPTError(
+            f"cannot download {cfg.name} from {corpus.url} ({type(err).__name__}: {err}); offline, put the "
+            f"file at {dest} (sha256 {corpus.sha256}) or set data.path=/path/to/{corpus.filename}"
+        ) from None
+
+
+def glob_files(pattern: str) -> list[Path]:
+    """The files (not folders) matching a glob (`**` included, `~` expanded), sorted, absolute."""
+    return sorted(
+        Path(p).resolve() for p in glob.glob(os.path.expanduser(pattern), recursive=True) if Path(p).is_file()
+    )
+
+
+def text_files(cfg: DataConfig) -> list[Path]:
+    """Files of a `text` corpus: one file, the .txt files under a directory, or a glob (sorted)."""
+    assert cfg.path is not None
+    raw = os.path.expanduser(cfg.path)
+    if any(ch in raw for ch in "*?["):
+        files = glob_files(raw)
+        if not files:
+            raise MiniGPTError(f"data.path={cfg.path} matches no files; fix the glob pattern")
+        return files
+    path = Path(raw).resolve()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        if not files:
+            raise MiniGPTError(
+                f"data.path={cfg.path} is a directory with no .txt files; add some or fix the path"
+            )
+        return files
+    raise MiniGPTError(f"data.path={cfg.path} does not exist (looked for {path}); fix data.path")
+
+
+# ------------------------------------------------------------------------- documents of data=hf
 
 
 @dataclass(frozen=True)
@@ -61,11 +192,6 @@ class Source:
     @property
     def is_local(self) -> bool:
         return self.builder is not None
-
-    def describe(self) -> str:
-        if self.is_local:
-            return f"{len(self.files)} local {self.builder} file(s) {self.dataset}"
-        return f"{self.dataset}" + (f" ({self.subset})" if self.subset else "") + f" split {self.split}"
 
 
 def _suffix_builder(path: str) -> str | None:
@@ -91,7 +217,7 @@ def is_local(dataset: str) -> bool:
 def _local_files(dataset: str) -> tuple[str, list[str]]:
     raw = os.path.expanduser(dataset)
     if any(ch in raw for ch in "*?["):
-        files = sorted(str(Path(p).resolve()) for p in glob.glob(raw, recursive=True) if Path(p).is_file())
+        files = [str(p) for p in glob_files(raw)]
         if not files:
             raise MiniGPTError(f"data.dataset={dataset} matches no files; fix the glob pattern")
     elif Path(raw).is_dir():

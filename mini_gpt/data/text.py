@@ -1,6 +1,7 @@
-"""Corpora: find or download the text, tokenize it once into `train.bin` / `val.bin` + `meta.json`.
+"""Text -> `train.bin` / `val.bin` + `meta.json`: the token files of `data=shakespeare_char | shakespeare |
+text`, tokenized once and memory-mapped by the training windows (windows.py).
 
-Layout (under the data dir: `DataConfig.data_dir`, else `$MINI_GPT_DATA_DIR`, else `<repo>/data`):
+Layout (under the data dir: `data.data_dir`, else `$MINI_GPT_DATA_DIR`, else `<repo>/data`):
 
     <data_dir>/shakespeare_char/input.txt           named corpus text (downloaded or copied there)
     <data_dir>/shakespeare_char/{train,val}.bin     token ids, flat, uint16 (uint32 for big vocabularies)
@@ -25,40 +26,40 @@ Decisions worth knowing:
   meta.json is written (atomically) last. A cache is used only if meta.json exists and matches the source
   sha256, tokenizer, split fraction and dtype, and the bins have the recorded sizes; anything else,
   including a preparation killed midway, is rebuilt.
-* **One preparer at a time**: building takes a file lock in the cache folder (`filelock`); other
-  processes (a parallel sweep, a SLURM array on shared storage) wait, then reuse the finished cache.
-  Checking a valid cache takes no lock, so a read-only cache works.
-* **Shipped defaults**: tiny Shakespeare is in the repository (`data/tinyshakespeare/input.txt`), so the
-  default corpora never download; other named corpora download once, verified by sha256.
-
-No Lightning or Hydra here: plain dataclasses in, plain files out.
+* **One preparer at a time**: building holds the folder's preparation lock (files.py); other processes
+  (a parallel sweep, a SLURM array on shared storage) wait, then reuse the finished cache. Checking a
+  valid cache takes no lock, so a read-only cache works.
 """
 
 from __future__ import annotations
 
 import codecs
-import errno
-import glob
 import hashlib
-import json
 import os
-import sys
 import threading
-import urllib.error
-import urllib.request
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mini_gpt.conf import PROJECT_ROOT
-from mini_gpt.errors import MiniGPTError, check_field_types
+from mini_gpt.data.config import TEXT_CORPUS, DataConfig, token_dtype
+from mini_gpt.data.files import (
+    WRITE_ERRNOS,
+    byte_progress,
+    preparation_lock,
+    read_json,
+    sha256_file,
+    tokenizer_key,
+    unwritable,
+    write_json_atomic,
+)
+from mini_gpt.data.sources import named_corpus_file, text_files
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import (
     CharTokenizer,
     TiktokenTokenizer,
@@ -68,142 +69,17 @@ from mini_gpt.tokenizer import (
 )
 
 __all__ = [
-    "CORPORA",
-    "Corpus",
-    "DataConfig",
-    "DataConfigError",
     "PreparedData",
     "cache_dir",
     "check_split_length",
-    "default_data_dir",
-    "download",
+    "encoder",
     "load_prepared",
-    "preparation_lock",
     "prepare_data",
     "safe_cut",
-    "token_dtype",
 ]
 
 FORMAT_VERSION = 1
-LOCK_FILE = ".prepare.lock"  # in each cache folder; held while that cache is (re)built
-# The checkout's data/, which ships tiny Shakespeare (a wheel install has none: named corpora download).
-SHIPPED_DATA = Path(__file__).resolve().parents[1] / "data"
-DOWNLOAD_TIMEOUT_S = 15.0  # per socket operation; an offline machine fails in well under this
 PIECE_CHARS = 1 << 20  # characters per encoded piece: big enough to amortise calls, small for memory
-
-
-class DataConfigError(MiniGPTError, ValueError):
-    """A bad DataConfig value (a ValueError like other config errors, and a one-line user error)."""
-
-
-@dataclass(frozen=True)
-class Corpus:
-    """A named corpus: where to download it, what it must hash to, and its default tokenizer.
-
-    `bundled` is a copy shipped in the repository (found before any download, so the default corpora
-    need no network), or None.
-    """
-
-    url: str
-    sha256: str
-    filename: str
-    tokenizer: str
-    description: str
-    bundled: Path | None = None
-
-
-_TINY_SHAKESPEARE_URL = (
-    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-)
-_TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-# Shipped with the repository (public domain, 1,115,394 characters); see data/README.md.
-BUNDLED_SHAKESPEARE = SHIPPED_DATA / "tinyshakespeare" / "input.txt"
-
-CORPORA: dict[str, Corpus] = {
-    "shakespeare_char": Corpus(
-        _TINY_SHAKESPEARE_URL,
-        _TINY_SHAKESPEARE_SHA256,
-        "input.txt",
-        "char",
-        "tiny Shakespeare, characters",
-        bundled=BUNDLED_SHAKESPEARE,
-    ),
-    "shakespeare": Corpus(
-        _TINY_SHAKESPEARE_URL,
-        _TINY_SHAKESPEARE_SHA256,
-        "input.txt",
-        "gpt2",
-        "tiny Shakespeare, GPT-2 BPE",
-        bundled=BUNDLED_SHAKESPEARE,
-    ),
-}
-TEXT_CORPUS = "text"
-DTYPES = ("auto", "uint16", "uint32")
-
-
-def default_data_dir() -> Path:
-    """`$MINI_GPT_DATA_DIR` if set, else `<project root>/data` (absolute, whatever the working directory)."""
-    env = os.environ.get("MINI_GPT_DATA_DIR")
-    return Path(env).expanduser().resolve() if env else PROJECT_ROOT / "data"
-
-
-@dataclass
-class DataConfig:
-    """What to train on. Mirrored key for key by conf/data/*.yaml."""
-
-    name: str = "shakespeare_char"  # shakespeare_char | shakespeare | text
-    path: str | None = None  # text: file, directory of .txt files, or glob; named: local copy of the file
-    tokenizer: str | None = None  # char | gpt2 | any tiktoken encoding; None = the corpus's default
-    bpe_file: str | None = None  # local .tiktoken ranks file: BPE without network
-    val_fraction: float = 0.1  # last fraction of the characters held out for validation
-    data_dir: str | None = None  # cache root; None = $MINI_GPT_DATA_DIR or <repo>/data
-    dtype: str = "auto"  # token file dtype: auto (uint16 if vocab <= 65535) | uint16 | uint32
-    num_threads: int | None = None  # tokenizer threads; None = all CPU cores
-
-    def __post_init__(self) -> None:
-        check_field_types(self, "data", DataConfigError)
-        if self.name != TEXT_CORPUS and self.name not in CORPORA:
-            names = ", ".join([*CORPORA, TEXT_CORPUS])
-            raise DataConfigError(f"unknown corpus data.name={self.name!r}; choose one of: {names}")
-        if self.name == TEXT_CORPUS and not self.path:
-            raise DataConfigError("data.name=text needs data.path=FILE, DIRECTORY or GLOB of UTF-8 text")
-        if not isinstance(self.val_fraction, int | float) or not 0.0 < float(self.val_fraction) < 1.0:
-            raise DataConfigError(
-                f"data.val_fraction={self.val_fraction!r} must be between 0 and 1 (e.g. 0.1)"
-            )
-        self.val_fraction = float(self.val_fraction)
-        if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
-            raise DataConfigError(
-                f"data.tokenizer={self.tokenizer!r} must be 'char' or a tiktoken encoding name"
-            )
-        tok = self.resolved_tokenizer
-        if tok != "char":
-            import tiktoken.registry
-
-            known = tiktoken.registry.list_encoding_names()
-            if tok not in known:
-                raise DataConfigError(
-                    f"unknown data.tokenizer={tok!r}; use char or a tiktoken encoding: {', '.join(known)}"
-                )
-        elif self.bpe_file is not None:
-            raise DataConfigError("data.bpe_file is for BPE tokenizers; drop it or set data.tokenizer=gpt2")
-        if self.dtype not in DTYPES:
-            raise DataConfigError(f"data.dtype={self.dtype!r} must be one of {', '.join(DTYPES)}")
-        if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
-            raise DataConfigError(f"data.num_threads={self.num_threads!r} must be a positive integer or null")
-
-    @property
-    def resolved_tokenizer(self) -> str:
-        if self.tokenizer:
-            return self.tokenizer
-        return CORPORA[self.name].tokenizer if self.name in CORPORA else "gpt2"
-
-    @property
-    def root(self) -> Path:
-        return Path(self.data_dir).expanduser().resolve() if self.data_dir else default_data_dir()
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -230,140 +106,6 @@ class PreparedData:
         return np.memmap(path, dtype=self.dtype, mode="r")
 
 
-def token_dtype(vocab_size: int, requested: str = "auto") -> str:
-    """uint16 when every id fits (vocab <= 65535), else uint32; an explicit dtype too small is an error."""
-    limits = {"uint16": 65535, "uint32": 2**32 - 1}
-    if requested == "auto":
-        requested = "uint16" if vocab_size <= limits["uint16"] else "uint32"
-    if vocab_size > limits[requested]:
-        hint = "data.dtype=uint32 or data.dtype=auto" if requested == "uint16" else "a smaller vocabulary"
-        raise MiniGPTError(
-            f"vocabulary of {vocab_size:,} tokens does not fit token dtype {requested} "
-            f"(at most {limits[requested]:,}); use {hint}"
-        )
-    return requested
-
-
-# ----------------------------------------------------------------------------------- progress output
-
-
-@contextmanager
-def _progress(description: str, total_bytes: int, enabled: bool | None) -> Iterator[Callable[[int], None]]:
-    """`advance(n_bytes)` of a rich bar with MB/s on an interactive stderr; silent otherwise (logs, CI)."""
-    if not (sys.stderr.isatty() if enabled is None else enabled):
-        yield lambda n: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress("{task.description}", *columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(description, total=total_bytes)
-        yield lambda n: bar.advance(task, n)
-
-
-# ---------------------------------------------------------------------------------------- downloads
-
-
-def _urlopen(url: str, timeout: float) -> Any:
-    """Indirection so tests can simulate being offline."""
-    return urllib.request.urlopen(url, timeout=timeout)
-
-
-def download(url: str, dest: Path, sha256: str, progress: bool | None = None) -> Path:
-    """Download `url` to `dest` via a temporary file, check its sha256, then rename into place."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    digest = hashlib.sha256()
-    try:
-        with _urlopen(url, DOWNLOAD_TIMEOUT_S) as resp, open(tmp, "wb") as out:
-            total = int(resp.headers.get("Content-Length") or 0) if hasattr(resp, "headers") else 0
-            with _progress(f"download {dest.name}", total, progress) as advance:
-                while block := resp.read(1 << 16):
-                    out.write(block)
-                    digest.update(block)
-                    advance(len(block))
-        if digest.hexdigest() != sha256:
-            raise MiniGPTError(
-                f"download of {url} has sha256 {digest.hexdigest()}, expected {sha256}; "
-                f"retry, or put a verified copy at {dest}"
-            )
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dest
-
-
-def _named_corpus_file(cfg: DataConfig, progress: bool | None) -> Path:
-    """The verified text of a named corpus: data.path, else the repository's copy, else
-    <data_dir>/<name>/ (or a corpus sharing the file), else download it there."""
-    corpus = CORPORA[cfg.name]
-    if cfg.path:
-        path = Path(cfg.path).expanduser().resolve()
-        if not path.is_file():
-            raise MiniGPTError(f"data.path={cfg.path} does not exist (looked for {path}); fix the path")
-        digest = _sha256_file(path)
-        if digest != corpus.sha256:
-            raise MiniGPTError(
-                f"data.path={path} has sha256 {digest}, not the {cfg.name} corpus ({corpus.sha256}); "
-                f"for your own text use data=text data.path={path}"
-            )
-        return path
-    dest = cfg.root / cfg.name / corpus.filename
-    if corpus.bundled is not None and corpus.bundled.is_file():
-        if _sha256_file(corpus.bundled) == corpus.sha256:
-            return corpus.bundled
-        warnings.warn(
-            f"{corpus.bundled} does not match the {cfg.name} sha256 (edited?); restore it with "
-            "`git checkout -- data/`; looking for another copy",
-            stacklevel=3,
-        )
-    # Corpora that share a file (shakespeare, shakespeare_char) may reuse each other's copy.
-    candidates = [dest] + [
-        cfg.root / other / c.filename
-        for other, c in CORPORA.items()
-        if other != cfg.name and c.sha256 == corpus.sha256
-    ]
-    for path in candidates:
-        if path.is_file():
-            if _sha256_file(path) == corpus.sha256:
-                return path
-            if path == dest:
-                raise MiniGPTError(
-                    f"{path} does not match the {cfg.name} sha256 {corpus.sha256}; delete it to download "
-                    "again, or replace it with the right file"
-                )
-    try:
-        return download(corpus.url, dest, corpus.sha256, progress)
-    except (urllib.error.URLError, OSError, TimeoutError) as err:
-        raise MiniGPTError(
-            f"cannot download {cfg.name} from {corpus.url} ({type(err).__name__}: {err}); offline, put the "
-            f"file at {dest} (sha256 {corpus.sha256}) or set data.path=/path/to/{corpus.filename}"
-        ) from None
-
-
-def _text_sources(cfg: DataConfig) -> list[Path]:
-    """Files of a `text` corpus: one file, the .txt files under a directory, or a glob (sorted)."""
-    assert cfg.path is not None
-    raw = os.path.expanduser(cfg.path)
-    if any(ch in raw for ch in "*?["):
-        files = sorted(Path(p).resolve() for p in glob.glob(raw, recursive=True) if Path(p).is_file())
-        if not files:
-            raise MiniGPTError(f"data.path={cfg.path} matches no files; fix the glob pattern")
-        return files
-    path = Path(raw).resolve()
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
-        if not files:
-            raise MiniGPTError(
-                f"data.path={cfg.path} is a directory with no .txt files; add some or fix the path"
-            )
-        return files
-    raise MiniGPTError(f"data.path={cfg.path} does not exist (looked for {path}); fix data.path")
-
-
 def cache_dir(cfg: DataConfig) -> Path:
     """Where the token files of `cfg` live (meta.json in it is written last, when they are complete)."""
     if cfg.name != TEXT_CORPUS:
@@ -374,17 +116,9 @@ def cache_dir(cfg: DataConfig) -> Path:
     return cfg.root / TEXT_CORPUS / f"{stem[:40]}-{key}"
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _sources_sha256(files: list[Path]) -> str:
     """One file: its own sha256 (comparable with published hashes). Several: sha256 of their sha256s."""
-    digests = [_sha256_file(f) for f in files]
+    digests = [sha256_file(f) for f in files]
     return digests[0] if len(digests) == 1 else hashlib.sha256("\n".join(digests).encode()).hexdigest()
 
 
@@ -495,7 +229,7 @@ def _scan(files: list[Path], chunk_chars: int, want_chars: bool) -> tuple[int, s
     return n_chars, chars, _BAD.count
 
 
-def _encoder(tok: Tokenizer, dtype: str) -> Callable[[str], np.ndarray]:
+def encoder(tok: Tokenizer, dtype: str) -> Callable[[str], np.ndarray]:
     """text -> ids array; thread-safe, and releases the GIL for the heavy part."""
     if isinstance(tok, CharTokenizer):
         cps = np.frombuffer(tok.chars.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
@@ -520,21 +254,11 @@ def _encoder(tok: Tokenizer, dtype: str) -> Callable[[str], np.ndarray]:
 # ------------------------------------------------------------------------------------- preparation
 
 
-def _read_meta(meta_path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(meta_path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _cache_key(cfg: DataConfig, source_sha256: str, tok: Tokenizer | None) -> dict[str, Any]:
-    tok_key: dict[str, Any] = {"type": "char"}  # the char vocabulary follows from the source text
-    if isinstance(tok, TiktokenTokenizer):
-        tok_key = {"type": "tiktoken", "name": tok.name, "ranks_sha256": tok.ranks_sha256}
     return {
         "format_version": FORMAT_VERSION,
         "source_sha256": source_sha256,
-        "tokenizer": tok_key,
+        "tokenizer": tokenizer_key(tok),
         "val_fraction": cfg.val_fraction,
         "dtype_requested": cfg.dtype,
         "split": "chars",
@@ -542,7 +266,7 @@ def _cache_key(cfg: DataConfig, source_sha256: str, tok: Tokenizer | None) -> di
 
 
 def _valid_cache(out_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    meta = _read_meta(out_dir / "meta.json")
+    meta = read_json(out_dir / "meta.json")
     if meta is None or meta.get("key") != key:
         return None
     itemsize = np.dtype(meta["dtype"]).itemsize
@@ -572,67 +296,10 @@ def check_split_length(split: str, n_tokens: int, block_size: int) -> None:
     if n_tokens < block_size + 1:
         fraction = "raise" if split == "validation" else "lower"
         raise MiniGPTError(
-            f"{split} split has {n_tokens:,} tokens, but block_size={block_size} needs at least "
-            f"{block_size + 1:,}; lower the block size (<= {max(n_tokens - 1, 0)}), {fraction} "
-            "data.val_fraction or use a larger corpus"
+            f"{split} split has {n_tokens:,} tokens, no window of block_size + 1: block_size={block_size} "
+            f"needs at least {block_size + 1:,}; lower the block size (<= {max(n_tokens - 1, 0)}), "
+            f"{fraction} data.val_fraction or use a larger corpus"
         )
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write `obj` as JSON to a temporary name beside `path`, fsync, then rename: never half-written."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _unwritable(where: Path, err: OSError) -> MiniGPTError:
-    """One line for a data dir we cannot write to (read-only, no permission, disk full)."""
-    reason = err.strerror or type(err).__name__
-    return MiniGPTError(
-        f"cannot write the token cache in {where} ({reason}); free some space or point "
-        "data.data_dir (or MINI_GPT_DATA_DIR) at a writable directory"
-    )
-
-
-# What writing to a full, read-only or foreign directory raises.
-_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
-
-
-@contextmanager
-def preparation_lock(out_dir: Path, what: str) -> Iterator[None]:
-    """Hold `out_dir`'s preparation lock: one process (on this machine, or on any machine sharing a
-    file system with working locks) prepares a cache at a time; the others wait here, then find the
-    finished cache. `what` names the corpus in the message printed while waiting.
-
-    The lock file stays behind on purpose: deleting it would race with a process about to take it.
-    """
-    from filelock import FileLock, Timeout
-
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(out_dir / LOCK_FILE)
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            print(
-                f"waiting for another process to finish preparing {what} in {out_dir} "
-                f"(lock file {lock.lock_file})",
-                file=sys.stderr,
-                flush=True,
-            )
-            lock.acquire()
-    except OSError as err:
-        raise _unwritable(out_dir, err) from None
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def prepare_data(
@@ -649,7 +316,7 @@ def prepare_data(
     do after rank 0 prepared) and raises if the cache is missing or stale. `block_size` additionally checks
     that both splits hold at least one (block_size + 1)-token window. `progress=None` shows bars on a tty.
     """
-    files = _text_sources(cfg) if cfg.name == TEXT_CORPUS else [_named_corpus_file(cfg, progress)]
+    files = text_files(cfg) if cfg.name == TEXT_CORPUS else [named_corpus_file(cfg, progress)]
     total_bytes = sum(f.stat().st_size for f in files)
     if total_bytes == 0:
         raise MiniGPTError(
@@ -675,8 +342,8 @@ def prepare_data(
                 try:
                     meta = _build(cfg, files, total_bytes, key, tok, out_dir, progress, piece_chars)
                 except OSError as err:  # writing the cache: disk full, read-only, permissions
-                    if err.errno in _WRITE_ERRNOS and err.filename not in {str(f) for f in files}:
-                        raise _unwritable(out_dir, err) from None
+                    if err.errno in WRITE_ERRNOS and err.filename not in {str(f) for f in files}:
+                        raise unwritable(out_dir, err) from None
                     raise
     prep = _prepared(out_dir, meta, tok)
     if block_size is not None:
@@ -724,14 +391,14 @@ def _build(
         stale.unlink(missing_ok=True)
     tmp = {s: out_dir / f".{s}.bin.{os.getpid()}.tmp" for s in ("train", "val")}
     counts = {"train": 0, "val": 0}
-    encode = _encoder(tok, dtype)
+    encode = encoder(tok, dtype)
     threads = cfg.num_threads or os.cpu_count() or 1
     try:
         with (
             open(tmp["train"], "wb") as f_train,
             open(tmp["val"], "wb") as f_val,
             ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool,
-            _progress(f"tokenize {cfg.name}", total_bytes, progress) as advance,
+            byte_progress(f"tokenize {cfg.name}", total_bytes, progress) as advance,
         ):
             outs = (f_train, f_val)
             names = ("train", "val")

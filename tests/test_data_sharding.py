@@ -17,11 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tiktoken
-from test_shards import spec_read
+from test_data_shards import spec_read
 
-import mini_gpt.corpus.sharding as sharding
-from mini_gpt.corpus.config import HFDataConfig
-from mini_gpt.corpus.sharding import prepare_shards
+import mini_gpt.data.sharding as sharding
+from mini_gpt.data.config import HFDataConfig
+from mini_gpt.data.sharding import prepare_shards
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import parse_tiktoken_ranks
 
@@ -210,8 +210,8 @@ def test_interrupted_preparation_resumes_after_the_last_complete_shard(
 
 def test_two_concurrent_preparations_share_one_result(tmp_path, corpus, gpt2_bpe_file):
     code = (
-        "import sys; from mini_gpt.corpus.config import HFDataConfig; "
-        "from mini_gpt.corpus.sharding import prepare_shards; "
+        "import sys; from mini_gpt.data.config import HFDataConfig; "
+        "from mini_gpt.data.sharding import prepare_shards; "
         f"c = prepare_shards(HFDataConfig(dataset={str(corpus / 'pq')!r}, bpe_file={str(gpt2_bpe_file)!r}, "
         f"data_dir={str(tmp_path)!r}, shard_tokens=5000, val_fraction=0.05, num_proc=1)); "
         "print('TOKENS', c.train_tokens, c.val_tokens)"
@@ -348,7 +348,7 @@ def test_mixed_file_types_are_refused(tmp_path, corpus, gpt2_bpe_file):
 
 def test_core_does_not_import_datasets():
     code = (
-        "import sys, mini_gpt.data, mini_gpt.datamodule, mini_gpt.corpus.sharding, mini_gpt.corpus.windows; "
+        "import sys, mini_gpt.data, mini_gpt.data.datamodule, mini_gpt.data.sharding, mini_gpt.data.windows; "
         "print('datasets' in sys.modules)"
     )
     out = subprocess.run(
@@ -358,6 +358,22 @@ def test_core_does_not_import_datasets():
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_preparation_workers_do_not_import_torch():
+    """A tokenizer worker (and the prepare command) imports the sharding path only: no torch (~370 MB of
+    RSS per process), no Lightning."""
+    code = (
+        "import sys, mini_gpt.data.sharding, mini_gpt.data.__main__; "
+        "print(sorted(m for m in ('torch', 'lightning', 'datasets') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert out.stdout.strip() == "[]", out.stderr
 
 
 def test_val_mask_is_a_pure_function_of_the_index():
@@ -372,7 +388,7 @@ def test_val_mask_is_a_pure_function_of_the_index():
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "mini_gpt.corpus", *args],
+        [sys.executable, "-m", "mini_gpt.data", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},

@@ -34,6 +34,7 @@ __all__ = [
     "format_for",
     "open_shard",
     "read_header",
+    "token_file",
     "write_shard",
 ]
 
@@ -47,15 +48,22 @@ _BY_MAGIC = {magic: (dtype, version) for dtype, (magic, version) in FORMATS.item
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """What a shard's header says, checked against the file's size."""
+    """What a shard's header says, checked against the file's size. `offset` is where the tokens start:
+    after the header, or 0 for a headerless token file (`token_file`)."""
 
     path: Path
     dtype: str  # uint16 | uint32
     n_tokens: int
+    offset: int = HEADER_BYTES
 
     @property
     def nbytes(self) -> int:
-        return HEADER_BYTES + self.n_tokens * np.dtype(self.dtype).itemsize
+        return self.offset + self.n_tokens * np.dtype(self.dtype).itemsize
+
+
+def token_file(path: str | Path, dtype: str) -> ShardInfo:
+    """A headerless file of `dtype` tokens (text.py's train.bin / val.bin), read like a shard."""
+    return ShardInfo(Path(path), dtype, Path(path).stat().st_size // np.dtype(dtype).itemsize, offset=0)
 
 
 def format_for(dtype: str) -> tuple[int, int]:
@@ -114,10 +122,10 @@ def read_header(path: str | Path) -> ShardInfo:
 
 
 def open_shard(info: ShardInfo | str | Path) -> np.memmap:
-    """Read-only memory map of a shard's tokens (the header is checked first)."""
+    """Read-only memory map of a shard's tokens (a path's header is checked first)."""
     if not isinstance(info, ShardInfo):
         info = read_header(info)
-    return np.memmap(info.path, dtype=info.dtype, mode="r", offset=HEADER_BYTES, shape=(info.n_tokens,))
+    return np.memmap(info.path, dtype=info.dtype, mode="r", offset=info.offset, shape=(info.n_tokens,))
 
 
 def write_shard(path: str | Path, tokens: np.ndarray) -> ShardInfo:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from mini_gpt.corpus.shards import write_shard
-from mini_gpt.corpus.windows import ShardTrainBatches, ShardValWindows, feistel_permute
+from mini_gpt.data.shards import write_shard
+from mini_gpt.data.windows import ShardTrainBatches, ValBatches, ValWindows, feistel_permute
 from mini_gpt.errors import MiniGPTError
 
 EOT = 9
@@ -120,13 +120,13 @@ def test_align_needs_an_end_of_text(shards) -> None:
 
 
 def test_val_windows_are_fixed(shards) -> None:
-    val = ShardValWindows(shards, 8)
+    val = ValWindows(shards, 8)
     per = [(s.n_tokens - 1) // 8 for s in shards]
     assert len(val) == sum(per)
     x, y = val[per[0]]  # first window of the second shard: its first 9 tokens
     assert x.tolist() == list(range(1000, 1008)) and y.tolist() == list(range(1001, 1009))
-    thinned = ShardValWindows(shards, 8, max_windows=5)
-    again = ShardValWindows(shards, 8, max_windows=5)
+    thinned = ValWindows(shards, 8, max_windows=5)
+    again = ValWindows(shards, 8, max_windows=5)
     assert len(thinned) == 5 and all(torch.equal(thinned[k][0], again[k][0]) for k in range(5))
     assert thinned[0][0].tolist() == list(range(8))
 
@@ -134,19 +134,15 @@ def test_val_windows_are_fixed(shards) -> None:
 def test_val_too_short(tmp_path: Path) -> None:
     info = write_shard(tmp_path / "v.bin", np.arange(5, dtype=np.uint16))
     with pytest.raises(MiniGPTError, match="no window of block_size"):
-        ShardValWindows([info], 8)
+        ValWindows([info], 8)
 
 
 def test_val_batches_split_the_windows_across_ranks_without_padding(shards) -> None:
-    from mini_gpt.corpus.windows import ShardValBatches
-
-    windows = ShardValWindows(shards, 8, max_windows=23)
-    whole = torch.cat([x for x, _ in ShardValBatches(windows, 5)])
+    windows = ValWindows(shards, 8, max_windows=23)
+    whole = torch.cat([x for x, _ in ValBatches(windows, 5)])
     assert torch.equal(whole, torch.stack([windows[k][0] for k in range(23)]))
     for world in (2, 3, 8):
-        parts = [
-            torch.cat([x for x, _ in ShardValBatches(windows, 5, rank=r, world=world)]) for r in range(world)
-        ]
+        parts = [torch.cat([x for x, _ in ValBatches(windows, 5, rank=r, world=world)]) for r in range(world)]
         assert sum(len(p) for p in parts) == 23  # every window once, none twice, whatever the device count
         rows = sorted(tuple(row.tolist()) for p in parts for row in p)
         assert rows == sorted(tuple(row.tolist()) for row in whole)

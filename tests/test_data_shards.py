@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mini_gpt.corpus.shards import ShardWriter, open_shard, read_header, write_shard
+from mini_gpt.data.shards import ShardWriter, open_shard, read_header, write_shard
 from mini_gpt.errors import MiniGPTError
 
 

@@ -11,7 +11,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from mini_gpt.data import DataConfig
-from mini_gpt.datamodule import GPTDataModule, TrainBatches, ValWindows, val_window_starts
+from mini_gpt.data.datamodule import GPTDataModule
+from mini_gpt.data.shards import token_file
+from mini_gpt.data.windows import TrainBatches, ValWindows, val_window_starts
 from mini_gpt.errors import MiniGPTError
 
 
@@ -110,7 +112,7 @@ def test_val_split_too_short_reports_tokens(cfg: DataConfig) -> None:
     with pytest.raises(MiniGPTError, match=r"has 111,540 tokens.*at least 200,001"):
         module.prepare_data()
     with pytest.raises(MiniGPTError, match="needs at least 200,001"):
-        ValWindows(module.cfg.root / "shakespeare_char" / "val.bin", "uint16", 200_000)
+        ValWindows([token_file(module.cfg.root / "shakespeare_char" / "val.bin", "uint16")], 200_000)
 
 
 def test_bad_arguments(cfg: DataConfig) -> None:
@@ -175,7 +177,7 @@ def hf_cfg(tmp_path: Path, gpt2_bpe_file: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from mini_gpt.corpus.config import HFDataConfig
+    from mini_gpt.data.config import HFDataConfig
 
     rng = np.random.default_rng(0)
     words = np.array(["once", "upon", "a", "time", "there", "was", "a", "little", "cat", "who", "ran"])

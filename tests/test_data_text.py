@@ -17,8 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import mini_gpt.data as data
-from mini_gpt.data import DataConfig, DataConfigError, load_prepared, prepare_data, token_dtype
+import mini_gpt.data.sources as sources
+import mini_gpt.data.text as data
+from mini_gpt.data import DataConfig, DataConfigError, load_prepared, prepare_data
+from mini_gpt.data.config import CORPORA, token_dtype
+from mini_gpt.data.files import LOCK_FILE
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import build_tokenizer
 
@@ -33,7 +36,7 @@ def offline(monkeypatch):
     def no_network(url, timeout):
         raise urllib.error.URLError("network disabled in tests")
 
-    monkeypatch.setattr(data, "_urlopen", no_network)
+    monkeypatch.setattr(sources, "_urlopen", no_network)
 
 
 @pytest.fixture
@@ -186,16 +189,16 @@ def test_edited_shipped_corpus_is_not_used(tmp_path: Path, monkeypatch) -> None:
     fake = tmp_path / "shipped" / "input.txt"
     fake.parent.mkdir()
     fake.write_text("not shakespeare\n" * 100)
-    corpus = data.CORPORA["shakespeare_char"]
-    monkeypatch.setitem(data.CORPORA, "shakespeare_char", dataclasses.replace(corpus, bundled=fake))
+    corpus = CORPORA["shakespeare_char"]
+    monkeypatch.setitem(CORPORA, "shakespeare_char", dataclasses.replace(corpus, bundled=fake))
     with pytest.warns(UserWarning, match="does not match"), pytest.raises(MiniGPTError, match="download"):
         prepare_data(DataConfig(data_dir=str(tmp_path / "d")), progress=False)
 
 
 def test_offline_download_error_says_where_to_put_the_file(tmp_path: Path, monkeypatch) -> None:
     # A named corpus that does not ship with the repository (as tiny Shakespeare does).
-    corpus = data.CORPORA["shakespeare"]
-    monkeypatch.setitem(data.CORPORA, "shakespeare", dataclasses.replace(corpus, bundled=None))
+    corpus = CORPORA["shakespeare"]
+    monkeypatch.setitem(CORPORA, "shakespeare", dataclasses.replace(corpus, bundled=None))
     cfg = DataConfig(name="shakespeare", data_dir=str(tmp_path), bpe_file=None, tokenizer="char")
     start = time.monotonic()
     with pytest.raises(MiniGPTError) as info:
@@ -209,10 +212,12 @@ def test_offline_download_error_says_where_to_put_the_file(tmp_path: Path, monke
 def test_download_verified_and_atomic(tmp_path: Path, shakespeare_path: Path, monkeypatch) -> None:
     import urllib.request
 
-    monkeypatch.setattr(data, "_urlopen", lambda url, timeout: urllib.request.urlopen(url, timeout=timeout))
-    corpus = data.CORPORA["shakespeare_char"]
+    monkeypatch.setattr(
+        sources, "_urlopen", lambda url, timeout: urllib.request.urlopen(url, timeout=timeout)
+    )
+    corpus = CORPORA["shakespeare_char"]
     monkeypatch.setitem(
-        data.CORPORA,
+        CORPORA,
         "shakespeare_char",
         dataclasses.replace(corpus, url=shakespeare_path.as_uri(), bundled=None),  # not shipped: download
     )
@@ -222,9 +227,9 @@ def test_download_verified_and_atomic(tmp_path: Path, shakespeare_path: Path, mo
 
     bad = tmp_path / "bad.txt"
     bad.write_text("tampered")
-    monkeypatch.setitem(data.CORPORA, "shakespeare_char", dataclasses.replace(corpus, url=bad.as_uri()))
+    monkeypatch.setitem(CORPORA, "shakespeare_char", dataclasses.replace(corpus, url=bad.as_uri()))
     with pytest.raises(MiniGPTError, match="sha256"):
-        data.download(bad.as_uri(), tmp_path / "x" / "input.txt", corpus.sha256, progress=False)
+        sources.download(bad.as_uri(), tmp_path / "x" / "input.txt", corpus.sha256, progress=False)
     assert list((tmp_path / "x").iterdir()) == []
 
 
@@ -336,17 +341,17 @@ def test_config_validation(kwargs: dict, match: str) -> None:
 
 CHILD = """
 import os, signal, sys, time
-import mini_gpt.data as data
+import mini_gpt.data.text as data
 mode = sys.argv[2]
 if mode == "slow":  # slow encoder so the parent can kill us midway
-    real = data._encoder
+    real = data.encoder
     def slow(tok, dtype):
         enc = real(tok, dtype)
         def f(text):
             time.sleep(0.05)
             return enc(text)
         return f
-    data._encoder = slow
+    data.encoder = slow
 else:  # die after the token files are renamed into place, before meta.json
     data.write_json_atomic = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
 cfg = data.DataConfig(name="shakespeare_char", data_dir=sys.argv[1], num_threads=1)
@@ -385,8 +390,8 @@ def test_interrupted_preparation_rebuilds(data_dir: Path, mode: str) -> None:
 
 RACER = """
 import os, sys, time
-import mini_gpt.data as data
-real_build, real_encoder = data._build, data._encoder
+import mini_gpt.data.text as data
+real_build, real_encoder = data._build, data.encoder
 def build(*args, **kwargs):
     print("BUILT", flush=True)
     return real_build(*args, **kwargs)
@@ -396,7 +401,7 @@ def slow_encoder(tok, dtype):  # keeps the lock held long enough for the other p
         time.sleep(0.05)
         return enc(text)
     return encode
-data._build, data._encoder = build, slow_encoder
+data._build, data.encoder = build, slow_encoder
 while not os.path.exists(sys.argv[2]):  # start together
     time.sleep(0.005)
 cfg = data.DataConfig(name="shakespeare_char", data_dir=sys.argv[1], num_threads=1)
@@ -488,7 +493,7 @@ def test_unwritable_cache_is_one_line(tmp_path: Path, monkeypatch, failure) -> N
 def test_valid_cache_on_read_only_storage_needs_no_lock(tmp_path: Path, monkeypatch) -> None:
     cfg = DataConfig(data_dir=str(tmp_path))
     prepare_data(cfg, progress=False)
-    (tmp_path / "shakespeare_char" / data.LOCK_FILE).unlink()
+    (tmp_path / "shakespeare_char" / LOCK_FILE).unlink()
 
     def read_only(*_args, **_kwargs):
         raise OSError(errno.EROFS, "Read-only file system")

@@ -5,7 +5,7 @@
     <data_dir>/hf/<name>-<hash>/val_000000.bin         the validation documents, one shard
     <data_dir>/hf/<name>-<hash>/meta.json              tokenizer, shards and their counts, documents,
                                                        source fingerprint, split (written last)
-    <data_dir>/hf/<name>-<hash>.lock                   cross-process lock (filelock)
+    <data_dir>/hf/<name>-<hash>/.prepare.lock          the preparation lock (files.py)
 
 The hash covers everything that changes the tokens (dataset, subset, split, text field, tokenizer,
 split rule, `max_tokens`, `shard_tokens`, dtype), so different configs never share a directory.
@@ -27,7 +27,7 @@ split rule, `max_tokens`, `shard_tokens`, dtype), so different configs never sha
   when complete. After each complete train shard a small `.state.json` records where the next one starts
   (document index, tokens of that document already written) and how long the validation file is; an
   interrupted preparation resumes from there, re-reading but not re-tokenizing the documents before it.
-  A file lock beside the directory makes a second process (another run, another rank of the node) wait
+  The folder's preparation lock makes a second process (another run, another rank of the node) wait
   and then use the finished shards instead of preparing them again.
 * **`max_tokens`** stops after that many train tokens (the cut may fall inside a document).
 """
@@ -35,7 +35,6 @@ split rule, `max_tokens`, `shard_tokens`, dtype), so different configs never sha
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import json
 import os
@@ -52,21 +51,15 @@ from typing import Any
 
 import numpy as np
 
-from mini_gpt.corpus.config import HFDataConfig, ShardsDataConfig
-from mini_gpt.corpus.shards import ShardInfo, ShardWriter, read_header
-from mini_gpt.corpus.sources import Source, is_local, iter_texts, open_source
-from mini_gpt.data import token_dtype, write_json_atomic
+from mini_gpt.data.config import HFDataConfig, ShardsDataConfig, token_dtype
+from mini_gpt.data.files import preparation_lock, read_json, stderr, tokenizer_key, write_json_atomic
+from mini_gpt.data.shards import ShardInfo, ShardWriter, read_header
+from mini_gpt.data.sources import Source, glob_files, is_local, iter_texts, open_source
+from mini_gpt.data.text import encoder
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.tokenizer import (
-    CHAR_EOT,
-    CharTokenizer,
-    TiktokenTokenizer,
-    Tokenizer,
-    build_tokenizer,
-    tokenizer_from_dict,
-)
+from mini_gpt.tokenizer import CHAR_EOT, CharTokenizer, Tokenizer, build_tokenizer, tokenizer_from_dict
 
-__all__ = ["FORMAT", "ShardedCorpus", "find_shards", "load_shards", "prepare_shards", "shard_dir", "val_mask"]
+__all__ = ["FORMAT", "ShardedCorpus", "find_shards", "prepare_shards", "shard_dir", "val_mask"]
 
 FORMAT = "mini-gpt shards 1"
 TASK_CHARS = 1 << 21  # characters of text per tokenizer task
@@ -143,24 +136,8 @@ def _init_worker(
 ) -> None:
     """Set up this process's encoder (a pool worker gets the tokenizer as a dict, rebuilt here)."""
     tok = tok if isinstance(tok, Tokenizer) else tokenizer_from_dict(tok)
-    if isinstance(tok, CharTokenizer):
-        cps = np.frombuffer(tok.chars.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-        lut = np.zeros(int(cps.max()) + 1, dtype=np.int64)
-        lut[cps] = np.arange(len(cps))
-
-        def encode(text: str) -> np.ndarray:
-            return lut[np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)]
-
-    else:
-        assert isinstance(tok, TiktokenTokenizer)
-        enc = tok.encoding
-
-        def encode(text: str) -> np.ndarray:
-            # The ids of encode_ordinary (special-token text is plain text), straight into numpy.
-            return enc.encode_to_numpy(text, disallowed_special=())
-
     _WORKER.update(
-        encode=encode,
+        encode=encoder(tok, dtype),
         eot=np.asarray([tok.eot_id], dtype=dtype),
         dtype=dtype,
         fraction=fraction,
@@ -417,13 +394,6 @@ class _Progress:
 # ------------------------------------------------------------------------------------------ helpers
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _identity(cfg: HFDataConfig) -> dict[str, Any]:
     """Everything in the config that changes the tokens (the directory is named after its hash)."""
     dataset = cfg.dataset or ""
@@ -458,14 +428,8 @@ def shard_dir(cfg: HFDataConfig) -> Path:
     return cfg.root / "hf" / f"{name}-{digest}"
 
 
-def _tokenizer_key(tok: Tokenizer | None) -> dict[str, Any]:
-    if isinstance(tok, TiktokenTokenizer):
-        return {"type": "tiktoken", "name": tok.name, "ranks_sha256": tok.ranks_sha256}
-    return {"type": "char"}  # the vocabulary follows from the documents (fingerprinted)
-
-
 def _valid(out: Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    meta = _read_json(out / META)
+    meta = read_json(out / META)
     if meta is None or meta.get("key") != key:
         return None
     try:
@@ -488,32 +452,11 @@ def _corpus(out: Path, meta: dict[str, Any], tok: Tokenizer | None) -> ShardedCo
     )
 
 
-@contextlib.contextmanager
-def _locked(out: Path, log: Callable[[str], None]) -> Iterator[None]:
-    """Hold `<out>.lock`: one process prepares, others wait (and then find the shards ready)."""
-    from filelock import FileLock, Timeout
-
-    lock = FileLock(str(out.parent / f"{out.name}.lock"))
-    try:
-        lock.acquire(timeout=2)
-    except Timeout:
-        log(f"waiting for another process that is preparing {out} (lock {lock.lock_file})")
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
-
-
 def _clear(out: Path) -> None:
     """Remove everything a previous preparation of this directory left (only files we write)."""
     for path in out.iterdir():
         if re.fullmatch(r"\.?(train|val)_\d{6}\.bin(\.tmp)?|meta\.json|\.state\.json|\..*\.tmp", path.name):
             path.unlink(missing_ok=True)
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------- preparation
@@ -524,7 +467,7 @@ def prepare_shards(
     *,
     build: bool = True,
     progress: bool | None = None,
-    log: Callable[[str], None] | None = _stderr,
+    log: Callable[[str], None] | None = stderr,
 ) -> ShardedCorpus:
     """Make sure the shards of `cfg` exist and match its source; return them.
 
@@ -543,7 +486,7 @@ def prepare_shards(
     key = {
         **_identity(cfg),
         "fingerprint": None if hub or source is None else source.fingerprint,
-        "tokenizer": _tokenizer_key(tok),
+        "tokenizer": tokenizer_key(tok),
     }
     meta = _valid(out, key)
     if meta is None and build and source is None:
@@ -552,20 +495,14 @@ def prepare_shards(
         if not build:
             raise MiniGPTError(
                 f"no prepared shards in {out} for this data config; prepare them first: "
-                "python -m mini_gpt.corpus prepare data=hf data.dataset=..."
+                "python -m mini_gpt.data prepare data=hf data.dataset=..."
             )
-        out.mkdir(parents=True, exist_ok=True)
-        with _locked(out, say):
+        with preparation_lock(out, out.name, say):
             meta = _valid(out, key)  # another process may have finished it while we waited
             if meta is None:
                 assert source is not None
                 meta = _build(cfg, source, tok, out, key, progress, say)
     return _corpus(out, meta, tok)
-
-
-def load_shards(cfg: HFDataConfig) -> ShardedCorpus:
-    """The prepared shards of `cfg`, without building anything (raises if missing or stale)."""
-    return prepare_shards(cfg, build=False, progress=False, log=None)
 
 
 def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
@@ -577,14 +514,11 @@ def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
     """
     assert cfg.path is not None
 
-    def matches(pattern: str) -> list[Path]:
-        return sorted(Path(p).resolve() for p in glob.glob(os.path.expanduser(pattern), recursive=True))
-
-    files = [p for p in matches(cfg.path) if p.is_file()]
+    files = glob_files(cfg.path)
     if not files:
         raise MiniGPTError(f"data.path={cfg.path} matches no files; pass a glob of .bin token shards")
     if cfg.val_path:
-        val = [p for p in matches(cfg.val_path) if p.is_file()]
+        val = glob_files(cfg.val_path)
         train = [p for p in files if p not in set(val)]
     else:
         val = [p for p in files if "val" in p.name]
@@ -604,7 +538,7 @@ def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
         raise MiniGPTError(
             f"data.path={cfg.path} mixes uint16 and uint32 shards; use shards of one tokenizer"
         )
-    meta = _read_json(train[0].parent / META) or {}
+    meta = read_json(train[0].parent / META) or {}
     if cfg.tokenizer is not None:
         tok = build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
     elif "tokenizer" in meta:
@@ -640,7 +574,7 @@ def _build(
     say: Callable[[str], None],
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
-    state = _read_json(out / STATE)
+    state = read_json(out / STATE)
     if state is None or state.get("key") != key:
         state = None
         _clear(out)

@@ -1,0 +1,38 @@
+"""The data of a run, one module per step in the order it flows (no torch or Lightning until windows.py):
+
+config.py      what to train on: DataConfig (named corpora, text files), HFDataConfig, ShardsDataConfig
+files.py       the preparation lock, atomic JSON, checksums: how prepared files are written safely
+sources.py     where text comes from: shipped or downloaded corpora, text files, `datasets` documents
+text.py        text -> train.bin / val.bin + meta.json (streamed, threaded)
+shards.py      the llm.c token shard format
+sharding.py    documents -> shards (a process pool, flat in memory, resumable)
+windows.py     training and validation windows over token files and shards (torch)
+datamodule.py  GPTDataModule (Lightning)
+__main__.py    `python -m mini_gpt.data prepare data=...`: prepare without training
+"""
+
+from mini_gpt.data.config import (
+    AnyDataConfig,
+    DataConfig,
+    DataConfigError,
+    HFDataConfig,
+    ShardsDataConfig,
+    data_config,
+)
+from mini_gpt.data.sharding import ShardedCorpus, find_shards, prepare_shards
+from mini_gpt.data.text import PreparedData, load_prepared, prepare_data
+
+__all__ = ["DataConfig", "DataConfigError", "HFDataConfig", "ShardsDataConfig", "data_config", "prepare"]
+__all__ += ["PreparedData", "ShardedCorpus", "load_prepared", "prepare_data"]
+
+
+def prepare(
+    cfg: AnyDataConfig, *, build: bool = True, block_size: int | None = None, progress: bool | None = None
+) -> PreparedData | ShardedCorpus:
+    """The token files of any `data=` config, prepared if missing or stale (`build=False`: only found
+    and checked, raising if missing or stale). `block_size` checks that a flat split holds one window."""
+    if isinstance(cfg, HFDataConfig):
+        return prepare_shards(cfg, build=build, progress=progress if build else False)
+    if isinstance(cfg, ShardsDataConfig):
+        return find_shards(cfg)
+    return prepare_data(cfg, block_size=block_size, build=build, progress=progress if build else False)

@@ -1,0 +1,265 @@
+"""What to train on: the validated configs of `data=...`, mirrored key for key by conf/data/*.yaml.
+
+* `DataConfig`: a named corpus (`shakespeare_char`, `shakespeare`) or your own text files (`data=text`),
+  prepared into one `train.bin` / `val.bin` (see text.py).
+* `HFDataConfig`: `data=hf`, any dataset `datasets` can read, tokenized once into llm.c shards (sharding.py).
+* `ShardsDataConfig`: `data=shards`, existing llm.c-format shards (ours, llm.c's, modded-nanogpt's).
+
+`data_config(dict)` picks the class by `name`. No Lightning, Hydra or torch here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mini_gpt.conf import PROJECT_ROOT
+from mini_gpt.errors import MiniGPTError, build_config, check_field_types
+
+__all__ = [
+    "CORPORA",
+    "DEFAULT_SHARD_TOKENS",
+    "AnyDataConfig",
+    "Corpus",
+    "DataConfig",
+    "DataConfigError",
+    "HFDataConfig",
+    "ShardsDataConfig",
+    "data_config",
+    "default_data_dir",
+    "token_dtype",
+]
+
+# The checkout's data/, which ships tiny Shakespeare (a wheel install has none: named corpora download).
+SHIPPED_DATA = Path(__file__).resolve().parents[2] / "data"
+TEXT_CORPUS = "text"
+DTYPES = ("auto", "uint16", "uint32")
+DEFAULT_SHARD_TOKENS = 100_000_000  # as llm.c's fineweb.py: 100M tokens, 200 MB of uint16 per shard
+
+
+class DataConfigError(MiniGPTError, ValueError):
+    """A bad data config value (a ValueError like other config errors, and a one-line user error)."""
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A named corpus: where to download it, what it must hash to, and its default tokenizer.
+
+    `bundled` is a copy shipped in the repository (found before any download, so the default corpora
+    need no network), or None.
+    """
+
+    url: str
+    sha256: str
+    filename: str
+    tokenizer: str
+    description: str
+    bundled: Path | None = None
+
+
+_TINY_SHAKESPEARE_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
+_TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+# Shipped with the repository (public domain, 1,115,394 characters); see data/README.md.
+BUNDLED_SHAKESPEARE = SHIPPED_DATA / "tinyshakespeare" / "input.txt"
+
+CORPORA: dict[str, Corpus] = {
+    "shakespeare_char": Corpus(
+        _TINY_SHAKESPEARE_URL,
+        _TINY_SHAKESPEARE_SHA256,
+        "input.txt",
+        "char",
+        "tiny Shakespeare, characters",
+        bundled=BUNDLED_SHAKESPEARE,
+    ),
+    "shakespeare": Corpus(
+        _TINY_SHAKESPEARE_URL,
+        _TINY_SHAKESPEARE_SHA256,
+        "input.txt",
+        "gpt2",
+        "tiny Shakespeare, GPT-2 BPE",
+        bundled=BUNDLED_SHAKESPEARE,
+    ),
+}
+
+
+def default_data_dir() -> Path:
+    """`$MINI_GPT_DATA_DIR` if set, else `<project root>/data` (absolute, whatever the working directory)."""
+    env = os.environ.get("MINI_GPT_DATA_DIR")
+    return Path(env).expanduser().resolve() if env else PROJECT_ROOT / "data"
+
+
+def token_dtype(vocab_size: int, requested: str = "auto") -> str:
+    """uint16 when every id fits (vocab <= 65535), else uint32; an explicit dtype too small is an error."""
+    limits = {"uint16": 65535, "uint32": 2**32 - 1}
+    if requested == "auto":
+        requested = "uint16" if vocab_size <= limits["uint16"] else "uint32"
+    if vocab_size > limits[requested]:
+        hint = "data.dtype=uint32 or data.dtype=auto" if requested == "uint16" else "a smaller vocabulary"
+        raise MiniGPTError(
+            f"vocabulary of {vocab_size:,} tokens does not fit token dtype {requested} "
+            f"(at most {limits[requested]:,}); use {hint}"
+        )
+    return requested
+
+
+# --------------------------------------------------------------------------- checks the configs share
+
+
+def _check_tokenizer(name: Any, bpe_file: Any) -> None:
+    if not isinstance(name, str) or not name:
+        raise DataConfigError(f"data.tokenizer={name!r} must be 'char' or a tiktoken encoding name")
+    if name == "char":
+        if bpe_file is not None:
+            raise DataConfigError("data.bpe_file is for BPE tokenizers; drop it or set data.tokenizer=gpt2")
+        return
+    import tiktoken.registry
+
+    known = tiktoken.registry.list_encoding_names()
+    if name not in known:
+        raise DataConfigError(
+            f"unknown data.tokenizer={name!r}; use char or a tiktoken encoding: {', '.join(known)}"
+        )
+
+
+def _check_positive_int(key: str, value: Any, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        extra = " or null" if optional else ""
+        raise DataConfigError(f"data.{key}={value!r} must be a positive integer{extra}")
+
+
+def _check_fraction(value: Any, example: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < float(value) < 1.0:
+        raise DataConfigError(f"data.val_fraction={value!r} must be between 0 and 1 (e.g. {example})")
+    return float(value)
+
+
+def _check_dtype(dtype: Any) -> None:
+    if dtype not in DTYPES:
+        raise DataConfigError(f"data.dtype={dtype!r} must be one of {', '.join(DTYPES)}")
+
+
+def _root(data_dir: str | None) -> Path:
+    return Path(data_dir).expanduser().resolve() if data_dir else default_data_dir()
+
+
+# ------------------------------------------------------------------------------------------- configs
+
+
+@dataclass
+class DataConfig:
+    """`data=shakespeare_char | shakespeare | text`: one train.bin / val.bin (see text.py)."""
+
+    name: str = "shakespeare_char"  # shakespeare_char | shakespeare | text
+    path: str | None = None  # text: file, directory of .txt files, or glob; named: local copy of the file
+    tokenizer: str | None = None  # char | gpt2 | any tiktoken encoding; None = the corpus's default
+    bpe_file: str | None = None  # local .tiktoken ranks file: BPE without network
+    val_fraction: float = 0.1  # last fraction of the characters held out for validation
+    data_dir: str | None = None  # cache root; None = $MINI_GPT_DATA_DIR or <repo>/data
+    dtype: str = "auto"  # token file dtype: auto (uint16 if vocab <= 65535) | uint16 | uint32
+    num_threads: int | None = None  # tokenizer threads; None = all CPU cores
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "data", DataConfigError)
+        if self.name != TEXT_CORPUS and self.name not in CORPORA:
+            names = ", ".join([*CORPORA, TEXT_CORPUS])
+            raise DataConfigError(f"unknown corpus data.name={self.name!r}; choose one of: {names}")
+        if self.name == TEXT_CORPUS and not self.path:
+            raise DataConfigError("data.name=text needs data.path=FILE, DIRECTORY or GLOB of UTF-8 text")
+        self.val_fraction = _check_fraction(self.val_fraction, "0.1")
+        _check_tokenizer(self.resolved_tokenizer if self.tokenizer is None else self.tokenizer, self.bpe_file)
+        _check_dtype(self.dtype)
+        _check_positive_int("num_threads", self.num_threads, optional=True)
+
+    @property
+    def resolved_tokenizer(self) -> str:
+        if self.tokenizer:
+            return self.tokenizer
+        return CORPORA[self.name].tokenizer if self.name in CORPORA else "gpt2"
+
+    @property
+    def root(self) -> Path:
+        return _root(self.data_dir)
+
+
+@dataclass
+class HFDataConfig:
+    """`data=hf`: any dataset `datasets` can read, tokenized once into llm.c shards (see sharding.py)."""
+
+    name: str = "hf"
+    dataset: str | None = None  # hub name (org/name) or local files: a path, directory or glob
+    subset: str | None = None  # hub configuration, e.g. sample-10BT for fineweb-edu
+    split: str = "train"  # split to read (hub datasets); local files are all read
+    text_field: str = "text"  # the column holding each document's text
+    tokenizer: str = "gpt2"  # gpt2, any tiktoken encoding, or char
+    bpe_file: str | None = None  # local .tiktoken ranks file (no network)
+    val_fraction: float = 0.001  # probability that a document is held out for validation
+    split_seed: int = 0  # seed of the document hash that picks validation documents
+    max_tokens: int | None = None  # prepare only this many train tokens (a prefix); null = everything
+    shard_tokens: int = DEFAULT_SHARD_TOKENS  # tokens per train shard
+    num_proc: int | None = None  # tokenizer processes; null = all CPU cores
+    data_dir: str | None = None  # cache root; null = $MINI_GPT_DATA_DIR or <repo>/data
+    dtype: str = "auto"  # token dtype: auto (uint16 if vocab <= 65535) | uint16 | uint32
+
+    def __post_init__(self) -> None:
+        if self.name != "hf":
+            raise DataConfigError(f"HFDataConfig is for data.name=hf, not {self.name!r}")
+        if not isinstance(self.dataset, str) or not self.dataset.strip():
+            raise DataConfigError(
+                "data=hf needs data.dataset=NAME (a Hugging Face Hub dataset such as "
+                "HuggingFaceFW/fineweb-edu) or local files (data.dataset='/corpora/owt/*.parquet')"
+            )
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise DataConfigError(f"data.text_field={self.text_field!r} must name the text column")
+        if not isinstance(self.split, str) or not self.split:
+            raise DataConfigError(f"data.split={self.split!r} must name a split, e.g. train")
+        _check_tokenizer(self.tokenizer, self.bpe_file)
+        self.val_fraction = _check_fraction(self.val_fraction, "0.001")
+        if isinstance(self.split_seed, bool) or not isinstance(self.split_seed, int) or self.split_seed < 0:
+            raise DataConfigError(f"data.split_seed={self.split_seed!r} must be an integer >= 0")
+        _check_positive_int("max_tokens", self.max_tokens, optional=True)
+        _check_positive_int("shard_tokens", self.shard_tokens)
+        if self.shard_tokens > 2**31 - 1:
+            raise DataConfigError(f"data.shard_tokens={self.shard_tokens:,} exceeds a shard's int32 count")
+        _check_positive_int("num_proc", self.num_proc, optional=True)
+        _check_dtype(self.dtype)
+
+    @property
+    def root(self) -> Path:
+        return _root(self.data_dir)
+
+
+@dataclass
+class ShardsDataConfig:
+    """`data=shards`: train on existing llm.c-format shards (ours, llm.c's, modded-nanogpt's)."""
+
+    name: str = "shards"
+    path: str | None = None  # glob of .bin shards, e.g. 'fineweb10B/*.bin'
+    val_path: str | None = None  # glob of validation shards; null = the files of `path` named *val*
+    tokenizer: str | None = None  # null = from meta.json beside the shards, else gpt2
+    bpe_file: str | None = None  # local .tiktoken ranks file (no network)
+
+    def __post_init__(self) -> None:
+        if self.name != "shards":
+            raise DataConfigError(f"ShardsDataConfig is for data.name=shards, not {self.name!r}")
+        if not isinstance(self.path, str) or not self.path.strip():
+            raise DataConfigError("data=shards needs data.path='DIR/*.bin' (llm.c-format token shards)")
+        if self.tokenizer is not None:
+            _check_tokenizer(self.tokenizer, self.bpe_file)
+
+
+AnyDataConfig = DataConfig | HFDataConfig | ShardsDataConfig
+
+
+def data_config(d: AnyDataConfig | Mapping[str, Any]) -> AnyDataConfig:
+    """The validated config of `data=...`: chosen by its `name` (hf, shards, else the text corpora)."""
+    if isinstance(d, DataConfig | HFDataConfig | ShardsDataConfig):
+        return d
+    kind = {"hf": HFDataConfig, "shards": ShardsDataConfig}.get(d.get("name", ""), DataConfig)
+    return build_config(kind, d, "data")

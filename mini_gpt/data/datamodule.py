@@ -1,0 +1,227 @@
+"""LightningDataModule over prepared token files: flat `train.bin` / `val.bin` (text.py) or shards
+(sharding.py, or existing llm.c shards), with the windows of windows.py.
+
+Training is step-based (`max_steps`), so the train loader is an endless stream of whole `(x, y)` batches
+that is a pure function of the batch index. After `k` optimizer steps with gradient accumulation `a` the
+stream restarts at batch `k * a` (Lightning restores `global_step` from the checkpoint before it asks for
+the train loader). For sharded corpora the data position, the number of windows consumed by all ranks
+together, is also saved in the checkpoint (`state_dict`), so a resumed run continues where the data
+stopped, with the same batches as an uninterrupted run (same device count) or without repeating any
+window (another device count).
+
+Validation uses fixed, non-overlapping windows (or `val_windows` of them, evenly spaced), identical on
+every call, split across ranks without padding, so val loss is comparable across steps, runs and devices.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+from torch.utils.data import DataLoader, IterableDataset
+
+from mini_gpt.data import prepare
+from mini_gpt.data.config import AnyDataConfig, DataConfig, HFDataConfig, ShardsDataConfig, data_config
+from mini_gpt.data.sharding import ShardedCorpus
+from mini_gpt.data.shards import token_file
+from mini_gpt.data.text import PreparedData, cache_dir
+from mini_gpt.data.windows import ShardTrainBatches, TrainBatches, ValBatches, ValWindows
+from mini_gpt.errors import MiniGPTError, check_positive_ints
+from mini_gpt.tokenizer import Tokenizer
+
+__all__ = ["GPTDataModule", "TrainBatches", "ValWindows"]
+
+
+class GPTDataModule(L.LightningDataModule):
+    """Prepares (rank 0) and memory-maps a corpus; serves endless train batches and fixed val windows."""
+
+    def __init__(
+        self,
+        data: AnyDataConfig | Mapping[str, Any],
+        block_size: int,
+        batch_size: int,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        seed: int = 1337,
+        val_windows: int | None = None,
+        align_to_documents: bool = False,
+    ) -> None:
+        super().__init__()
+        self.cfg: AnyDataConfig = data_config(data)
+        check_positive_ints(block_size=block_size, batch_size=batch_size)
+        if val_windows is not None:  # null = all windows
+            check_positive_ints(val_windows=val_windows)
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise MiniGPTError(f"num_workers={num_workers!r} must be an integer >= 0")
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.seed = seed
+        self.val_windows = val_windows
+        if not isinstance(align_to_documents, bool):
+            raise MiniGPTError(f"loader.align_to_documents={align_to_documents!r} must be true or false")
+        if align_to_documents and isinstance(self.cfg, DataConfig):
+            raise MiniGPTError(
+                "loader.align_to_documents=true needs a sharded corpus (data=hf or data=shards), whose "
+                "documents each start with an end-of-text token; drop it for data=" + self.cfg.name
+            )
+        self.align_to_documents = align_to_documents
+        self.prepared: PreparedData | ShardedCorpus | None = None
+        self._resume_position: dict[str, Any] | None = None  # from a checkpoint (sharded corpora)
+
+    @property
+    def sharded(self) -> bool:
+        return isinstance(self.cfg, HFDataConfig | ShardsDataConfig)
+
+    # Lightning calls this on one process per node (local rank 0) before `setup` on every rank.
+    def prepare_data(self) -> None:
+        if self.prepared is None:
+            self.prepared = prepare(self.cfg, block_size=self.block_size)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.prepared is None:
+            self.prepared = prepare(self.cfg, build=False, block_size=self.block_size)
+
+    def prepare_once(self, local_rank: int, timeout_s: float = 24 * 3600) -> PreparedData | ShardedCorpus:
+        """Prepare the token files on local rank 0 only; the node's other ranks wait until they are valid.
+
+        Needed before `fit` (the model's vocabulary comes from the tokenizer). With `python train.py
+        trainer=ddp` rank 0 finishes this before Lightning starts the others; under torchrun/SLURM all
+        ranks start together and must not tokenize (and write) the same files at once.
+        """
+        if local_rank == 0 or self.sharded:  # sharded preparation holds a file lock: the others wait on it
+            self.prepare_data()
+            return self.prepared_data()
+        assert isinstance(self.cfg, DataConfig)
+        meta = cache_dir(self.cfg) / "meta.json"  # written last, atomically, by the preparing rank
+        deadline = time.monotonic() + timeout_s
+        while self.prepared is None:
+            if meta.is_file():
+                try:
+                    self.setup()
+                    break
+                except MiniGPTError:
+                    pass  # a stale cache that local rank 0 is rebuilding right now
+            if time.monotonic() > deadline:
+                raise MiniGPTError(f"timed out waiting for local rank 0 to prepare {meta.parent}")
+            time.sleep(1.0)
+        return self.prepared_data()
+
+    def prepared_data(self) -> PreparedData | ShardedCorpus:
+        """The prepared token files; used without a Trainer, validates (and builds if needed) them now."""
+        if self.prepared is None:
+            self.prepare_data()
+        assert self.prepared is not None
+        return self.prepared
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.prepared_data().tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.prepared_data().tokenizer.vocab_size
+
+    def start_batch(self) -> int:
+        """Micro-batches already consumed: global_step * accumulate_grad_batches (0 without a trainer)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 0
+        return int(trainer.global_step) * int(trainer.accumulate_grad_batches)
+
+    def _rank(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return int(trainer.global_rank) if trainer is not None else 0
+
+    def _world(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return int(trainer.world_size) if trainer is not None else 1
+
+    def _shard_names(self, corpus: ShardedCorpus) -> list[list[Any]]:
+        return [[s.path.name, s.n_tokens] for s in corpus.train]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data position saved in checkpoints (sharded corpora): train windows consumed by all ranks."""
+        if not self.sharded or self.prepared is None:
+            return {}
+        assert isinstance(self.prepared, ShardedCorpus)
+        return {
+            "windows_consumed": self.start_batch() * self._world() * self.batch_size,
+            "seed": self.seed,
+            "block_size": self.block_size,
+            "align_to_documents": self.align_to_documents,
+            "train_shards": self._shard_names(self.prepared),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume_position = dict(state) if state else None
+
+    def _shard_start_batch(self, corpus: ShardedCorpus) -> int:
+        """Where this rank's stream resumes: the checkpoint's windows consumed, in this run's batches."""
+        pos = self._resume_position
+        per_batch = self._world() * self.batch_size
+        if pos is None:
+            return self.start_batch()
+        same = {
+            "seed": self.seed,
+            "block_size": self.block_size,
+            "align_to_documents": self.align_to_documents,
+            "train_shards": self._shard_names(corpus),
+        }
+        changed = [k for k, v in same.items() if pos.get(k) != v]
+        if changed:
+            from lightning.pytorch.utilities import rank_zero_warn
+
+            rank_zero_warn(
+                f"the checkpoint's data position is for other data ({', '.join(changed)} changed): "
+                "training continues from the start of this data's window order"
+            )
+            return 0
+        return -(-int(pos["windows_consumed"]) // per_batch)  # ceil: never repeat a window
+
+    def _loader(self, dataset: IterableDataset) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=None,  # the datasets yield whole batches
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        prep = self.prepared_data()
+        if isinstance(prep, ShardedCorpus):
+            return self._loader(
+                ShardTrainBatches(
+                    prep.train,
+                    self.block_size,
+                    self.batch_size,
+                    seed=self.seed,
+                    rank=self._rank(),
+                    world=self._world(),
+                    start_batch=self._shard_start_batch(prep),
+                    align_to_documents=self.align_to_documents,
+                    eot_id=prep.tokenizer.eot_id,
+                )
+            )
+        return self._loader(
+            TrainBatches(
+                prep.train_path,
+                prep.dtype,
+                self.block_size,
+                self.batch_size,
+                seed=self.seed,
+                rank=self._rank(),
+                start_batch=self.start_batch(),
+            )
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        """Each rank its share of the fixed windows, no padding (see windows.ValBatches)."""
+        prep = self.prepared_data()
+        files = prep.val if isinstance(prep, ShardedCorpus) else [token_file(prep.val_path, prep.dtype)]
+        windows = ValWindows(files, self.block_size, self.val_windows)
+        return self._loader(ValBatches(windows, self.batch_size, rank=self._rank(), world=self._world()))

@@ -1,0 +1,324 @@
+"""Training and validation windows: `(x, y)` batches of `block_size + 1` consecutive tokens drawn from
+memory-mapped token files (text.py's flat `train.bin` / `val.bin`, or llm.c shards), so all ranks of a
+node share the page cache. A window never straddles two files; x = its first block_size tokens, y = its
+last block_size.
+
+**Flat train** (`TrainBatches`): the windows of batch `i` of rank `r` start at uniformly random positions
+drawn from a generator seeded with `(seed, r, i)`, as nanoGPT draws them.
+
+**Shard train** (`ShardTrainBatches`): epoch `e` cuts every shard into windows starting at
+`o_e + k * block_size` (`o_e`, a seeded offset in [0, block_size), moves the cuts from epoch to epoch), or,
+with `align_to_documents`, at every document start (an end-of-text token) that has block_size tokens
+after it. All windows of all shards are then visited in one seeded random order (a Feistel permutation of
+the window numbers: a shuffle over shards *and* positions with O(1) memory), so no shard or region is
+read in sequence and the loss shows no periodicity. Within an epoch no window is repeated. Ranks share
+that one order: micro-batch `i` of rank `r` (of `world`) holds windows `(i * world + r) * batch_size ...`
+of it, so ranks never see the same window.
+
+Either way batch `i` is a pure function of the seed, the rank and `i`, so resuming at batch `k`
+reproduces the uninterrupted stream exactly; with worker processes each worker takes every
+`num_workers`-th batch, so the order is the same as with none.
+
+**Validation** (`ValWindows`): fixed, non-overlapping windows `[k * T, k * T + T]` of each file (evenly
+thinned to `max_windows`), the same in every run whatever the device count; `ValBatches` gives window `k`
+to rank `k % world`, so the ranks together evaluate every window exactly once.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from mini_gpt.data.shards import ShardInfo, open_shard, token_file
+from mini_gpt.data.text import check_split_length
+from mini_gpt.errors import MiniGPTError
+
+__all__ = [
+    "ShardTrainBatches",
+    "TrainBatches",
+    "ValBatches",
+    "ValWindows",
+    "feistel_permute",
+    "val_window_starts",
+]
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each (batch_size, block_size) int64
+
+_M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer (a good 64-bit hash), vectorised."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def feistel_permute(index: np.ndarray, n: int, key: Sequence[int], rounds: int = 4) -> np.ndarray:
+    """A seeded permutation of range(n) evaluated at `index` (int64 array), without materialising it:
+    a balanced Feistel network over the smallest even number of bits covering n, walked in cycles
+    until the value falls below n."""
+    if n <= 1:
+        return np.zeros_like(index)
+    bits = max(2, int(n - 1).bit_length())
+    bits += bits % 2
+    half = bits // 2
+    mask = np.uint64((1 << half) - 1)
+    keys = []
+    with np.errstate(over="ignore"):
+        k = np.uint64(0)
+        for part in key:
+            k = _mix(np.asarray(k + np.uint64(part) + _GOLD, dtype=np.uint64))
+        for r in range(rounds):
+            keys.append(_mix(np.asarray(k + np.uint64(r + 1) * _GOLD, dtype=np.uint64)))
+    x = index.astype(np.uint64)
+    todo = np.ones(len(x), dtype=bool)
+    while todo.any():
+        left, right = x[todo] >> np.uint64(half), x[todo] & mask
+        with np.errstate(over="ignore"):
+            for rk in keys:
+                left, right = right, left ^ (_mix(right ^ rk) & mask)
+        x[todo] = (left << np.uint64(half)) | right
+        todo = x >= np.uint64(n)
+    return x.astype(np.int64)
+
+
+def _xy(rows: np.ndarray) -> Batch:
+    """(n, block_size + 1) token rows -> (x, y) LongTensors of shape (n, block_size)."""
+    t = torch.from_numpy(rows)
+    return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+def _rows(data: np.ndarray, starts: np.ndarray, block_size: int) -> np.ndarray:
+    """data[s : s + block_size + 1] for every start s, as int64: one vectorised read of the memory map."""
+    return np.asarray(data[starts[:, None] + np.arange(block_size + 1)], dtype=np.int64)
+
+
+class _Mapped:
+    """Token files memory-mapped on first use in each process (DataLoader workers re-open them: pickling
+    a map would copy the whole file)."""
+
+    files: list[ShardInfo]
+    _maps: dict[int, np.memmap] | None = None
+
+    def _map(self, i: int) -> np.memmap:
+        if self._maps is None:
+            self._maps = {}
+        if i not in self._maps:
+            self._maps[i] = open_shard(self.files[i])
+        return self._maps[i]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_maps": None}
+
+
+class _Stream(_Mapped, IterableDataset):
+    """An endless stream of whole batches (use `DataLoader(batch_size=None)`) from `start_batch` on."""
+
+    start_batch: int
+
+    def batch(self, index: int) -> Batch:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        index = self.start_batch + worker  # DataLoader takes batches from workers round-robin
+        while True:
+            yield self.batch(index)
+            index += n_workers
+
+
+class TrainBatches(_Stream):
+    """Random training batches of a flat token file; batch `i` depends only on (seed, rank, i)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        dtype: str,
+        block_size: int,
+        batch_size: int,
+        seed: int = 1337,
+        rank: int = 0,
+        start_batch: int = 0,
+    ) -> None:
+        super().__init__()
+        self.files = [token_file(path, dtype)]
+        self.n_tokens = self.files[0].n_tokens
+        check_split_length("train", self.n_tokens, block_size)
+        self.block_size, self.batch_size = block_size, batch_size
+        self.seed, self.rank, self.start_batch = seed, rank, start_batch
+
+    def batch(self, index: int) -> Batch:
+        """Batch number `index`: (x, y) LongTensors of shape (batch_size, block_size)."""
+        rng = np.random.default_rng([self.seed, self.rank, index])
+        starts = rng.integers(0, self.n_tokens - self.block_size, size=self.batch_size)
+        return _xy(_rows(self._map(0), starts, self.block_size))
+
+
+class ShardTrainBatches(_Stream):
+    """Training batches over shards in one seeded order; batch `i` depends only on (seed, rank, world, i)."""
+
+    def __init__(
+        self,
+        shards: list[ShardInfo],
+        block_size: int,
+        batch_size: int,
+        seed: int = 1337,
+        rank: int = 0,
+        world: int = 1,
+        start_batch: int = 0,
+        align_to_documents: bool = False,
+        eot_id: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.files = list(shards)
+        self.block_size, self.batch_size = block_size, batch_size
+        self.seed, self.rank, self.world, self.start_batch = seed, rank, world, start_batch
+        self.align = align_to_documents
+        self.sizes = np.array([s.n_tokens for s in self.files], dtype=np.int64)
+        self._doc_starts: list[np.ndarray] | None = None
+        if align_to_documents:
+            if eot_id is None:
+                raise MiniGPTError(
+                    "loader.align_to_documents=true needs a tokenizer with an end-of-text token "
+                    "marking document starts; use data.tokenizer=gpt2 or set it to false"
+                )
+            self._doc_starts = [self._starts_of(s, eot_id) for s in self.files]
+            self.counts = np.array([len(d) for d in self._doc_starts], dtype=np.int64)
+            if self.counts.sum() == 0:
+                raise MiniGPTError(
+                    f"no document start has block_size={block_size} tokens after it in the train shards; "
+                    "lower the block size or set loader.align_to_documents=false"
+                )
+        elif int(self.sizes.max(initial=0)) < block_size + 1:
+            raise MiniGPTError(
+                f"every train shard is shorter than block_size + 1 = {block_size + 1} tokens; "
+                "lower the block size or use a larger corpus"
+            )
+        self._epochs: list[tuple[int, int]] = []  # (first global window, windows) per epoch seen so far
+
+    def _starts_of(self, info: ShardInfo, eot_id: int) -> np.ndarray:
+        starts = np.flatnonzero(np.asarray(open_shard(info)) == eot_id)
+        return starts[starts + self.block_size + 1 <= info.n_tokens].astype(np.int64)
+
+    def _offset(self, epoch: int) -> int:
+        if self.align:
+            return 0
+        return int(np.random.default_rng([self.seed, epoch, 7]).integers(self.block_size))
+
+    def _counts(self, epoch: int) -> np.ndarray:
+        if self.align:
+            return self.counts
+        return np.maximum(0, (self.sizes - 1 - self._offset(epoch)) // self.block_size)
+
+    def _locate(self, g: int) -> tuple[int, int, int]:
+        """Global window number -> (epoch, first window number of that epoch, windows in it)."""
+        while not self._epochs or self._epochs[-1][0] + self._epochs[-1][1] <= g:
+            first = self._epochs[-1][0] + self._epochs[-1][1] if self._epochs else 0
+            n = int(self._counts(len(self._epochs)).sum())
+            if n == 0:
+                raise MiniGPTError("the train shards hold no complete window; lower the block size")
+            self._epochs.append((first, n))
+        epoch = bisect.bisect_right([f + n for f, n in self._epochs], g)
+        return epoch, self._epochs[epoch][0], self._epochs[epoch][1]
+
+    def window_starts(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(shard number, token start) of each window of batch `index` of this rank."""
+        first = (index * self.world + self.rank) * self.batch_size
+        shard_ids, starts = [], []
+        g = first
+        end = first + self.batch_size
+        while g < end:  # a batch may straddle two epochs
+            epoch, e_first, n = self._locate(g)
+            take = min(end, e_first + n) - g
+            j = np.arange(g - e_first, g - e_first + take, dtype=np.int64)
+            p = feistel_permute(j, n, (self.seed, epoch))
+            counts = self._counts(epoch)
+            cum = np.cumsum(counts)
+            s = np.searchsorted(cum, p, side="right")
+            w = p - (cum[s] - counts[s])
+            if self.align:
+                assert self._doc_starts is not None
+                st = np.array([self._doc_starts[a][b] for a, b in zip(s, w)], dtype=np.int64)
+            else:
+                st = self._offset(epoch) + w * self.block_size
+            shard_ids.append(s)
+            starts.append(st)
+            g += take
+        return np.concatenate(shard_ids), np.concatenate(starts)
+
+    def batch(self, index: int) -> Batch:
+        """Batch number `index`: (x, y) LongTensors of shape (batch_size, block_size)."""
+        shard_ids, starts = self.window_starts(index)
+        rows = np.empty((len(starts), self.block_size + 1), dtype=np.int64)
+        for s in np.unique(shard_ids).tolist():
+            sel = shard_ids == s
+            rows[sel] = _rows(self._map(s), starts[sel], self.block_size)
+        return _xy(rows)
+
+
+def _evenly(n: int, most: int | None) -> np.ndarray:
+    """Indices of `most` of n items, evenly spaced (all n when most is None or >= n)."""
+    if most is None or not 0 < most < n:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, most).round().astype(np.int64))
+
+
+def val_window_starts(n_tokens: int, block_size: int, max_windows: int | None = None) -> np.ndarray:
+    """Starts of the non-overlapping (block_size + 1)-token windows of one file; evenly thinned to
+    `max_windows` when given. Window k reads tokens [k*T, k*T + T] (its last target is the next x[0])."""
+    starts = np.arange(max(0, (n_tokens - 1) // block_size), dtype=np.int64) * block_size
+    return starts[_evenly(len(starts), max_windows)]
+
+
+class ValWindows(_Mapped, Dataset):
+    """Fixed validation windows over token files (a flat val.bin, or the validation shards); item k is
+    (x, y) of shape (block_size,)."""
+
+    def __init__(self, files: Sequence[ShardInfo], block_size: int, max_windows: int | None = None) -> None:
+        self.files = list(files)
+        self.block_size = block_size
+        per = [val_window_starts(f.n_tokens, block_size) for f in self.files]
+        file_ids = np.repeat(np.arange(len(per), dtype=np.int64), [len(p) for p in per])
+        starts = np.concatenate(per or [np.zeros(0, dtype=np.int64)])
+        keep = _evenly(len(starts), max_windows)
+        file_ids, starts = file_ids[keep], starts[keep]
+        if len(starts) == 0:  # every file is shorter than one window: this raises the one-line error
+            check_split_length("validation", max((f.n_tokens for f in self.files), default=0), block_size)
+        self.file_ids, self.starts = file_ids, starts
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = _xy(_rows(self._map(int(self.file_ids[k])), self.starts[k : k + 1], self.block_size))
+        return x[0], y[0]
+
+
+class ValBatches(IterableDataset):
+    """The validation windows of this rank, in batches: window k goes to rank k % world, so the ranks
+    together evaluate every window exactly once (no padding, no duplicates) and the summed loss is the
+    same for any device count. Yields whole `(x, y)` batches (use `DataLoader(batch_size=None)`)."""
+
+    def __init__(self, windows: ValWindows, batch_size: int, rank: int = 0, world: int = 1) -> None:
+        super().__init__()
+        self.windows, self.batch_size = windows, batch_size
+        self.mine = np.arange(rank, len(windows), world)
+
+    def __len__(self) -> int:
+        return -(-len(self.mine) // self.batch_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for b in range(worker, len(self), n_workers):
+            items = [self.windows[int(k)] for k in self.mine[b * self.batch_size : (b + 1) * self.batch_size]]
+            yield torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
