@@ -346,27 +346,20 @@ def test_mixed_file_types_are_refused(tmp_path, corpus, gpt2_bpe_file):
     assert "mixes file types" in one_line_error(cfg_for(tmp_path / "m", tmp_path / "d", gpt2_bpe_file))
 
 
-def test_core_does_not_import_datasets():
-    code = (
-        "import sys, mini_gpt.data, mini_gpt.data.datamodule, mini_gpt.data.sharding, mini_gpt.data.windows; "
-        "print('datasets' in sys.modules)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert out.stdout.strip() == "False", out.stderr
-
-
-def test_preparation_workers_do_not_import_torch():
-    """A tokenizer worker (and the prepare command) imports the sharding path only: no torch (~370 MB of
-    RSS per process), no Lightning."""
-    code = (
-        "import sys, mini_gpt.data.sharding, mini_gpt.data.__main__; "
-        "print(sorted(m for m in ('torch', 'lightning', 'datasets') if m in sys.modules))"
-    )
+@pytest.mark.parametrize(
+    ("modules", "absent"),
+    [
+        # the core, the default run: `datasets` is an optional extra
+        (
+            "mini_gpt.data, mini_gpt.data.datamodule, mini_gpt.data.sharding, mini_gpt.data.windows",
+            ["datasets"],
+        ),
+        # a tokenizer worker and the prepare command: no torch (~370 MB of RSS per process), no Lightning
+        ("mini_gpt.data.sharding, mini_gpt.data.__main__", ["datasets", "lightning", "torch"]),
+    ],
+)
+def test_imports_stay_light(modules, absent):
+    code = f"import sys, {modules}; print(sorted(m for m in {absent!r} if m in sys.modules))"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
