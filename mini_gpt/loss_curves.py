@@ -4,9 +4,9 @@
     python -m mini_gpt.loss_curves RUN_DIR out=curves.png
 
 For people who train without W&B online. Sources, all searched for anywhere below RUN_DIR:
-- `metrics.csv` written by Lightning's CSVLogger (train/loss, val/loss, lr, ...) and W&B offline run
-  files (`wandb/offline-run-*/run-*.wandb`, read without wandb's servers); several files (e.g. one
-  per resumed run) are merged, a later file winning on a repeated step;
+- `metrics.csv` written by Lightning's CSVLogger (`logger=csv`, and beside W&B with `logger=wandb`):
+  the columns `train/loss`, `val/loss` and `lr` our module logs, at `step`; several files (e.g. one per
+  resumed run) are merged, a later file winning on a repeated step;
 - `summary.json` written by train.py: its `val_curve` ([step, seconds, val_loss] rows) gives the
   validation curve when it has at least as many points as the CSVs' (its steps are exact).
 
@@ -22,9 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-import struct
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +38,12 @@ from mini_gpt.errors import MiniGPTError, exit_on_user_error
 
 Series = dict[int, float]  # step -> value
 
-# Column names tried in order for each curve (ours first, then common Lightning spellings).
-TRAIN_KEYS = ("train/loss", "train_loss", "train/loss_step", "train_loss_step", "loss")
-VAL_KEYS = ("val/loss", "val_loss", "val/loss_epoch", "valid/loss", "validation/loss")
-LR_PREFIXES = ("lr", "lr-", "learning_rate", "lr/")
+# Our curve names -> the CSV columns GPTLitModule logs them under.
+COLUMNS = {"train_loss": "train/loss", "val_loss": "val/loss", "lr": "lr"}
 NO_TRAIN_LOSS = "train loss not logged (logger=none); rerun with logger=csv or logger=wandb"
 
 
-def _float(text: str) -> float | None:
+def _float(text: Any) -> float | None:
     try:
         value = float(text)
     except (TypeError, ValueError):
@@ -55,32 +51,15 @@ def _float(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _pick(columns: list[str], keys: tuple[str, ...]) -> str | None:
-    return next((k for k in keys if k in columns), None)
-
-
-def _lr_column(columns: list[str]) -> str | None:
-    if "lr" in columns:
-        return "lr"
-    return next((c for c in columns if c.startswith(LR_PREFIXES[1:])), None)
-
-
-def _series_from_rows(rows: list[dict[str, Any]], step_key: str | None) -> dict[str, Series]:
-    """{"train_loss", "val_loss", "lr"} -> {step: value} from rows of logged values (absent if none)."""
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    wanted = {
-        "train_loss": _pick(columns, TRAIN_KEYS),
-        "val_loss": _pick(columns, VAL_KEYS),
-        "lr": _lr_column(columns),
-    }
+def read_metrics_csv(path: Path) -> dict[str, Series]:
+    """The curves in one CSVLogger file (one row per log call, blanks for the other columns)."""
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
     out: dict[str, Series] = {}
-    for name, col in wanted.items():
-        if col is None:
-            continue
+    for name, column in COLUMNS.items():
         series: Series = {}
-        for i, row in enumerate(rows):
-            value = _float(row.get(col, ""))
-            step = _float(row.get(step_key, "")) if step_key else float(i)
+        for row in rows:
+            value, step = _float(row.get(column)), _float(row.get("step"))
             if value is not None and step is not None:
                 series[int(step)] = value
         if series:
@@ -88,87 +67,17 @@ def _series_from_rows(rows: list[dict[str, Any]], step_key: str | None) -> dict[
     return out
 
 
-def read_metrics_csv(path: Path) -> dict[str, Series]:
-    """The curves in one CSVLogger file (one row per log call, blanks for the other columns)."""
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        columns = list(reader.fieldnames or [])
-        rows = list(reader)
-    return _series_from_rows(rows, "step" if "step" in columns else None)
-
-
-# W&B's offline run file (`wandb/offline-run-*/run-*.wandb`): a 7-byte header (":W&B", magic 0xBEE1,
-# version 0), then LevelDB-log framing -- 32 KiB blocks of chunks with a 7-byte header (crc32, length
-# uint16, type: 1 full, 2 first, 3 middle, 4 last) -- around protobuf `Record` messages.
-WANDB_HEADER = b":W&B"
-_BLOCK = 32768
-_CHUNK_HEADER = struct.Struct("<IHB")
-
-
-def _wandb_records(data: bytes) -> Iterator[bytes]:
-    if data[:4] != WANDB_HEADER:
-        return
-    pos, parts = 7, b""
-    while pos + _CHUNK_HEADER.size <= len(data):
-        left = _BLOCK - pos % _BLOCK
-        if left < _CHUNK_HEADER.size:  # a block's tail too short for a header is zero padding
-            pos += left
-            continue
-        _, length, kind = _CHUNK_HEADER.unpack_from(data, pos)
-        if kind == 0 and length == 0:  # zero padding / preallocated space
-            pos += left
-            continue
-        chunk = data[pos + _CHUNK_HEADER.size : pos + _CHUNK_HEADER.size + length]
-        pos += _CHUNK_HEADER.size + length
-        if kind == 1:
-            yield chunk
-        elif kind == 2:
-            parts = chunk
-        elif kind == 3:
-            parts += chunk
-        elif kind == 4:
-            yield parts + chunk
-            parts = b""
-
-
-def read_wandb_offline(path: Path) -> dict[str, Series]:
-    """The curves in a W&B offline run file: its history records, at `trainer/global_step`."""
-    try:
-        from wandb.proto import wandb_internal_pb2
-    except ImportError:  # wandb is a dependency, but plotting CSVs must not need it
-        return {}
-    rows: list[dict[str, Any]] = []
-    for raw in _wandb_records(path.read_bytes()):
-        record = wandb_internal_pb2.Record()
-        try:
-            record.ParseFromString(raw)
-        except Exception:  # a torn last record of a killed run
-            continue
-        if record.WhichOneof("record_type") != "history":
-            continue
-        row = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
-        row.setdefault("trainer/global_step", row.get("_step", record.history.step.num))
-        rows.append(row)
-    return _series_from_rows(rows, "trainer/global_step")
-
-
 def read_summary_val_curve(path: Path) -> Series:
-    """{step: val_loss} from train.py's summary.json `val_curve` ([step, seconds, loss] or dict rows)."""
+    """{step: val_loss} from train.py's summary.json `val_curve` ([step, seconds, val_loss] rows)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
     series: Series = {}
     for row in (data.get("val_curve") or []) if isinstance(data, dict) else []:
-        if isinstance(row, dict):
-            step, value = row.get("step"), row.get("val_loss", row.get("loss"))
-        elif isinstance(row, list | tuple) and len(row) >= 2:
-            step, value = row[0], row[-1]
-        else:
-            continue
-        value = _float(value)
-        if isinstance(step, int | float) and value is not None:
-            series[int(step)] = value
+        value = _float(row[-1]) if isinstance(row, list) and len(row) == 3 else None
+        if value is not None and isinstance(row[0], int):
+            series[row[0]] = value
     return series
 
 
@@ -202,7 +111,7 @@ def _metric_files(run_dir: Path) -> list[Path]:
     if run_dir.is_file():  # a metrics.csv / summary.json passed directly
         return [run_dir]
     files: list[Path] = []
-    for pattern in ("metrics.csv", "run-*.wandb", "summary.json"):  # wandb/(offline-)run-*/run-ID.wandb
+    for pattern in ("metrics.csv", "summary.json"):
         found = {p.resolve() for p in run_dir.rglob(pattern) if p.is_file()}  # latest-run is a symlink
         files += sorted(found, key=lambda p: (p.stat().st_mtime, str(p)))
     return files
@@ -211,8 +120,6 @@ def _metric_files(run_dir: Path) -> list[Path]:
 def _read_any(path: Path) -> dict[str, Series]:
     if path.suffix == ".csv":
         return read_metrics_csv(path)
-    if path.suffix == ".wandb":
-        return read_wandb_offline(path)
     return {"val_loss": read_summary_val_curve(path)}
 
 
@@ -231,9 +138,8 @@ def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
     summary_val: Series = {}
     summary_files: list[Path] = []
     for path in files:
-        if path.suffix in (".csv", ".wandb"):
-            reader = read_metrics_csv if path.suffix == ".csv" else read_wandb_offline
-            found = {k: v for k, v in reader(path).items() if v}
+        if path.suffix == ".csv":
+            found = read_metrics_csv(path)
             for name, series in found.items():
                 curves.setdefault(name, {}).update(series)  # later files win on repeated steps
             if found:
@@ -256,8 +162,8 @@ def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
         curves["resumed_at"] = {step: 0.0 for step in starts}
     if not any(k in curves for k in ("train_loss", "val_loss")):
         raise MiniGPTError(
-            f"no metrics found under {run_dir}: expected a CSVLogger metrics.csv (logger=csv), a W&B offline "
-            "run (wandb/offline-run-*) or train.py's summary.json; pass the directory of a training run"
+            f"no metrics found under {run_dir}: expected a CSVLogger metrics.csv (logger=csv or "
+            "logger=wandb) or train.py's summary.json; pass the directory of a training run"
         )
     return curves, used
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -74,47 +71,6 @@ def test_complete_summary_val_curve_wins(tmp_path: Path) -> None:
     assert curves["val_loss"] == {21: 3.3, 41: 2.9, 50: 2.8}
     assert curves["train_loss"][40] == 2.2
     assert used == [run / "csv" / "metrics.csv", run / "summary.json"]
-
-
-def wandb_file(path: Path, rows: list[dict[str, Any]]) -> None:
-    """A W&B run file written from the format's description: header, 32 KiB blocks of framed protobufs."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, 0))
-    records = [pb.Record(run=pb.RunRecord(run_id="abc"))]  # non-history records are skipped
-    for i, row in enumerate(rows):
-        items = [pb.HistoryItem(key=k, value_json=json.dumps(v)) for k, v in row.items()]
-        records.append(pb.Record(history=pb.HistoryRecord(item=items, step=pb.HistoryStep(num=i))))
-    for record in records:
-        payload = record.SerializeToString()
-        first = True
-        while True:
-            left = 32768 - len(out) % 32768
-            if left < 7:
-                out += b"\0" * left
-                continue
-            chunk, payload = payload[: left - 7], payload[left - 7 :]
-            kind = (1 if first else 4) if not payload else (2 if first else 3)
-            out += struct.pack("<IHB", zlib.crc32(chunk), len(chunk), kind) + chunk
-            first = False
-            if not payload:
-                break
-    path.parent.mkdir(parents=True)
-    path.write_bytes(bytes(out))
-
-
-def test_curves_from_wandb_offline_run(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    rows: list[dict[str, Any]] = [
-        {"train/loss": 4.0, "lr": 1e-4, "trainer/global_step": 5},
-        {"samples": "x" * 70000, "trainer/global_step": 5},  # spans three 32 KiB blocks
-        {"train/loss": 3.0, "lr": 2e-4, "trainer/global_step": 10},
-        {"val/loss": 3.5, "val/ppl": 33.1, "trainer/global_step": 10},
-    ]
-    wandb_file(run / "wandb" / "offline-run-20240101_000000-abc" / "run-abc.wandb", rows)
-    curves, used = find_metrics(run)
-    assert curves == {"train_loss": {5: 4.0, 10: 3.0}, "lr": {5: 1e-4, 10: 2e-4}, "val_loss": {10: 3.5}}
-    assert [p.name for p in used] == ["run-abc.wandb"]
 
 
 def test_merges_resumed_versions(tmp_path: Path) -> None:
