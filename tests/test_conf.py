@@ -67,6 +67,29 @@ def test_tool_help_lists_its_own_keys_with_comments(tool: str, tmp_path: Path) -
     assert "hydra" not in out.lower().replace("hydra_", "")
 
 
+@pytest.mark.parametrize(
+    ("tool", "args", "expected"),
+    [
+        ("generate", ["model=baby"], "error: generate: unknown key 'model'; the keys are ckpt, init_from, "),
+        ("export", ["out.x=1"], "error: export: unknown key 'out.x'; the keys are ckpt, format, out, "),
+        ("attention_maps", ["layer=[0"], "error: attention_maps: bad override (no viable alternative at "),
+        ("evaluate", ["~ckpt", "~ckpt"], "error: evaluate: bad override (Could not delete from config. "),
+    ],
+)
+def test_a_refused_override_is_one_line(
+    tool: str, args: list[str], expected: str, monkeypatch, capsys
+) -> None:
+    """What Hydra refuses on a tool's command line (its own message spans several lines) is one line."""
+    import importlib
+
+    monkeypatch.setattr(sys, "argv", [tool, *args])
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module(f"mini_gpt.{tool}").main()
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(expected) and captured.err.count("\n") == 1
+
+
 def test_train_help_lists_the_groups_of_its_defaults_and_no_sweep(tmp_path: Path) -> None:
     out = _help(str(REPO / "train.py"), cwd=tmp_path)
     defaults = yaml.safe_load((CONF_DIR / "train.yaml").read_text())["defaults"]

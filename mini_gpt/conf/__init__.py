@@ -10,6 +10,7 @@ tools; `sweep/` holds W&B sweep specs (no defaults list uses it). A wheel carrie
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -106,18 +107,35 @@ def exit_with_help_if_asked(config_name: str) -> None:
         raise SystemExit(0)
 
 
-def hydra_main(config_name: str, task: Callable[[Any], Any]) -> Any:
-    """Run `task(cfg)` on `CONF_DIR/<config_name>.yaml` plus the command line's Hydra overrides.
+def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
+    """`compose`, with an override Hydra refuses (an unknown key, bad syntax) as one `MiniGPTError` line."""
+    from hydra.errors import HydraException
 
-    A `MiniGPTError` becomes one `error: ...` line on stderr and exit status 2 (see mini_gpt.errors).
-    `--help` / `-h` prints `tool_help(config_name)`.
+    from mini_gpt.errors import MiniGPTError
+
+    try:
+        return compose(overrides, config_name)
+    except HydraException as err:
+        first = str(err).strip().splitlines()[0]
+        unknown = re.match(r"Could not override '([^']+)'", first)
+        if unknown:
+            keys = ", ".join(str(k) for k in compose((), config_name))
+            why = f"unknown key {unknown.group(1)!r}; the keys are {keys}"
+        else:
+            why = f"bad override ({first}); write key=value (python -m mini_gpt.{config_name} --help)"
+        raise MiniGPTError(f"{config_name}: {why}") from None
+
+
+def hydra_main(config_name: str, task: Callable[[Any], Any]) -> Any:
+    """Run `task(cfg)` on `CONF_DIR/<config_name>.yaml` plus the command line's `key=value` overrides.
+
+    Composed with Hydra's compose API: a one-shot tool needs no run directory, log files or multirun.
+    A refused override or a `MiniGPTError` becomes one `error: ...` line on stderr and exit status 2
+    (see mini_gpt.errors). `--help` / `-h` prints `tool_help(config_name)`.
     """
-    import hydra
+    import sys
 
     from mini_gpt.errors import exit_on_user_error
 
     exit_with_help_if_asked(config_name)
-    register_resolvers()
-    return hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(
-        exit_on_user_error(task)
-    )()
+    return exit_on_user_error(lambda: task(compose_command_line(config_name, sys.argv[1:])))()
