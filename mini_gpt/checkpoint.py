@@ -11,7 +11,9 @@ Accepted sources (`load_model(path)`):
 - an export directory with `format=hf` (or any local GPT-2 directory `transformers` can load): weights
   and tokenizer through `mini_gpt.hf` (`mini_gpt_tokenizer.json`, or else GPT-2's `vocab.json`).
 
-Every failure (missing file, corrupt file, foreign checkpoint, shape mismatch) is one `MiniGPTError` line.
+`load_source(init_from)` also takes a hub name (`gpt2` ... `gpt2-xl`); `open_model` is what the tools'
+`ckpt=` / `init_from=` keys load. Every failure (missing file, corrupt file, foreign checkpoint, shape
+mismatch) is one `MiniGPTError` line.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ __all__ = [
     "FORMAT_VERSION",
     "check_resume",
     "load_model",
+    "load_source",
     "metadata",
     "model_state_dict",
+    "open_model",
     "read_checkpoint",
     "unreadable_checkpoint",
 ]
@@ -249,17 +253,57 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GP
         config_path = path / CONFIG_FILE
         if not config_path.is_file():
             raise MiniGPTError(
-                f"{path} is a directory without {CONFIG_FILE}; pass a .ckpt file or an export directory"
+                f"{path} has no {CONFIG_FILE}, so it is not a model directory; pass a .ckpt file, a "
+                "mini_gpt.export directory or a transformers GPT-2 directory"
             )
         config = _read_config(config_path)
         if isinstance(config, dict) and "mini_gpt" in config:
             model, tokenizer = _load_safetensors_dir(path)
         else:
-            from mini_gpt.hf import load_hf_dir
+            from mini_gpt.hf import ARCHITECTURES, load_hf_dir
 
+            kind = config.get("model_type") if isinstance(config, dict) else None
+            if kind not in ARCHITECTURES:
+                readable = ", ".join(a.label for a in ARCHITECTURES.values())
+                raise MiniGPTError(
+                    f"{config_path} describes {f'{kind!r} model' if kind else 'no known model'}, not one "
+                    f"mini-gpt reads ({readable}); pass a .ckpt file, a mini_gpt.export directory or a "
+                    "transformers directory"
+                )
             model, tokenizer = load_hf_dir(path)
     elif path.suffix == ".safetensors" and (path.parent / CONFIG_FILE).is_file():
         model, tokenizer = _load_safetensors_dir(path.parent)
     else:
         model, tokenizer = _load_lightning(path)
     return model.to(device).eval(), tokenizer
+
+
+def load_source(init_from: str, bpe_file: str | Path | None = None) -> tuple[GPT, Tokenizer]:
+    """(GPT, tokenizer) of pretrained weights: whatever `load_model` reads, or a hub name (`gpt2` ...
+    `gpt2-xl`: needs network or the hub cache; `bpe_file`, a local gpt2.tiktoken, spares the tokenizer's)."""
+    if Path(init_from).expanduser().exists():
+        return load_model(init_from)
+    from mini_gpt.hf import HUB_MODELS, check_hub_available, gpt_from_hf
+    from mini_gpt.tokenizer import build_tokenizer
+
+    if init_from not in HUB_MODELS:
+        raise MiniGPTError(
+            f"init_from={init_from!r} is neither an existing path (a .ckpt file or a model directory) "
+            f"nor a hub name ({', '.join(HUB_MODELS)})"
+        )
+    check_hub_available(init_from)
+    return gpt_from_hf(init_from).eval(), build_tokenizer("gpt2", bpe_file=bpe_file)
+
+
+def open_model(
+    ckpt: str | None, init_from: str | None, bpe_file: str | None, device: str | torch.device
+) -> tuple[GPT, Tokenizer]:
+    """The model (eval mode, on `device`) and tokenizer a tool's `ckpt=` or `init_from=` names."""
+    if bool(ckpt) == bool(init_from):
+        raise MiniGPTError(
+            "set exactly one of ckpt=PATH (checkpoint or export directory) or init_from=gpt2|HF_DIR"
+        )
+    if ckpt:
+        return load_model(ckpt, device)
+    model, tokenizer = load_source(str(init_from), bpe_file)
+    return model.to(device), tokenizer

@@ -28,8 +28,9 @@ from typing import Any, TextIO
 
 import torch
 
+from mini_gpt.checkpoint import open_model
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.generate import GenerateConfig, autocast_context, load_source, resolve_device
+from mini_gpt.generate import autocast_context, resolve_device
 
 TASKS = ("bpb", "hellaswag")
 
@@ -192,8 +193,7 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    source = GenerateConfig(ckpt=cfg.ckpt, init_from=cfg.init_from, bpe_file=cfg.bpe_file)
-    model, tokenizer = load_source(source, device)
+    model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device)
     results: dict[str, Any] = {"checkpoint": str(cfg.ckpt or cfg.init_from), **checkpoint_info(cfg.ckpt)}
     # Read every input before the first (possibly long) task, so a wrong path fails in a second.
     documents = bpb_documents(cfg) if "bpb" in cfg.tasks else None

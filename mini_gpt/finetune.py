@@ -5,10 +5,10 @@
               -> build_model: the weights in a model of that config (position table cropped)
               -> prepare_model: freeze parts (full) or add LoRA adapters (lora)
 
-Sources (`load_source`): a hub name (`gpt2` ... `gpt2-xl`, needs network or the hub cache), a local
-`transformers` GPT-2 directory, a directory written by `python -m mini_gpt.export`, or one of our `.ckpt`
-files (weights only: the optimizer, schedule and step count start fresh; `ckpt_path=` resumes instead).
-A LoRA checkpoint is merged on load, so it can be the source of the next run too.
+Sources (`mini_gpt.checkpoint.load_source`): a hub name (`gpt2` ... `gpt2-xl`, needs network or the hub
+cache), a local `transformers` directory, a directory written by `python -m mini_gpt.export`, or one of our
+`.ckpt` files (weights only: the optimizer, schedule and step count start fresh; `ckpt_path=` resumes
+instead). A LoRA checkpoint is merged on load, so it can be the source of the next run too.
 
 The source fixes every key that shapes a weight. A run may change `dropout`, and shrink `block_size`
 (the learned position table keeps its first rows, as nanoGPT's `crop_block_size`); any other model key
@@ -30,7 +30,6 @@ frozen parts from it, and `mini_gpt.checkpoint.load_model` merges the adapters.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 
 from torch import nn
 
+from mini_gpt.checkpoint import load_source
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer, Tokenizer
@@ -108,54 +108,6 @@ class FinetuneConfig:
         if unknown:
             raise MiniGPTError(f"finetune: unknown key(s) {sorted(unknown)}; see conf/finetune/lora.yaml")
         return cls(**d)
-
-
-# ---- the source ----------------------------------------------------------------------------------
-def load_source(init_from: str, bpe_file: str | Path | None = None) -> tuple[GPT, Tokenizer]:
-    """(GPT, tokenizer) from a hub name, a transformers GPT-2 dir, an export dir or a .ckpt file.
-
-    `bpe_file`: a local gpt2.tiktoken for a hub source's tokenizer (no network for the tokenizer).
-    """
-    from mini_gpt.checkpoint import load_model
-
-    path = Path(init_from).expanduser()
-    if path.is_file():
-        return load_model(path)
-    if path.is_dir():
-        config_path = path / "config.json"
-        if not config_path.is_file():
-            raise MiniGPTError(
-                f"init_from={init_from}: {path} has no config.json, so it is not a model directory; pass "
-                "a transformers GPT-2 directory, a mini_gpt.export directory or a .ckpt file"
-            )
-        try:
-            config = json.loads(config_path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise MiniGPTError(f"init_from={init_from}: cannot read {config_path} ({err})") from None
-        from mini_gpt.hf import ARCHITECTURES
-
-        if not isinstance(config, dict) or (
-            "mini_gpt" not in config and config.get("model_type") not in ARCHITECTURES
-        ):
-            kind = config.get("model_type") if isinstance(config, dict) else None
-            what = f"{kind!r} model" if kind else "no known model"
-            readable = ", ".join(a.label for a in ARCHITECTURES.values())
-            raise MiniGPTError(
-                f"init_from={init_from}: {config_path} describes {what}, not one mini-gpt reads "
-                f"({readable}); "
-                "pass a transformers GPT-2 directory, a mini_gpt.export directory or a .ckpt file"
-            )
-        return load_model(path)
-    from mini_gpt.hf import HUB_MODELS, check_hub_available, gpt_from_hf
-    from mini_gpt.tokenizer import build_tokenizer
-
-    if init_from not in HUB_MODELS:
-        raise MiniGPTError(
-            f"init_from={init_from!r} is neither an existing path (a .ckpt file or a model directory) "
-            f"nor a hub name ({', '.join(HUB_MODELS)})"
-        )
-    check_hub_available(init_from)
-    return gpt_from_hf(init_from), build_tokenizer("gpt2", bpe_file=bpe_file)
 
 
 def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_from: str) -> GPTConfig:

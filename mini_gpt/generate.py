@@ -30,9 +30,9 @@ from typing import Any, TextIO
 
 import torch
 
+from mini_gpt.checkpoint import open_model
 from mini_gpt.errors import MiniGPTError, build_config
 from mini_gpt.inference import can_pack, prepare_for_inference
-from mini_gpt.model import GPT
 from mini_gpt.sampling import check_sampling_args, generate_tokens
 from mini_gpt.tokenizer import Tokenizer
 
@@ -157,29 +157,6 @@ def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
         return [0]  # a vocabulary without newlines: start from its first character
 
 
-def load_source(cfg: GenerateConfig, device: torch.device) -> tuple[GPT, Tokenizer]:
-    """The model and tokenizer from `ckpt` (our checkpoint or export) or `init_from` (GPT-2 weights)."""
-    from mini_gpt.checkpoint import load_model
-
-    if bool(cfg.ckpt) == bool(cfg.init_from):
-        raise MiniGPTError(
-            "set exactly one of ckpt=PATH (checkpoint or export directory) or init_from=gpt2|HF_DIR"
-        )
-    if cfg.ckpt:
-        return load_model(cfg.ckpt, device=device)
-    source = str(cfg.init_from)
-    if Path(source).expanduser().is_dir():
-        return load_model(source, device=device)
-    from mini_gpt.hf import HUB_MODELS, check_hub_available, gpt_from_hf
-    from mini_gpt.tokenizer import build_tokenizer
-
-    if source not in HUB_MODELS:
-        raise MiniGPTError(f"init_from={source!r} is neither a local directory nor one of {HUB_MODELS}")
-    check_hub_available(source)
-    tokenizer = build_tokenizer("gpt2", bpe_file=cfg.bpe_file)  # same vocabulary for every GPT-2 size
-    return gpt_from_hf(source).to(device).eval(), tokenizer
-
-
 class TextStream:
     """Turns one sample's token ids into text pieces that are safe to print, and applies stop strings.
 
@@ -253,7 +230,7 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
             raise MiniGPTError(f"threads={cfg.threads} must be >= 1 (or null for torch's default)")
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    model, tokenizer = load_source(cfg, device)
+    model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device)
     ids = encode_prompt(tokenizer, prompt)
     block_size = model.config.block_size
     if len(ids) > block_size:

@@ -87,15 +87,15 @@ class MiniGPTLM(TemplateLM):
         **kwargs: Any,
     ) -> None:
         super().__init__()
-        from mini_gpt.generate import GenerateConfig, load_source, resolve_device
+        from mini_gpt.checkpoint import open_model
+        from mini_gpt.generate import resolve_device
 
         if device in ("cuda", "cuda:0") and not torch.cuda.is_available():  # the lm_eval CLI's default
             print("warning: device=cuda but torch sees no CUDA GPU; running on the CPU", file=sys.stderr)
             device = "auto"
         self._device = resolve_device(device or "auto")
         if model is None:
-            source = GenerateConfig(ckpt=ckpt, init_from=init_from, bpe_file=bpe_file)
-            model, tokenizer = load_source(source, self._device)
+            model, tokenizer = open_model(ckpt, init_from, bpe_file, self._device)
         elif tokenizer is None:
             raise MiniGPTError("MiniGPTLM(model=...) also needs tokenizer=...")
         self.model = model.to(self._device).eval()

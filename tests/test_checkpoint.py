@@ -164,7 +164,7 @@ def test_foreign_checkpoint_and_mismatched_weights(tmp_path, trained):
 
 
 def test_directory_without_config(tmp_path):
-    with pytest.raises(MiniGPTError, match=r"without config\.json"):
+    with pytest.raises(MiniGPTError, match=r"has no config\.json, so it is not a model directory"):
         load_model(tmp_path)
 
 
