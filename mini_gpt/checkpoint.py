@@ -76,14 +76,17 @@ def unreadable_checkpoint(path: str | Path, err: BaseException) -> MiniGPTError:
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """torch.load a `.ckpt` safely (weights_only), turning every failure into one line."""
+    """torch.load a `.ckpt` safely (weights_only), turning every failure into one line.
+
+    Memory-mapped: reading the small entries (`mini_gpt`, `run_config`, `global_step`) leaves the weights
+    on disk, so resuming and evaluating can look into a multi-GB checkpoint in milliseconds."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise MiniGPTError(
             f"checkpoint {path} does not exist; pass ckpt=PATH to a .ckpt file or export directory"
         )
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # zip/pickle/EOF/weights-only errors all mean "not a checkpoint we can read"
         raise unreadable_checkpoint(path, err) from None
     if not isinstance(ckpt, dict):

@@ -16,7 +16,6 @@ through `harness_tasks` (`mini_gpt.harness`; needs the `eval` extra). Prints a m
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -28,8 +27,8 @@ from typing import Any, TextIO
 
 import torch
 
-from mini_gpt.checkpoint import open_model
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.checkpoint import open_model, read_checkpoint
+from mini_gpt.errors import MiniGPTError, build_config
 from mini_gpt.generate import autocast_context, resolve_device
 
 TASKS = ("bpb", "hellaswag")
@@ -37,13 +36,7 @@ TASKS = ("bpb", "hellaswag")
 
 def _section(cls: type, d: Any, name: str) -> Any:
     """A nested config dataclass from its mapping; unknown keys are an error naming the section."""
-    if isinstance(d, cls):
-        return d
-    d = dict(d or {})
-    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-        raise MiniGPTError(f"unknown {name} key(s) {unknown}; see conf/evaluate.yaml")
-    return cls(**d)
+    return d if isinstance(d, cls) else build_config(cls, dict(d or {}), name)
 
 
 @dataclass
@@ -132,17 +125,10 @@ class EvaluateConfig:
 
 def checkpoint_info(path: str | None) -> dict[str, Any]:
     """step / tokens recorded in a training checkpoint (None for exports and GPT-2 weights)."""
-    info: dict[str, Any] = {"step": None, "tokens": None}
     if not path or not Path(path).expanduser().is_file() or str(path).endswith(".safetensors"):
-        return info
-    try:  # memory-mapped: only the few scalars we read leave the disk
-        ckpt = torch.load(Path(path).expanduser(), map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # load_model already accepted the file; a non-zip legacy file cannot be mmapped
-        return info
-    info["step"] = ckpt.get("global_step")
-    meta = ckpt.get("mini_gpt") or {}
-    info["tokens"] = meta.get("tokens")
-    return info
+        return {"step": None, "tokens": None}
+    ckpt = read_checkpoint(path)  # load_model already accepted it; memory-mapped, so only scalars are read
+    return {"step": ckpt.get("global_step"), "tokens": (ckpt.get("mini_gpt") or {}).get("tokens")}
 
 
 def bpb_documents(cfg: EvaluateConfig) -> tuple[list[str], str]:
@@ -241,11 +227,7 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
 
 
 def config_from_dict(d: dict[str, Any]) -> EvaluateConfig:
-    known = {f.name for f in dataclasses.fields(EvaluateConfig)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise MiniGPTError(f"unknown evaluate key(s) {unknown}; see conf/evaluate.yaml")
-    return EvaluateConfig(**d)
+    return build_config(EvaluateConfig, d, "evaluate")
 
 
 def main() -> None:

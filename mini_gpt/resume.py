@@ -35,15 +35,10 @@ _MISSING = object()
 def saved_run_config(ckpt_path: Path) -> tuple[dict[str, Any] | None, str]:
     """(the run's config, where it was found) from the checkpoint, else `.hydra/config.yaml` of the run
     directory holding `checkpoints/<ckpt>`; (None, "") when neither exists (a checkpoint from elsewhere)."""
-    import torch
+    from mini_gpt.checkpoint import read_checkpoint
 
-    try:  # mmap: only the small entries are read, not the weights
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:
-        from mini_gpt.checkpoint import read_checkpoint
-
-        ckpt = read_checkpoint(ckpt_path)  # the same failure, as one line
-    saved = ckpt.get(RUN_CONFIG_KEY) if isinstance(ckpt, dict) else None
+    ckpt = read_checkpoint(ckpt_path)  # memory-mapped: the weights stay on disk
+    saved = ckpt.get(RUN_CONFIG_KEY)
     if isinstance(saved, dict):
         return saved, "the checkpoint"
     beside = ckpt_path.parent.parent / ".hydra" / "config.yaml"

@@ -96,11 +96,11 @@ def test_config_errors_are_one_line():
         EvaluateConfig(ckpt="x", tasks=["mmlu"])
     with pytest.raises(MiniGPTError, match="nothing to evaluate"):
         EvaluateConfig(ckpt="x", tasks=[])
-    with pytest.raises(MiniGPTError, match=r"unknown bpb key\(s\) \['strid'\]"):
+    with pytest.raises(MiniGPTError, match=r"bpb: unknown key\(s\) \['strid'\]"):
         EvaluateConfig(ckpt="x", bpb={"strid": 3})
     with pytest.raises(MiniGPTError, match=r"bpb\.split"):
         EvaluateConfig(ckpt="x", bpb={"split": "test"})
-    with pytest.raises(MiniGPTError, match="unknown evaluate key"):
+    with pytest.raises(MiniGPTError, match="evaluate: unknown key"):
         config_from_dict({"ckpt": "x", "taks": ["bpb"]})
 
 
