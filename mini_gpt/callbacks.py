@@ -77,6 +77,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     Saving streams `torch.save` into `.<name>.<pid>.tmp` beside the target (same file system, no
     in-memory copy of the whole checkpoint), fsyncs it, renames it over the target and fsyncs the folder.
+    Such temporaries that a killed process left (its pid is gone) are removed by the next save there.
     Lightning's own writer stages the file in the system temp dir and moves it, which is a copy, not a
     rename, when that dir is on another file system. Remote URLs (s3://...) still go through Lightning.
     """
@@ -89,6 +90,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale_temporaries(path.parent)
             with open(tmp, "wb") as fh:
                 torch.save(checkpoint, fh)
                 fh.flush()
@@ -113,6 +115,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise
         except Exception as err:  # truncated, corrupt, not a checkpoint: the message generate/export give
             raise unreadable_checkpoint(path, err) from None
+
+
+def _remove_stale_temporaries(directory: Path) -> None:
+    """Delete the `.<name>.<pid>.tmp` files of saves whose process no longer runs (killed mid-write)."""
+    import psutil
+
+    for tmp in directory.glob(".*.tmp"):
+        pid = tmp.name.removesuffix(".tmp").rpartition(".")[2]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            tmp.unlink(missing_ok=True)
 
 
 def _fsync_dir(directory: Path) -> None:

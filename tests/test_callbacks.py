@@ -387,6 +387,17 @@ def test_checkpoint_survives_a_hard_kill_while_the_next_is_written(tmp_path: Pat
         child.kill()
     ckpt = torch.load(path, map_location="cpu", weights_only=True)  # still the complete previous one
     assert ckpt["step"] == 1 and ckpt["w"].tolist() == [1.0] * 8
+    # The next save in the folder removes what the killed one left, and only that.
+    left = tmp_path / f".last.ckpt.{child.pid}.tmp"
+    live = tmp_path / f".best.ckpt.{os.getppid()}.tmp"  # a process that still runs may still be saving
+    other = tmp_path / ".notes.tmp"
+    live.write_bytes(b"x")
+    other.write_bytes(b"x")
+    assert left.exists()
+    from mini_gpt.callbacks import AtomicCheckpointIO
+
+    AtomicCheckpointIO().save_checkpoint({"step": 3}, tmp_path / "epoch.ckpt")
+    assert not left.exists() and live.exists() and other.exists()
 
 
 def test_full_disk_while_writing_a_checkpoint_is_one_line(tmp_path: Path, monkeypatch) -> None:
