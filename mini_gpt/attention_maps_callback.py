@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
 from mini_gpt.attention_maps import (
@@ -33,6 +32,7 @@ from mini_gpt.attention_maps import (
     update_attention_maps,
     update_attention_summary,
 )
+from mini_gpt.callbacks import StepCallback
 from mini_gpt.errors import MiniGPTError
 
 DEFAULT_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak."
@@ -62,7 +62,7 @@ def _png_image(fig: Any, dpi: int) -> Any:
     return wandb.Image(Image.open(buf).convert("RGB"))
 
 
-class AttentionMaps(Callback):
+class AttentionMaps(StepCallback):
     """Every `every_n_steps` optimizer steps, draw the attention of `pl_module.model` on `prompt`.
 
     Args:
@@ -104,22 +104,11 @@ class AttentionMaps(Callback):
         self.max_inches = max_inches
         self.saved: list[Path] = []  # PNGs written (when W&B is off)
         self._prompt_text: str | None = None
-        self._last_step = -1
         self._figures: dict[str, tuple[Any, dict[str, Any]]] = {}  # name -> (Figure, data), reused
 
     @property
     def enabled(self) -> bool:
         return self.every_n_steps > 0
-
-    def _tokenizer(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
-        tok = getattr(pl_module, "tokenizer", None)
-        if tok is None:
-            tok = getattr(getattr(trainer, "datamodule", None), "tokenizer", None)
-        if isinstance(tok, dict):
-            from mini_gpt.tokenizer import tokenizer_from_dict
-
-            tok = tokenizer_from_dict(tok)
-        return tok
 
     def _resolve_prompt(self, tokenizer: Any) -> str:
         if self.prompt:
@@ -143,35 +132,30 @@ class AttentionMaps(Callback):
         if not self.enabled or stage != "fit":
             return
         model = getattr(pl_module, "model", None)
-        if model is None or not hasattr(model, "config"):
-            raise MiniGPTError("callbacks.attention_maps needs a LightningModule with the GPT at .model")
+        if model is None or not hasattr(model, "config") or getattr(pl_module, "tokenizer", None) is None:
+            raise MiniGPTError(
+                "callbacks.attention_maps needs a LightningModule with the GPT at .model and its .tokenizer"
+            )
         # Fail at the start, not after hours of training, on a bad layer/head selection.
         parse_selection(self.layers, model.config.n_layer, "callbacks.attention_maps.layers")
         parse_selection(self.heads, model.config.n_head, "callbacks.attention_maps.heads")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.enabled:
-            return
-        tok = self._tokenizer(trainer, pl_module)
-        if tok is None:
-            raise MiniGPTError("callbacks.attention_maps: no tokenizer on the module or datamodule")
-        self._prompt_text = self._resolve_prompt(tok)
+        super().on_train_start(trainer, pl_module)
+        if self.enabled:
+            self._prompt_text = self._resolve_prompt(pl_module.tokenizer)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if not self.enabled or trainer.global_step == self._last_step:
-            return  # once per optimizer step: this hook fires per micro-batch
-        self._last_step = trainer.global_step
-        if trainer.global_step % self.every_n_steps == 0:
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.enabled and trainer.global_step % self.every_n_steps == 0:
             self.log_maps(trainer, pl_module)
 
     @rank_zero_only
     def log_maps(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Draw the figures for the current weights and log (W&B) or save (PNG) them."""
         t0 = time.perf_counter()
-        tok = self._tokenizer(trainer, pl_module)
+        tok, step = pl_module.tokenizer, trainer.global_step
         prompt = self._prompt_text or self._resolve_prompt(tok)
-        model, step = pl_module.model, trainer.global_step
-        figures = self.draw(model, tok, prompt, step)
+        figures = self.draw(pl_module.model, tok, prompt, step)
         loggers = _wandb_loggers(trainer)
         if loggers:
             images = {name: _png_image(fig, self.dpi) for name, fig in figures.items()}

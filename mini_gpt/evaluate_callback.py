@@ -19,14 +19,14 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
 
+from mini_gpt.callbacks import StepCallback
 from mini_gpt.errors import MiniGPTError
 
 TASKS = ("bpb", "hellaswag")
 
 
-class EvaluateCallback(Callback):
+class EvaluateCallback(StepCallback):
     """Every `every_n_steps` optimizer steps, evaluate `tasks` and log `eval/<task>/<metric>`.
 
     Args:
@@ -63,7 +63,6 @@ class EvaluateCallback(Callback):
         self._bytes = 0
         self._items: list[Any] = []
         self._tokenizer: Any = None
-        self._last_step = -1
 
     @property
     def enabled(self) -> bool:
@@ -92,12 +91,9 @@ class EvaluateCallback(Callback):
             cache = data_root(dict(vars(datamodule.cfg))) / "hellaswag"
             self._items = load_hellaswag(self.hellaswag_path, cache, self.hellaswag_limit)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if not self.enabled or trainer.global_step == self._last_step:
-            return  # once per optimizer step: this hook fires per micro-batch
-        self._last_step = trainer.global_step
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         last = trainer.max_steps is not None and trainer.global_step >= trainer.max_steps
-        if trainer.global_step % self.every_n_steps == 0 or last:
+        if self.enabled and (trainer.global_step % self.every_n_steps == 0 or last):
             self.evaluate(trainer, pl_module)
 
     @torch.no_grad()
