@@ -60,14 +60,11 @@ class StepCallback(Callback):
 
 
 def _last_ckpt_path(trainer: L.Trainer) -> Path | None:
+    """Where the checkpoint callback writes last.ckpt (None without one)."""
     cb = trainer.checkpoint_callback
-    dirpath = getattr(cb, "dirpath", None)
-    if not dirpath:
+    if not isinstance(cb, ModelCheckpoint) or not cb.dirpath:
         return None
-    return (
-        Path(dirpath)
-        / f"{getattr(cb, 'CHECKPOINT_NAME_LAST', 'last')}{getattr(cb, 'FILE_EXTENSION', '.ckpt')}"
-    )
+    return Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
 
 
 # ---- checkpoints --------------------------------------------------------------------------------
@@ -515,9 +512,9 @@ class ProgressBar(RichProgressBar):
         ]
 
     def _get_train_description(self, current_epoch: int) -> str:
-        # one endless epoch: "Epoch 0/-2" would only confuse. RichProgressBar has no public hook for
+        # One endless epoch: "Epoch 0/-2" would only confuse. RichProgressBar has no public hook for
         # the description (tests/test_callbacks.py checks that Lightning still calls this one).
-        return self.TRAIN  # one endless epoch: "Epoch 0/-2" would only confuse
+        return self.TRAIN
 
     @property
     def total_train_batches(self) -> int | float:

@@ -28,8 +28,8 @@ from typing import Any, TextIO
 import torch
 
 from mini_gpt.checkpoint import open_model, read_checkpoint
-from mini_gpt.errors import MiniGPTError, build_config
-from mini_gpt.generate import autocast_context, resolve_device
+from mini_gpt.errors import MiniGPTError, build_config, check_positive_ints
+from mini_gpt.generate import autocast_context, check_dtype, resolve_device
 
 TASKS = ("bpb", "hellaswag")
 
@@ -49,10 +49,8 @@ class BpbConfig:
     def __post_init__(self) -> None:
         if self.split not in ("train", "val"):
             raise MiniGPTError(f"bpb.split={self.split!r} must be train or val")
-        if self.stride is not None and self.stride < 1:
-            raise MiniGPTError(f"bpb.stride={self.stride} must be >= 1 (or null for block_size // 2)")
-        if self.batch_size < 1:
-            raise MiniGPTError(f"bpb.batch_size={self.batch_size} must be >= 1")
+        check_positive_ints(**{"bpb.batch_size": self.batch_size})
+        check_positive_ints(allow_none=True, **{"bpb.stride": self.stride})
 
 
 @dataclass
@@ -62,10 +60,8 @@ class HellaSwagConfig:
     batch_size: int = 4  # items per forward pass (4 rows each)
 
     def __post_init__(self) -> None:
-        if self.limit is not None and self.limit < 1:
-            raise MiniGPTError(f"hellaswag.limit={self.limit} must be >= 1 (or null for all items)")
-        if self.batch_size < 1:
-            raise MiniGPTError(f"hellaswag.batch_size={self.batch_size} must be >= 1")
+        check_positive_ints(**{"hellaswag.batch_size": self.batch_size})
+        check_positive_ints(allow_none=True, **{"hellaswag.limit": self.limit})
 
 
 @dataclass
@@ -117,10 +113,8 @@ class EvaluateConfig:
         self.bpb = _section(BpbConfig, self.bpb, "bpb")
         self.hellaswag = _section(HellaSwagConfig, self.hellaswag, "hellaswag")
         self.harness = _section(HarnessConfig, self.harness, "harness")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise MiniGPTError(f"dtype={self.dtype!r} must be auto, float32, bfloat16 or float16")
-        if self.threads is not None and self.threads < 1:
-            raise MiniGPTError(f"threads={self.threads} must be >= 1 (or null for torch's default)")
+        check_dtype(self.dtype)
+        check_positive_ints(allow_none=True, threads=self.threads)
 
 
 def checkpoint_info(path: str | None) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from typing import Any
 from torch import nn
 
 from mini_gpt.checkpoint import load_source
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, build_config, check_positive_ints
 from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer, Tokenizer
 
@@ -80,9 +80,7 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise MiniGPTError(f"finetune.method={self.method!r} must be one of {METHODS}")
-        n = self.train_last_n_blocks
-        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-            raise MiniGPTError(f"finetune.train_last_n_blocks={n!r} must be a positive integer or null")
+        check_positive_ints(allow_none=True, **{"finetune.train_last_n_blocks": self.train_last_n_blocks})
         self.lora_targets = tuple(self.lora_targets)
         bad = sorted(set(self.lora_targets) - set(LORA_TARGETS))
         if bad or not self.lora_targets:
@@ -90,8 +88,7 @@ class FinetuneConfig:
                 f"finetune.lora_targets={list(self.lora_targets)} must be a non-empty subset of "
                 f"{list(LORA_TARGETS)}"
             )
-        if not isinstance(self.lora_rank, int) or self.lora_rank < 1:
-            raise MiniGPTError(f"finetune.lora_rank={self.lora_rank!r} must be a positive integer")
+        check_positive_ints(**{"finetune.lora_rank": self.lora_rank})
         if not self.lora_alpha > 0:
             raise MiniGPTError(f"finetune.lora_alpha={self.lora_alpha} must be > 0")
         if not 0.0 <= self.lora_dropout < 1.0:
@@ -104,10 +101,7 @@ class FinetuneConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> FinetuneConfig:
-        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise MiniGPTError(f"finetune: unknown key(s) {sorted(unknown)}; see conf/finetune/lora.yaml")
-        return cls(**d)
+        return build_config(cls, d, "finetune")
 
 
 def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_from: str) -> GPTConfig:

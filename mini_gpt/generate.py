@@ -31,7 +31,7 @@ from typing import Any, TextIO
 import torch
 
 from mini_gpt.checkpoint import open_model
-from mini_gpt.errors import MiniGPTError, build_config
+from mini_gpt.errors import MiniGPTError, build_config, check_positive_ints
 from mini_gpt.inference import can_pack, prepare_for_inference
 from mini_gpt.sampling import check_sampling_args, generate_tokens
 from mini_gpt.tokenizer import Tokenizer
@@ -66,10 +66,9 @@ class GenerateConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
             raise MiniGPTError(f"max_new_tokens={self.max_new_tokens} must be >= 0")
-        if self.num_samples < 1:
-            raise MiniGPTError(f"num_samples={self.num_samples} must be >= 1")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise MiniGPTError(f"dtype={self.dtype!r} must be auto, float32, bfloat16 or float16")
+        check_positive_ints(num_samples=self.num_samples)
+        check_positive_ints(allow_none=True, threads=self.threads)
+        check_dtype(self.dtype)
 
     @property
     def stops(self) -> list[str]:
@@ -83,6 +82,12 @@ class GenerateConfig:
 def unescape(text: str) -> str:
     """Turn the two-character sequences \\n, \\t and \\\\ into a newline, a tab and a backslash."""
     return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
+
+
+def check_dtype(dtype: str) -> None:
+    """The `dtype=` key of generate and evaluate."""
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise MiniGPTError(f"dtype={dtype!r} must be auto, float32, bfloat16 or float16")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -226,8 +231,6 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
     check_sampling_args(cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty)
     prompt = read_prompt(cfg)
     if cfg.threads is not None:
-        if cfg.threads < 1:
-            raise MiniGPTError(f"threads={cfg.threads} must be >= 1 (or null for torch's default)")
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device)
