@@ -46,8 +46,6 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.generate import prompt_text, split_free_text
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
     from mini_gpt.model import GPT
 
 __all__ = [
@@ -382,7 +380,7 @@ def summary_path(out: str | Path) -> Path:
 VIEWS = ("maps", "summary", "both")
 
 
-def run(cfg: DictConfig | dict[str, Any]) -> list[Path]:
+def run(cfg: dict[str, Any]) -> list[Path]:
     """The CLI's work, on a plain mapping of its config; returns the files written."""
     from mini_gpt.checkpoint import load_model
 
@@ -425,12 +423,10 @@ def run(cfg: DictConfig | dict[str, Any]) -> list[Path]:
 
 def main() -> None:
     """Console entry point (`python -m mini_gpt.attention_maps ...`)."""
-    from omegaconf import OmegaConf
-
     from mini_gpt.conf import hydra_main
 
     sys.argv[1:], text = split_free_text(sys.argv[1:])  # prompt= takes any text, commas included
-    hydra_main("attention_maps", lambda cfg: run({**OmegaConf.to_container(cfg), **text}))
+    hydra_main("attention_maps", lambda cfg: run({**cfg, **text}))
 
 
 if __name__ == "__main__":

@@ -226,11 +226,9 @@ def config_from_dict(d: dict[str, Any]) -> EvaluateConfig:
 
 def main() -> None:
     """`python -m mini_gpt.evaluate key=value ...` (Hydra overrides of conf/evaluate.yaml)."""
-    from omegaconf import OmegaConf
-
     from mini_gpt.conf import hydra_main
 
-    hydra_main("evaluate", lambda cfg: run(config_from_dict(OmegaConf.to_container(cfg, resolve=True))))
+    hydra_main("evaluate", lambda cfg: run(config_from_dict(cfg)))
 
 
 if __name__ == "__main__":

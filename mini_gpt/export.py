@@ -88,16 +88,16 @@ def export_model(
     return out
 
 
-def _run(cfg: Any) -> Path:
+def _run(cfg: dict[str, Any]) -> Path:
     from mini_gpt.checkpoint import load_model
 
-    if not cfg.ckpt:
+    if not cfg["ckpt"]:
         raise MiniGPTError("set ckpt=PATH (a training .ckpt or an export directory)")
-    if not cfg.out:
+    if not cfg["out"]:
         raise MiniGPTError("set out=DIR (the directory to write)")
-    model, tokenizer = load_model(cfg.ckpt)
-    out = export_model(model, tokenizer, cfg.out, str(cfg.format), overwrite=bool(cfg.overwrite))
-    print(f"exported {cfg.format} model to {out}")
+    model, tokenizer = load_model(cfg["ckpt"])
+    out = export_model(model, tokenizer, cfg["out"], str(cfg["format"]), overwrite=bool(cfg["overwrite"]))
+    print(f"exported {cfg['format']} model to {out}")
     return out
 
 

@@ -358,12 +358,10 @@ def split_free_text(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
 
 def main() -> None:
     """Console entry point (`mini-gpt-generate`, `python -m mini_gpt.generate`)."""
-    from omegaconf import OmegaConf
-
     from mini_gpt.conf import hydra_main
 
     sys.argv[1:], text = split_free_text(sys.argv[1:])
-    hydra_main("generate", lambda cfg: run(config_from_dict({**OmegaConf.to_container(cfg), **text})))
+    hydra_main("generate", lambda cfg: run(config_from_dict({**cfg, **text})))
 
 
 if __name__ == "__main__":

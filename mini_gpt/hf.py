@@ -138,8 +138,6 @@ ARCHITECTURES: dict[str, Architecture] = {
         },
     ),
 }
-_BY_CLASS = {arch.model_class: name for name, arch in ARCHITECTURES.items()}
-_BY_MODEL_TYPE = {"gpt2": "gpt2", "gpt_neox": "gpt_neox", "llama": "llama"}
 
 
 def hf_architecture(config: GPTConfig) -> str:
@@ -326,11 +324,11 @@ def _load_hf_model(source: Any) -> Any:
 
 
 def _model_class(transformers: Any, config: Any) -> Any:
-    name = _BY_MODEL_TYPE.get(getattr(config, "model_type", None))
-    if name is None:
+    arch = ARCHITECTURES.get(getattr(config, "model_type", None))  # keyed by transformers' model_type
+    if arch is None:
         supported = ", ".join(a.label for a in ARCHITECTURES.values())
         raise MiniGPTError(f"model_type={config.model_type!r} is not one mini-gpt reads ({supported})")
-    return getattr(transformers, ARCHITECTURES[name].model_class)
+    return getattr(transformers, arch.model_class)
 
 
 def _check(label: str, checks: list[tuple[bool, str]]) -> None:

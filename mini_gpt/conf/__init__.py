@@ -126,8 +126,9 @@ def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
         raise MiniGPTError(f"{config_name}: {why}") from None
 
 
-def hydra_main(config_name: str, task: Callable[[Any], Any]) -> Any:
-    """Run `task(cfg)` on `CONF_DIR/<config_name>.yaml` plus the command line's `key=value` overrides.
+def hydra_main(config_name: str, task: Callable[[dict[str, Any]], Any]) -> Any:
+    """Run `task(cfg)` on `CONF_DIR/<config_name>.yaml` plus the command line's `key=value` overrides,
+    `cfg` a plain dict (resolved).
 
     Composed with Hydra's compose API: a one-shot tool needs no run directory, log files or multirun.
     A refused override or a `MiniGPTError` becomes one `error: ...` line on stderr and exit status 2
@@ -135,7 +136,13 @@ def hydra_main(config_name: str, task: Callable[[Any], Any]) -> Any:
     """
     import sys
 
+    from omegaconf import OmegaConf
+
     from mini_gpt.errors import exit_on_user_error
 
+    def run() -> Any:
+        cfg = compose_command_line(config_name, sys.argv[1:])
+        return task(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+
     exit_with_help_if_asked(config_name)
-    return exit_on_user_error(lambda: task(compose_command_line(config_name, sys.argv[1:])))()
+    return exit_on_user_error(run)()
