@@ -21,7 +21,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -66,6 +66,8 @@ class HellaSwagConfig:
 
 @dataclass
 class HarnessConfig:
+    """The keyword arguments of `mini_gpt.harness.run_harness` (passed on as they are)."""
+
     limit: float | None = None  # per task: N examples, or a fraction < 1
     num_fewshot: int | None = None
     batch_size: int = 16
@@ -200,14 +202,7 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
     if cfg.harness_tasks:
         from mini_gpt.harness import run_harness
 
-        h = cfg.harness
-        results.update(
-            run_harness(
-                model, tokenizer, cfg.harness_tasks, limit=h.limit, num_fewshot=h.num_fewshot,
-                batch_size=h.batch_size, include_path=h.include_path, seed=h.seed,
-                builtin_tasks=h.builtin_tasks,
-            )
-        )  # fmt: skip
+        results.update(run_harness(model, tokenizer, cfg.harness_tasks, **asdict(cfg.harness)))
     out.write(markdown_table(results) + "\n")
     if cfg.output:
         _write_json(Path(cfg.output).expanduser(), results)

@@ -117,12 +117,6 @@ def _metric_files(run_dir: Path) -> list[Path]:
     return files
 
 
-def _read_any(path: Path) -> dict[str, Series]:
-    if path.suffix == ".csv":
-        return read_metrics_csv(path)
-    return {"val_loss": read_summary_val_curve(path)}
-
-
 def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
     """All curves found below run_dir (and the runs it resumed from), and the files they came from.
 
@@ -132,32 +126,33 @@ def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
     if not run_dir.exists():
         raise MiniGPTError(f"run directory {run_dir} does not exist")
     segments = [run_dir] if run_dir.is_file() else run_segments(run_dir)
-    files = [path for segment in segments for path in _metric_files(segment)]
     curves: dict[str, Series] = {}
     used: list[Path] = []
     summary_val: Series = {}
     summary_files: list[Path] = []
-    for path in files:
-        if path.suffix == ".csv":
-            found = read_metrics_csv(path)
-            for name, series in found.items():
-                curves.setdefault(name, {}).update(series)  # later files win on repeated steps
-            if found:
-                used.append(path)
-        elif series := read_summary_val_curve(path):
-            summary_val.update(series)
-            summary_files.append(path)
+    starts = []  # the first step of each resumed segment
+    for i, segment in enumerate(segments):
+        steps: list[int] = []
+        for path in _metric_files(segment):
+            if path.suffix == ".csv":
+                found = read_metrics_csv(path)
+                for name, series in found.items():
+                    curves.setdefault(name, {}).update(series)  # later files win on repeated steps
+                    steps += series
+                if found:
+                    used.append(path)
+            elif series := read_summary_val_curve(path):
+                summary_val.update(series)
+                summary_files.append(path)
+                steps += series
+        if i and steps:
+            starts.append(min(steps))
     # summary.json's val_curve carries the optimizer step of each evaluation (Lightning's self.log
     # can record it one step earlier in the CSV), but only a finished process writes it, and only
     # with the evaluations of that process: use it when it is at least as complete as the CSV.
     if summary_val and len(summary_val) >= len(curves.get("val_loss", {})):
         curves["val_loss"] = summary_val
         used += summary_files
-    starts = []
-    for segment in segments[1:]:
-        steps = [s for p in _metric_files(segment) for series in _read_any(p).values() for s in series]
-        if steps:
-            starts.append(min(steps))
     if starts:
         curves["resumed_at"] = {step: 0.0 for step in starts}
     if not any(k in curves for k in ("train_loss", "val_loss")):
