@@ -114,19 +114,13 @@ class AttentionMaps(StepCallback):
         if self.prompt:
             tokenizer.encode(self.prompt)  # a prompt the vocabulary cannot spell: MiniGPTError now
             return self.prompt
-        kept = []
-        for ch in DEFAULT_PROMPT:  # a char vocabulary from another corpus may lack some characters
-            try:
-                if tokenizer.encode(ch):
-                    kept.append(ch)
-            except (MiniGPTError, KeyError, ValueError):
-                continue
+        kept = tokenizer.known_text(DEFAULT_PROMPT)  # a char vocabulary of another corpus lacks some
         if not kept:
             raise MiniGPTError(
                 "callbacks.attention_maps: the tokenizer can encode none of the default prompt; "
                 "set callbacks.attention_maps.prompt"
             )
-        return "".join(kept)
+        return kept
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self.enabled or stage != "fit":

@@ -140,11 +140,6 @@ def prepared_split_documents(ids: Sequence[int], tokenizer: Tokenizer) -> list[s
     return [text for text in (tokenizer.decode(d) for d in docs if d) if text]
 
 
-def _encode_plain(tokenizer: Tokenizer, text: str) -> list[int]:
-    encode_ordinary = getattr(tokenizer, "encode_ordinary", None)  # special-token text stays text
-    return encode_ordinary(text) if encode_ordinary else tokenizer.encode(text)
-
-
 def document_windows(
     tokenizer: Tokenizer, documents: Sequence[str], block_size: int, stride: int
 ) -> tuple[list[Window], int]:
@@ -153,7 +148,7 @@ def document_windows(
     n_bytes = 0
     eot = tokenizer.eot_id
     for d, text in enumerate(documents):
-        ids = _encode_plain(tokenizer, text)
+        ids = tokenizer.encode_ordinary(text)  # special-token text stays text
         if eot is not None:
             ids = [eot, *ids]  # every document token is predicted
             n_bytes += len(text.encode("utf-8"))

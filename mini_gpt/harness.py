@@ -105,8 +105,6 @@ class MiniGPTLM(TemplateLM):
         self.stride = _as_int(stride, self.block_size)
         self.max_gen_toks = _as_int(max_gen_toks, 256)
         self.seed = _as_int(seed, 1234)
-        chars = getattr(tokenizer, "chars", None)
-        self._known = set(chars) if chars is not None else None
 
     # ---- tokens -------------------------------------------------------------------------------
     @property
@@ -127,10 +125,7 @@ class MiniGPTLM(TemplateLM):
         return self.block_size
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
-        if self._known is not None:
-            string = "".join(c for c in string if c in self._known)
-        encode_ordinary = getattr(self.tok, "encode_ordinary", None)
-        return encode_ordinary(string) if encode_ordinary else self.tok.encode(string)
+        return self.tok.encode_ordinary(self.tok.known_text(string))
 
     def tok_decode(self, tokens: Sequence[int], **kwargs: Any) -> str:
         return self.tok.decode(list(tokens))

@@ -143,22 +143,13 @@ def load_hellaswag(path: str | None, cache_dir: Path, limit: int | None = None) 
     return read_hellaswag(resolve_hellaswag_path(path, cache_dir), limit)
 
 
-def _known_only(tokenizer: Tokenizer, text: str) -> str:
-    """A character vocabulary cannot spell every HellaSwag text: drop the characters it lacks."""
-    chars = getattr(tokenizer, "chars", None)
-    if chars is None:
-        return text
-    known = set(chars)
-    return "".join(c for c in text if c in known)
-
-
 def encode_item(tokenizer: Tokenizer, item: HellaSwagItem) -> tuple[list[int], list[list[int]]]:
     """(context ids, the 4 endings' ids): encode(ctx), encode(" " + ending); no BOS.
 
     With a character tokenizer, characters outside its vocabulary are dropped first.
     """
-    ctx = tokenizer.encode(_known_only(tokenizer, item.ctx))
-    return ctx, [tokenizer.encode(_known_only(tokenizer, " " + e)) for e in item.endings]
+    ctx = tokenizer.encode(tokenizer.known_text(item.ctx))
+    return ctx, [tokenizer.encode(tokenizer.known_text(" " + e)) for e in item.endings]
 
 
 def item_scores(

@@ -75,6 +75,14 @@ class Tokenizer(ABC):
     def to_dict(self) -> dict[str, Any]:
         """Only primitives (str/int/list/dict), so it fits in meta.json and `weights_only` checkpoints."""
 
+    def encode_ordinary(self, text: str) -> list[int]:
+        """`encode`, with text that looks like a special token (`<|endoftext|>` in a file) as plain text."""
+        return self.encode(text)
+
+    def known_text(self, text: str) -> str:
+        """`text` without the characters this vocabulary cannot encode (all of it for byte-level BPE)."""
+        return text
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Tokenizer) and self.to_dict() == other.to_dict()
 
@@ -134,6 +142,9 @@ class CharTokenizer(Tokenizer):
         if bad:
             raise MiniGPTError(f"token ids {bad[:10]} are outside the character vocabulary (0..{n - 1})")
         return "".join([chars[i] for i in ids])
+
+    def known_text(self, text: str) -> str:
+        return "".join(c for c in text if c in self._stoi)
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "char", "chars": self.chars}

@@ -167,6 +167,18 @@ def test_char_unknown_characters_named() -> None:
         tok.decode([-1])
 
 
+def test_known_text_and_ordinary_encoding(gpt2: TiktokenTokenizer) -> None:
+    """What evaluation feeds a tokenizer: text it can spell (a char vocabulary drops the rest), special-token
+    text as plain text."""
+    char = CharTokenizer("ab \n")
+    assert char.known_text("a1b Жa\n") == "ab a\n"
+    assert char.encode_ordinary("ab") == [0, 1]
+    assert gpt2.known_text("a1b Ж") == "a1b Ж"  # byte-level BPE spells anything
+    plain = gpt2.encode_ordinary("<|endoftext|>")
+    assert 50256 not in plain and gpt2.decode(plain) == "<|endoftext|>" and len(plain) > 1
+    assert gpt2.encode("<|endoftext|>") == [50256]
+
+
 def test_build_char_needs_text_and_unknown_type() -> None:
     with pytest.raises(MiniGPTError, match="needs the corpus text"):
         build_tokenizer("char")
