@@ -203,9 +203,7 @@ class SampleText(StepCallback):
         from mini_gpt.sampling import generate
 
         tok = pl_module.tokenizer
-        ids = tok.encode(self.prompt) if self.prompt else []
-        if not ids:  # an empty prompt starts from end-of-text (BPE) or the first character
-            ids = [tok.eot_id if tok.eot_id is not None else 0]
+        ids = (tok.encode(self.prompt) if self.prompt else []) or [tok.start_id]  # "": end-of-text or "\n"
         device = pl_module.device
         idx = torch.tensor([ids], dtype=torch.long, device=device)
         gen = torch.Generator(device=device).manual_seed(self.seed + pl_module.global_step)

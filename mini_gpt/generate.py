@@ -154,12 +154,7 @@ def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
         ids = tokenizer.encode(text)  # a char tokenizer names unknown characters (MiniGPTError)
         if ids:
             return ids
-    if tokenizer.eot_id is not None:
-        return [tokenizer.eot_id]
-    try:
-        return tokenizer.encode("\n")
-    except MiniGPTError:
-        return [0]  # a vocabulary without newlines: start from its first character
+    return [tokenizer.start_id]
 
 
 class TextStream:

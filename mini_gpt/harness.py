@@ -115,10 +115,7 @@ class MiniGPTLM(TemplateLM):
     @property
     def prefix_token_id(self) -> int:
         """What an empty context starts from: end-of-text, or a newline for a character model."""
-        if self.tok.eot_id is not None:
-            return self.tok.eot_id
-        newline = self.tok_encode("\n")
-        return newline[0] if newline else 0
+        return self.tok.start_id
 
     @property
     def max_length(self) -> int:

@@ -83,6 +83,14 @@ class Tokenizer(ABC):
         """`text` without the characters this vocabulary cannot encode (all of it for byte-level BPE)."""
         return text
 
+    @property
+    def start_id(self) -> int:
+        """What an empty prompt starts from: end-of-text, else a newline, else the first id."""
+        if self.eot_id is not None:
+            return self.eot_id
+        newline = self.encode(self.known_text("\n"))
+        return newline[0] if newline else 0
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Tokenizer) and self.to_dict() == other.to_dict()
 

@@ -177,6 +177,9 @@ def test_known_text_and_ordinary_encoding(gpt2: TiktokenTokenizer) -> None:
     plain = gpt2.encode_ordinary("<|endoftext|>")
     assert 50256 not in plain and gpt2.decode(plain) == "<|endoftext|>" and len(plain) > 1
     assert gpt2.encode("<|endoftext|>") == [50256]
+    # where an empty prompt starts: end-of-text, else a newline, else the first id
+    starts = (gpt2.start_id, char.start_id, CharTokenizer("ba").start_id, CharTokenizer("a\x03").start_id)
+    assert starts == (50256, 3, 0, 1)
 
 
 def test_build_char_needs_text_and_unknown_type() -> None:
