@@ -104,14 +104,13 @@ def read_documents(path: str | Path) -> list[str]:
 
 def split_token_ids(prepared: Any, split: str) -> np.ndarray:
     """The token ids of a prepared split: `train.bin`/`val.bin` corpora or llm.c-format shards."""
-    if hasattr(prepared, "memmap"):
-        return np.asarray(prepared.memmap(split))
     from mini_gpt.data.shards import open_shard
 
-    shards = getattr(prepared, split)
+    shards = getattr(prepared, split)  # token files (ShardInfo) of either kind
     if not shards:
         raise MiniGPTError(f"the prepared corpus has no {split} shards")
-    return np.concatenate([np.asarray(open_shard(info)) for info in shards])
+    ids = [np.asarray(open_shard(info)) for info in shards]
+    return ids[0] if len(ids) == 1 else np.concatenate(ids)
 
 
 def prepare_split(data: dict[str, Any], split: str, progress: bool | None = None) -> tuple[list[str], str]:

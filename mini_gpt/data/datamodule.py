@@ -25,7 +25,6 @@ from torch.utils.data import DataLoader, IterableDataset
 from mini_gpt.data import prepare
 from mini_gpt.data.config import AnyDataConfig, DataConfig, HFDataConfig, ShardsDataConfig, data_config
 from mini_gpt.data.sharding import ShardedCorpus
-from mini_gpt.data.shards import token_file
 from mini_gpt.data.text import PreparedData, cache_dir
 from mini_gpt.data.windows import ShardTrainBatches, TrainBatches, ValBatches, ValWindows
 from mini_gpt.errors import MiniGPTError, check_positive_ints
@@ -222,6 +221,5 @@ class GPTDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         """Each rank its share of the fixed windows, no padding (see windows.ValBatches)."""
         prep = self.prepared_data()
-        files = prep.val if isinstance(prep, ShardedCorpus) else [token_file(prep.val_path, prep.dtype)]
-        windows = ValWindows(files, self.block_size, self.val_windows)
+        windows = ValWindows(prep.val, self.block_size, self.val_windows)
         return self._loader(ValBatches(windows, self.batch_size, rank=self._rank(), world=self._world()))

@@ -58,6 +58,7 @@ from mini_gpt.data.files import (
     unwritable,
     write_json_atomic,
 )
+from mini_gpt.data.shards import ShardInfo, token_file
 from mini_gpt.data.sources import named_corpus_file, text_files
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import (
@@ -100,10 +101,14 @@ class PreparedData:
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
 
-    def memmap(self, split: str) -> np.memmap:
-        """Read-only memory map of `train` or `val` token ids."""
-        path = {"train": self.train_path, "val": self.val_path}[split]
-        return np.memmap(path, dtype=self.dtype, mode="r")
+    @property
+    def train(self) -> list[ShardInfo]:
+        """train.bin as a list of token files, like `ShardedCorpus.train` (read with shards.open_shard)."""
+        return [token_file(self.train_path, self.dtype)]
+
+    @property
+    def val(self) -> list[ShardInfo]:
+        return [token_file(self.val_path, self.dtype)]
 
 
 def cache_dir(cfg: DataConfig) -> Path:
