@@ -299,6 +299,15 @@ def test_non_string_text_with_a_pool(tmp_path, gpt2_bpe_file):
     assert "document 50 has a int" in msg
 
 
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_broken_parquet_file(tmp_path, corpus, gpt2_bpe_file, damage):
+    good = (corpus / "pq" / "part-0.parquet").read_bytes()
+    broken = b"not a parquet file at all" if damage == "garbage" else good[: len(good) // 2]
+    (tmp_path / "broken.parquet").write_bytes(broken)
+    msg = one_line_error(cfg_for(tmp_path / "broken.parquet", tmp_path / "d", gpt2_bpe_file))
+    assert msg.startswith(f"cannot read {tmp_path / 'broken.parquet'}: Arrow")
+
+
 def test_empty_dataset(tmp_path, gpt2_bpe_file):
     pq.write_table(pa.table({"text": pa.array([], type=pa.string())}), tmp_path / "empty.parquet")
     msg = one_line_error(cfg_for(tmp_path / "empty.parquet", tmp_path / "d", gpt2_bpe_file))
