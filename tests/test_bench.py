@@ -211,6 +211,16 @@ def test_bench_evaluate_contenders_compute_the_same_scores() -> None:
         assert a == pytest.approx(b, abs=1e-4)
 
 
+def test_fresh_process_peak_rss_is_its_own() -> None:
+    """A contender's peak RSS must not include the benchmark process it was spawned from (ru_maxrss
+    would: Linux keeps it across exec)."""
+    from mini_gpt.bench.shards import in_fresh_process, peak_rss_mb
+
+    ballast = torch.ones(300 * 2**20 // 4)  # 300 MB resident in this process
+    child = in_fresh_process(peak_rss_mb)
+    assert peak_rss_mb() > 300 + ballast[0].item() - 1 and child < 150
+
+
 @pytest.mark.slow
 def test_data_section_shards_counts_match_tiktoken(
     tmp_path: Path, shakespeare_path: Path, gpt2_bpe_file: Path

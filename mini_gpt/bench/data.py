@@ -15,18 +15,15 @@ alone:
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
-import resource
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mini_gpt.bench.common import LoadMeter
+from mini_gpt.bench.shards import in_fresh_process, peak_rss_mb
 from mini_gpt.data.config import SHIPPED_DATA, DataConfig
 from mini_gpt.data.text import PIECE_CHARS, prepare_data, safe_cut
 from mini_gpt.tokenizer import TiktokenTokenizer, build_tokenizer
@@ -57,10 +54,6 @@ def make_corpus(path: Path, size_mb: int, source: Path, seed: int = 0) -> int:
     return written
 
 
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def _prepare(corpus: str, bpe_file: str | None, data_dir: str, threads: int) -> dict[str, Any]:
     cfg = DataConfig(
         name="text", path=corpus, tokenizer="gpt2", bpe_file=bpe_file, data_dir=data_dir, num_threads=threads
@@ -68,7 +61,7 @@ def _prepare(corpus: str, bpe_file: str | None, data_dir: str, threads: int) -> 
     t = time.perf_counter()
     prep = prepare_data(cfg, progress=False)
     seconds = time.perf_counter() - t
-    return {"seconds": seconds, "tokens": prep.train_tokens + prep.val_tokens, "peak_rss_mb": _peak_rss_mb()}
+    return {"seconds": seconds, "tokens": prep.train_tokens + prep.val_tokens, "peak_rss_mb": peak_rss_mb()}
 
 
 def _tiktoken_alone(corpus: str, bpe_file: str | None, data_dir: str, threads: int) -> dict[str, Any]:
@@ -91,13 +84,7 @@ def _tiktoken_alone(corpus: str, bpe_file: str | None, data_dir: str, threads: i
             seconds += time.perf_counter() - t
             if not block:
                 break
-    return {"seconds": seconds, "tokens": tokens, "peak_rss_mb": _peak_rss_mb()}
-
-
-def _in_fresh_process(fn: Any, *args: Any) -> dict[str, Any]:
-    """fn(*args) in a new interpreter (spawn), so its peak RSS is its own."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
+    return {"seconds": seconds, "tokens": tokens, "peak_rss_mb": peak_rss_mb()}
 
 
 def bench_prepare(
@@ -117,8 +104,8 @@ def bench_prepare(
         nbytes = make_corpus(corpus, size_mb, source)
         generate_s = time.perf_counter() - t
         args = (str(corpus), bpe, str(Path(tmp) / "data"), threads)
-        prep = _in_fresh_process(_prepare, *args)
-        alone = _in_fresh_process(_tiktoken_alone, *args)
+        prep = in_fresh_process(_prepare, *args)
+        alone = in_fresh_process(_tiktoken_alone, *args)
     mb = nbytes / 1e6
     return {
         "corpus_mb": round(mb, 1),
@@ -136,6 +123,8 @@ def bench_prepare(
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    from mini_gpt.bench.common import LoadMeter  # torch: kept out of the contenders' fresh processes
+
     size_mb = 2 if args.quick else args.size_mb
     if args.kind == "shards":
         from mini_gpt.bench.shards import bench_sharded

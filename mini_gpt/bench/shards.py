@@ -26,12 +26,19 @@ from typing import Any
 import numpy as np
 
 
-def _peak_rss_mb() -> float:
-    """Peak RSS of this process or of any of its children (the tokenizer pool), in MB."""
-    return (
-        max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-        / 1024
-    )
+def peak_rss_mb() -> float:
+    """Peak RSS of this process or of any of its children (the tokenizer pool), in MB.
+
+    This process's own peak is VmHWM: ru_maxrss would also keep the peak of the process this one was
+    spawned from (Linux carries it across exec), i.e. the benchmark's parent with torch and the corpus.
+    """
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    try:
+        with open("/proc/self/status") as fh:
+            own = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):  # not Linux: ru_maxrss, an upper bound
+        pass
+    return max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
 
 
 def _mini_gpt(files: list[str], bpe_file: str | None, work: str, num_proc: int) -> dict[str, Any]:
@@ -48,7 +55,7 @@ def _mini_gpt(files: list[str], bpe_file: str | None, work: str, num_proc: int) 
     return {
         "seconds": seconds,
         "tokens": corpus.train_tokens + corpus.val_tokens,
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": peak_rss_mb(),
     }
 
 
@@ -79,7 +86,7 @@ def _nanogpt(files: list[str], bpe_file: str | None, work: str, num_proc: int) -
         arr[idx : idx + len(ids)] = ids
         idx += len(ids)
     arr.flush()
-    return {"seconds": time.perf_counter() - t, "tokens": total, "peak_rss_mb": _peak_rss_mb()}
+    return {"seconds": time.perf_counter() - t, "tokens": total, "peak_rss_mb": peak_rss_mb()}
 
 
 def _tiktoken(files: list[str], bpe_file: str | None, work: str, num_proc: int) -> dict[str, Any]:
@@ -91,7 +98,7 @@ def _tiktoken(files: list[str], bpe_file: str | None, work: str, num_proc: int) 
     docs = [t for f in files for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
     t = time.perf_counter()
     tokens = sum(len(ids) + 1 for ids in enc.encode_ordinary_batch(docs, num_threads=num_proc))
-    return {"seconds": time.perf_counter() - t, "tokens": tokens, "peak_rss_mb": _peak_rss_mb()}
+    return {"seconds": time.perf_counter() - t, "tokens": tokens, "peak_rss_mb": peak_rss_mb()}
 
 
 CONTENDERS = {"mini-gpt": _mini_gpt, "nanogpt": _nanogpt, "tiktoken": _tiktoken}
@@ -131,8 +138,9 @@ def make_parquet_corpus(
     return total_bytes, total_docs
 
 
-def _in_fresh_process(fn: Any, *args: Any) -> dict[str, Any]:
-    """fn(*args) in a new interpreter (spawn), so its peak RSS and imports are its own."""
+def in_fresh_process(fn: Any, *args: Any) -> dict[str, Any]:
+    """fn(*args) in a new interpreter (spawn), so its peak RSS and imports are its own (`fn`'s module
+    must not import torch: this module and mini_gpt.data do not)."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(fn, *args).result()
 
@@ -163,7 +171,7 @@ def bench_sharded(
                 for name in order:
                     out = Path(tmp) / f"{name}-{n}-{r}"
                     out.mkdir()
-                    result = _in_fresh_process(CONTENDERS[name], files, bpe and str(bpe), str(out), n)
+                    result = in_fresh_process(CONTENDERS[name], files, bpe and str(bpe), str(out), n)
                     samples.setdefault((name, n), []).append(result)
                     shutil.rmtree(out, ignore_errors=True)
     mb = nbytes / 1e6
