@@ -197,12 +197,6 @@ def _tasks(batches: Iterable[list[Any]], first_doc: int) -> Iterator[tuple[int, 
         yield first_doc, texts
 
 
-def _mp_context() -> Any:
-    """fork where there is one (no re-import of the caller's __main__, instant start), else spawn."""
-    methods = get_all_start_methods()
-    return get_context("fork" if "fork" in methods else "spawn")
-
-
 def _ordered_map(
     fn: Callable[[Any], Encoded], tasks: Iterator[Any], pool: ProcessPoolExecutor | None, in_flight: int
 ) -> Iterator[Encoded]:
@@ -612,7 +606,8 @@ def _build(
         if num_proc > 1:
             pool = ProcessPoolExecutor(
                 num_proc,
-                mp_context=_mp_context(),
+                # fork where there is one (no re-import of the caller's __main__, instant start)
+                mp_context=get_context("fork" if "fork" in get_all_start_methods() else "spawn"),
                 initializer=_init_worker,
                 initargs=(tok.to_dict(), *settings),
             )

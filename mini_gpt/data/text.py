@@ -282,20 +282,6 @@ def _valid_cache(out_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     return meta
 
 
-def _prepared(out_dir: Path, meta: dict[str, Any], tok: Tokenizer | None) -> PreparedData:
-    return PreparedData(
-        dir=out_dir,
-        train_path=out_dir / "train.bin",
-        val_path=out_dir / "val.bin",
-        meta_path=out_dir / "meta.json",
-        dtype=meta["dtype"],
-        tokenizer=tok if tok is not None else tokenizer_from_dict(meta["tokenizer"]),
-        train_tokens=meta["train_tokens"],
-        val_tokens=meta["val_tokens"],
-        meta=meta,
-    )
-
-
 def check_split_length(split: str, n_tokens: int, block_size: int) -> None:
     """One line when the `train` or `validation` split cannot fill one window of block_size + 1 tokens."""
     if n_tokens < block_size + 1:
@@ -350,7 +336,17 @@ def prepare_data(
                     if err.errno in WRITE_ERRNOS and err.filename not in {str(f) for f in files}:
                         raise unwritable(out_dir, err) from None
                     raise
-    prep = _prepared(out_dir, meta, tok)
+    prep = PreparedData(
+        dir=out_dir,
+        train_path=out_dir / "train.bin",
+        val_path=out_dir / "val.bin",
+        meta_path=out_dir / "meta.json",
+        dtype=meta["dtype"],
+        tokenizer=tok if tok is not None else tokenizer_from_dict(meta["tokenizer"]),
+        train_tokens=meta["train_tokens"],
+        val_tokens=meta["val_tokens"],
+        meta=meta,
+    )
     if block_size is not None:
         check_split_length("validation", prep.val_tokens, block_size)
         check_split_length("train", prep.train_tokens, block_size)
