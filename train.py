@@ -17,7 +17,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from mini_gpt.conf import CONF_DIR, exit_with_help_if_asked, register_resolvers
+from mini_gpt.conf import CONF_DIR, exit_on_bad_overrides, exit_with_help_if_asked, register_resolvers
 from mini_gpt.errors import MiniGPTError
 
 register_resolvers()
@@ -52,4 +52,5 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     exit_with_help_if_asked("train")  # the groups and keys of train.yaml, with their comments
+    exit_on_bad_overrides("train")  # a typo is one line, not Hydra's report
     main()

@@ -90,6 +90,28 @@ def test_a_refused_override_is_one_line(
     assert captured.out == "" and captured.err.startswith(expected) and captured.err.count("\n") == 1
 
 
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["foo=1"], "error: train: unknown key 'foo'; the keys are seed, ckpt_path, "),
+        (["model.foo=1"], "error: train: unknown key 'model.foo'; the keys of model are vocab_size, "),
+        (["experiment=nope"], "error: train: experiment=nope: there is no conf/experiment/nope.yaml; the "
+         "options are finetune_cpu, "),
+        (["optim.lr=["], "error: train: bad override (no viable alternative at input '['); write key=value "
+         "(python train.py --help)"),
+    ],
+)  # fmt: skip
+def test_train_refused_override_is_one_line(args: list[str], expected: str, tmp_path: Path) -> None:
+    """train.py: what Hydra refuses is one line and exit status 2, and no run folder is made."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args, f"paths.output_dir={tmp_path / 'out'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and done.stderr.startswith(expected) and done.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
 def test_train_help_lists_the_groups_of_its_defaults_and_no_sweep(tmp_path: Path) -> None:
     out = _help(str(REPO / "train.py"), cwd=tmp_path)
     defaults = yaml.safe_load((CONF_DIR / "train.yaml").read_text())["defaults"]

@@ -110,6 +110,7 @@ def exit_with_help_if_asked(config_name: str) -> None:
 def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
     """`compose`, with an override Hydra refuses (an unknown key, bad syntax) as one `MiniGPTError` line."""
     from hydra.errors import HydraException
+    from omegaconf import DictConfig, OmegaConf
 
     from mini_gpt.errors import MiniGPTError
 
@@ -119,11 +120,38 @@ def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
         first = str(err).strip().splitlines()[0]
         unknown = re.match(r"Could not override '([^']+)'", first)
         if unknown:
-            keys = ", ".join(str(k) for k in compose((), config_name))
-            why = f"unknown key {unknown.group(1)!r}; the keys are {keys}"
+            key = unknown.group(1)
+            full = compose((), config_name)
+            parent = key.rpartition(".")[0]
+            node = OmegaConf.select(full, parent) if parent else None
+            if not isinstance(node, DictConfig):  # a top-level key, or below a key that holds a value
+                node, parent = full, ""
+            keys = ", ".join(str(k) for k in node)
+            why = f"unknown key {key!r}; the keys{f' of {parent}' if parent else ''} are {keys}"
+        elif missing := re.search(r"Could not find '([^'/]+)/([^']+)'", first):
+            group, option = missing.groups()
+            options = ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+            why = f"{group}={option}: there is no conf/{group}/{option}.yaml; the options are {options}"
         else:
-            why = f"bad override ({first}); write key=value (python -m mini_gpt.{config_name} --help)"
+            command = "python train.py" if config_name == "train" else f"python -m mini_gpt.{config_name}"
+            why = f"bad override ({first}); write key=value ({command} --help)"
         raise MiniGPTError(f"{config_name}: {why}") from None
+
+
+def exit_on_bad_overrides(config_name: str) -> None:
+    """Before `hydra.main` runs: an override Hydra would refuse (an unknown key, a missing option, bad
+    syntax) becomes one `error: ...` line and exit status 2 instead of Hydra's multi-line report.
+
+    Left to Hydra: command lines with its own flags (`-m` sweeps, `--cfg job`, ...), whose overrides
+    may be sweep syntax that a single composition cannot take.
+    """
+    import sys
+
+    from mini_gpt.errors import exit_on_user_error
+
+    overrides = sys.argv[1:]
+    if not any(arg.startswith("-") for arg in overrides):
+        exit_on_user_error(compose_command_line)(config_name, overrides)
 
 
 def hydra_main(config_name: str, task: Callable[[dict[str, Any]], Any]) -> Any:
