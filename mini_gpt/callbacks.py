@@ -8,7 +8,6 @@ events that sync anyway (validation, checkpoints), so they add no per-step host-
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shlex
 import shutil
@@ -30,6 +29,7 @@ from rich.table import Column
 from rich.text import Text
 
 from mini_gpt.checkpoint import unreadable_checkpoint
+from mini_gpt.data.files import write_json_atomic
 from mini_gpt.errors import MiniGPTError
 
 
@@ -666,7 +666,4 @@ class RunSummary(Callback):
             "best_ckpt": str(Path(best).resolve()) if best else None,
             "last_ckpt": str(Path(last).resolve()) if last else None,
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.summary, indent=2))
-        os.replace(tmp, self.path)
+        write_json_atomic(self.path, self.summary, indent=2)

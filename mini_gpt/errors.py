@@ -89,15 +89,17 @@ def check_field_types(config: Any, section: str, error: type[MiniGPTError] = Min
             )
 
 
-def check_positive_ints(allow_none: bool = False, **values: Any) -> None:
-    """One line for the first value that is not a positive integer (True/False are not integers here);
-    with `allow_none`, None passes (a key whose null means "off" or "the default")."""
+def check_positive_ints(
+    allow_none: bool = False, error: type[MiniGPTError] = MiniGPTError, **values: Any
+) -> None:
+    """One `error` line for the first value that is not a positive integer (True/False are not integers
+    here); with `allow_none`, None passes (a key whose null means "off" or "the default")."""
     for name, value in values.items():
         if value is None and allow_none:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             or_null = " or null" if allow_none else ""
-            raise MiniGPTError(f"{name}={value!r} must be a positive integer{or_null}")
+            raise error(f"{name}={value!r} must be a positive integer{or_null}")
 
 
 def build_config(cls: type[T], d: Mapping[str, Any], section: str) -> T:

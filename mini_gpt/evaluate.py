@@ -16,9 +16,7 @@ through `harness_tasks` (`mini_gpt.harness`; needs the `eval` extra). Prints a m
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,6 +26,7 @@ from typing import Any, TextIO
 import torch
 
 from mini_gpt.checkpoint import open_model, read_checkpoint
+from mini_gpt.data.files import write_json_atomic
 from mini_gpt.errors import MiniGPTError, build_config, check_positive_ints
 from mini_gpt.generate import autocast_context, check_dtype, resolve_device
 
@@ -136,13 +135,6 @@ def bpb_documents(cfg: EvaluateConfig) -> tuple[list[str], str]:
     return prepare_split(cfg.data, cfg.bpb.split, cfg.progress)
 
 
-def data_root(data: dict[str, Any]) -> Path:
-    """The data directory of the `data` config (where HellaSwag is cached too)."""
-    from mini_gpt.data.config import default_data_dir
-
-    return Path(data["data_dir"]).expanduser().resolve() if data.get("data_dir") else default_data_dir()
-
-
 def markdown_table(results: dict[str, Any]) -> str:
     """The metrics as a markdown table: task | metric | value."""
     lines = ["| task | metric | value |", "| --- | --- | ---: |"]
@@ -155,17 +147,6 @@ def markdown_table(results: dict[str, Any]) -> str:
             shown = f"{value:,}" if isinstance(value, int) else f"{value:.4f}"
             lines.append(f"| {task} | {name} | {shown} |")
     return "\n".join(lines)
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    """Write atomically: an interrupted run never leaves half a results file."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(obj, indent=2, allow_nan=True) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as err:
-        raise MiniGPTError(f"cannot write output={path} ({err.strerror or err})") from None
 
 
 def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = None) -> dict[str, Any]:
@@ -181,9 +162,10 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
     documents = bpb_documents(cfg) if "bpb" in cfg.tasks else None
     items = None
     if "hellaswag" in cfg.tasks:
+        from mini_gpt.data.config import data_root
         from mini_gpt.hellaswag import load_hellaswag
 
-        cache = data_root(cfg.data) / "hellaswag"
+        cache = data_root(cfg.data.get("data_dir")) / "hellaswag"
         items = load_hellaswag(cfg.hellaswag.path, cache, cfg.hellaswag.limit)
     with autocast_context(device, cfg.dtype):
         if documents is not None:
@@ -205,8 +187,12 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
         results.update(run_harness(model, tokenizer, cfg.harness_tasks, **asdict(cfg.harness)))
     out.write(markdown_table(results) + "\n")
     if cfg.output:
-        _write_json(Path(cfg.output).expanduser(), results)
-        print(f"results written to {Path(cfg.output).expanduser()}", file=err)
+        output = Path(cfg.output).expanduser()
+        try:  # atomically: an interrupted run never leaves half a results file
+            write_json_atomic(output, results, indent=2)
+        except OSError as error:
+            raise MiniGPTError(f"cannot write output={output} ({error.strerror or error})") from None
+        print(f"results written to {output}", file=err)
     for task, metrics in results.items():
         if isinstance(metrics, dict) and any(
             isinstance(v, float) and math.isnan(v) for v in metrics.values()

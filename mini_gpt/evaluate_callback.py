@@ -85,10 +85,10 @@ class EvaluateCallback(StepCallback):
             stride = self.stride or max(1, block_size // 2)
             self._windows, self._bytes = document_windows(tokenizer, docs, block_size, stride)
         if "hellaswag" in self.tasks:
-            from mini_gpt.evaluate import data_root
+            from mini_gpt.data.config import data_root
             from mini_gpt.hellaswag import load_hellaswag
 
-            cache = data_root(dict(vars(datamodule.cfg))) / "hellaswag"
+            cache = data_root(getattr(datamodule.cfg, "data_dir", None)) / "hellaswag"  # data=shards: none
             self._items = load_hellaswag(self.hellaswag_path, cache, self.hellaswag_limit)
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

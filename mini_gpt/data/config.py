@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mini_gpt.conf import PROJECT_ROOT
-from mini_gpt.errors import MiniGPTError, build_config, check_field_types
+from mini_gpt.errors import MiniGPTError, build_config, check_field_types, check_positive_ints
 
 __all__ = [
     "CORPORA",
@@ -29,7 +29,7 @@ __all__ = [
     "HFDataConfig",
     "ShardsDataConfig",
     "data_config",
-    "default_data_dir",
+    "data_root",
     "token_dtype",
 ]
 
@@ -87,10 +87,11 @@ CORPORA: dict[str, Corpus] = {
 }
 
 
-def default_data_dir() -> Path:
-    """`$MINI_GPT_DATA_DIR` if set, else `<project root>/data` (absolute, whatever the working directory)."""
-    env = os.environ.get("MINI_GPT_DATA_DIR")
-    return Path(env).expanduser().resolve() if env else PROJECT_ROOT / "data"
+def data_root(data_dir: str | None = None) -> Path:
+    """The cache root of `data.data_dir` (prepared corpora, HellaSwag): `data_dir` if given, else
+    `$MINI_GPT_DATA_DIR` if set, else `<project root>/data`; absolute, whatever the working directory."""
+    chosen = data_dir or os.environ.get("MINI_GPT_DATA_DIR")
+    return Path(chosen).expanduser().resolve() if chosen else PROJECT_ROOT / "data"
 
 
 def token_dtype(vocab_size: int, requested: str = "auto") -> str:
@@ -126,14 +127,6 @@ def _check_tokenizer(name: Any, bpe_file: Any) -> None:
         )
 
 
-def _check_positive_int(key: str, value: Any, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        extra = " or null" if optional else ""
-        raise DataConfigError(f"data.{key}={value!r} must be a positive integer{extra}")
-
-
 def _check_fraction(value: Any, example: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < float(value) < 1.0:
         raise DataConfigError(f"data.val_fraction={value!r} must be between 0 and 1 (e.g. {example})")
@@ -143,10 +136,6 @@ def _check_fraction(value: Any, example: str) -> float:
 def _check_dtype(dtype: Any) -> None:
     if dtype not in DTYPES:
         raise DataConfigError(f"data.dtype={dtype!r} must be one of {', '.join(DTYPES)}")
-
-
-def _root(data_dir: str | None) -> Path:
-    return Path(data_dir).expanduser().resolve() if data_dir else default_data_dir()
 
 
 # ------------------------------------------------------------------------------------------- configs
@@ -175,7 +164,7 @@ class DataConfig:
         self.val_fraction = _check_fraction(self.val_fraction, "0.1")
         _check_tokenizer(self.resolved_tokenizer if self.tokenizer is None else self.tokenizer, self.bpe_file)
         _check_dtype(self.dtype)
-        _check_positive_int("num_threads", self.num_threads, optional=True)
+        check_positive_ints(True, DataConfigError, **{"data.num_threads": self.num_threads})
 
     @property
     def resolved_tokenizer(self) -> str:
@@ -185,7 +174,7 @@ class DataConfig:
 
     @property
     def root(self) -> Path:
-        return _root(self.data_dir)
+        return data_root(self.data_dir)
 
 
 @dataclass
@@ -223,16 +212,16 @@ class HFDataConfig:
         self.val_fraction = _check_fraction(self.val_fraction, "0.001")
         if isinstance(self.split_seed, bool) or not isinstance(self.split_seed, int) or self.split_seed < 0:
             raise DataConfigError(f"data.split_seed={self.split_seed!r} must be an integer >= 0")
-        _check_positive_int("max_tokens", self.max_tokens, optional=True)
-        _check_positive_int("shard_tokens", self.shard_tokens)
+        check_positive_ints(error=DataConfigError, **{"data.shard_tokens": self.shard_tokens})
         if self.shard_tokens > 2**31 - 1:
             raise DataConfigError(f"data.shard_tokens={self.shard_tokens:,} exceeds a shard's int32 count")
-        _check_positive_int("num_proc", self.num_proc, optional=True)
+        nullable = {"data.max_tokens": self.max_tokens, "data.num_proc": self.num_proc}
+        check_positive_ints(True, DataConfigError, **nullable)
         _check_dtype(self.dtype)
 
     @property
     def root(self) -> Path:
-        return _root(self.data_dir)
+        return data_root(self.data_dir)
 
 
 @dataclass

@@ -87,12 +87,15 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write `obj` as JSON to a temporary name beside `path`, fsync, then rename: never half-written."""
+def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:
+    """Write `obj` as JSON to a temporary name beside `path` (its folder made if missing), fsync, then
+    rename: never half-written. Used for meta.json, summary.json and evaluation results."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w") as fh:
-            json.dump(obj, fh)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, indent=indent)
+            fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -59,7 +59,8 @@ from mini_gpt.data.text import encoder
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import CHAR_EOT, CharTokenizer, Tokenizer, build_tokenizer, tokenizer_from_dict
 
-__all__ = ["FORMAT", "ShardedCorpus", "find_shards", "prepare_shards", "shard_dir", "val_mask"]
+__all__ = ["FORMAT", "GOLDEN_GAMMA", "ShardedCorpus", "find_shards", "prepare_shards", "shard_dir"]
+__all__ += ["splitmix64", "val_mask"]
 
 FORMAT = "mini-gpt shards 1"
 TASK_CHARS = 1 << 21  # characters of text per tokenizer task
@@ -93,21 +94,26 @@ class ShardedCorpus:
 # ------------------------------------------------------------------------------------------ the split
 
 
+GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment: 2**64 / the golden ratio
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer (a good 64-bit hash) of every uint64 in `x`, wrapping modulo 2**64."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
 def val_mask(first_doc: int, n: int, fraction: float, seed: int) -> np.ndarray:
     """True for the validation documents among indices first_doc .. first_doc + n - 1.
 
-    splitmix64 of (index + seed * golden ratio) mapped to [0, 1): a fixed pseudo-random subset whose
-    membership depends only on the document's index, never on how the documents were batched.
+    splitmix64 of (index + (seed + 1) * golden gamma) mapped to [0, 1): a fixed pseudo-random subset
+    whose membership depends only on the document's index, never on how the documents were batched.
     """
     with np.errstate(over="ignore"):
-        x = np.arange(first_doc, first_doc + n, dtype=np.uint64) + np.uint64(seed) * np.uint64(
-            0x9E3779B97F4A7C15
-        )
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)) < fraction
+        x = np.arange(first_doc, first_doc + n, dtype=np.uint64) + (np.uint64(seed) + 1) * GOLDEN_GAMMA
+    return (splitmix64(x) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)) < fraction
 
 
 # --------------------------------------------------------------------------------- tokenizer workers

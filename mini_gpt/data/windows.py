@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from mini_gpt.data.sharding import GOLDEN_GAMMA, splitmix64
 from mini_gpt.data.shards import ShardInfo, open_shard, token_file
 from mini_gpt.data.text import check_split_length
 from mini_gpt.errors import MiniGPTError
@@ -49,16 +50,6 @@ __all__ = [
 ]
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each (batch_size, block_size) int64
-
-_M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finalizer (a good 64-bit hash), vectorised."""
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * _M1
-        x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
 
 
 def feistel_permute(index: np.ndarray, n: int, key: Sequence[int], rounds: int = 4) -> np.ndarray:
@@ -75,16 +66,16 @@ def feistel_permute(index: np.ndarray, n: int, key: Sequence[int], rounds: int =
     with np.errstate(over="ignore"):
         k = np.uint64(0)
         for part in key:
-            k = _mix(np.asarray(k + np.uint64(part) + _GOLD, dtype=np.uint64))
+            k = splitmix64(np.asarray(k + np.uint64(part) + GOLDEN_GAMMA, dtype=np.uint64))
         for r in range(rounds):
-            keys.append(_mix(np.asarray(k + np.uint64(r + 1) * _GOLD, dtype=np.uint64)))
+            keys.append(splitmix64(np.asarray(k + np.uint64(r + 1) * GOLDEN_GAMMA, dtype=np.uint64)))
     x = index.astype(np.uint64)
     todo = np.ones(len(x), dtype=bool)
     while todo.any():
         left, right = x[todo] >> np.uint64(half), x[todo] & mask
         with np.errstate(over="ignore"):
             for rk in keys:
-                left, right = right, left ^ (_mix(right ^ rk) & mask)
+                left, right = right, left ^ (splitmix64(right ^ rk) & mask)
         x[todo] = (left << np.uint64(half)) | right
         todo = x >= np.uint64(n)
     return x.astype(np.int64)
