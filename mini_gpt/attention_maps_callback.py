@@ -193,11 +193,3 @@ class AttentionMaps(StepCallback):
             plt.close(fig)
         self._figures.clear()
 
-
-def build_attention_maps(cfg: Any = None) -> AttentionMaps | None:
-    """The callback from the `callbacks.attention_maps` config mapping, or None when it is off."""
-    if not cfg:
-        return None
-    kwargs = dict(cfg)
-    cb = AttentionMaps(**kwargs)
-    return cb if cb.enabled else None

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mini_gpt import attention_maps_callback as amc
-from mini_gpt.attention_maps_callback import AttentionMaps, build_attention_maps
+from mini_gpt.attention_maps_callback import AttentionMaps
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.lit_module import RunStats
 from mini_gpt.model import GPT, GPTConfig
@@ -36,9 +36,7 @@ def drive(cb: AttentionMaps, trainer: Any, module: Any, steps: list[int]) -> Non
 
 def test_off_by_default() -> None:
     assert AttentionMaps().enabled is False
-    assert build_attention_maps(None) is None
-    assert build_attention_maps({"every_n_steps": 0}) is None
-    assert build_attention_maps({"every_n_steps": 3}).every_n_steps == 3
+    assert AttentionMaps(every_n_steps=3).enabled is True
     with pytest.raises(MiniGPTError, match="every_n_steps"):
         AttentionMaps(every_n_steps=-1)
 
