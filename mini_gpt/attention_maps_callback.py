@@ -192,4 +192,3 @@ class AttentionMaps(StepCallback):
         for fig, _ in self._figures.values():
             plt.close(fig)
         self._figures.clear()
-
