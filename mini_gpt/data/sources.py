@@ -316,6 +316,7 @@ def _hub_revision(name: str) -> str | None:
 def open_source(cfg: HFDataConfig) -> Source:
     """Resolve `cfg.dataset` (no documents are read yet). Offline hub names fail here, in seconds."""
     assert cfg.dataset is not None
+    named = (cfg.dataset, cfg.subset, cfg.split, cfg.text_field)  # the Source's first four fields
     if is_local(cfg.dataset):
         builder, files = _local_files(cfg.dataset)
         rows = _parquet_rows(files) if builder == "parquet" else None
@@ -323,16 +324,7 @@ def open_source(cfg: HFDataConfig) -> Source:
             files = [f for f, n in zip(files, rows) if n > 0]
             if not files:
                 raise MiniGPTError(f"data.dataset={cfg.dataset} holds no documents (0 rows); check the files")
-        return Source(
-            cfg.dataset,
-            cfg.subset,
-            cfg.split,
-            cfg.text_field,
-            builder,
-            tuple(files),
-            _fingerprint_files(files),
-            rows,
-        )
+        return Source(*named, builder, tuple(files), _fingerprint_files(files), num_documents=rows)
     reason = _offline_reason()
     if reason is not None:
         raise MiniGPTError(
@@ -342,16 +334,7 @@ def open_source(cfg: HFDataConfig) -> Source:
         )
     revision = _hub_revision(cfg.dataset)
     key = f"{cfg.dataset}\0{cfg.subset}\0{cfg.split}\0{revision}"
-    return Source(
-        cfg.dataset,
-        cfg.subset,
-        cfg.split,
-        cfg.text_field,
-        None,
-        (),
-        hashlib.sha256(key.encode()).hexdigest(),
-        None,
-    )
+    return Source(*named, None, (), hashlib.sha256(key.encode()).hexdigest(), num_documents=None)
 
 
 def _load(source: Source) -> Any:
