@@ -22,7 +22,6 @@ import json
 import os
 import sys
 import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +46,6 @@ __all__ = [
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_VAL_ITEMS = 10_042
-DOWNLOAD_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -121,22 +119,18 @@ def resolve_hellaswag_path(path: str | None, cache_dir: Path, url: str = HELLASW
     hint = f"download {url} where there is network and pass hellaswag.path=FILE (or put it at {dest})"
     if offline:
         raise MiniGPTError(f"HellaSwag is not cached and HF_DATASETS_OFFLINE is set; {hint}")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    from mini_gpt.data.sources import download
+
+    def verify(file: Path) -> None:  # a truncated or foreign file fails here, before it is cached
+        n_items = len(read_hellaswag(file))
+        if n_items != HELLASWAG_VAL_ITEMS:
+            raise MiniGPTError(f"download of {url} has {n_items} items, not {HELLASWAG_VAL_ITEMS}")
+
+    print(f"downloading {url} -> {dest}", file=sys.stderr)
     try:
-        print(f"downloading {url} -> {dest}", file=sys.stderr)
-        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp, open(tmp, "wb") as out:
-            while block := resp.read(1 << 16):
-                out.write(block)
-        items = read_hellaswag(tmp)  # a truncated or foreign file fails here, before it is cached
-        if len(items) != HELLASWAG_VAL_ITEMS:
-            raise MiniGPTError(f"download of {url} has {len(items)} items, not {HELLASWAG_VAL_ITEMS}")
-        os.replace(tmp, dest)
+        return download(url, dest, None, verify=verify)
     except (urllib.error.URLError, OSError, TimeoutError) as err:
         raise MiniGPTError(f"cannot download HellaSwag ({type(err).__name__}: {err}); {hint}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dest
 
 
 def load_hellaswag(path: str | None, cache_dir: Path, limit: int | None = None) -> list[HellaSwagItem]:

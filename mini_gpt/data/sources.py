@@ -28,7 +28,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,8 +72,15 @@ def _urlopen(url: str, timeout: float) -> Any:
     return urllib.request.urlopen(url, timeout=timeout)
 
 
-def download(url: str, dest: Path, sha256: str, progress: bool | None = None) -> Path:
-    """Download `url` to `dest` via a temporary file, check its sha256, then rename into place."""
+def download(
+    url: str,
+    dest: Path,
+    sha256: str | None,
+    progress: bool | None = None,
+    verify: Callable[[Path], None] | None = None,
+) -> Path:
+    """Download `url` to `dest` via a temporary file, check it (its `sha256`; `verify(file)` raises on a
+    file without a known hash that is truncated or foreign), then rename into place: never half-written."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     digest = hashlib.sha256()
@@ -85,11 +92,13 @@ def download(url: str, dest: Path, sha256: str, progress: bool | None = None) ->
                     out.write(block)
                     digest.update(block)
                     advance(len(block))
-        if digest.hexdigest() != sha256:
+        if sha256 is not None and digest.hexdigest() != sha256:
             raise MiniGPTError(
                 f"download of {url} has sha256 {digest.hexdigest()}, expected {sha256}; "
                 f"retry, or put a verified copy at {dest}"
             )
+        if verify is not None:
+            verify(tmp)
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
