@@ -29,7 +29,7 @@ from rich.table import Column
 from rich.text import Text
 
 from mini_gpt.checkpoint import unreadable_checkpoint
-from mini_gpt.data.files import write_json_atomic
+from mini_gpt.data.files import atomic_write, write_json_atomic
 from mini_gpt.errors import MiniGPTError
 
 
@@ -73,7 +73,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     previous file (e.g. last.ckpt) intact, and reads them with one-line errors.
 
     Saving streams `torch.save` into `.<name>.<pid>.tmp` beside the target (same file system, no
-    in-memory copy of the whole checkpoint), fsyncs it, renames it over the target and fsyncs the folder.
+    in-memory copy of the whole checkpoint), fsyncs it, renames it over the target (`atomic_write`) and
+    fsyncs the folder.
     Such temporaries that a killed process left (its pid is gone) are removed by the next save there.
     Lightning's own writer stages the file in the system temp dir and moves it, which is a copy, not a
     rename, when that dir is on another file system. Remote URLs (s3://...) still go through Lightning.
@@ -84,15 +85,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             _remove_stale_temporaries(path.parent)
-            with open(tmp, "wb") as fh:
+            with atomic_write(path, "wb") as fh:
                 torch.save(checkpoint, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)  # atomic: readers see the old file or the new one, never half of one
             _fsync_dir(path.parent)
         except OSError as err:
             kept = "the previous one is unchanged" if path.exists() else "nothing was written"
@@ -100,8 +96,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f"cannot write checkpoint {path} ({err.strerror or err}); {kept}; free some space or set "
                 "paths.run_dir (or callbacks.model_checkpoint.dirpath) to a writable directory"
             ) from None
-        finally:
-            tmp.unlink(missing_ok=True)
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> Any:
         try:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import TiktokenTokenizer, Tokenizer
@@ -23,6 +23,7 @@ from mini_gpt.tokenizer import TiktokenTokenizer, Tokenizer
 __all__ = [
     "LOCK_FILE",
     "WRITE_ERRNOS",
+    "atomic_write",
     "byte_progress",
     "preparation_lock",
     "read_json",
@@ -87,20 +88,28 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:
-    """Write `obj` as JSON to a temporary name beside `path` (its folder made if missing), fsync, then
-    rename: never half-written. Used for meta.json, summary.json and evaluation results."""
+@contextmanager
+def atomic_write(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temporary file beside `path` (its folder made if missing) for the block to write; then
+    fsync it and rename it over `path`: readers see the old file or the new one, never half of one. A
+    block that raises leaves `path` as it was and no temporary behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=indent)
-            fh.write("\n")
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as fh:
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:
+    """`obj` as JSON in `path`, written atomically (meta.json, summary.json, evaluation results)."""
+    with atomic_write(path) as fh:
+        json.dump(obj, fh, indent=indent)
+        fh.write("\n")
 
 
 def sha256_file(path: Path) -> str:

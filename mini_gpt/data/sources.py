@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from mini_gpt.data.config import CORPORA, DataConfig, HFDataConfig
-from mini_gpt.data.files import byte_progress, sha256_file
+from mini_gpt.data.files import atomic_write, byte_progress, sha256_file
 from mini_gpt.errors import MiniGPTError
 
 __all__ = [
@@ -81,27 +81,22 @@ def download(
 ) -> Path:
     """Download `url` to `dest` via a temporary file, check it (its `sha256`; `verify(file)` raises on a
     file without a known hash that is truncated or foreign), then rename into place: never half-written."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     digest = hashlib.sha256()
-    try:
-        with _urlopen(url, DOWNLOAD_TIMEOUT_S) as resp, open(tmp, "wb") as out:
-            total = int(resp.headers.get("Content-Length") or 0) if hasattr(resp, "headers") else 0
-            with byte_progress(f"download {dest.name}", total, progress) as advance:
-                while block := resp.read(1 << 16):
-                    out.write(block)
-                    digest.update(block)
-                    advance(len(block))
+    with atomic_write(dest, "wb") as out, _urlopen(url, DOWNLOAD_TIMEOUT_S) as resp:
+        total = int(resp.headers.get("Content-Length") or 0) if hasattr(resp, "headers") else 0
+        with byte_progress(f"download {dest.name}", total, progress) as advance:
+            while block := resp.read(1 << 16):
+                out.write(block)
+                digest.update(block)
+                advance(len(block))
         if sha256 is not None and digest.hexdigest() != sha256:
             raise MiniGPTError(
                 f"download of {url} has sha256 {digest.hexdigest()}, expected {sha256}; "
                 f"retry, or put a verified copy at {dest}"
             )
         if verify is not None:
-            verify(tmp)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+            out.flush()
+            verify(Path(out.name))
     return dest
 
 
