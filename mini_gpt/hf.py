@@ -28,8 +28,6 @@ else in mini-gpt imports this module at start-up.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -351,15 +349,11 @@ def check_hub_available(name: str) -> None:
             return
     except ImportError:
         pass
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
-    host, _, port = endpoint.partition(":")
-    reason = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0") else None
+    from mini_gpt.data.sources import hub_offline_reason
+
+    reason = hub_offline_reason(("HF_HUB_OFFLINE",))
     if reason is None:
-        try:
-            socket.create_connection((host, int(port or 443)), timeout=3).close()
-            return
-        except OSError as err:
-            reason = f"cannot reach {host} ({type(err).__name__})"
+        return
     raise MiniGPTError(
         f"init_from={name}: the weights are not cached and {reason}; download them where there is "
         "network (GPT2LMHeadModel.from_pretrained(name).save_pretrained(DIR)) and pass init_from=DIR"

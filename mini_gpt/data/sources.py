@@ -42,6 +42,7 @@ __all__ = [
     "Source",
     "download",
     "glob_files",
+    "hub_offline_reason",
     "is_local",
     "iter_texts",
     "named_corpus_file",
@@ -271,16 +272,17 @@ def _fingerprint_files(files: list[str]) -> str:
     return digest.hexdigest()
 
 
-def _offline_reason(timeout: float = HUB_TIMEOUT_S) -> str | None:
-    """Why the Hub cannot be used right now, or None when it answers."""
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+def hub_offline_reason(switches: tuple[str, ...] = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")) -> str | None:
+    """Why the Hugging Face Hub cannot be used right now (one of the offline `switches` is set, or
+    `HF_ENDPOINT` does not answer within HUB_TIMEOUT_S), or None when it answers."""
+    for var in switches:
         if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
             return f"{var} is set"
     endpoint = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     host = endpoint.hostname or "huggingface.co"
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
     try:
-        socket.create_connection((host, port), timeout=timeout).close()
+        socket.create_connection((host, port), timeout=HUB_TIMEOUT_S).close()
     except OSError as err:
         return f"{host} unreachable: {err.strerror or type(err).__name__}"
     return None
@@ -329,7 +331,7 @@ def open_source(cfg: HFDataConfig) -> Source:
             if not files:
                 raise MiniGPTError(f"data.dataset={cfg.dataset} holds no documents (0 rows); check the files")
         return Source(*named, builder, tuple(files), _fingerprint_files(files), num_documents=rows)
-    reason = _offline_reason()
+    reason = hub_offline_reason()
     if reason is not None:
         raise MiniGPTError(
             f"data.dataset={cfg.dataset} is a Hugging Face Hub name, but the Hub cannot be reached "
