@@ -33,7 +33,7 @@ from mini_gpt.attention_maps import (
     update_attention_summary,
 )
 from mini_gpt.callbacks import StepCallback
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, check_ints
 
 DEFAULT_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak."
 
@@ -89,10 +89,7 @@ class AttentionMaps(StepCallback):
         dpi: int = 100,
         max_inches: float = 12.0,
     ) -> None:
-        if not isinstance(every_n_steps, int) or every_n_steps < 0:
-            raise MiniGPTError(
-                f"callbacks.attention_maps.every_n_steps={every_n_steps!r} must be an int >= 0"
-            )
+        check_ints(minimum=0, **{"callbacks.attention_maps.every_n_steps": every_n_steps})
         self.every_n_steps = every_n_steps
         self.prompt = prompt
         self.layers = layers

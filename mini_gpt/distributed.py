@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mini_gpt.errors import MiniGPTError, check_positive_ints
+from mini_gpt.errors import MiniGPTError, check_ints
 
 __all__ = ["BatchLayout", "accumulation_for", "fsdp_strategy"]
 
@@ -35,7 +35,7 @@ class BatchLayout:
     num_nodes: int = 1  # machines (trainer.num_nodes)
 
     def __post_init__(self) -> None:
-        check_positive_ints(**asdict(self))
+        check_ints(**asdict(self))
 
     @property
     def world_size(self) -> int:
@@ -74,7 +74,7 @@ def accumulation_for(global_batch_tokens: int, micro_batch: int, block_size: int
     on every device processes (micro_batch x block_size x world_size): rounding would silently train
     with a different batch than asked for.
     """
-    check_positive_ints(
+    check_ints(
         global_batch_tokens=global_batch_tokens,
         micro_batch=micro_batch,
         block_size=block_size,

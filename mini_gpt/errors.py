@@ -89,17 +89,18 @@ def check_field_types(config: Any, section: str, error: type[MiniGPTError] = Min
             )
 
 
-def check_positive_ints(
-    allow_none: bool = False, error: type[MiniGPTError] = MiniGPTError, **values: Any
+def check_ints(
+    allow_none: bool = False, error: type[MiniGPTError] = MiniGPTError, minimum: int = 1, **values: Any
 ) -> None:
-    """One `error` line for the first value that is not a positive integer (True/False are not integers
-    here); with `allow_none`, None passes (a key whose null means "off" or "the default")."""
+    """One `error` line for the first value that is not an integer >= `minimum` (default: a positive
+    integer; True/False are not integers here); with `allow_none`, None passes (a key whose null means
+    "off" or "the default")."""
     for name, value in values.items():
         if value is None and allow_none:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            or_null = " or null" if allow_none else ""
-            raise error(f"{name}={value!r} must be a positive integer{or_null}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise error(f"{name}={value!r} must be {what}{' or null' if allow_none else ''}")
 
 
 def build_config(cls: type[T], d: Mapping[str, Any], section: str) -> T:

@@ -27,7 +27,7 @@ import torch
 
 from mini_gpt.checkpoint import open_model, read_checkpoint
 from mini_gpt.data.files import write_json_atomic
-from mini_gpt.errors import MiniGPTError, build_config, check_positive_ints
+from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.generate import autocast_context, check_dtype, resolve_device
 
 TASKS = ("bpb", "hellaswag")
@@ -48,8 +48,8 @@ class BpbConfig:
     def __post_init__(self) -> None:
         if self.split not in ("train", "val"):
             raise MiniGPTError(f"bpb.split={self.split!r} must be train or val")
-        check_positive_ints(**{"bpb.batch_size": self.batch_size})
-        check_positive_ints(allow_none=True, **{"bpb.stride": self.stride})
+        check_ints(**{"bpb.batch_size": self.batch_size})
+        check_ints(allow_none=True, **{"bpb.stride": self.stride})
 
 
 @dataclass
@@ -59,8 +59,8 @@ class HellaSwagConfig:
     batch_size: int = 4  # items per forward pass (4 rows each)
 
     def __post_init__(self) -> None:
-        check_positive_ints(**{"hellaswag.batch_size": self.batch_size})
-        check_positive_ints(allow_none=True, **{"hellaswag.limit": self.limit})
+        check_ints(**{"hellaswag.batch_size": self.batch_size})
+        check_ints(allow_none=True, **{"hellaswag.limit": self.limit})
 
 
 @dataclass
@@ -115,7 +115,7 @@ class EvaluateConfig:
         self.hellaswag = _section(HellaSwagConfig, self.hellaswag, "hellaswag")
         self.harness = _section(HarnessConfig, self.harness, "harness")
         check_dtype(self.dtype)
-        check_positive_ints(allow_none=True, threads=self.threads)
+        check_ints(allow_none=True, threads=self.threads)
 
 
 def checkpoint_info(path: str | None) -> dict[str, Any]:

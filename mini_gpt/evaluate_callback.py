@@ -21,7 +21,7 @@ import lightning as L
 import torch
 
 from mini_gpt.callbacks import StepCallback
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, check_ints
 
 TASKS = ("bpb", "hellaswag")
 
@@ -47,8 +47,7 @@ class EvaluateCallback(StepCallback):
         hellaswag_path: str | None = None,
         hellaswag_limit: int | None = 1000,
     ) -> None:
-        if not isinstance(every_n_steps, int) or every_n_steps < 0:
-            raise MiniGPTError(f"callbacks.evaluate.every_n_steps={every_n_steps!r} must be an int >= 0")
+        check_ints(minimum=0, **{"callbacks.evaluate.every_n_steps": every_n_steps})
         self.tasks = [tasks] if isinstance(tasks, str) else list(tasks)
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown:

@@ -38,7 +38,7 @@ from typing import Any
 from torch import nn
 
 from mini_gpt.checkpoint import load_source
-from mini_gpt.errors import MiniGPTError, build_config, check_positive_ints
+from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.model import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer, Tokenizer
 
@@ -80,7 +80,7 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise MiniGPTError(f"finetune.method={self.method!r} must be one of {METHODS}")
-        check_positive_ints(allow_none=True, **{"finetune.train_last_n_blocks": self.train_last_n_blocks})
+        check_ints(allow_none=True, **{"finetune.train_last_n_blocks": self.train_last_n_blocks})
         self.lora_targets = tuple(self.lora_targets)
         bad = sorted(set(self.lora_targets) - set(LORA_TARGETS))
         if bad or not self.lora_targets:
@@ -88,7 +88,7 @@ class FinetuneConfig:
                 f"finetune.lora_targets={list(self.lora_targets)} must be a non-empty subset of "
                 f"{list(LORA_TARGETS)}"
             )
-        check_positive_ints(**{"finetune.lora_rank": self.lora_rank})
+        check_ints(**{"finetune.lora_rank": self.lora_rank})
         if not self.lora_alpha > 0:
             raise MiniGPTError(f"finetune.lora_alpha={self.lora_alpha} must be > 0")
         if not 0.0 <= self.lora_dropout < 1.0:

@@ -31,7 +31,7 @@ from typing import Any, TextIO
 import torch
 
 from mini_gpt.checkpoint import open_model
-from mini_gpt.errors import MiniGPTError, build_config, check_positive_ints
+from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.inference import can_pack, prepare_for_inference
 from mini_gpt.sampling import check_sampling_args, generate_tokens
 from mini_gpt.tokenizer import Tokenizer
@@ -64,10 +64,9 @@ class GenerateConfig:
     output: str | None = None
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 0:
-            raise MiniGPTError(f"max_new_tokens={self.max_new_tokens} must be >= 0")
-        check_positive_ints(num_samples=self.num_samples)
-        check_positive_ints(allow_none=True, threads=self.threads)
+        check_ints(minimum=0, max_new_tokens=self.max_new_tokens)
+        check_ints(num_samples=self.num_samples)
+        check_ints(allow_none=True, threads=self.threads)
         check_dtype(self.dtype)
 
     @property

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mini_gpt.attention import CausalSelfAttention, KVCache
-from mini_gpt.errors import MiniGPTError, build_config, check_field_types, check_positive_ints
+from mini_gpt.errors import MiniGPTError, build_config, check_field_types, check_ints
 from mini_gpt.loss import lm_loss
 from mini_gpt.rope import rotary_tables
 
@@ -44,7 +44,7 @@ class GPTConfig:
     def __post_init__(self) -> None:
         check_field_types(self, "model")
         names = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
-        check_positive_ints(**{f"GPTConfig.{name}": getattr(self, name) for name in names})
+        check_ints(**{f"GPTConfig.{name}": getattr(self, name) for name in names})
         if self.n_embd % self.n_head:
             lower = self.n_embd - self.n_embd % self.n_head
             raise MiniGPTError(

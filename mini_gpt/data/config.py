@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mini_gpt.conf import PROJECT_ROOT
-from mini_gpt.errors import MiniGPTError, build_config, check_field_types, check_positive_ints
+from mini_gpt.errors import MiniGPTError, build_config, check_field_types, check_ints
 
 __all__ = [
     "CORPORA",
@@ -164,7 +164,7 @@ class DataConfig:
         self.val_fraction = _check_fraction(self.val_fraction, "0.1")
         _check_tokenizer(self.resolved_tokenizer if self.tokenizer is None else self.tokenizer, self.bpe_file)
         _check_dtype(self.dtype)
-        check_positive_ints(True, DataConfigError, **{"data.num_threads": self.num_threads})
+        check_ints(True, DataConfigError, **{"data.num_threads": self.num_threads})
 
     @property
     def resolved_tokenizer(self) -> str:
@@ -210,13 +210,12 @@ class HFDataConfig:
             raise DataConfigError(f"data.split={self.split!r} must name a split, e.g. train")
         _check_tokenizer(self.tokenizer, self.bpe_file)
         self.val_fraction = _check_fraction(self.val_fraction, "0.001")
-        if isinstance(self.split_seed, bool) or not isinstance(self.split_seed, int) or self.split_seed < 0:
-            raise DataConfigError(f"data.split_seed={self.split_seed!r} must be an integer >= 0")
-        check_positive_ints(error=DataConfigError, **{"data.shard_tokens": self.shard_tokens})
+        check_ints(error=DataConfigError, minimum=0, **{"data.split_seed": self.split_seed})
+        check_ints(error=DataConfigError, **{"data.shard_tokens": self.shard_tokens})
         if self.shard_tokens > 2**31 - 1:
             raise DataConfigError(f"data.shard_tokens={self.shard_tokens:,} exceeds a shard's int32 count")
         nullable = {"data.max_tokens": self.max_tokens, "data.num_proc": self.num_proc}
-        check_positive_ints(True, DataConfigError, **nullable)
+        check_ints(True, DataConfigError, **nullable)
         _check_dtype(self.dtype)
 
     @property

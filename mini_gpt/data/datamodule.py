@@ -27,7 +27,7 @@ from mini_gpt.data.config import AnyDataConfig, DataConfig, HFDataConfig, Shards
 from mini_gpt.data.sharding import ShardedCorpus
 from mini_gpt.data.text import PreparedData, cache_dir
 from mini_gpt.data.windows import ShardTrainBatches, TrainBatches, ValBatches, ValWindows
-from mini_gpt.errors import MiniGPTError, check_positive_ints
+from mini_gpt.errors import MiniGPTError, check_ints
 from mini_gpt.tokenizer import Tokenizer
 
 __all__ = ["GPTDataModule", "TrainBatches", "ValWindows"]
@@ -49,11 +49,10 @@ class GPTDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.cfg: AnyDataConfig = data_config(data)
-        check_positive_ints(block_size=block_size, batch_size=batch_size)
+        check_ints(block_size=block_size, batch_size=batch_size)
         if val_windows is not None:  # null = all windows
-            check_positive_ints(val_windows=val_windows)
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise MiniGPTError(f"num_workers={num_workers!r} must be an integer >= 0")
+            check_ints(val_windows=val_windows)
+        check_ints(minimum=0, num_workers=num_workers)
         self.block_size = block_size
         self.batch_size = batch_size
         self.num_workers = num_workers
