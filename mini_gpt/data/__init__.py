@@ -1,7 +1,7 @@
 """The data of a run, one module per step in the order it flows (no torch or Lightning until windows.py):
 
 config.py      what to train on: DataConfig (named corpora, text files), HFDataConfig, ShardsDataConfig
-files.py       the preparation lock, atomic JSON, checksums: how prepared files are written safely
+files.py       the preparation lock, atomic writes, checksums: how files are written safely
 sources.py     where text comes from: shipped or downloaded corpora, text files, `datasets` documents
 text.py        text -> train.bin / val.bin + meta.json (streamed, threaded)
 shards.py      the llm.c token shard format

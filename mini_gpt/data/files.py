@@ -1,8 +1,9 @@
-"""Writing prepared data safely: the one preparation lock, atomic JSON, checksums, a byte progress bar.
+"""Writing files safely: the one preparation lock, atomic writes, checksums, a byte progress bar.
 
 Every preparer (text.py's train.bin/val.bin, sharding.py's shards) follows the same rules: take the
 folder's lock (other processes wait, then find the finished files), write to temporary names and rename,
-write meta.json last and atomically, so a folder with a valid meta.json is always complete.
+write meta.json last and atomically, so a folder with a valid meta.json is always complete. `atomic_write`
+is also how checkpoints, downloads, summary.json and evaluation results are written.
 """
 
 from __future__ import annotations
