@@ -33,7 +33,7 @@ import torch
 from mini_gpt.checkpoint import open_model
 from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.inference import can_pack, prepare_for_inference
-from mini_gpt.sampling import check_sampling_args, generate_tokens
+from mini_gpt.sampling import check_sampling_args, generate
 from mini_gpt.tokenizer import Tokenizer
 
 
@@ -257,35 +257,33 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
     if streaming:
         out.write(prompt)
         out.flush()
+
+    def on_token(token: torch.Tensor) -> bool:  # (n,) new tokens; True (every sample stopped) ends it
+        for stream, t in zip(streams, token.tolist(), strict=True):
+            piece = stream.push(t)
+            if streaming and piece:
+                out.write(piece)
+                out.flush()
+        return all(s.stopped for s in streams)
+
     t0 = time.perf_counter()
-    steps = generate_tokens(
-        model,
-        idx,
-        cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        top_k=cfg.top_k,
-        top_p=cfg.top_p,
-        use_cache=cfg.use_cache,
-        generator=generator,
-        repetition_penalty=cfg.repetition_penalty,
-        num_samples=n,
-        window=cfg.window,
-    )
-    generated = 0
     with amp:
-        try:
-            for token in steps:
-                generated += n
-                for stream, t in zip(streams, token.tolist(), strict=True):
-                    piece = stream.push(t)
-                    if streaming and piece:
-                        out.write(piece)
-                        out.flush()
-                if all(s.stopped for s in streams):
-                    break
-        finally:
-            steps.close()
+        result = generate(
+            model,
+            idx,
+            cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            use_cache=cfg.use_cache,
+            generator=generator,
+            repetition_penalty=cfg.repetition_penalty,
+            num_samples=n,
+            window=cfg.window,
+            stream=on_token,
+        )
     seconds = time.perf_counter() - t0
+    generated = (result.shape[1] - idx.shape[1]) * n
     for stream in streams:
         piece = stream.flush()
         if streaming:

@@ -21,7 +21,7 @@ batched) while the model never sees fewer than block_size/2 tokens of context.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -34,7 +34,6 @@ __all__ = [
     "context_start",
     "filter_logits",
     "generate",
-    "generate_tokens",
     "next_token_probs",
     "sample_next",
 ]
@@ -137,7 +136,7 @@ def _expand_caches(caches: list, n: int) -> None:
 
 
 @torch.no_grad()
-def generate_tokens(
+def generate(
     model: nn.Module,
     idx: Tensor,
     max_new_tokens: int,
@@ -150,11 +149,28 @@ def generate_tokens(
     num_samples: int | None = None,
     window: int | None = None,
     attention_mask: Tensor | None = None,
-) -> Iterator[Tensor]:
-    """Yield the new token of every row, (B,) per step, `max_new_tokens` times (see `generate`).
+    stream: Callable[[Tensor], bool | None] | None = None,
+) -> Tensor:
+    """Continue the prompts idx (B, T) by `max_new_tokens` tokens -> (B', T + max_new_tokens).
 
-    Stop iterating whenever you like (a stop string was printed, ...). The model is in eval mode while
-    this runs and gets its previous mode back when the iterator is exhausted or closed.
+    Args:
+        temperature: divides the logits; 0 = greedy (argmax; top_k/top_p are then irrelevant).
+        top_k: sample only among the k most likely tokens.
+        top_p: sample only from the nucleus, the smallest set of tokens with probability mass >= p.
+        use_cache: KV-cache decoding (prefill once, then one token per step); False recomputes the
+            whole context every step. Both follow the same sliding window (module docstring).
+        generator: a seeded `torch.Generator` on the model's device makes sampling reproducible.
+        repetition_penalty: > 1 discourages tokens already in the sequence (None or 1 = off).
+        num_samples: with a single prompt row, B' = num_samples samples that share one prefill.
+        window: tokens kept when the context slides past block_size (default block_size // 2).
+        attention_mask: (B, T), 1 for prompt tokens and 0 for padding: prompts of different lengths
+            batched by left padding. Each row's positions count its real tokens only and nothing attends
+            to padding, so a row decodes as it would alone (while the batch fits in block_size; the
+            sliding window counts the batch's columns, padding included).
+        stream: called with each step's new tokens (B',); returning True stops early, and the
+            result is then shorter than T + max_new_tokens.
+
+    The model is in eval mode while this runs and gets its previous mode back at the end.
     """
     check_sampling_args(temperature, top_k, top_p, repetition_penalty)
     if idx.dim() != 2 or idx.shape[1] < 1:
@@ -209,60 +225,8 @@ def generate_tokens(
             token = sample_next(logits, temperature, top_k, top_p, generator)  # (n_rows,)
             seq[:, n] = token
             n += 1
-            yield token
-    finally:
-        model.train(was_training)
-
-
-def generate(
-    model: nn.Module,
-    idx: Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    use_cache: bool = True,
-    generator: torch.Generator | None = None,
-    repetition_penalty: float | None = None,
-    num_samples: int | None = None,
-    window: int | None = None,
-    attention_mask: Tensor | None = None,
-    stream: Callable[[Tensor], bool | None] | None = None,
-) -> Tensor:
-    """Continue the prompts idx (B, T) by `max_new_tokens` tokens -> (B', T + max_new_tokens).
-
-    Args:
-        temperature: divides the logits; 0 = greedy (argmax; top_k/top_p are then irrelevant).
-        top_k: sample only among the k most likely tokens.
-        top_p: sample only from the nucleus, the smallest set of tokens with probability mass >= p.
-        use_cache: KV-cache decoding (prefill once, then one token per step); False recomputes the
-            whole context every step. Both follow the same sliding window (module docstring).
-        generator: a seeded `torch.Generator` on the model's device makes sampling reproducible.
-        repetition_penalty: > 1 discourages tokens already in the sequence (None or 1 = off).
-        num_samples: with a single prompt row, B' = num_samples samples that share one prefill.
-        window: tokens kept when the context slides past block_size (default block_size // 2).
-        attention_mask: (B, T), 1 for prompt tokens and 0 for padding: prompts of different lengths
-            batched by left padding. Each row's positions count its real tokens only and nothing attends
-            to padding, so a row decodes as it would alone (while the batch fits in block_size; the
-            sliding window counts the batch's columns, padding included).
-        stream: called with each step's new tokens (B',); returning True stops early, and the
-            result is then shorter than T + max_new_tokens.
-    """
-    T = idx.shape[1] if idx.dim() == 2 else 0
-    steps = generate_tokens(
-        model, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache,
-        generator=generator, repetition_penalty=repetition_penalty, num_samples=num_samples, window=window,
-        attention_mask=attention_mask,
-    )  # fmt: skip
-    new: list[Tensor] = []
-    try:
-        for token in steps:
-            new.append(token)
             if stream is not None and stream(token):
                 break
     finally:
-        steps.close()  # restores the model's training mode even when stopped early
-    rows = num_samples or idx.shape[0]
-    if not new:
-        return idx.expand(rows, T).clone()
-    return torch.cat([idx.expand(rows, T), torch.stack(new, dim=1)], dim=1)
+        model.train(was_training)
+    return seq[:, :n]
