@@ -123,49 +123,57 @@ def test_bad_arguments(cfg: DataConfig) -> None:
     assert GPTDataModule({"name": "shakespeare_char"}, block_size=8, batch_size=1).cfg == DataConfig()
 
 
-@pytest.mark.slow
-def test_resume_from_checkpoint_replays_the_same_batches(cfg: DataConfig, tmp_path: Path) -> None:
-    """Lightning restores global_step before building the train loader, so a resumed run sees exactly
-    the batches the uninterrupted run would have seen (with gradient accumulation)."""
+def _batches_seen(
+    make_dm, vocab_size: int, max_steps: int, root: Path, ckpt: Path | None = None, save: Path | None = None
+) -> list[list[int]]:
+    """Fit a one-parameter model for `max_steps` optimizer steps (2 micro-batches each) on `make_dm()`,
+    from checkpoint `ckpt` if given; return the first 3 tokens of every window of every micro-batch seen."""
     import lightning as L
 
     class Recorder(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.emb = torch.nn.Embedding(65, 1)
+            self.emb = torch.nn.Embedding(vocab_size, 1)
             self.seen: list[list[int]] = []
 
         def training_step(self, batch, _idx):
             x, _y = batch
-            self.seen.append(x[:, 0].tolist())
+            self.seen.append(x[:, :3].flatten().tolist())
             return self.emb(x).mean()
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    def fit(max_steps: int, model: Recorder, ckpt: str | None = None) -> L.Trainer:
-        trainer = L.Trainer(
-            max_steps=max_steps,
-            accumulate_grad_batches=2,
-            limit_val_batches=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp_path,
-        )
-        trainer.fit(model, datamodule=GPTDataModule(cfg, block_size=8, batch_size=2, seed=3), ckpt_path=ckpt)
-        return trainer
+    model = Recorder()
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        accumulate_grad_batches=2,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
+    trainer.fit(model, datamodule=make_dm(), ckpt_path=str(ckpt) if ckpt else None)
+    if save:
+        trainer.save_checkpoint(save)
+    return model.seen
 
-    full = Recorder()
-    fit(6, full)
-    first = Recorder()
-    trainer = fit(3, first)
-    trainer.save_checkpoint(tmp_path / "mid.ckpt")
-    second = Recorder()
-    fit(6, second, ckpt=str(tmp_path / "mid.ckpt"))
-    assert len(full.seen) == 12
-    assert first.seen + second.seen == full.seen
+
+@pytest.mark.slow
+def test_resume_from_checkpoint_replays_the_same_batches(cfg: DataConfig, tmp_path: Path) -> None:
+    """Lightning restores global_step before building the train loader, so a resumed run sees exactly
+    the batches the uninterrupted run would have seen (with gradient accumulation)."""
+
+    def make_dm() -> GPTDataModule:
+        return GPTDataModule(cfg, block_size=8, batch_size=2, seed=3)
+
+    full = _batches_seen(make_dm, 65, 6, tmp_path)
+    first = _batches_seen(make_dm, 65, 3, tmp_path, save=tmp_path / "mid.ckpt")
+    second = _batches_seen(make_dm, 65, 6, tmp_path, ckpt=tmp_path / "mid.ckpt")
+    assert len(full) == 12
+    assert first + second == full
 
 
 # ------------------------------------------------------------------------------------ sharded corpora
@@ -232,44 +240,14 @@ def test_data_position_survives_another_device_count(hf_cfg) -> None:
 def test_resume_from_shards_replays_the_same_batches(hf_cfg, tmp_path: Path) -> None:
     """A resumed run on shards sees exactly the batches of the uninterrupted run; the position is in
     the checkpoint."""
-    import lightning as L
 
-    class Recorder(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.emb = torch.nn.Embedding(50257, 1)
-            self.seen: list[list[int]] = []
+    def make_dm() -> GPTDataModule:
+        return GPTDataModule(hf_cfg, block_size=64, batch_size=4, seed=3)
 
-        def training_step(self, batch, _idx):
-            x, _y = batch
-            self.seen.append(x[:, :3].flatten().tolist())
-            return self.emb(x).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def fit(max_steps: int, model: Recorder, ckpt: str | None = None) -> L.Trainer:
-        trainer = L.Trainer(
-            max_steps=max_steps,
-            accumulate_grad_batches=2,
-            limit_val_batches=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp_path,
-        )
-        dm = GPTDataModule(hf_cfg, block_size=64, batch_size=4, seed=3)
-        trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
-        return trainer
-
-    full = Recorder()
-    fit(40, full)  # 80 micro-batches x 4 windows: more than one epoch of the ~28k train tokens
-    first = Recorder()
-    fit(17, first).save_checkpoint(tmp_path / "mid.ckpt")
+    full = _batches_seen(make_dm, 50257, 40, tmp_path)  # 80 micro-batches x 4 windows: > one epoch
+    first = _batches_seen(make_dm, 50257, 17, tmp_path, save=tmp_path / "mid.ckpt")
     saved = torch.load(tmp_path / "mid.ckpt", weights_only=True)
     assert saved["GPTDataModule"]["windows_consumed"] == 17 * 2 * 4
-    second = Recorder()
-    fit(40, second, ckpt=str(tmp_path / "mid.ckpt"))
-    assert len(full.seen) == 80
-    assert first.seen + second.seen == full.seen
+    second = _batches_seen(make_dm, 50257, 40, tmp_path, ckpt=tmp_path / "mid.ckpt")
+    assert len(full) == 80
+    assert first + second == full
