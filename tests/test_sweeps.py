@@ -73,6 +73,20 @@ def test_lr_search_composes_with_real_keys(compose: Any) -> None:
     assert OmegaConf.to_container(cfg.hydra.sweep)["subdir"] == "${hydra.job.num}"
 
 
+
+def _three_trial_lr_search(
+    tmp_path: Path, sweep_dir: Path, overrides: list[str], env: dict[str, str]
+) -> subprocess.CompletedProcess:
+    """`train.py -m hparams_search=lr_search` with 3 trials into `sweep_dir`; the sweep must exit 0."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "-m", *overrides, "hparams_search=lr_search",
+         "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return proc
+
 @pytest.mark.slow
 def test_optuna_sweep_runs_trials_and_survives_a_failed_one(
     tmp_path: Path, char_cache: Path, shakespeare_path: Path
@@ -80,23 +94,10 @@ def test_optuna_sweep_runs_trials_and_survives_a_failed_one(
     sweep_dir = tmp_path / "sweep"
     # loader.batch_size=choice(8,0) joins the search space from the command line: batch size 0 makes a
     # trial fail (MiniGPTError); with sampler seed 2 the three trials draw 8, 8 and 0 (optuna 2.10).
-    overrides = [
-        *[o for o in _tiny(char_cache, shakespeare_path, steps=3) if not o.startswith("loader.batch_size")],
-        "hparams_search=lr_search",
-        "hydra.sweeper.n_trials=3",
-        "hydra.sweeper.sampler.seed=2",
-        "loader.batch_size=choice(8,0)",
-        "logger=wandb",
-        f"hydra.sweep.dir={sweep_dir}",
-    ]
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "-m", *overrides],
-        cwd=tmp_path, env={**_env(tmp_path), "WANDB_MODE": "offline"}, capture_output=True, text=True,
-        timeout=240,
-        stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    tiny = [o for o in _tiny(char_cache, shakespeare_path, steps=3) if not o.startswith("loader.batch_size")]
+    overrides = [*tiny, "hydra.sweeper.sampler.seed=2", "loader.batch_size=choice(8,0)", "logger=wandb"]
+    proc = _three_trial_lr_search(tmp_path, sweep_dir, overrides, {**_env(tmp_path), "WANDB_MODE": "offline"})
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
 
     results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert set(results["best_params"]) == SEARCHED | {"loader.batch_size"}
@@ -220,21 +221,9 @@ def test_optuna_search_over_the_shipped_space_has_no_failed_trial(
     sweep_dir = tmp_path / "sweep"
     # Sampler seed 3 draws optim.lr 2.3e-3, 1.3e-4 and 1.2e-4 (optuna 2.10): two below the old
     # absolute floor (min_lr 3e-4 of optim=muon, the default), which made such trials fail.
-    overrides = [
-        *_tiny(char_cache, shakespeare_path, steps=2),
-        "hparams_search=lr_search",
-        "hydra.sweeper.n_trials=3",
-        "hydra.sweeper.sampler.seed=3",
-        "logger=none",
-        f"hydra.sweep.dir={sweep_dir}",
-    ]
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "-m", *overrides],
-        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240,
-        stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    overrides = [*_tiny(char_cache, shakespeare_path, steps=2), "hydra.sweeper.sampler.seed=3", "logger=none"]
+    proc = _three_trial_lr_search(tmp_path, sweep_dir, overrides, _env(tmp_path))
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
     lrs = [OmegaConf.load(sweep_dir / str(t) / ".hydra" / "config.yaml").optim.lr for t in range(3)]
     assert min(lrs) < 3e-4, lrs  # the search did reach the low end of its range
     assert "Failed experiment" not in out, out[-3000:]
