@@ -1,7 +1,7 @@
 """mini-gpt: a small decoder-only transformer whose causal self-attention is the readable core.
 
 Importing the package is cheap: the names below load their module (and torch) on first use, so data
-preparation workers (`mini_gpt.data.sharding`) never pay for torch. Training pulls in Lightning, Hydra
+preparation workers (`mini_gpt.data.shard_corpus`) never pay for torch. Training pulls in Lightning, Hydra
 and W&B lazily too.
 """
 
@@ -13,10 +13,10 @@ from typing import Any
 __all__ = ["GPT", "CausalSelfAttention", "GPTConfig", "KVCache", "MiniGPTError"]
 __version__ = "0.1.0"
 _HOMES = {
-    "GPT": "model",
-    "GPTConfig": "model",
-    "CausalSelfAttention": "attention",
-    "KVCache": "attention",
+    "GPT": "model.gpt",
+    "GPTConfig": "model.gpt",
+    "CausalSelfAttention": "model.attention",
+    "KVCache": "model.attention",
     "MiniGPTError": "errors",
 }
 

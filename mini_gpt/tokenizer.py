@@ -9,8 +9,9 @@ Offline BPE: `build_tokenizer("gpt2", bpe_file="path/to/gpt2.tiktoken")` reads a
 (one `base64(token_bytes) rank` per line), checks its sha256 against the hash tiktoken pins for that
 encoding, and never touches the network. GPT-2's ranks ship with the repository
 (`data/tokenizers/gpt2.tiktoken`, MIT, see the LICENSE beside it), so `gpt2` and `r50k_base` (the same
-vocabulary) need no file argument either. For other encodings we ask `tiktoken.get_encoding`, which
-works offline when the files are in `TIKTOKEN_CACHE_DIR`, and otherwise downloads them.
+vocabulary) need no file argument either. For the other encodings tiktoken ships (`ENCODINGS`) we ask
+`tiktoken.get_encoding`, which works offline when the files are in `TIKTOKEN_CACHE_DIR`, and otherwise
+downloads them.
 
 This module imports no Lightning/Hydra (generation needs it and must start fast).
 """
@@ -23,15 +24,21 @@ import hashlib
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import tiktoken
 
 from mini_gpt.errors import MiniGPTError
 
 __all__ = [
     "BUNDLED_BPE_FILES",
     "CHAR_EOT",
+    "ENCODINGS",
+    "GPT2_PAT_STR",
     "CharTokenizer",
+    "EncodingSpec",
     "TiktokenTokenizer",
     "Tokenizer",
     "build_tokenizer",
@@ -40,9 +47,6 @@ __all__ = [
     "tokenizer_from_dict",
 ]
 
-# sha256 of r50k_base.tiktoken. `gpt2` is the same vocabulary (tiktoken builds it from vocab.bpe +
-# encoder.json instead, so its constructor pins no hash for a `.tiktoken` file).
-GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 # Ranks files shipped with the repository, by encoding name (r50k_base is GPT-2's vocabulary).
 BUNDLED_BPE_FILES: dict[str, Path] = dict.fromkeys(
     ("gpt2", "r50k_base"), Path(__file__).resolve().parents[1] / "data" / "tokenizers" / "gpt2.tiktoken"
@@ -50,6 +54,74 @@ BUNDLED_BPE_FILES: dict[str, Path] = dict.fromkeys(
 # Seconds we wait for tiktoken.get_encoding before calling it offline (tiktoken's HTTP calls carry
 # no timeout of their own, so a black-holed network would otherwise hang forever).
 NETWORK_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class EncodingSpec:
+    """What rebuilds a tiktoken encoding from its ranks alone: `tiktoken.Encoding`'s other arguments,
+    and the sha256 of its `.tiktoken` ranks file (which a `data.bpe_file` must match)."""
+
+    pat_str: str
+    special_tokens: dict[str, int]
+    ranks_sha256: str
+
+
+# tiktoken's public API gives an Encoding's ranks and special tokens but not its pre-tokenisation regex,
+# so the encodings tiktoken ships are described here. Source of every value: tiktoken 0.14,
+# tiktoken_ext/openai_public.py (the regexes, special tokens and `expected_hash` of each ranks file);
+# tests/unit/test_tokenizer.py checks this table against it.
+EOT = "<|endoftext|>"
+FIM = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>")  # fill-in-the-middle tokens, consecutive ids
+# GPT-2's regex in tiktoken's faster spelling (same splits as the 2019 release's pattern).
+GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+CL100K_PAT_STR = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
+    r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+_UPPER, _LOWER = r"""[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]""", r"""[\p{Ll}\p{Lm}\p{Lo}\p{M}]"""
+_CONTRACTION = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+O200K_PAT_STR = "|".join(
+    (
+        rf"""[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTION}""",
+        rf"""[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTION}""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    )
+)
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # r50k_base.tiktoken
+P50K_RANKS_SHA256 = "94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069"
+O200K_RANKS_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+O200K_SPECIAL_TOKENS = {EOT: 199999, "<|endofprompt|>": 200018}
+# o200k_harmony's named tokens from id 199998 on (None: `<|reserved_ID|>`), then reserved up to 201087.
+_HARMONY_NAMED = ("startoftext", "endoftext", None, None, "return", "constrain", None, "channel", "start",
+                  "end", "message", None, None, None, "call")  # fmt: skip
+ENCODINGS: dict[str, EncodingSpec] = {
+    # `gpt2` is r50k_base built from GPT-2's original vocab.bpe + encoder.json: the same ranks.
+    "gpt2": EncodingSpec(GPT2_PAT_STR, {EOT: 50256}, GPT2_RANKS_SHA256),
+    "r50k_base": EncodingSpec(GPT2_PAT_STR, {EOT: 50256}, GPT2_RANKS_SHA256),
+    "p50k_base": EncodingSpec(GPT2_PAT_STR, {EOT: 50256}, P50K_RANKS_SHA256),
+    "p50k_edit": EncodingSpec(
+        GPT2_PAT_STR, {EOT: 50256, **{t: i for i, t in enumerate(FIM, 50281)}}, P50K_RANKS_SHA256
+    ),
+    "cl100k_base": EncodingSpec(
+        CL100K_PAT_STR,
+        {EOT: 100257, **{t: i for i, t in enumerate(FIM, 100258)}, "<|endofprompt|>": 100276},
+        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    ),
+    "o200k_base": EncodingSpec(O200K_PAT_STR, O200K_SPECIAL_TOKENS, O200K_RANKS_SHA256),
+    "o200k_harmony": EncodingSpec(
+        O200K_PAT_STR,
+        {
+            **O200K_SPECIAL_TOKENS,
+            **{f"<|{name or f'reserved_{i}'}|>": i for i, name in enumerate(_HARMONY_NAMED, 199998)},
+            **{f"<|reserved_{i}|>": i for i in range(200013, 201088)},
+        },
+        O200K_RANKS_SHA256,
+    ),
+}
 
 
 class Tokenizer(ABC):
@@ -175,8 +247,6 @@ class TiktokenTokenizer(Tokenizer):
         mergeable_ranks: dict[bytes, int],
         special_tokens: dict[str, int],
     ) -> None:
-        import tiktoken
-
         self.name = name
         self.pat_str = pat_str
         self.special_tokens = dict(special_tokens)
@@ -199,7 +269,7 @@ class TiktokenTokenizer(Tokenizer):
                 ranks[enc.decode_single_token_bytes(i)] = i
             except KeyError:  # an unused id (cl100k_base and o200k_base have gaps before their specials)
                 continue
-        return cls(enc.name, encoding_spec(enc.name)["pat_str"], ranks, specials)
+        return cls(enc.name, encoding_spec(enc.name).pat_str, ranks, specials)
 
     @property
     def vocab_size(self) -> int:
@@ -272,44 +342,12 @@ def parse_tiktoken_ranks(data: bytes | str, source: str = "ranks") -> dict[bytes
     return ranks
 
 
-_SPEC_LOCK = threading.Lock()
-
-
-def encoding_spec(name: str) -> dict[str, Any]:
-    """pat_str, special tokens and pinned ranks sha256 of a registered tiktoken encoding, offline.
-
-    tiktoken's constructors load their ranks as they run; we run one with its loaders swapped for
-    stand-ins that record the pinned `expected_hash`, so any registered encoding (plugins included)
-    gets its exact regex and special tokens without a download. tiktoken has no public API for
-    this (nor for an Encoding's regex): this function is the one place that relies on its internals.
-    """
-    import tiktoken.registry
-
-    known = tiktoken.registry.list_encoding_names()
-    if name not in known:
-        raise MiniGPTError(f"unknown tiktoken encoding {name!r}; use char or one of: {', '.join(known)}")
-    constructor = tiktoken.registry.ENCODING_CONSTRUCTORS[name]
-    seen: dict[str, Any] = {}
-
-    def fake_load(*_args: Any, expected_hash: str | None = None, **_kw: Any) -> dict[bytes, int]:
-        seen["sha256"] = expected_hash
-        return {}
-
-    module_globals = constructor.__globals__
-    loaders = ("load_tiktoken_bpe", "data_gym_to_mergeable_bpe_ranks")
-    with _SPEC_LOCK:
-        saved = {k: module_globals[k] for k in loaders if k in module_globals}
-        try:
-            module_globals.update(dict.fromkeys(saved, fake_load))
-            spec = constructor()
-        finally:
-            module_globals.update(saved)
-    expected = seen.get("sha256") or (GPT2_RANKS_SHA256 if name == "gpt2" else None)
-    return {
-        "pat_str": spec["pat_str"],
-        "special_tokens": dict(spec["special_tokens"]),
-        "sha256": expected,
-    }
+def encoding_spec(name: str) -> EncodingSpec:
+    """The regex, special tokens and pinned ranks sha256 of a tiktoken encoding, with no network."""
+    spec = ENCODINGS.get(name)
+    if spec is None:
+        raise MiniGPTError(f"unknown tiktoken encoding {name!r}; use char or one of: {', '.join(ENCODINGS)}")
+    return spec
 
 
 def _from_bpe_file(name: str, bpe_file: str | Path) -> TiktokenTokenizer:
@@ -318,20 +356,20 @@ def _from_bpe_file(name: str, bpe_file: str | Path) -> TiktokenTokenizer:
         raise MiniGPTError(f"BPE ranks file {path} does not exist; fix data.bpe_file=PATH/{name}.tiktoken")
     data = path.read_bytes()
     spec = encoding_spec(name)
+    # Checked here, not by tiktoken.load.load_tiktoken_bpe: it copies even a local file into its cache
+    # and checks `expected_hash` only while that cache is on.
     digest = hashlib.sha256(data).hexdigest()
-    if spec["sha256"] and digest != spec["sha256"]:
+    if digest != spec.ranks_sha256:
         raise MiniGPTError(
-            f"{path} has sha256 {digest}, but the {name} ranks file has {spec['sha256']}; "
+            f"{path} has sha256 {digest}, but the {name} ranks file has {spec.ranks_sha256}; "
             f"point data.bpe_file at the {name} .tiktoken file"
         )
     ranks = parse_tiktoken_ranks(data, source=str(path))
-    return TiktokenTokenizer(name, spec["pat_str"], ranks, spec["special_tokens"])
+    return TiktokenTokenizer(name, spec.pat_str, ranks, spec.special_tokens)
 
 
 def _get_encoding(name: str) -> Any:
     """tiktoken.get_encoding, but giving up after NETWORK_TIMEOUT_S (tiktoken itself never times out)."""
-    import tiktoken
-
     result: dict[str, Any] = {}
 
     def target() -> None:
@@ -354,7 +392,7 @@ def _get_encoding(name: str) -> Any:
 
 
 def build_tokenizer(name: str, bpe_file: str | Path | None = None, text: str | None = None) -> Tokenizer:
-    """`char` (vocabulary from `text`) or any tiktoken encoding name (e.g. `gpt2`, `cl100k_base`).
+    """`char` (vocabulary from `text`) or the name of an encoding tiktoken ships (`gpt2`, `cl100k_base`...).
 
     With `bpe_file` the ranks come from that file and the network is never used; without it from the
     repository's copy (gpt2, r50k_base), else `tiktoken.get_encoding` (TIKTOKEN_CACHE_DIR, else download).

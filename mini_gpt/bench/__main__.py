@@ -1,4 +1,6 @@
-"""`python -m mini_gpt.bench {attention,train,generate,data,all} [--json out.json] [section options]`.
+"""`mini-gpt bench {attention,train,generate,data,all} [--json out.json] [section options]` (alias
+`python -m mini_gpt.bench ...`). The one verb of mini-gpt with argparse flags rather than Hydra overrides:
+each section's options are its own `--flags`.
 
 Each section is a module of this package with `add_arguments(parser)` and `run(args) -> (rows, extra)`.
 Only the section asked for is imported (train pulls in Lightning, ~5 s), and a section whose module is
@@ -36,7 +38,7 @@ def load_section(name: str) -> ModuleType:
 def section_parser(name: str, module: ModuleType) -> argparse.ArgumentParser:
     # The docstring's first paragraph (which may wrap over several lines), as one sentence.
     summary = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
-    parser = argparse.ArgumentParser(prog=f"python -m mini_gpt.bench {name}", description=summary or None)
+    parser = argparse.ArgumentParser(prog=f"mini-gpt bench {name}", description=summary or None)
     module.add_arguments(parser)
     return parser
 
@@ -67,8 +69,8 @@ def _print_machine() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     top = argparse.ArgumentParser(
-        prog="python -m mini_gpt.bench",
-        description="Benchmarks; `python -m mini_gpt.bench SECTION --help` lists a section's options.",
+        prog="mini-gpt bench",
+        description="Benchmarks; `mini-gpt bench SECTION --help` lists a section's options.",
         add_help=False,  # --help after SECTION belongs to the section's parser
     )
     top.add_argument("section", choices=(*SECTIONS, "all"))

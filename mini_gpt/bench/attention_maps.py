@@ -45,10 +45,10 @@ def _png(fig: Any, dpi: int) -> int:
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     import matplotlib.pyplot as plt
 
-    from mini_gpt.attention_maps import attention_maps, attention_summary
-    from mini_gpt.attention_maps_callback import DEFAULT_PROMPT, AttentionMaps
-    from mini_gpt.model import GPT, GPTConfig
+    from mini_gpt.model.gpt import GPT, GPTConfig
     from mini_gpt.tokenizer import CharTokenizer
+    from mini_gpt.train.callbacks.attention_maps import DEFAULT_PROMPT, AttentionMaps
+    from mini_gpt.viz.attention_maps import attention_maps, attention_summary
 
     if args.threads:
         torch.set_num_threads(args.threads)

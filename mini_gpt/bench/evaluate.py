@@ -4,8 +4,8 @@ Items shaped like HellaSwag's (a context of 30-60 tokens, four endings of 8-30, 
 random: speed does not depend on the text) are scored on a GPT-2 124M-shaped model with random weights
 (this machine cannot download GPT-2's; the work per token is the same). Contenders, alternated, medians:
 
-- `ours-batched`: `mini_gpt.scoring.continuation_logprobs`, `--batch-items` items (4 rows each) per forward
-  pass, as `python -m mini_gpt.evaluate tasks=[hellaswag]` does;
+- `ours-batched`: `mini_gpt.eval.scoring.continuation_logprobs`, `--batch-items` items (4 rows each) per
+  forward pass, as `python -m mini_gpt.evaluate tasks=[hellaswag]` does;
 - `ours-per-item`: the same, one item (its 4 endings) per pass;
 - `transformers-naive`: `GPT2LMHeadModel` (the same weights) on each context + ending alone, log-softmax,
   the ending's tokens summed: the way a first script scores HellaSwag.
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from mini_gpt.bench.common import LoadMeter, alternate, machine_info
-from mini_gpt.model import GPT, GPTConfig
-from mini_gpt.scoring import continuation_logprobs
+from mini_gpt.eval.scoring import continuation_logprobs
+from mini_gpt.model.gpt import GPT, GPTConfig
 
 
 def make_items(n: int, vocab: int, block_size: int, seed: int = 0) -> list[tuple[list[int], list[list[int]]]]:
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    from mini_gpt.hf import gpt_to_hf
+    from mini_gpt.interop.hf import gpt_to_hf
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -47,8 +47,8 @@ from omegaconf import OmegaConf
 
 from mini_gpt.bench.common import LoadMeter, alternate, machine_info, print_table
 from mini_gpt.conf import compose
-from mini_gpt.model import GPT, GPTConfig
-from mini_gpt.sampling import generate
+from mini_gpt.infer.sampling import generate
+from mini_gpt.model.gpt import GPT, GPTConfig
 
 TOP_K = 200
 
@@ -84,8 +84,8 @@ def decode_table(
     """The rows of the comparison with transformers (module docstring); hf_config defaults to GPT-2 124M."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from mini_gpt.hf import gpt_from_hf
-    from mini_gpt.inference import prepare_for_inference
+    from mini_gpt.infer.packing import prepare_for_inference
+    from mini_gpt.interop.hf import gpt_from_hf
 
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(hf_config or GPT2Config()).eval()

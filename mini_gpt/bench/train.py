@@ -13,7 +13,7 @@ Three comparisons, each alternating its contenders in one process so background 
   nanoGPT's published architecture, on its CPU recipe's shape (4x128, T64, B12) and its baby GPT's
   (6x384, T256); also our GPT with GPT-2's tanh GELU, to show what that costs.
 - `loss`: a training step of the baby model with GPT-2's 50,257-token vocabulary, the loss over all
-  (B, T, V) logits at once against `mini_gpt.loss` (chunked): seconds and peak memory.
+  (B, T, V) logits at once against `mini_gpt.model.loss` (chunked): seconds and peak memory.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     if "loss" in compare:
         with LoadMeter() as load:
             rows = loss_rows(args.loss_vocab, args.loss_batch_size, args.loss_repeats, device)
-        print_table("train: loss of a big vocabulary, all logits at once vs mini_gpt.loss (chunked)", rows)
+        print_table("train: loss of a big vocabulary, all logits at once vs model.loss (chunked)", rows)
         what = "CUDA allocator" if device.type == "cuda" else "process RSS"
         print(f"peak_mb: peak memory of the step ({what}); other_load={load.other_load:.2f} cores")
         extra["loss_memory"] = {"rows": rows, "other_load": round(load.other_load, 2)}
@@ -93,12 +93,12 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
 def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     import lightning as L
 
-    from mini_gpt.callbacks import NaNGuard, ProgressBar, Throughput, peak_flops
     from mini_gpt.data import DataConfig
     from mini_gpt.data.datamodule import GPTDataModule, TrainBatches
-    from mini_gpt.lit_module import GPTLitModule
-    from mini_gpt.model import GPT, GPTConfig
-    from mini_gpt.optim import OptimConfig, build_optimizer, build_scheduler
+    from mini_gpt.model.gpt import GPT, GPTConfig
+    from mini_gpt.train.callbacks import NaNGuard, ProgressBar, Throughput, peak_flops
+    from mini_gpt.train.module import GPTLitModule
+    from mini_gpt.train.optim import OptimConfig, build_optimizer, build_scheduler
 
     device = torch.device(
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -326,8 +326,8 @@ def train_step_fn(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: l
 
 def our_step_fn(config: str, mlp: str, batches: list, device: torch.device) -> Any:
     """Our GPT on a NANO_CONFIGS shape (learned positions, LayerNorm, biases) with our AdamW."""
-    from mini_gpt.model import GPT, GPTConfig
-    from mini_gpt.optim import OptimConfig, build_optimizer
+    from mini_gpt.model.gpt import GPT, GPTConfig
+    from mini_gpt.train.optim import OptimConfig, build_optimizer
 
     n_layer, n_head, n_embd, T, _, dropout = NANO_CONFIGS[config]
     cfg = GPTConfig(
@@ -410,10 +410,10 @@ class PeakMemory:
 
 
 def loss_rows(vocab: int, batch_size: int, repeats: int, device: torch.device) -> list[dict[str, Any]]:
-    """Training steps of the baby model with a big vocabulary: full-logits loss vs mini_gpt.loss."""
-    import mini_gpt.loss as loss_module
-    from mini_gpt.model import GPT, GPTConfig
-    from mini_gpt.optim import OptimConfig, build_optimizer
+    """Training steps of the baby model with a big vocabulary: full-logits loss vs mini_gpt.model.loss."""
+    import mini_gpt.model.loss as loss_module
+    from mini_gpt.model.gpt import GPT, GPTConfig
+    from mini_gpt.train.optim import OptimConfig, build_optimizer
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_preset("baby", vocab_size=vocab)).to(device).train()
@@ -425,7 +425,7 @@ def loss_rows(vocab: int, batch_size: int, repeats: int, device: torch.device) -
     def step(chunked: bool) -> None:
         if chunked:
             loss = model(x, targets=y)
-        else:  # what the loss was before mini_gpt.loss: every logit at once
+        else:  # what the loss was before mini_gpt.model.loss: every logit at once
             loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -2,9 +2,10 @@
 
 The YAML lives in `conf/` at the top of the checkout: `train.yaml` and its groups (model/ data/ optim/
 trainer/ callbacks/ logger/ paths/ hydra/ experiment/ debug/ hparams_search/ finetune/) configure
-`python train.py`; `generate.yaml`, `export.yaml`, `attention_maps.yaml`, `evaluate.yaml` the command-line
-tools; `sweep/` holds W&B sweep specs (no defaults list uses it). A wheel carries the same files as
-`mini_gpt/configs/` (see pyproject.toml), so a regular install works too. Every tool finds them one way:
+`mini-gpt train` (= `python train.py`); `generate.yaml`, `export.yaml`, `attention_maps.yaml`,
+`evaluate.yaml`, `plot.yaml`, `prepare.yaml` the other verbs of `mini-gpt` (mini_gpt.cli); `sweep/` holds
+W&B sweep specs (no defaults list uses it). A wheel carries the same files as `mini_gpt/configs/` (see
+pyproject.toml), so a regular install works too. Every tool finds them one way:
 `CONF_DIR`. Hydra is imported lazily.
 """
 
@@ -23,6 +24,30 @@ CONF_DIR = _CHECKOUT / "conf" if _IN_CHECKOUT else _PACKAGE_DIR / "configs"
 # A checkout keeps outputs/ and data/ in the checkout, whatever the working directory; an installed
 # package uses the working directory.
 PROJECT_ROOT = _CHECKOUT if _IN_CHECKOUT else Path.cwd()
+
+
+# Keys whose values are free text: taken from the command line verbatim, never parsed by Hydra (whose
+# override grammar rejects braces and non-ASCII letters and splits values on commas).
+FREE_TEXT_KEYS = ("prompt", "stop")
+
+
+def split_free_text(
+    argv: Sequence[str], keys: Sequence[str] = FREE_TEXT_KEYS
+) -> tuple[list[str], dict[str, Any]]:
+    """(the Hydra overrides, {"prompt": text, "stop": [texts]}): `stop=` may be given several times.
+
+    `keys`: the free-text keys of the tool (paths, for `mini-gpt plot`)."""
+    overrides: list[str] = []
+    text: dict[str, Any] = {}
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or key not in keys:
+            overrides.append(arg)
+        elif key == "stop":
+            text.setdefault("stop", []).append(value)
+        else:
+            text[key] = value
+    return overrides, text
 
 
 def register_resolvers() -> None:
@@ -63,23 +88,38 @@ def _segments(text: str) -> list[tuple[str, list[str]]]:
     return segments
 
 
-def tool_help(config_name: str) -> str:
-    """`--help` of a tool: its own config file (every key with its comment; a tool's Hydra settings left
-    out) and, for a config with groups (train), the options of each group its defaults list names."""
+def _groups(config_name: str, included: bool = True) -> list[str]:
+    """The config groups a top-level config's defaults list names, in order, with (`included`) those of a
+    config it includes (`- train` in prepare.yaml); Hydra's own groups left out."""
     from omegaconf import OmegaConf
 
-    path = CONF_DIR / f"{config_name}.yaml"
-    text = path.read_text()
-    defaults = OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []  # type: ignore[union-attr]
-    groups = [
-        next(iter(entry))
-        for entry in defaults
-        if isinstance(entry, dict) and not next(iter(entry)).startswith(("override ", "hydra"))
-    ]
+    config = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{config_name}.yaml"))
+    groups: list[str] = []
+    for entry in config.get("defaults") or []:  # type: ignore[union-attr]
+        if isinstance(entry, dict) and not next(iter(entry)).startswith(("override ", "hydra")):
+            groups.append(next(iter(entry)))
+        elif included and isinstance(entry, str) and entry != "_self_":
+            groups += _groups(entry)
+    return groups
+
+
+def command(config_name: str) -> str:
+    """How a user types the command of a config: `python train.py` (the project's main door) or
+    `mini-gpt <verb>` (attention_maps.yaml: `mini-gpt attention-maps`)."""
+    return "python train.py" if config_name == "train" else f"mini-gpt {config_name.replace('_', '-')}"
+
+
+def tool_help(config_name: str) -> str:
+    """`--help` of a tool: its own config file (every key with its comment; a tool's Hydra settings left
+    out) and, for a config with groups (train, prepare), the options of each group its defaults name."""
+    text = (CONF_DIR / f"{config_name}.yaml").read_text()
+    groups = _groups(config_name)
     lines = []
     for key, segment in _segments(text):
-        if key == "hydra" or (key == "defaults" and not groups):  # Hydra plumbing, not the tool's keys
+        if key == "hydra":  # Hydra plumbing, not the tool's keys
             continue
+        if key == "defaults" and not _groups(config_name, included=False):  # no groups of its own to show:
+            segment = segment[: segment.index("defaults:")]  # only the comments above it
         lines += segment
     help_text = "\n".join(lines).strip("\n")
     if groups:
@@ -88,21 +128,21 @@ def tool_help(config_name: str) -> str:
             for group in groups
         ]
         help_text += "\n\nOptions of each group (conf/<group>/<option>.yaml):\n" + "\n".join(options)
-        help_text += (
-            "\nPick an option with group=option, set any key with key=value (e.g. model.n_layer=6);"
-            "\n--cfg job prints every key of the composed config. A key that does not exist is an error."
-        )
+        help_text += "\nPick an option with group=option, set any key with key=value (e.g. model.n_layer=6)."
+        if config_name == "train":  # the one Hydra app (hydra.main): Hydra's flags work
+            help_text += "\n--cfg job prints every key of the composed config; -m runs a sweep."
+        help_text += "\nA key that does not exist is an error."
     else:
         help_text += "\n\nSet any key above with key=value; a key that is not listed is an error."
     return help_text + "\n"
 
 
-def exit_with_help_if_asked(config_name: str) -> None:
-    """`--help` / `-h` on the command line: print `tool_help(config_name)` and exit 0. Hydra's own help
-    would list every config group in CONF_DIR (the training groups in every tool's help)."""
+def exit_with_help_if_asked(config_name: str, argv: Sequence[str] | None = None) -> None:
+    """`--help` / `-h` in `argv` (default: the command line): print `tool_help(config_name)` and exit 0.
+    Hydra's own help would list every config group in CONF_DIR (the training groups in every tool's help)."""
     import sys
 
-    if {"--help", "-h"} & set(sys.argv[1:]):
+    if {"--help", "-h"} & set(sys.argv[1:] if argv is None else argv):
         print(tool_help(config_name), end="")
         raise SystemExit(0)
 
@@ -133,12 +173,11 @@ def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
             options = ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
             why = f"{group}={option}: there is no conf/{group}/{option}.yaml; the options are {options}"
         else:
-            command = "python train.py" if config_name == "train" else f"python -m mini_gpt.{config_name}"
-            why = f"bad override ({first}); write key=value ({command} --help)"
+            why = f"bad override ({first}); write key=value ({command(config_name)} --help)"
         raise MiniGPTError(f"{config_name}: {why}") from None
 
 
-def exit_on_bad_overrides(config_name: str) -> None:
+def exit_on_bad_overrides(config_name: str, argv: Sequence[str] | None = None) -> None:
     """Before `hydra.main` runs: an override Hydra would refuse (an unknown key, a missing option, bad
     syntax) becomes one `error: ...` line and exit status 2 instead of Hydra's multi-line report.
 
@@ -149,14 +188,20 @@ def exit_on_bad_overrides(config_name: str) -> None:
 
     from mini_gpt.errors import exit_on_user_error
 
-    overrides = sys.argv[1:]
+    overrides = sys.argv[1:] if argv is None else list(argv)
     if not any(arg.startswith("-") for arg in overrides):
         exit_on_user_error(compose_command_line)(config_name, overrides)
 
 
-def hydra_main(config_name: str, task: Callable[[dict[str, Any]], Any]) -> Any:
-    """Run `task(cfg)` on `CONF_DIR/<config_name>.yaml` plus the command line's `key=value` overrides,
-    `cfg` a plain dict (resolved).
+def hydra_main(
+    config_name: str,
+    task: Callable[[dict[str, Any]], Any],
+    argv: Sequence[str] | None = None,
+    node: str | None = None,
+) -> Any:
+    """Run `task(cfg)` on `CONF_DIR/<config_name>.yaml` plus the `key=value` overrides in `argv` (default:
+    the command line), `cfg` a plain dict (resolved): the whole config, or only its `node` (prepare: data;
+    the rest of train.yaml has keys only a Hydra run can resolve).
 
     Composed with Hydra's compose API: a one-shot tool needs no run directory, log files or multirun.
     A refused override or a `MiniGPTError` becomes one `error: ...` line on stderr and exit status 2
@@ -168,9 +213,12 @@ def hydra_main(config_name: str, task: Callable[[dict[str, Any]], Any]) -> Any:
 
     from mini_gpt.errors import exit_on_user_error
 
+    overrides = sys.argv[1:] if argv is None else list(argv)
+
     def run() -> Any:
-        cfg = compose_command_line(config_name, sys.argv[1:])
+        cfg = compose_command_line(config_name, overrides)
+        cfg = cfg if node is None else cfg[node]
         return task(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
 
-    exit_with_help_if_asked(config_name)
+    exit_with_help_if_asked(config_name, overrides)
     return exit_on_user_error(run)()

@@ -1,14 +1,15 @@
 """The data of a run, one module per step in the order it flows (no torch or Lightning until windows.py):
 
-config.py      what to train on: DataConfig (named corpora, text files), HFDataConfig, ShardsDataConfig
-files.py       the preparation lock, atomic writes, checksums: how files are written safely
-sources.py     where text comes from: shipped or downloaded corpora, text files, `datasets` documents
-text.py        text -> train.bin / val.bin + meta.json (streamed, threaded)
-shards.py      the llm.c token shard format
-sharding.py    documents -> shards (a process pool, flat in memory, resumable)
-windows.py     training and validation windows over token files and shards (torch)
-datamodule.py  GPTDataModule (Lightning)
-__main__.py    `python -m mini_gpt.data prepare data=...`: prepare without training
+config.py        what to train on: DataConfig (named corpora, text files), HFDataConfig, ShardsDataConfig
+preparation.py   what every preparer shares: the preparation lock, cache keys, progress bars, the log line
+sources.py       where text comes from: shipped or downloaded corpora, text files, `datasets` documents
+text.py          text -> train.bin / val.bin + meta.json (streamed, threaded)
+shard_format.py  the llm.c token shard format: read, write, check `.bin` shards
+split.py         which documents are validation (a seeded hash of the index), splitmix64
+shard_corpus.py  documents -> shards (a process pool, flat in memory, resumable); existing shards found
+windows.py       training and validation windows over token files and shards (torch)
+datamodule.py    GPTDataModule (Lightning)
+__main__.py      `python -m mini_gpt.data prepare data=...`: prepare without training
 """
 
 from mini_gpt.data.config import (
@@ -19,7 +20,7 @@ from mini_gpt.data.config import (
     ShardsDataConfig,
     data_config,
 )
-from mini_gpt.data.sharding import ShardedCorpus, find_shards, prepare_shards
+from mini_gpt.data.shard_corpus import ShardedCorpus, find_shards, prepare_shards
 from mini_gpt.data.text import PreparedData, load_prepared, prepare_data
 
 __all__ = ["DataConfig", "DataConfigError", "HFDataConfig", "ShardsDataConfig", "data_config", "prepare"]

@@ -2,7 +2,8 @@
 
 * `DataConfig`: a named corpus (`shakespeare_char`, `shakespeare`) or your own text files (`data=text`),
   prepared into one `train.bin` / `val.bin` (see text.py).
-* `HFDataConfig`: `data=hf`, any dataset `datasets` can read, tokenized once into llm.c shards (sharding.py).
+* `HFDataConfig`: `data=hf`, any dataset `datasets` can read, tokenized once into llm.c shards
+  (shard_corpus.py).
 * `ShardsDataConfig`: `data=shards`, existing llm.c-format shards (ours, llm.c's, modded-nanogpt's).
 
 `data_config(dict)` picks the class by `name`. No Lightning, Hydra or torch here.
@@ -16,8 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tiktoken.registry
+
 from mini_gpt.conf import PROJECT_ROOT
-from mini_gpt.errors import MiniGPTError, build_config, check_field_types, check_ints
+from mini_gpt.conf.schema import checked_config
+from mini_gpt.errors import MiniGPTError, check_ints
 
 __all__ = [
     "CORPORA",
@@ -118,8 +122,6 @@ def _check_tokenizer(name: Any, bpe_file: Any) -> None:
         if bpe_file is not None:
             raise DataConfigError("data.bpe_file is for BPE tokenizers; drop it or set data.tokenizer=gpt2")
         return
-    import tiktoken.registry
-
     known = tiktoken.registry.list_encoding_names()
     if name not in known:
         raise DataConfigError(
@@ -155,7 +157,6 @@ class DataConfig:
     num_threads: int | None = None  # tokenizer threads; None = all CPU cores
 
     def __post_init__(self) -> None:
-        check_field_types(self, "data", DataConfigError)
         if self.name != TEXT_CORPUS and self.name not in CORPORA:
             names = ", ".join([*CORPORA, TEXT_CORPUS])
             raise DataConfigError(f"unknown corpus data.name={self.name!r}; choose one of: {names}")
@@ -179,7 +180,7 @@ class DataConfig:
 
 @dataclass
 class HFDataConfig:
-    """`data=hf`: any dataset `datasets` can read, tokenized once into llm.c shards (see sharding.py)."""
+    """`data=hf`: any dataset `datasets` can read, tokenized once into llm.c shards (see shard_corpus.py)."""
 
     name: str = "hf"
     dataset: str | None = None  # hub name (org/name) or local files: a path, directory or glob
@@ -250,4 +251,4 @@ def data_config(d: AnyDataConfig | Mapping[str, Any]) -> AnyDataConfig:
     if isinstance(d, DataConfig | HFDataConfig | ShardsDataConfig):
         return d
     kind = {"hf": HFDataConfig, "shards": ShardsDataConfig}.get(d.get("name", ""), DataConfig)
-    return build_config(kind, d, "data")
+    return checked_config(kind, d, "data", DataConfigError)

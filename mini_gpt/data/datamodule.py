@@ -1,5 +1,5 @@
 """LightningDataModule over prepared token files: flat `train.bin` / `val.bin` (text.py) or shards
-(sharding.py, or existing llm.c shards), with the windows of windows.py.
+(shard_corpus.py, or existing llm.c shards), with the windows of windows.py.
 
 Training is step-based (`max_steps`), so the train loader is an endless stream of whole `(x, y)` batches
 that is a pure function of the batch index. After `k` optimizer steps with gradient accumulation `a` the
@@ -20,11 +20,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
 from mini_gpt.data import prepare
 from mini_gpt.data.config import AnyDataConfig, DataConfig, HFDataConfig, ShardsDataConfig, data_config
-from mini_gpt.data.sharding import ShardedCorpus
+from mini_gpt.data.shard_corpus import ShardedCorpus
 from mini_gpt.data.text import PreparedData, cache_dir
 from mini_gpt.data.windows import ShardTrainBatches, TrainBatches, ValBatches, ValWindows
 from mini_gpt.errors import MiniGPTError, check_ints
@@ -171,8 +172,6 @@ class GPTDataModule(L.LightningDataModule):
         }
         changed = [k for k, v in same.items() if pos.get(k) != v]
         if changed:
-            from lightning.pytorch.utilities import rank_zero_warn
-
             rank_zero_warn(
                 f"the checkpoint's data position is for other data ({', '.join(changed)} changed): "
                 "training continues from the start of this data's window order"

@@ -14,8 +14,8 @@ documents of `data=hf` (a Hugging Face Hub dataset, streamed, or local files rea
   the network: offline (`HF_HUB_OFFLINE=1`, `HF_DATASETS_OFFLINE=1`, or no answer from the Hub within a
   few seconds) they fail at once with one line saying to pass local files instead.
 
-`datasets` is imported only when a `data=hf` corpus is actually read: it is an optional extra
-(`pip install -e '.[datasets]'`).
+`datasets`, pyarrow and huggingface_hub are imported only when a `data=hf` corpus is actually read: they
+are the optional extra `pip install -e '.[datasets]'`, and `datasets` alone takes most of a second to import.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from mini_gpt.data.config import CORPORA, DataConfig, HFDataConfig
-from mini_gpt.data.files import atomic_write, byte_progress, sha256_file
+from mini_gpt.data.preparation import byte_progress
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import atomic_write, sha256_file
 
 __all__ = [
     "BUILDERS",
@@ -330,7 +331,8 @@ def open_source(cfg: HFDataConfig) -> Source:
             files = [f for f, n in zip(files, rows) if n > 0]
             if not files:
                 raise MiniGPTError(f"data.dataset={cfg.dataset} holds no documents (0 rows); check the files")
-        return Source(*named, builder, tuple(files), _fingerprint_files(files), num_documents=rows)
+        n_docs = sum(rows) if rows is not None else None
+        return Source(*named, builder, tuple(files), _fingerprint_files(files), num_documents=n_docs)
     reason = hub_offline_reason()
     if reason is not None:
         raise MiniGPTError(

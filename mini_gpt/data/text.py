@@ -26,7 +26,7 @@ Decisions worth knowing:
   meta.json is written (atomically) last. A cache is used only if meta.json exists and matches the source
   sha256, tokenizer, split fraction and dtype, and the bins have the recorded sizes; anything else,
   including a preparation killed midway, is rebuilt.
-* **One preparer at a time**: building holds the folder's preparation lock (files.py); other processes
+* **One preparer at a time**: building holds the folder's preparation lock (preparation.py); other processes
   (a parallel sweep, a SLURM array on shared storage) wait, then reuse the finished cache. Checking a
   valid cache takes no lock, so a read-only cache works.
 """
@@ -39,28 +39,26 @@ import os
 import threading
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from mini_gpt.data.config import TEXT_CORPUS, DataConfig, token_dtype
-from mini_gpt.data.files import (
+from mini_gpt.data.preparation import (
     WRITE_ERRNOS,
     byte_progress,
     preparation_lock,
-    read_json,
-    sha256_file,
     tokenizer_key,
     unwritable,
-    write_json_atomic,
 )
-from mini_gpt.data.shards import ShardInfo, token_file
+from mini_gpt.data.shard_format import ShardInfo, token_file
 from mini_gpt.data.sources import named_corpus_file, text_files
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import read_json, sha256_file, write_json_atomic
 from mini_gpt.tokenizer import (
     CharTokenizer,
     TiktokenTokenizer,
@@ -103,7 +101,7 @@ class PreparedData:
 
     @property
     def train(self) -> list[ShardInfo]:
-        """train.bin as a list of token files, like `ShardedCorpus.train` (read with shards.open_shard)."""
+        """train.bin as a list of token files, like `ShardedCorpus.train` (read them with `open_shard`)."""
         return [token_file(self.train_path, self.dtype)]
 
     @property
@@ -331,7 +329,7 @@ def prepare_data(
             meta = _valid_cache(out_dir, key)  # another process may have prepared it while we waited
             if meta is None:
                 try:
-                    meta = _build(cfg, files, total_bytes, key, tok, out_dir, progress, piece_chars)
+                    meta = _tokenize_corpus(cfg, files, total_bytes, key, tok, out_dir, progress, piece_chars)
                 except OSError as err:  # writing the cache: disk full, read-only, permissions
                     if err.errno in WRITE_ERRNOS and err.filename not in {str(f) for f in files}:
                         raise unwritable(out_dir, err) from None
@@ -358,7 +356,43 @@ def load_prepared(cfg: DataConfig, block_size: int | None = None) -> PreparedDat
     return prepare_data(cfg, block_size=block_size, build=False, progress=False)
 
 
-def _build(
+def _write_token_files(
+    pieces: Iterable[tuple[int, int, str, int]],
+    encode: Callable[[str], np.ndarray],
+    eot: int | None,
+    outs: tuple[BinaryIO, BinaryIO],
+    threads: int,
+    advance: Callable[[int], None],
+) -> list[int]:
+    """Encode the (split, document, text, bytes) pieces on a thread pool and write their ids, in order,
+    to their split's file (train, val), the end-of-text id `eot` before each document but the first.
+    Returns the tokens written to each file."""
+    counts = [0, 0]
+    pending: deque[tuple[int, bool, Future[np.ndarray], int]] = deque()
+
+    def drain(keep: int) -> None:
+        while len(pending) > keep:
+            split, eot_first, fut, nbytes = pending.popleft()
+            ids = fut.result()
+            if eot_first:
+                outs[split].write(np.asarray([eot], dtype=ids.dtype).tobytes())
+                counts[split] += 1
+            outs[split].write(ids.tobytes())
+            counts[split] += len(ids)
+            advance(nbytes)
+
+    last_doc = -1
+    with ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool:
+        for split, doc, text, nbytes in pieces:
+            eot_first = eot is not None and doc != last_doc and last_doc >= 0
+            last_doc = doc
+            pending.append((split, eot_first, pool.submit(encode, text), nbytes))
+            drain(keep=2 * threads)  # bounded look-ahead keeps memory flat
+        drain(keep=0)
+    return counts
+
+
+def _tokenize_corpus(
     cfg: DataConfig,
     files: list[Path],
     total_bytes: int,
@@ -368,6 +402,8 @@ def _build(
     progress: bool | None,
     piece_chars: int,
 ) -> dict[str, Any]:
+    """Tokenize `files` into `out_dir`'s train.bin / val.bin, then write meta.json; returns it.
+    `tok` None: the char tokenizer of the corpus' characters."""
     n_chars, chars, bad = _scan(files, piece_chars, want_chars=tok is None)
     if n_chars == 0:
         raise MiniGPTError(
@@ -391,41 +427,16 @@ def _build(
     for stale in out_dir.glob(".*.bin.*.tmp"):
         stale.unlink(missing_ok=True)
     tmp = {s: out_dir / f".{s}.bin.{os.getpid()}.tmp" for s in ("train", "val")}
-    counts = {"train": 0, "val": 0}
-    encode = encoder(tok, dtype)
-    threads = cfg.num_threads or os.cpu_count() or 1
+    pieces = _pieces(files, split_at, piece_chars, exact_cuts=not isinstance(tok, CharTokenizer))
     try:
         with (
             open(tmp["train"], "wb") as f_train,
             open(tmp["val"], "wb") as f_val,
-            ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool,
             byte_progress(f"tokenize {cfg.name}", total_bytes, progress) as advance,
         ):
-            outs = (f_train, f_val)
-            names = ("train", "val")
-            pending: deque[tuple[int, bool, Future[np.ndarray], int]] = deque()
-            last_doc = -1
-
-            def drain(keep: int) -> None:
-                while len(pending) > keep:
-                    split, eot_first, fut, nbytes = pending.popleft()
-                    ids = fut.result()
-                    if eot_first:
-                        outs[split].write(np.asarray([eot], dtype=dtype).tobytes())
-                        counts[names[split]] += 1
-                    outs[split].write(ids.tobytes())
-                    counts[names[split]] += len(ids)
-                    advance(nbytes)
-
-            for split, doc, text, nbytes in _pieces(
-                files, split_at, piece_chars, exact_cuts=not isinstance(tok, CharTokenizer)
-            ):
-                eot_first = eot is not None and doc != last_doc and last_doc >= 0
-                last_doc = doc
-                pending.append((split, eot_first, pool.submit(encode, text), nbytes))
-                drain(keep=2 * threads)  # bounded look-ahead keeps memory flat
-            drain(keep=0)
-            for fh in outs:
+            threads = cfg.num_threads or os.cpu_count() or 1
+            counts = _write_token_files(pieces, encoder(tok, dtype), eot, (f_train, f_val), threads, advance)
+            for fh in (f_train, f_val):
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp["train"], out_dir / "train.bin")
@@ -448,8 +459,8 @@ def _build(
         "split": "chars",
         "train_chars": split_at,
         "val_chars": n_chars - split_at,
-        "train_tokens": counts["train"],
-        "val_tokens": counts["val"],
+        "train_tokens": counts[0],
+        "val_tokens": counts[1],
         "replaced_bytes": bad,
     }
     write_json_atomic(out_dir / "meta.json", meta)  # last: only now is the cache valid

@@ -1,0 +1,53 @@
+"""`mini-gpt <verb> [args]`: the one command. One module per verb (mini_gpt.cli.<verb>); this dispatcher
+only knows their names, imports the one asked for (so `mini-gpt generate` never loads Lightning) and hands
+it the rest of the command line.
+
+Every verb takes Hydra overrides (key=value, key=[a,b], group=option) on its own config conf/<verb>.yaml,
+and `mini-gpt <verb> --help` lists that config's keys; bench (argparse flags) and harness (lm_eval's own
+flags) pass their arguments through. `python train.py` and `python -m mini_gpt.<tool>` are aliases.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# verb: (the module whose `main(argv)` runs it, one line for `mini-gpt --help`)
+VERBS: dict[str, tuple[str, str]] = {
+    "train": ("mini_gpt.cli.train", "train a model (= python train.py; Hydra: -m sweeps, --cfg job work)"),
+    "generate": ("mini_gpt.cli.generate", "sample text from a checkpoint, an export or GPT-2"),
+    "evaluate": ("mini_gpt.cli.evaluate", "bits per byte, HellaSwag and lm-eval tasks of a model"),
+    "export": ("mini_gpt.cli.export", "write a checkpoint as safetensors or a transformers GPT-2 directory"),
+    "prepare": ("mini_gpt.cli.prepare", "tokenize a corpus (train's data=... overrides) without training"),
+    "plot": ("mini_gpt.cli.loss_curves", "a run's loss and learning-rate curves to a PNG: plot RUN_DIR"),
+    "attention-maps": ("mini_gpt.cli.attention_maps", "draw a model's attention maps for a prompt"),
+    "bench": ("mini_gpt.bench.__main__", "benchmarks: bench SECTION [--flags] (argparse, not overrides)"),
+    "harness": ("mini_gpt.cli.harness", "lm-evaluation-harness with the mini-gpt model (lm_eval's flags)"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, VERBS))
+    lines = [f"  {verb:<{width}}  {about}" for verb, (_, about) in VERBS.items()]
+    return (
+        "usage: mini-gpt <verb> [key=value ...]    (mini-gpt <verb> --help lists the verb's keys)\n\n"
+        "verbs:\n" + "\n".join(lines) + "\n"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The `mini-gpt` console script; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage(), end="")
+        return 0
+    verb, rest = args[0], args[1:]
+    if verb not in VERBS:
+        print(f"error: unknown verb {verb!r}; the verbs are {', '.join(VERBS)}", file=sys.stderr)
+        return 2
+    # For a verb that reads sys.argv (Hydra, lm_eval); argv[0] names the command, e.g. in the resume hint
+    # that SaveOnInterrupt prints (mini_gpt.train.callbacks.resume_command).
+    sys.argv = [f"mini-gpt {verb}", *rest]
+    status = importlib.import_module(VERBS[verb][0]).main(rest)
+    return status if isinstance(status, int) else 0  # a verb may return its result (generate: the samples)

@@ -1,0 +1,218 @@
+"""Evaluate a model: `mini-gpt evaluate ckpt=PATH tasks=[bpb,hellaswag] output=results.json`.
+
+Every key lives in `conf/evaluate.yaml` (`python -m mini_gpt.evaluate` is the same command):
+
+    mini-gpt evaluate ckpt=out/last.ckpt                     # bits per byte on the val split
+    mini-gpt evaluate ckpt=out/last.ckpt bpb.path=notes.txt  # ... on any file / dir / glob
+    mini-gpt evaluate ckpt=out/last.ckpt tasks=[bpb,hellaswag] hellaswag.path=hellaswag_val.jsonl
+    mini-gpt evaluate init_from=gpt2 data=shakespeare        # GPT-2 (hub or a local HF dir)
+    mini-gpt evaluate ckpt=out/last.ckpt tasks=[] harness_tasks=[arc_easy] harness.limit=100
+
+Tasks: `bpb` (bits per byte, loss per token and perplexity of a text, by sliding windows:
+`mini_gpt.eval.bpb`),
+`hellaswag` (completion-style acc / acc_norm: `mini_gpt.eval.hellaswag`), and any lm-evaluation-harness task
+through `harness_tasks` (`mini_gpt.eval.harness`; needs the `eval` extra). Prints a markdown table; with
+`output=FILE` also writes one JSON object per task plus the checkpoint's step and tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from mini_gpt.errors import MiniGPTError, build_config, check_ints
+from mini_gpt.files import write_json_atomic
+from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device
+from mini_gpt.interop.checkpoint import open_model, read_checkpoint
+
+TASKS = ("bpb", "hellaswag")
+
+
+def _section(cls: type, d: Any, name: str) -> Any:
+    """A nested config dataclass from its mapping; unknown keys are an error naming the section."""
+    return d if isinstance(d, cls) else build_config(cls, dict(d or {}), name)
+
+
+@dataclass
+class BpbConfig:
+    path: str | None = None  # text file / directory of .txt / glob; None = the prepared `data` split
+    split: str = "val"
+    stride: int | None = None  # None = block_size // 2
+    batch_size: int = 16  # windows per forward pass
+
+    def __post_init__(self) -> None:
+        if self.split not in ("train", "val"):
+            raise MiniGPTError(f"bpb.split={self.split!r} must be train or val")
+        check_ints(**{"bpb.batch_size": self.batch_size})
+        check_ints(allow_none=True, **{"bpb.stride": self.stride})
+
+
+@dataclass
+class HellaSwagConfig:
+    path: str | None = None  # hellaswag_val.jsonl; None = the cached copy, downloaded once when online
+    limit: int | None = None  # the first N items only
+    batch_size: int = 4  # items per forward pass (4 rows each)
+
+    def __post_init__(self) -> None:
+        check_ints(**{"hellaswag.batch_size": self.batch_size})
+        check_ints(allow_none=True, **{"hellaswag.limit": self.limit})
+
+
+@dataclass
+class HarnessConfig:
+    """The keyword arguments of `mini_gpt.eval.harness.run_harness` (passed on as they are)."""
+
+    limit: float | None = None  # per task: N examples, or a fraction < 1
+    num_fewshot: int | None = None
+    batch_size: int = 16
+    include_path: str | None = None  # directory of your own task YAMLs
+    builtin_tasks: bool = True  # False: only the tasks under include_path (skips indexing lm-eval's own)
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit <= 0:
+            raise MiniGPTError(f"harness.limit={self.limit} must be > 0 (or null)")
+
+
+@dataclass
+class EvaluateConfig:
+    """What conf/evaluate.yaml holds (see the comments there)."""
+
+    ckpt: str | None = None
+    init_from: str | None = None
+    bpe_file: str | None = None
+    tasks: list[str] = field(default_factory=lambda: ["bpb"])
+    harness_tasks: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+    bpb: Any = None
+    hellaswag: Any = None
+    harness: Any = None
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int | None = None
+    progress: bool | None = None
+    output: str | None = None
+
+    def __post_init__(self) -> None:
+        self.tasks = [self.tasks] if isinstance(self.tasks, str) else list(self.tasks or [])
+        self.harness_tasks = (
+            [self.harness_tasks] if isinstance(self.harness_tasks, str) else list(self.harness_tasks or [])
+        )
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise MiniGPTError(
+                f"unknown task(s) {unknown} in tasks=; choose from {list(TASKS)} "
+                "(lm-evaluation-harness tasks go in harness_tasks=[...])"
+            )
+        if not self.tasks and not self.harness_tasks:
+            raise MiniGPTError("nothing to evaluate: set tasks=[bpb,hellaswag] and/or harness_tasks=[...]")
+        self.bpb = _section(BpbConfig, self.bpb, "bpb")
+        self.hellaswag = _section(HellaSwagConfig, self.hellaswag, "hellaswag")
+        self.harness = _section(HarnessConfig, self.harness, "harness")
+        check_dtype(self.dtype)
+        check_ints(allow_none=True, threads=self.threads)
+
+
+def checkpoint_info(path: str | None) -> dict[str, Any]:
+    """step / tokens recorded in a training checkpoint (None for exports and GPT-2 weights)."""
+    if not path or not Path(path).expanduser().is_file() or str(path).endswith(".safetensors"):
+        return {"step": None, "tokens": None}
+    ckpt = read_checkpoint(path)  # load_model already accepted it; memory-mapped, so only scalars are read
+    return {"step": ckpt.get("global_step"), "tokens": (ckpt.get("mini_gpt") or {}).get("tokens")}
+
+
+def bpb_documents(cfg: EvaluateConfig) -> tuple[list[str], str]:
+    """(documents to score, a description of where they came from)."""
+    from mini_gpt.eval.bpb import prepare_split, read_documents
+
+    if cfg.bpb.path:
+        return read_documents(cfg.bpb.path), str(cfg.bpb.path)
+    return prepare_split(cfg.data, cfg.bpb.split, cfg.progress)
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """The metrics as a markdown table: task | metric | value."""
+    lines = ["| task | metric | value |", "| --- | --- | ---: |"]
+    for task, metrics in results.items():
+        if not isinstance(metrics, dict):
+            continue
+        for name, value in metrics.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            shown = f"{value:,}" if isinstance(value, int) else f"{value:.4f}"
+            lines.append(f"| {task} | {name} | {shown} |")
+    return "\n".join(lines)
+
+
+def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = None) -> dict[str, Any]:
+    """Evaluate as configured; print the table to `out`; return the results dict (also written to output)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device)
+    results: dict[str, Any] = {"checkpoint": str(cfg.ckpt or cfg.init_from), **checkpoint_info(cfg.ckpt)}
+    # Read every input before the first (possibly long) task, so a wrong path fails in a second.
+    documents = bpb_documents(cfg) if "bpb" in cfg.tasks else None
+    items = None
+    if "hellaswag" in cfg.tasks:
+        from mini_gpt.data.config import data_root
+        from mini_gpt.eval.hellaswag import load_hellaswag
+
+        cache = data_root(cfg.data.get("data_dir")) / "hellaswag"
+        items = load_hellaswag(cfg.hellaswag.path, cache, cfg.hellaswag.limit)
+    with autocast_context(device, cfg.dtype):
+        if documents is not None:
+            from mini_gpt.eval.bpb import bits_per_byte
+
+            t0 = time.perf_counter()
+            docs, where = documents
+            res = bits_per_byte(model, tokenizer, docs, cfg.bpb.stride, cfg.bpb.batch_size)
+            results["bpb"] = {**res.to_dict(), "text": where, "seconds": round(time.perf_counter() - t0, 2)}
+        if items is not None:
+            from mini_gpt.eval.hellaswag import evaluate_hellaswag
+
+            t0 = time.perf_counter()
+            hs = evaluate_hellaswag(model, tokenizer, items, cfg.hellaswag.batch_size, cfg.progress)
+            results["hellaswag"] = {**hs.to_dict(), "seconds": round(time.perf_counter() - t0, 2)}
+    if cfg.harness_tasks:
+        from mini_gpt.eval.harness import run_harness
+
+        results.update(run_harness(model, tokenizer, cfg.harness_tasks, **asdict(cfg.harness)))
+    out.write(markdown_table(results) + "\n")
+    if cfg.output:
+        output = Path(cfg.output).expanduser()
+        try:  # atomically: an interrupted run never leaves half a results file
+            write_json_atomic(output, results, indent=2)
+        except OSError as error:
+            raise MiniGPTError(f"cannot write output={output} ({error.strerror or error})") from None
+        print(f"results written to {output}", file=err)
+    for task, metrics in results.items():
+        if isinstance(metrics, dict) and any(
+            isinstance(v, float) and math.isnan(v) for v in metrics.values()
+        ):
+            print(f"warning: {task} has NaN metrics", file=err)
+    return results
+
+
+def config_from_dict(d: dict[str, Any]) -> EvaluateConfig:
+    return build_config(EvaluateConfig, d, "evaluate")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`mini-gpt evaluate key=value ...` (Hydra overrides of conf/evaluate.yaml); `argv` default: the
+    command line."""
+    from mini_gpt.conf import hydra_main
+
+    hydra_main("evaluate", lambda cfg: run(config_from_dict(cfg)), argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""`mini-gpt export ckpt=PATH format=hf|safetensors out=DIR` (alias `python -m mini_gpt.export`): see
+mini_gpt.interop.export for what each format writes. Every key lives in conf/export.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.interop.export import export_model
+
+
+def _run(cfg: dict[str, Any]) -> Path:
+    from mini_gpt.interop.checkpoint import load_model
+
+    if not cfg["ckpt"]:
+        raise MiniGPTError("set ckpt=PATH (a training .ckpt or an export directory)")
+    if not cfg["out"]:
+        raise MiniGPTError("set out=DIR (the directory to write)")
+    model, tokenizer = load_model(cfg["ckpt"])
+    out = export_model(model, tokenizer, cfg["out"], str(cfg["format"]), overwrite=bool(cfg["overwrite"]))
+    print(f"exported {cfg['format']} model to {out}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`mini-gpt export ARGS` / `python -m mini_gpt.export ARGS`; `argv` (default: the command line)."""
+    from mini_gpt.conf import hydra_main
+
+    hydra_main("export", _run, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Sample text from a trained model: `mini-gpt generate ckpt=PATH prompt="ROMEO:"`.
+
+Also `python -m mini_gpt.generate` and the console script `mini-gpt-generate`. Every key lives in
+`conf/generate.yaml`:
+
+    mini-gpt generate ckpt=out/last.ckpt prompt="ROMEO:" max_new_tokens=500 temperature=0.8 top_k=200
+    mini-gpt generate ckpt=export/ prompt=@prompt.txt num_samples=3 seed=1 stop='\\n\\n' output=s.jsonl
+    mini-gpt generate init_from=gpt2 prompt="Hello, I'm a language model," top_p=0.95   # needs network
+
+`prompt=` and `stop=` take any text verbatim (no Hydra quoting; repeat `stop=` for several stop strings).
+One sample is streamed to stdout as it is generated; several are generated as one batch (one shared
+prompt prefill) and printed between `--- sample i/n ---` lines. Warnings and timings go to stderr.
+Mistakes (a missing checkpoint, characters the vocabulary lacks, ...) print one `error:` line and
+exit with status 2.
+
+Start-up matters (you wait for it every time), so this module imports only torch, our model code and
+Hydra's config parsing: no Lightning, no W&B, no transformers unless `init_from` asks for GPT-2.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from mini_gpt.errors import MiniGPTError, build_config, check_ints
+from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device
+from mini_gpt.infer.packing import can_pack, prepare_for_inference
+from mini_gpt.infer.sampling import check_sampling_args, generate
+from mini_gpt.infer.stream import TextStream, encode_prompt, prompt_text, unescape
+from mini_gpt.interop.checkpoint import open_model
+
+
+@dataclass
+class GenerateConfig:
+    """What conf/generate.yaml holds (see the comments there)."""
+
+    ckpt: str | None = None
+    init_from: str | None = None
+    bpe_file: str | None = None
+    prompt: Any = ""
+    prompt_file: str | None = None
+    max_new_tokens: int = 500
+    num_samples: int = 1
+    temperature: float = 0.8
+    top_k: int | None = 200
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = 1337
+    stop: Any = None
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: bool = False
+    use_cache: bool = True
+    window: int | None = None
+    threads: int | None = None
+    stream: bool = True
+    output: str | None = None
+
+    def __post_init__(self) -> None:
+        check_ints(minimum=0, max_new_tokens=self.max_new_tokens)
+        check_ints(num_samples=self.num_samples)
+        check_ints(allow_none=True, threads=self.threads)
+        check_dtype(self.dtype)
+
+    @property
+    def stops(self) -> list[str]:
+        if self.stop is None or self.stop == "":
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else [str(s) for s in self.stop]
+        # `stop=\\n\\n` (typed with a backslash) means two newlines.
+        return [unescape(s) for s in stops if s]
+
+
+def read_prompt(cfg: GenerateConfig) -> str:
+    """The prompt text: `prompt`, `prompt=@FILE` or `prompt_file=FILE`."""
+    return prompt_text(cfg.prompt, cfg.prompt_file)
+
+
+def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = None) -> list[dict[str, Any]]:
+    """Generate as configured; print to `out` (stdout); return one record per sample."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    check_sampling_args(cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty)
+    prompt = read_prompt(cfg)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device)
+    ids = encode_prompt(tokenizer, prompt)
+    block_size = model.config.block_size
+    if len(ids) > block_size:
+        print(
+            f"warning: the prompt has {len(ids)} tokens, more than block_size={block_size}; "
+            f"the model sees only its last {block_size}",
+            file=err,
+        )
+    seed = cfg.seed if cfg.seed is not None else secrets.randbelow(2**31)
+    if cfg.seed is None:
+        print(f"seed={seed}", file=err)
+    torch.manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    amp = autocast_context(device, cfg.dtype)
+    weights_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}
+    weights_dtype = weights_dtype.get(cfg.dtype)
+    if cfg.compile:
+        model = torch.compile(model, dynamic=True)
+    elif weights_dtype is not None and can_pack(device, weights_dtype):
+        # On a CPU: weights packed once (and cast, for bfloat16) instead of autocast (mini_gpt.infer.packing)
+        model, amp = prepare_for_inference(model, weights_dtype), nullcontext()
+
+    n = cfg.num_samples
+    streaming = cfg.stream and n == 1
+    streams = [TextStream(tokenizer, cfg.stops) for _ in range(n)]
+    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    if streaming:
+        out.write(prompt)
+        out.flush()
+
+    def on_token(token: torch.Tensor) -> bool:  # (n,) new tokens; True (every sample stopped) ends it
+        for stream, t in zip(streams, token.tolist(), strict=True):
+            piece = stream.push(t)
+            if streaming and piece:
+                out.write(piece)
+                out.flush()
+        return all(s.stopped for s in streams)
+
+    t0 = time.perf_counter()
+    with amp:
+        result = generate(
+            model,
+            idx,
+            cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            use_cache=cfg.use_cache,
+            generator=generator,
+            repetition_penalty=cfg.repetition_penalty,
+            num_samples=n,
+            window=cfg.window,
+            stream=on_token,
+        )
+    seconds = time.perf_counter() - t0
+    generated = (result.shape[1] - idx.shape[1]) * n
+    for stream in streams:
+        piece = stream.flush()
+        if streaming:
+            out.write(piece + "\n")
+    if not streaming:
+        for i, stream in enumerate(streams):
+            if n > 1:
+                out.write(f"--- sample {i + 1}/{n} ---\n")
+            out.write(prompt + stream.text + "\n")
+        if n > 1:
+            out.write("---\n")
+    out.flush()
+    tokens_per_sec = generated / seconds if seconds > 0 else float("inf")
+    print(f"[{generated} tokens in {seconds:.2f} s, {tokens_per_sec:.1f} tokens/s on {device}]", file=err)
+
+    records = [
+        {
+            "prompt": prompt,
+            "sample": stream.text,
+            "tokens": stream.tokens,
+            "tokens_per_sec": round(tokens_per_sec, 2),
+            "seconds": round(seconds, 4),
+            "sample_index": i,
+            "stopped": stream.stopped,
+            "seed": seed,
+        }
+        for i, stream in enumerate(streams)
+    ]
+    if cfg.output:
+        path = Path(cfg.output).expanduser()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as f:
+                for record in records:
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        except OSError as e:
+            raise MiniGPTError(f"cannot write output={path} ({e.strerror or e})") from None
+    return records
+
+
+def config_from_dict(d: dict[str, Any]) -> GenerateConfig:
+    return build_config(GenerateConfig, d, "generate")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`mini-gpt generate ARGS` (also `mini-gpt-generate`, `python -m mini_gpt.generate`); `argv`
+    (default: the command line) are the ARGS."""
+    from mini_gpt.conf import hydra_main, split_free_text
+
+    overrides, text = split_free_text(sys.argv[1:] if argv is None else argv)
+    hydra_main("generate", lambda cfg: run(config_from_dict({**cfg, **text})), overrides)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""`mini-gpt harness ARGS` / `python -m mini_gpt.harness ARGS`: lm-eval's own command line, with `mini-gpt`
+registered as a model (see `mini_gpt.eval.harness` for why the `lm_eval` command cannot find it).
+
+    python -m mini_gpt.harness --model mini-gpt --model_args ckpt=out/last.ckpt --tasks arc_easy --limit 100
+"""
+
+from __future__ import annotations
+
+import sys
+
+from mini_gpt.errors import exit_on_user_error
+
+__all__ = ["main"]
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    """Run lm-eval's command line on `argv` (default: this process's arguments), in this process."""
+    # Imported here: lm-eval is an optional extra (its absence is a one-line error) and slow to import.
+    from mini_gpt.eval import harness
+
+    harness.register()  # importing it registered `mini-gpt` already; a second call changes nothing
+    from lm_eval.__main__ import cli_evaluate  # what the `lm_eval` console script runs
+
+    sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]  # cli_evaluate parses sys.argv
+    cli_evaluate()

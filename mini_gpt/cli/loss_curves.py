@@ -1,0 +1,46 @@
+"""`mini-gpt plot RUN_DIR [out=curves.png] [dpi=120]` (alias `python -m mini_gpt.loss_curves`): a run's
+loss curves (mini_gpt.viz.loss_curves) drawn to a PNG. Every key lives in conf/plot.yaml."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.viz.loss_curves import plot_run
+
+# Paths, taken verbatim: a Hydra sweep directory may be named like `lr=0.1` or hold commas.
+PATH_KEYS = ("run_dir", "out")
+
+
+def overrides_of(argv: Sequence[str]) -> list[str]:
+    """The command line as overrides: RUN_DIR (the first argument without `=`, or an existing path) is
+    run_dir=; a second one is left for Hydra to refuse."""
+    overrides, positional = [], False
+    for arg in argv:
+        if not positional and not arg.startswith("-") and ("=" not in arg or Path(arg).exists()):
+            arg, positional = f"run_dir={arg}", True
+        overrides.append(arg)
+    return overrides
+
+
+def _run(cfg: dict[str, Any]) -> Path:
+    if not cfg["run_dir"]:
+        raise MiniGPTError("RUN_DIR is required: mini-gpt plot RUN_DIR [out=curves.png] [dpi=120]")
+    if not isinstance(cfg["dpi"], int) or isinstance(cfg["dpi"], bool):
+        raise MiniGPTError(f"dpi={cfg['dpi']!r} must be an integer")
+    return plot_run(cfg["run_dir"], cfg["out"], cfg["dpi"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`mini-gpt plot ARGS` / `python -m mini_gpt.loss_curves ARGS`; `argv` default: the command line."""
+    from mini_gpt.conf import hydra_main, split_free_text
+
+    overrides, paths = split_free_text(overrides_of(sys.argv[1:] if argv is None else argv), PATH_KEYS)
+    hydra_main("plot", lambda cfg: _run({**cfg, **paths}), overrides)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""`mini-gpt train [group=option ...] [key=value ...]` (= `python train.py ...`): train a GPT. A Hydra app
+on conf/train.yaml, so Hydra's flags work too (`-m` sweeps, `--cfg job`, `hydra.*` keys).
+
+    mini-gpt train                                   # the default char model on tiny Shakespeare
+    mini-gpt train model=baby trainer.max_steps=2000 optim.lr=1e-3 data=shakespeare logger=csv
+    mini-gpt train experiment=shakespeare_char_gpu
+    mini-gpt train ckpt_path=outputs/train/runs/<date>/<time>/checkpoints/last.ckpt   # resume exactly
+
+The run itself is `mini_gpt.train.run.train`. Here: a user error becomes one `error:` line (exit status 2);
+the console is recorded in the run's train.log, and a run that fails before training leaves no folder;
+in a Hydra multirun (sweep) a failing trial raises (the sweeper records it and goes on) and the value
+returned to the sweeper is the best val loss, +inf for a NaN/inf loss, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+
+import hydra
+from omegaconf import DictConfig
+
+from mini_gpt.conf import CONF_DIR, exit_on_bad_overrides, exit_with_help_if_asked, register_resolvers
+from mini_gpt.errors import MiniGPTError
+
+register_resolvers()
+
+
+# Hydra names the job after this module ("train"): runs go to outputs/train/runs/..., as from train.py.
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+def train_app(cfg: DictConfig) -> float | None:
+    from mini_gpt.train.callbacks import NonFiniteLossError
+    from mini_gpt.train.resume import resumed_config
+    from mini_gpt.train.run import hydra_trial, run_directory, sweep_objective, train
+
+    in_sweep = hydra_trial() is not None
+    with run_directory(cfg.paths.run_dir, keep_unstarted=in_sweep, output_dir=cfg.paths.output_dir):
+        try:
+            result = train(resumed_config(cfg))  # ckpt_path=...: the run's own config + the command line's
+        except KeyboardInterrupt:  # Ctrl-C before fit (during fit, SaveOnInterrupt saves, Lightning exits)
+            print(
+                "interrupted (Ctrl-C) before training started; nothing half-written was kept, "
+                "run again to continue",
+                file=sys.stderr,
+            )
+            sys.exit(130)
+        except MiniGPTError as err:  # bad user input or a NaN stop: one line, no traceback
+            print(f"error: {err}", file=sys.stderr)
+            if not in_sweep:
+                sys.exit(2)
+            if isinstance(err, NonFiniteLossError):
+                return math.inf  # a diverged trial: worst value, so the sampler learns to avoid it
+            raise  # the sweeper records a failed trial and goes on (sys.exit would end the whole sweep)
+    return sweep_objective(result.best_val_loss) if in_sweep else result.best_val_loss
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python train.py ARGS` / `mini-gpt train ARGS`; `argv` (default: the command line) are the ARGS."""
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]  # Hydra reads its command line from sys.argv
+    exit_with_help_if_asked("train")  # the groups and keys of train.yaml, with their comments
+    exit_on_bad_overrides("train")  # a typo is one line, not Hydra's report
+    train_app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""What every preparer shares: the one preparation lock, cache keys, progress bars, the log line.
+
+Every preparer (text.py's train.bin/val.bin, shard_corpus.py's shards) follows the same rules: take the
+folder's lock (other processes wait, then find the finished files), write to temporary names and rename,
+write meta.json last and atomically (mini_gpt.files), so a folder with a valid meta.json is always complete.
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.tokenizer import TiktokenTokenizer, Tokenizer
+
+__all__ = [
+    "LOCK_FILE",
+    "WRITE_ERRNOS",
+    "TokenizeProgress",
+    "byte_progress",
+    "log_to_stderr",
+    "preparation_lock",
+    "tokenizer_key",
+    "unwritable",
+]
+
+LOCK_FILE = ".prepare.lock"  # in each prepared folder; held while that folder is (re)built
+# What writing to a full, read-only or foreign directory raises.
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def log_to_stderr(msg: str) -> None:
+    """Print one line of progress or summary to stderr (the preparers' default `log`)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def unwritable(where: Path, err: OSError) -> MiniGPTError:
+    """One line for a data dir we cannot write to (read-only, no permission, disk full)."""
+    reason = err.strerror or type(err).__name__
+    return MiniGPTError(
+        f"cannot write the token cache in {where} ({reason}); free some space or point "
+        "data.data_dir (or MINI_GPT_DATA_DIR) at a writable directory"
+    )
+
+
+@contextmanager
+def preparation_lock(out_dir: Path, what: str, log: Callable[[str], None] = log_to_stderr) -> Iterator[None]:
+    """Hold `out_dir`'s preparation lock: one process (on this machine, or on any machine sharing a
+    file system with working locks) prepares a folder at a time; the others wait here, then find the
+    finished files. `what` names the corpus in the message given to `log` while waiting.
+
+    The lock file stays behind on purpose: deleting it would race with a process about to take it.
+    """
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(out_dir / LOCK_FILE)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            log(
+                f"waiting for another process to finish preparing {what} in {out_dir} (lock {lock.lock_file})"
+            )
+            lock.acquire()
+    except OSError as err:
+        raise unwritable(out_dir, err) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def tokenizer_key(tok: Tokenizer | None) -> dict[str, Any]:
+    """What identifies a tokenizer in a cache key (None: the char tokenizer, whose vocabulary follows
+    from the text, which the key fingerprints anyway)."""
+    if isinstance(tok, TiktokenTokenizer):
+        return {"type": "tiktoken", "name": tok.name, "ranks_sha256": tok.ranks_sha256}
+    return {"type": "char"}
+
+
+def _show_bar(enabled: bool | None) -> bool:
+    """None: a bar on an interactive stderr only (never in logs or CI)."""
+    return sys.stderr.isatty() if enabled is None else enabled
+
+
+@contextmanager
+def byte_progress(
+    description: str, total_bytes: int, enabled: bool | None
+) -> Iterator[Callable[[int], None]]:
+    """`advance(n_bytes)` of a rich bar with MB/s on an interactive stderr; silent otherwise (logs, CI)."""
+    if not _show_bar(enabled):
+        yield lambda n: None
+        return
+    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress("{task.description}", *columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total_bytes)
+        yield lambda n: bar.advance(task, n)
+
+
+class TokenizeProgress:
+    """Counts a tokenization's documents, tokens and text bytes, and shows them (documents/s, tokens/s,
+    MB/s of text, ETA when the total is known) as a rich bar on an interactive stderr.
+
+    `unit` is what `total` counts: "tokens" (train tokens) or "docs". `resumed_train_tokens` were written
+    by an earlier, interrupted run: the bar starts there, the rates count this run's work only.
+    """
+
+    def __init__(
+        self,
+        label: str,
+        total: int | None,
+        unit: str,
+        enabled: bool | None,
+        resumed_train_tokens: int = 0,
+    ) -> None:
+        self.unit, self.t0 = unit, time.perf_counter()
+        self.docs = self.tokens = self.nbytes = 0  # this run's
+        self.train_tokens = resumed_train_tokens
+        self._bar: Progress | None = None
+        if _show_bar(enabled):
+            self._bar = Progress(
+                TextColumn("[progress.description]{task.description}"),
+                BarColumn(),
+                TaskProgressColumn(),
+                TextColumn("{task.fields[rates]}"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self._task = self._bar.add_task(label, total=total, completed=self._done(), rates="")
+
+    def _done(self) -> int:
+        return self.train_tokens if self.unit == "tokens" else self.docs
+
+    def __enter__(self) -> TokenizeProgress:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def advance(self, docs: int, train_tokens: int, val_tokens: int, nbytes: int) -> None:
+        """Count one finished piece of work: its documents, the tokens written to each split, its bytes."""
+        self.docs, self.nbytes = self.docs + docs, self.nbytes + nbytes
+        self.tokens += train_tokens + val_tokens
+        self.train_tokens += train_tokens
+        if self._bar is not None:
+            dt = max(time.perf_counter() - self.t0, 1e-9)
+            rates = (
+                f"{self.docs / dt:,.0f} docs/s  {self.tokens / dt / 1e6:,.2f}M tok/s  "
+                f"{self.nbytes / dt / 1e6:,.1f} MB/s"
+            )
+            self._bar.update(self._task, completed=self._done(), rates=rates)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()

@@ -1,0 +1,676 @@
+"""Documents -> llm.c token shards (`data=hf`): parallel, flat in memory, resumable, locked.
+
+    <data_dir>/hf/<name>-<hash>/train_000000.bin ...   train shards of `data.shard_tokens` tokens (the last
+                                                       one shorter), llm.c format (shard_format.py)
+    <data_dir>/hf/<name>-<hash>/val_000000.bin         the validation documents, one shard
+    <data_dir>/hf/<name>-<hash>/meta.json              tokenizer, shards and their counts, documents,
+                                                       source fingerprint, split (written last)
+    <data_dir>/hf/<name>-<hash>/.prepare.lock          the preparation lock (preparation.py)
+
+The hash covers everything that changes the tokens (dataset, subset, split, text field, tokenizer,
+split rule, `max_tokens`, `shard_tokens`, dtype), so different configs never share a directory.
+
+* **Documents**: each document is tokenized on its own (`encode_ordinary`: text that looks like a special
+  token stays text) with the end-of-text token *prepended* (GPT-2's 50256), as llm.c and build-nanogpt do,
+  so every document starts right after an end-of-text and generation can start from one. The char
+  tokenizer's end-of-text is U+0003 (END OF TEXT, `mini_gpt.tokenizer.CHAR_EOT`), added to its vocabulary
+  (the sorted distinct characters of the documents read, found by a first pass over them).
+* **Split by documents**: document `i` (in reading order) is a validation document when a seeded hash of
+  `(split_seed, i)` falls below `val_fraction`; its tokens go to `val_000000.bin`, the others to the
+  train shards. The rule depends on nothing but `i`, so it is the same for any `num_proc` and any
+  `max_tokens`; meta.json lists the chosen document indices.
+* **Parallel and flat**: the main process streams the text and cuts it into tasks of ~2M characters; a
+  pool of `num_proc` processes tokenizes them; at most `2 x num_proc + 1` tasks are in flight and the
+  results are written in task order, straight into the current shard file. So memory does not grow with
+  the corpus, and the bytes written are the same whatever `num_proc` is.
+* **Resumable and safe**: shards are written under temporary names (`.train_000003.bin.tmp`) and renamed
+  when complete. After each complete train shard a small `.state.json` records where the next one starts
+  (document index, tokens of that document already written) and how long the validation file is; an
+  interrupted preparation resumes from there, re-reading but not re-tokenizing the documents before it.
+  The folder's preparation lock makes a second process (another run, another rank of the node) wait
+  and then use the finished shards instead of preparing them again.
+* **`max_tokens`** stops after that many train tokens (the cut may fall inside a document).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_all_start_methods, get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mini_gpt.data.config import HFDataConfig, ShardsDataConfig, token_dtype
+from mini_gpt.data.preparation import TokenizeProgress, log_to_stderr, preparation_lock, tokenizer_key
+from mini_gpt.data.shard_format import ShardInfo, ShardWriter, read_header
+from mini_gpt.data.sources import Source, glob_files, is_local, iter_texts, open_source
+from mini_gpt.data.split import SPLIT_RULE, val_mask
+from mini_gpt.data.text import encoder
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import read_json, write_json_atomic
+from mini_gpt.tokenizer import CHAR_EOT, CharTokenizer, Tokenizer, build_tokenizer, tokenizer_from_dict
+
+__all__ = ["FORMAT", "ShardedCorpus", "find_shards", "prepare_shards", "shard_dir"]
+
+FORMAT = "mini-gpt shards 1"
+TASK_CHARS = 1 << 21  # characters of text per tokenizer task
+STATE = ".state.json"
+META = "meta.json"
+VAL_SHARD = "val_000000.bin"  # all validation documents, in one shard
+
+
+@dataclass
+class ShardedCorpus:
+    """Prepared (or found) shards: what the training windows are drawn from."""
+
+    dir: Path
+    train: list[ShardInfo]
+    val: list[ShardInfo]
+    tokenizer: Tokenizer
+    meta: dict[str, Any] = field(repr=False)
+
+    @property
+    def dtype(self) -> str:
+        return self.train[0].dtype
+
+    @property
+    def train_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.train)
+
+    @property
+    def val_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.val)
+
+
+# --------------------------------------------------------------------------------- tokenizer workers
+
+
+Task = tuple[int, list[Any]]  # (index of the first document, the documents' texts)
+
+
+@dataclass(frozen=True)
+class EncodeSettings:
+    """What a tokenizer worker needs besides the tokenizer (sent once, when the worker starts)."""
+
+    dtype: str
+    val_fraction: float
+    split_seed: int
+    text_field: str
+
+
+@dataclass
+class Encoded:
+    """One task's tokens, split by document into train and val (each document: EOT, then its ids)."""
+
+    first_doc: int
+    n_docs: int
+    text_bytes: int
+    train_idx: np.ndarray  # int64 document indices
+    train_lens: np.ndarray  # int64 tokens per document (EOT included)
+    train_tokens: np.ndarray
+    val_idx: np.ndarray
+    val_lens: np.ndarray
+    val_tokens: np.ndarray
+
+
+_WORKER: dict[str, Any] = {}  # this process's encoder, end-of-text array and settings (init_worker)
+
+
+def init_worker(tok: Tokenizer | dict[str, Any], settings: EncodeSettings) -> None:
+    """Set up this process's encoder (a pool worker gets the tokenizer as a dict, rebuilt here)."""
+    tok = tok if isinstance(tok, Tokenizer) else tokenizer_from_dict(tok)
+    _WORKER.update(
+        encode=encoder(tok, settings.dtype),
+        eot=np.asarray([tok.eot_id], dtype=settings.dtype),
+        settings=settings,
+    )
+
+
+def _join(docs: list[np.ndarray], eot: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    if not docs:
+        return np.zeros(0, dtype=dtype), np.zeros(0, dtype=np.int64)
+    pieces = [p for ids in docs for p in (eot, ids)]
+    lens = np.fromiter((len(ids) + 1 for ids in docs), dtype=np.int64, count=len(docs))
+    return np.concatenate(pieces).astype(dtype, copy=False), lens
+
+
+def encode_task(task: Task) -> Encoded:
+    """A worker's job: tokenize one task's documents and split them into train and val."""
+    first_doc, texts = task
+    settings: EncodeSettings = _WORKER["settings"]
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            what = "null" if text is None else f"a {type(text).__name__}"
+            raise MiniGPTError(
+                f"document {first_doc + i} has {what} in data.text_field={settings.text_field!r}, not a "
+                "string; point data.text_field at a text column (or drop rows without text)"
+            )
+    mask = val_mask(first_doc, len(texts), settings.val_fraction, settings.split_seed)
+    encoded = [_WORKER["encode"](t) for t in texts]
+    idx = np.arange(first_doc, first_doc + len(texts), dtype=np.int64)
+    eot, dtype = _WORKER["eot"], settings.dtype
+    train_tokens, train_lens = _join([e for e, m in zip(encoded, mask) if not m], eot, dtype)
+    val_tokens, val_lens = _join([e for e, m in zip(encoded, mask) if m], eot, dtype)
+    return Encoded(
+        first_doc,
+        len(texts),
+        sum(len(t.encode("utf-8", "surrogatepass")) for t in texts),
+        idx[~mask],
+        train_lens,
+        train_tokens,
+        idx[mask],
+        val_lens,
+        val_tokens,
+    )
+
+
+def _tasks(batches: Iterable[list[Any]], first_doc: int) -> Iterator[Task]:
+    """Group documents into tasks of ~TASK_CHARS characters (the grouping never changes the output)."""
+    texts: list[Any] = []
+    chars = 0
+    for batch in batches:
+        for text in batch:
+            texts.append(text)
+            chars += len(text) if isinstance(text, str) else 0
+            if chars >= TASK_CHARS:
+                yield first_doc, texts
+                first_doc, texts, chars = first_doc + len(texts), [], 0
+    if texts:
+        yield first_doc, texts
+
+
+class EncoderPool:
+    """Runs `encode_task` in `num_proc` worker processes (in this one when num_proc is 1) and hands the
+    results back in task order, with at most 2 x num_proc + 1 tasks in flight (memory stays flat)."""
+
+    def __init__(self, tok: Tokenizer, settings: EncodeSettings, num_proc: int) -> None:
+        self.in_flight = 2 * num_proc + 1
+        self._pool: ProcessPoolExecutor | None = None
+        if num_proc > 1:
+            self._pool = ProcessPoolExecutor(
+                num_proc,
+                # fork where there is one (no re-import of the caller's __main__, instant start)
+                mp_context=get_context("fork" if "fork" in get_all_start_methods() else "spawn"),
+                initializer=init_worker,
+                initargs=(tok.to_dict(), settings),
+            )
+        else:
+            init_worker(tok, settings)
+
+    def map(self, tasks: Iterable[Task]) -> Iterator[Encoded]:
+        if self._pool is None:
+            yield from map(encode_task, tasks)
+            return
+        pending: deque[Future[Encoded]] = deque()
+        for task in tasks:
+            pending.append(self._pool.submit(encode_task, task))
+            if len(pending) >= self.in_flight:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+    def close(self) -> None:
+        """Stop the workers: tasks not started are cancelled (after an early stop or an error)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> EncoderPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------------- shard writing
+
+
+class CorpusWriter:
+    """Routes each task's train and val tokens into the shards of `out`, in document order, and records
+    a resumable state after every complete train shard (`state`: the one an interrupted run left)."""
+
+    def __init__(
+        self,
+        out: Path,
+        dtype: str,
+        tok: Tokenizer,
+        cfg: HFDataConfig,
+        key: dict[str, Any],
+        state: dict[str, Any] | None,
+    ) -> None:
+        assert tok.eot_id is not None
+        self.out, self.dtype, self.eot, self.key = out, dtype, tok.eot_id, key
+        self.shard_tokens, self.max_tokens = cfg.shard_tokens, cfg.max_tokens
+        self.chars = tok.chars if isinstance(tok, CharTokenizer) else None  # rebuilds it on resume
+        state = state or {}
+        self.train_shards: list[dict[str, Any]] = state.get("train_shards", [])
+        self.next_doc: int = state.get("next_doc", 0)  # where reading starts (resumes)
+        self.skip: int = state.get("next_offset", 0)  # tokens of document next_doc already in shards
+        self.train_docs: int = state.get("train_docs", 0)
+        self.val_docs: list[int] = state.get("val_docs", [])
+        self.written = sum(s["tokens"] for s in self.train_shards)  # train tokens in complete shards
+        self.val = ShardWriter(out / VAL_SHARD, dtype, resume_tokens=state.get("val_tokens"))
+        self.cur: ShardWriter | None = None
+        self.truncated = False  # max_tokens reached: the caller stops reading
+
+    @property
+    def train_tokens(self) -> int:
+        return self.written + (self.cur.n_tokens if self.cur is not None else 0)
+
+    @property
+    def val_tokens(self) -> int:
+        return self.val.n_tokens
+
+    def write(self, enc: Encoded) -> int:
+        """Write one task's documents (the train ones up to max_tokens); returns the train tokens written."""
+        before = self.train_tokens
+        self._route(enc)
+        return self.train_tokens - before
+
+    def _route(self, enc: Encoded) -> None:
+        tokens, lens, lead = enc.train_tokens, enc.train_lens, 0
+        if self.skip:  # the first task after a resume: its first train document is partly written
+            assert len(enc.train_idx) and enc.train_idx[0] == self.next_doc, "resume state out of step"
+            lead, tokens = self.skip, tokens[self.skip :]
+            lens = lens.copy()
+            lens[0] -= lead
+            self.skip = 0
+        ends = np.cumsum(lens)
+        pos, val_done = 0, 0
+        while pos < len(tokens):
+            room = self.shard_tokens - (self.cur.n_tokens if self.cur is not None else 0)
+            if self.max_tokens is not None:
+                room = min(room, self.max_tokens - self.train_tokens)
+            take = min(room, len(tokens) - pos)
+            self._write_train(tokens[pos : pos + take])
+            pos += take
+            at_limit = self.max_tokens is not None and self.train_tokens >= self.max_tokens
+            if self.cur is not None and (self.cur.n_tokens == self.shard_tokens or at_limit):
+                j = int(np.searchsorted(ends, pos, side="right"))  # first train document not fully written
+                if j < len(ends):
+                    next_doc = int(enc.train_idx[j])
+                    offset = pos - (int(ends[j - 1]) if j else 0) + (lead if j == 0 else 0)
+                else:
+                    next_doc, offset = int(enc.train_idx[-1]) + 1, 0
+                val_done = self._write_val(enc, val_done, below=next_doc)
+                self._close_train()
+                if at_limit:
+                    self.truncated = True
+                    return
+                self._save_resume_state(next_doc, offset)
+        self._write_val(enc, val_done, below=enc.first_doc + enc.n_docs)
+        self.next_doc = enc.first_doc + enc.n_docs
+
+    def _write_train(self, tokens: np.ndarray) -> None:
+        if self.cur is None:
+            self.cur = ShardWriter(self.out / f"train_{len(self.train_shards):06d}.bin", self.dtype)
+        self.cur.write(tokens)
+        self.train_docs += int(np.count_nonzero(tokens == self.eot))
+
+    def _write_val(self, enc: Encoded, start: int, below: int) -> int:
+        """Write enc's val documents [start, first with index >= below); returns the new start."""
+        stop = int(np.searchsorted(enc.val_idx, below))
+        if stop > start:
+            ends = np.concatenate([[0], np.cumsum(enc.val_lens)])
+            self.val.write(enc.val_tokens[ends[start] : ends[stop]])
+            self.val_docs.extend(int(i) for i in enc.val_idx[start:stop])
+        return max(stop, start)
+
+    def _close_train(self) -> None:
+        assert self.cur is not None
+        info = self.cur.close()
+        self.train_shards.append({"file": info.path.name, "tokens": info.n_tokens})
+        self.written += info.n_tokens
+        self.cur = None
+
+    def _save_resume_state(self, next_doc: int, offset: int) -> None:
+        self.val.flush()
+        write_json_atomic(
+            self.out / STATE,
+            {
+                "key": self.key,
+                "train_shards": self.train_shards,
+                "next_doc": next_doc,
+                "next_offset": offset,
+                "train_docs": self.train_docs,  # EOTs written (a document cut by the shard counts once)
+                "val_tokens": self.val.n_tokens,
+                "val_docs": self.val_docs,
+                "chars": self.chars,
+            },
+        )
+
+    def finish(self) -> None:
+        if self.cur is not None:
+            if self.cur.n_tokens:
+                self._close_train()
+            else:
+                self.cur.abort()
+                self.cur = None
+        self.val.close()
+
+    def abort(self) -> None:
+        """After an error or interrupt: drop the unfinished train shard, keep the val file for resuming."""
+        if self.cur is not None:
+            self.cur.abort()
+        with contextlib.suppress(Exception):  # never hide the error that brought us here
+            self.val.suspend()
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _identity(cfg: HFDataConfig) -> dict[str, Any]:
+    """Everything in the config that changes the tokens (the directory is named after its hash)."""
+    dataset = cfg.dataset or ""
+    if is_local(dataset):
+        dataset = os.path.abspath(os.path.expanduser(dataset))
+    return {
+        "format": FORMAT,
+        "dataset": dataset,
+        "subset": cfg.subset,
+        "split": cfg.split,
+        "text_field": cfg.text_field,
+        "tokenizer": cfg.tokenizer,
+        "val_fraction": cfg.val_fraction,
+        "split_seed": cfg.split_seed,
+        "max_tokens": cfg.max_tokens,
+        "shard_tokens": cfg.shard_tokens,
+        "dtype": cfg.dtype,
+    }
+
+
+def shard_dir(cfg: HFDataConfig) -> Path:
+    """Where `cfg`'s shards live: <data_dir>/hf/<readable name>-<hash of the identity>."""
+    ident = _identity(cfg)
+    base = ident["dataset"].rstrip("/")
+    parts = [p for p in re.split(r"[/\\]", base) if p and not any(ch in p for ch in "*?[")]
+    name = parts[-1] if parts else "corpus"
+    name = re.sub(r"\.(parquet|jsonl?|ndjson|arrow|csv)(\.(gz|zst|bz2|xz))?$", "", name)
+    if cfg.subset:
+        name += f"-{cfg.subset}"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name)[:60] or "corpus"
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:8]
+    return cfg.root / "hf" / f"{name}-{digest}"
+
+
+def _valid_meta(out: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    meta = read_json(out / META)
+    if meta is None or meta.get("key") != key:
+        return None
+    try:
+        for split in ("train", "val"):
+            for shard in meta["shards"][split]:
+                if read_header(out / shard["file"]).n_tokens != shard["tokens"]:
+                    return None
+    except (MiniGPTError, KeyError, TypeError):
+        return None
+    return meta
+
+
+def _sharded_corpus(out: Path, meta: dict[str, Any], tok: Tokenizer | None) -> ShardedCorpus:
+    return ShardedCorpus(
+        dir=out,
+        train=[read_header(out / s["file"]) for s in meta["shards"]["train"]],
+        val=[read_header(out / s["file"]) for s in meta["shards"]["val"]],
+        tokenizer=tok if tok is not None else tokenizer_from_dict(meta["tokenizer"]),
+        meta=meta,
+    )
+
+
+def _clear(out: Path) -> None:
+    """Remove everything a previous preparation of this directory left (only files we write)."""
+    for path in out.iterdir():
+        if re.fullmatch(r"\.?(train|val)_\d{6}\.bin(\.tmp)?|meta\.json|\.state\.json|\..*\.tmp", path.name):
+            path.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------- preparation
+
+
+def prepare_shards(
+    cfg: HFDataConfig,
+    *,
+    build: bool = True,
+    progress: bool | None = None,
+    log: Callable[[str], None] | None = log_to_stderr,
+) -> ShardedCorpus:
+    """Make sure the shards of `cfg` exist and match its source; return them.
+
+    Idempotent: valid shards are reused untouched. `build=False` only looks (raises if they are missing).
+    `progress=None` shows a bar on an interactive stderr; `log` gets the one-line summary (None: silent).
+    """
+    say = log or (lambda _msg: None)
+    out = shard_dir(cfg)
+    # A hub dataset is recognised by its name (its revision is recorded, not compared), so shards prepared
+    # on a login node are used as they are on offline compute nodes; local files also by their fingerprint.
+    hub = not is_local(cfg.dataset or "")
+    source = None if hub and (out / META).is_file() else open_source(cfg)  # offline hub names fail here
+    tok: Tokenizer | None = (
+        None if cfg.tokenizer == "char" else build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
+    )
+    key = {
+        **_identity(cfg),
+        "fingerprint": None if hub or source is None else source.fingerprint,
+        "tokenizer": tokenizer_key(tok),
+    }
+    meta = _valid_meta(out, key)
+    if meta is None and build and source is None:
+        source = open_source(cfg)
+    if meta is None:
+        if not build:
+            raise MiniGPTError(
+                f"no prepared shards in {out} for this data config; prepare them first: "
+                "python -m mini_gpt.data prepare data=hf data.dataset=..."
+            )
+        with preparation_lock(out, out.name, say):
+            meta = _valid_meta(out, key)  # another process may have finished it while we waited
+            if meta is None:
+                assert source is not None
+                meta = _tokenize_into_shards(cfg, source, tok, out, key, progress, say)
+    return _sharded_corpus(out, meta, tok)
+
+
+def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
+    """Existing llm.c-format shards (`data=shards`): train and val files by glob, headers checked.
+
+    Validation shards are `cfg.val_path`'s files, else the files of `cfg.path` whose name contains "val"
+    (llm.c and modded-nanogpt name them `*_val_*.bin`). The tokenizer is `cfg.tokenizer`, else the one
+    recorded in a meta.json beside the shards (ours), else GPT-2.
+    """
+    assert cfg.path is not None
+
+    files = glob_files(cfg.path)
+    if not files:
+        raise MiniGPTError(f"data.path={cfg.path} matches no files; pass a glob of .bin token shards")
+    if cfg.val_path:
+        val = glob_files(cfg.val_path)
+        train = [p for p in files if p not in set(val)]
+    else:
+        val = [p for p in files if "val" in p.name]
+        train = [p for p in files if "val" not in p.name]
+    if not train:
+        raise MiniGPTError(
+            f"data.path={cfg.path} holds no train shards (only files named *val*); fix the glob"
+        )
+    if not val:
+        raise MiniGPTError(
+            f"no validation shard among data.path={cfg.path} (none is named *val*); "
+            "name one with data.val_path='DIR/*val*.bin'"
+        )
+    train_info, val_info = [read_header(p) for p in train], [read_header(p) for p in val]
+    dtypes = {i.dtype for i in train_info + val_info}
+    if len(dtypes) > 1:
+        raise MiniGPTError(
+            f"data.path={cfg.path} mixes uint16 and uint32 shards; use shards of one tokenizer"
+        )
+    meta = read_json(train[0].parent / META) or {}
+    if cfg.tokenizer is not None:
+        tok = build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
+    elif "tokenizer" in meta:
+        tok = tokenizer_from_dict(meta["tokenizer"])
+    else:
+        tok = build_tokenizer("gpt2", bpe_file=cfg.bpe_file)
+    return ShardedCorpus(dir=train[0].parent, train=train_info, val=val_info, tokenizer=tok, meta=meta)
+
+
+def _scan_chars(source: Source, cfg: HFDataConfig) -> str:
+    """First pass for the char tokenizer: the distinct characters of every document that will be read."""
+    seen: set[str] = {CHAR_EOT}
+    doc, train_tokens = 0, 0
+    for texts in iter_texts(source):
+        if not all(isinstance(t, str) for t in texts):
+            break  # reported with its document index by the tokenizer pass
+        seen.update("".join(texts))
+        mask = val_mask(doc, len(texts), cfg.val_fraction, cfg.split_seed)
+        train_tokens += sum(len(t) + 1 for t, m in zip(texts, mask) if not m)
+        doc += len(texts)
+        if cfg.max_tokens is not None and train_tokens >= cfg.max_tokens:
+            break
+    return "".join(sorted(seen))
+
+
+def _resume_state(out: Path, key: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any] | None:
+    """The state an interrupted preparation of this key left, with what it wrote after its last complete
+    shard removed; None (and a cleared folder) when there is nothing to resume."""
+    state = read_json(out / STATE)
+    if state is None or state.get("key") != key:
+        _clear(out)
+        return None
+    keep = {s["file"] for s in state["train_shards"]}
+    for path in out.glob("*train_*.bin*"):
+        if path.name not in keep:
+            path.unlink()
+    (out / META).unlink(missing_ok=True)
+    say(
+        f"resuming {out.name} after {len(keep)} complete shard(s) "
+        f"({sum(s['tokens'] for s in state['train_shards']):,} train tokens, "
+        f"document {state['next_doc']:,})"
+    )
+    return state
+
+
+def _encode_into(
+    writer: CorpusWriter,
+    source: Source,
+    tok: Tokenizer,
+    cfg: HFDataConfig,
+    num_proc: int,
+    bar: TokenizeProgress,
+) -> None:
+    """Tokenize the documents from the writer's resume point on, in a pool, into the writer's shards."""
+    settings = EncodeSettings(writer.dtype, cfg.val_fraction, cfg.split_seed, cfg.text_field)
+    try:
+        with EncoderPool(tok, settings, num_proc) as pool:
+            for enc in pool.map(_tasks(iter_texts(source, skip=writer.next_doc), writer.next_doc)):
+                train_tokens = writer.write(enc)
+                bar.advance(enc.n_docs, train_tokens, len(enc.val_tokens), enc.text_bytes)
+                if writer.truncated:
+                    break
+        writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _empty_split(cfg: HFDataConfig, writer: CorpusWriter) -> MiniGPTError | None:
+    """The error when the documents read gave no train or no validation tokens."""
+    if writer.train_tokens == 0 and not writer.val_docs:
+        return MiniGPTError(f"data.dataset={cfg.dataset} holds no documents; check the files or the split")
+    if writer.train_tokens and writer.val_tokens:
+        return None
+    no_train = writer.train_tokens == 0
+    return MiniGPTError(
+        f"no document of {cfg.dataset} went to {'training' if no_train else 'validation'} "
+        f"(val_fraction={cfg.val_fraction}, {writer.train_docs + len(writer.val_docs):,} documents read); "
+        + ("lower data.val_fraction" if no_train else "raise data.val_fraction or use more documents")
+    )
+
+
+def _meta(
+    cfg: HFDataConfig, key: dict[str, Any], tok: Tokenizer, source: Source, writer: CorpusWriter
+) -> dict[str, Any]:
+    """meta.json of finished shards: what they hold, where it came from, how it was split."""
+    return {
+        "format": FORMAT,
+        "key": key,
+        "tokenizer": tok.to_dict(),
+        "vocab_size": tok.vocab_size,
+        "eot_id": writer.eot,
+        "dtype": writer.dtype,
+        "source": {
+            "dataset": cfg.dataset,
+            "subset": cfg.subset,
+            "split": cfg.split,
+            "text_field": cfg.text_field,
+            "files": list(source.files),
+            "fingerprint": source.fingerprint,
+        },
+        "split": {
+            "rule": SPLIT_RULE,
+            "val_fraction": cfg.val_fraction,
+            "split_seed": cfg.split_seed,
+            "val_documents": writer.val_docs,
+        },
+        "documents": {"train": writer.train_docs, "val": len(writer.val_docs)},
+        "max_tokens": cfg.max_tokens,
+        "truncated": writer.truncated,
+        "train_tokens": writer.train_tokens,
+        "val_tokens": writer.val_tokens,
+        "shards": {
+            "train": writer.train_shards,
+            "val": [{"file": VAL_SHARD, "tokens": writer.val_tokens}],
+        },
+    }
+
+
+def _tokenize_into_shards(
+    cfg: HFDataConfig,
+    source: Source,
+    tok: Tokenizer | None,
+    out: Path,
+    key: dict[str, Any],
+    progress: bool | None,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """Tokenize `source` into the shards of `out` (resuming an interrupted run), then write meta.json;
+    returns it. `tok` None: the char tokenizer of the documents' characters."""
+    t0 = time.perf_counter()
+    state = _resume_state(out, key, say)
+    if tok is None:
+        tok = CharTokenizer(state["chars"] if state else _scan_chars(source, cfg))
+    dtype = token_dtype(tok.vocab_size, cfg.dtype)
+    if state is not None and not ShardWriter.can_resume(out / VAL_SHARD, dtype, state["val_tokens"]):
+        state = None  # the validation file is shorter than recorded: start over
+        _clear(out)
+    writer = CorpusWriter(out, dtype, tok, cfg, key, state)
+    resumed_tokens = writer.train_tokens
+    num_proc = cfg.num_proc or os.cpu_count() or 1
+    total, unit = (cfg.max_tokens, "tokens") if cfg.max_tokens else (source.num_documents, "docs")
+    with TokenizeProgress(f"tokenize {out.name}", total, unit, progress, resumed_tokens) as bar:
+        _encode_into(writer, source, tok, cfg, num_proc, bar)
+    error = _empty_split(cfg, writer)
+    if error is not None:
+        _clear(out)
+        raise error
+    meta = _meta(cfg, key, tok, source, writer)
+    write_json_atomic(out / META, meta)  # last: only now are the shards valid
+    (out / STATE).unlink(missing_ok=True)
+    dt = time.perf_counter() - t0
+    train_tokens, val_tokens = writer.train_tokens, writer.val_tokens
+    say(
+        f"prepared {writer.train_docs + len(writer.val_docs):,} documents -> {train_tokens:,} train "
+        f"tokens in {len(writer.train_shards)} shard(s) + {val_tokens:,} val tokens "
+        f"({len(writer.val_docs):,} documents) "
+        f"in {dt:.1f} s ({(train_tokens + val_tokens - resumed_tokens) / dt / 1e6:.2f}M tokens/s, "
+        f"{bar.nbytes / dt / 1e6:.1f} MB/s, num_proc={num_proc}) -> {out}"
+    )
+    return meta

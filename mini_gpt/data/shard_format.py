@@ -1,0 +1,212 @@
+"""The llm.c token shard format: read, write and check `.bin` shards.
+
+A shard is a header of 256 little-endian int32 followed by the tokens:
+
+    header[0]  magic     20240520 for uint16 tokens (GPT-2 sized vocabularies, <= 65,535 ids)
+                         20240801 for uint32 tokens (larger vocabularies, e.g. cl100k_base, o200k_base)
+    header[1]  version   1 for uint16, 7 for uint32 (the values llm.c writes)
+    header[2]  tokens    number of tokens that follow (int32, so at most 2,147,483,647 per shard)
+    header[3:] zero
+    then       tokens    header[2] x uint16 (or uint32), little-endian
+
+This is what llm.c's `dev/data/*.py` scripts write and what modded-nanogpt reads, so their published
+pre-tokenized shards (FineWeb-10B in GPT-2 tokens, ...) can be trained on as they are, and our shards can
+be read by their tools. Every reader here checks the magic, the version and that the file holds exactly
+the number of tokens its header announces: a truncated download is an error, never silently shorter data.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mini_gpt.errors import MiniGPTError
+
+__all__ = [
+    "HEADER_BYTES",
+    "HEADER_INTS",
+    "MAX_SHARD_TOKENS",
+    "ShardInfo",
+    "ShardWriter",
+    "format_for",
+    "open_shard",
+    "read_header",
+    "token_file",
+    "write_shard",
+]
+
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+MAX_SHARD_TOKENS = 2**31 - 1  # the count is an int32
+# dtype -> (magic, version), as llm.c writes them ("gpt-2" and "llama-3" in its data_common.py).
+FORMATS = {"uint16": (20240520, 1), "uint32": (20240801, 7)}
+_BY_MAGIC = {magic: (dtype, version) for dtype, (magic, version) in FORMATS.items()}
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What a shard's header says, checked against the file's size. `offset` is where the tokens start:
+    after the header, or 0 for a headerless token file (`token_file`)."""
+
+    path: Path
+    dtype: str  # uint16 | uint32
+    n_tokens: int
+    offset: int = HEADER_BYTES
+
+    @property
+    def nbytes(self) -> int:
+        return self.offset + self.n_tokens * np.dtype(self.dtype).itemsize
+
+
+def token_file(path: str | Path, dtype: str) -> ShardInfo:
+    """A headerless file of `dtype` tokens (text.py's train.bin / val.bin), read like a shard."""
+    return ShardInfo(Path(path), dtype, Path(path).stat().st_size // np.dtype(dtype).itemsize, offset=0)
+
+
+def format_for(dtype: str) -> tuple[int, int]:
+    """(magic, version) for a token dtype."""
+    if dtype not in FORMATS:
+        raise MiniGPTError(f"token shards hold uint16 or uint32 tokens, not {dtype}")
+    return FORMATS[dtype]
+
+
+def header_bytes(n_tokens: int, dtype: str) -> bytes:
+    if not 0 <= n_tokens <= MAX_SHARD_TOKENS:
+        raise MiniGPTError(
+            f"a shard holds at most {MAX_SHARD_TOKENS:,} tokens (int32 count), not {n_tokens:,}; "
+            "lower data.shard_tokens"
+        )
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0], header[1] = format_for(dtype)
+    header[2] = n_tokens
+    return header.tobytes()
+
+
+def read_header(path: str | Path) -> ShardInfo:
+    """Parse and check a shard's header; a bad magic, version or size is a one-line MiniGPTError."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            raw = fh.read(HEADER_BYTES)
+    except OSError as err:
+        raise MiniGPTError(f"cannot read token shard {path} ({err.strerror or err}); fix the path") from None
+    if len(raw) < HEADER_BYTES:
+        raise MiniGPTError(
+            f"{path} is {size:,} bytes, shorter than the {HEADER_BYTES}-byte header of a token shard; "
+            "it is not an llm.c .bin shard, or its download/preparation was cut short"
+        )
+    header = np.frombuffer(raw, dtype="<i4")
+    magic, version, n_tokens = int(header[0]), int(header[1]), int(header[2])
+    if magic not in _BY_MAGIC:
+        raise MiniGPTError(
+            f"{path} has magic number {magic}, not a token shard's ({FORMATS['uint16'][0]} for uint16, "
+            f"{FORMATS['uint32'][0]} for uint32 tokens); pass llm.c / modded-nanogpt .bin shards"
+        )
+    dtype, want_version = _BY_MAGIC[magic]
+    if version != want_version:
+        raise MiniGPTError(
+            f"{path} has shard format version {version}, expected {want_version} for magic {magic}; "
+            "the file was written by an incompatible tool"
+        )
+    info = ShardInfo(path, dtype, n_tokens)
+    if n_tokens < 0 or size != info.nbytes:
+        raise MiniGPTError(
+            f"{path} is {size:,} bytes but its header announces {n_tokens:,} {dtype} tokens "
+            f"({info.nbytes:,} bytes): the file is truncated or corrupt; download or prepare it again"
+        )
+    return info
+
+
+def open_shard(info: ShardInfo | str | Path) -> np.memmap:
+    """Read-only memory map of a shard's tokens (a path's header is checked first)."""
+    if not isinstance(info, ShardInfo):
+        info = read_header(info)
+    return np.memmap(info.path, dtype=info.dtype, mode="r", offset=info.offset, shape=(info.n_tokens,))
+
+
+def write_shard(path: str | Path, tokens: np.ndarray) -> ShardInfo:
+    """Write a whole shard at once (via a temporary name, renamed into place)."""
+    with ShardWriter(path, str(tokens.dtype)) as writer:
+        writer.write(tokens)
+    return writer.info
+
+
+class ShardWriter:
+    """Streams tokens into `.<name>.tmp` beside `path`, then (on `close`) fixes the header's count,
+    fsyncs and renames it to `path`: a shard under its final name is always complete.
+
+    `resume_tokens` reopens an existing temporary file, cut back to its first `resume_tokens` tokens.
+    `abort()` (or an exception inside `with`) removes the temporary file; `suspend()` keeps it to resume.
+    """
+
+    def __init__(self, path: str | Path, dtype: str, resume_tokens: int | None = None) -> None:
+        self.path = Path(path)
+        self.dtype = dtype
+        self.itemsize = np.dtype(dtype).itemsize
+        format_for(dtype)
+        self.tmp = self.temporary(self.path)
+        if resume_tokens is None:
+            self._fh = open(self.tmp, "wb")  # noqa: SIM115 (closed by close/abort)
+            self._fh.write(header_bytes(0, dtype))
+            self.n_tokens = 0
+        else:
+            self._fh = open(self.tmp, "r+b")  # noqa: SIM115
+            self._fh.truncate(HEADER_BYTES + resume_tokens * self.itemsize)
+            self._fh.seek(0, os.SEEK_END)
+            self.n_tokens = resume_tokens
+        self.info: ShardInfo | None = None
+
+    @staticmethod
+    def temporary(path: Path) -> Path:
+        """Where the writer of `path` streams its tokens until `close`."""
+        return path.with_name(f".{path.name}.tmp")
+
+    @classmethod
+    def can_resume(cls, path: Path, dtype: str, n_tokens: int) -> bool:
+        """Whether an interrupted writer of `path` left a temporary file holding at least `n_tokens`."""
+        tmp = cls.temporary(path)
+        return tmp.is_file() and tmp.stat().st_size >= HEADER_BYTES + n_tokens * np.dtype(dtype).itemsize
+
+    def write(self, tokens: np.ndarray) -> None:
+        if tokens.dtype != np.dtype(self.dtype):
+            raise TypeError(f"shard holds {self.dtype}, got {tokens.dtype}")
+        if self.n_tokens + len(tokens) > MAX_SHARD_TOKENS:
+            header_bytes(self.n_tokens + len(tokens), self.dtype)  # raises the one-line error
+        self._fh.write(np.ascontiguousarray(tokens).tobytes())
+        self.n_tokens += len(tokens)
+
+    def flush(self) -> None:
+        """Make the tokens written so far durable (the temporary file keeps its name)."""
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> ShardInfo:
+        self._fh.seek(0)
+        self._fh.write(header_bytes(self.n_tokens, self.dtype))
+        self.flush()
+        self._fh.close()
+        os.replace(self.tmp, self.path)
+        self.info = ShardInfo(self.path, self.dtype, self.n_tokens)
+        return self.info
+
+    def suspend(self) -> None:
+        """Close the temporary file as it is, for a later `ShardWriter(..., resume_tokens=...)`."""
+        self._fh.close()
+
+    def abort(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -1,0 +1,180 @@
+"""Bits per byte: a language-modelling score that does not depend on the tokenizer.
+
+    bits_per_byte = (total NLL in nats) / ln 2 / (UTF-8 bytes of the scored text)
+
+so a character model and a BPE model (or GPT-2) are compared on the same text. The text is a list of
+documents: a file, every `.txt` file under a directory (sorted), a glob, or a prepared corpus split
+(`train.bin` / `val.bin`, or the shards of `data=hf` / `data=shards`: parquet or jsonl columns, decoded
+with their own tokenizer and cut into documents at end-of-text ids).
+
+Each document is encoded with the model's tokenizer and scored by sliding windows (`mini_gpt.eval.scoring`).
+When the tokenizer has an end-of-text id it is put before the document as context, so every token of the
+document is predicted (as lm-evaluation-harness does for rolling log-likelihoods); otherwise (characters)
+the first token is context only and its bytes are not counted. Special tokens never count as bytes, and
+text that looks like a special token (`<|endoftext|>` typed in a file) is scored as plain text.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from mini_gpt.data import data_config, prepare
+from mini_gpt.data.shard_format import open_shard
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.eval.scoring import RollingScore, Window, score_windows, windows
+from mini_gpt.tokenizer import Tokenizer
+
+__all__ = [
+    "BpbResult",
+    "bits_per_byte",
+    "document_windows",
+    "prepare_split",
+    "prepared_split_documents",
+    "read_documents",
+    "split_token_ids",
+]
+
+
+@dataclass
+class BpbResult:
+    nll: float  # nats, summed over scored tokens
+    tokens: int
+    bytes: int
+    context_per_token: float
+    min_context: int
+    stride: int
+    documents: int
+
+    @property
+    def loss(self) -> float:
+        """Mean NLL per token (nats)."""
+        return self.nll / self.tokens if self.tokens else float("nan")
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.nll / math.log(2) / self.bytes if self.bytes else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bits_per_byte": self.bits_per_byte,
+            "loss": self.loss,
+            "perplexity": math.exp(self.loss) if self.tokens else float("nan"),
+            "tokens": self.tokens,
+            "bytes": self.bytes,
+            "context_per_token": self.context_per_token,
+            "min_context": self.min_context,
+            "stride": self.stride,
+            "documents": self.documents,
+        }
+
+
+def read_documents(path: str | Path) -> list[str]:
+    """The documents of `path`: a UTF-8 file, the .txt files under a directory, or a glob (sorted)."""
+    raw = os.path.expanduser(str(path))
+    if any(ch in raw for ch in "*?["):
+        files = sorted(Path(p) for p in glob.glob(raw, recursive=True) if Path(p).is_file())
+        if not files:
+            raise MiniGPTError(f"bpb.path={path} matches no files; fix the glob pattern")
+    elif Path(raw).is_file():
+        files = [Path(raw)]
+    elif Path(raw).is_dir():
+        files = sorted(p for p in Path(raw).rglob("*.txt") if p.is_file())
+        if not files:
+            raise MiniGPTError(f"bpb.path={path} is a directory with no .txt files")
+    else:
+        raise MiniGPTError(f"bpb.path={path} does not exist; pass a text file, a directory or a glob")
+    docs = []
+    for f in files:
+        try:
+            docs.append(f.read_text(encoding="utf-8-sig"))
+        except UnicodeDecodeError as err:
+            raise MiniGPTError(f"{f} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    docs = [d for d in docs if d]
+    if not docs:
+        raise MiniGPTError(f"bpb.path={path} holds no text")
+    return docs
+
+
+def split_token_ids(prepared: Any, split: str) -> np.ndarray:
+    """The token ids of a prepared split: `train.bin`/`val.bin` corpora or llm.c-format shards."""
+    shards = getattr(prepared, split)  # token files (ShardInfo) of either kind
+    if not shards:
+        raise MiniGPTError(f"the prepared corpus has no {split} shards")
+    ids = [np.asarray(open_shard(info)) for info in shards]
+    return ids[0] if len(ids) == 1 else np.concatenate(ids)
+
+
+def prepare_split(data: dict[str, Any], split: str, progress: bool | None = None) -> tuple[list[str], str]:
+    """(documents, description) of a split of the corpus `data` (a `data=` config mapping), preparing
+    its token files first when needed: text corpora (`train.bin`/`val.bin`), `data=hf` or `data=shards`."""
+    cfg = data_config(dict(data))
+    prepared = prepare(cfg, progress=progress)
+    ids = split_token_ids(prepared, split)
+    return prepared_split_documents(ids.tolist(), prepared.tokenizer), f"{cfg.name}:{split}"
+
+
+def prepared_split_documents(ids: Sequence[int], tokenizer: Tokenizer) -> list[str]:
+    """Decode a prepared split's token ids into its documents (cut at end-of-text ids)."""
+    eot = tokenizer.eot_id
+    docs: list[list[int]] = [[]]
+    if eot is None:
+        docs = [list(ids)]
+    else:
+        for t in ids:
+            if t == eot:
+                docs.append([])
+            else:
+                docs[-1].append(int(t))
+    return [text for text in (tokenizer.decode(d) for d in docs if d) if text]
+
+
+def document_windows(
+    tokenizer: Tokenizer, documents: Sequence[str], block_size: int, stride: int
+) -> tuple[list[Window], int]:
+    """(sliding windows over every document, UTF-8 bytes of the text those windows score)."""
+    wins: list[Window] = []
+    n_bytes = 0
+    eot = tokenizer.eot_id
+    for d, text in enumerate(documents):
+        ids = tokenizer.encode_ordinary(text)  # special-token text stays text
+        if eot is not None:
+            ids = [eot, *ids]  # every document token is predicted
+            n_bytes += len(text.encode("utf-8"))
+        elif len(ids) > 1:  # the first token is context only: its bytes are not scored
+            n_bytes += len(text.encode("utf-8")) - len(tokenizer.decode(ids[:1]).encode("utf-8"))
+        wins.extend(windows(ids, block_size, stride, doc=d))
+    if not wins:
+        raise MiniGPTError("the text is too short to score (it needs at least 2 tokens)")
+    return wins, n_bytes
+
+
+def bits_per_byte(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    documents: Sequence[str],
+    stride: int | None = None,
+    batch_size: int = 16,
+) -> BpbResult:
+    """Score `documents` with `model`: bits per byte, loss per token, context per token."""
+    block_size = model.config.block_size
+    stride = stride or max(1, block_size // 2)
+    wins, n_bytes = document_windows(tokenizer, documents, block_size, stride)
+    score: RollingScore = score_windows(model, wins, batch_size)[0]
+    return BpbResult(
+        score.nll,
+        score.tokens,
+        n_bytes,
+        score.context_per_token,
+        score.min_context or 0,
+        stride,
+        len(documents),
+    )

@@ -1,0 +1,276 @@
+"""Our GPT as an lm-evaluation-harness model named `mini-gpt` (needs the `eval` extra: lm-eval).
+
+    mini-gpt harness --model mini-gpt --model_args ckpt=out/last.ckpt --tasks arc_easy --limit 100
+    python -m mini_gpt.harness --model mini-gpt --model_args ckpt=out/last.ckpt --tasks arc_easy
+    python -m mini_gpt.evaluate ckpt=out/last.ckpt tasks=[] harness_tasks=[arc_easy] harness.limit=100
+
+`MiniGPTLM` implements the three request types with our own code: `loglikelihood` (the harness splits
+context/continuation; `mini_gpt.eval.scoring.continuation_logprobs` scores them in padded batches, longest
+first), `loglikelihood_rolling` (sliding windows of `block_size`, `stride` tokens apart; default
+`block_size`, the harness's own disjoint windows), and `generate_until` (`mini_gpt.infer.sampling.generate`,
+the KV-cache sampler: greedy unless the task asks for sampling, stopped at the task's stop strings).
+A character model drops characters its vocabulary lacks (tiny Shakespeare has no digits).
+
+Registering: importing this module makes `mini-gpt` a harness model name (`register`, idempotent). The
+`lm_eval` command itself cannot find it: lm-eval 0.4.13 has no model plugins (its registry is filled by
+`lm_eval/models/__init__.py` and by modules someone imports; `--include_path` loads task YAMLs only;
+lm-evaluation-harness issues 1457, 1621 and 3282 ask for plugins). So `mini-gpt harness ARGS` /
+`python -m mini_gpt.harness ARGS` (`mini_gpt.cli.harness`) is the harness's own command line, run
+after importing this module.
+
+Trap: `get_model` imports the harness's own models only while the registry is *empty*, so registering
+before `lm_eval.models` is imported would hide `hf` and all the others: this module imports it first.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mini_gpt.errors import MiniGPTError
+
+try:
+    import lm_eval.models  # noqa: F401  # before we register: see the trap in the module docstring
+    from lm_eval import simple_evaluate
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import model_registry
+    from lm_eval.tasks import TaskManager
+    from tqdm import tqdm
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise MiniGPTError(
+        'the lm-evaluation-harness is not installed: pip install -e ".[eval]" (or pip install lm-eval)'
+    ) from err
+
+from mini_gpt.eval.scoring import continuation_logprobs, score_windows, windows
+from mini_gpt.infer.device import resolve_device
+from mini_gpt.infer.sampling import generate
+from mini_gpt.interop.checkpoint import open_model
+from mini_gpt.model.gpt import GPT
+from mini_gpt.tokenizer import Tokenizer
+
+__all__ = ["MODEL_NAME", "MiniGPTLM", "register", "run_harness"]
+
+MODEL_NAME = "mini-gpt"
+
+
+def _as_int(value: Any, default: int) -> int:
+    """lm-eval passes batch sizes as int, str or "auto"."""
+    if value is None or value == "auto" or str(value).startswith("auto"):
+        return default
+    return int(value)
+
+
+class MiniGPTLM(TemplateLM):
+    """lm-eval model over a mini-gpt checkpoint / export (`ckpt=`), GPT-2 weights (`init_from=`), or a
+    model and tokenizer passed in (`model=`, `tokenizer=`, from Python)."""
+
+    def __init__(
+        self,
+        ckpt: str | None = None,
+        init_from: str | None = None,
+        bpe_file: str | None = None,
+        model: GPT | None = None,
+        tokenizer: Tokenizer | None = None,
+        device: str | None = None,
+        batch_size: Any = 16,
+        max_batch_size: Any = None,
+        stride: Any = None,
+        max_gen_toks: Any = 256,
+        seed: Any = 1234,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        if device in ("cuda", "cuda:0") and not torch.cuda.is_available():  # the lm_eval CLI's default
+            print("warning: device=cuda but torch sees no CUDA GPU; running on the CPU", file=sys.stderr)
+            device = "auto"
+        self._device = resolve_device(device or "auto")
+        if model is None:
+            model, tokenizer = open_model(ckpt, init_from, bpe_file, self._device)
+        elif tokenizer is None:
+            raise MiniGPTError("MiniGPTLM(model=...) also needs tokenizer=...")
+        self.model = model.to(self._device).eval()
+        self.tok = tokenizer
+        self.batch_size = _as_int(batch_size, 16)
+        self.block_size = model.config.block_size
+        self.stride = _as_int(stride, self.block_size)
+        self.max_gen_toks = _as_int(max_gen_toks, 256)
+        self.seed = _as_int(seed, 1234)
+
+    # ---- tokens -------------------------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        eot = self.tok.eot_id
+        return eot if eot is not None else self.prefix_token_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        """What an empty context starts from: end-of-text, or a newline for a character model."""
+        return self.tok.start_id
+
+    @property
+    def max_length(self) -> int:
+        return self.block_size
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        return self.tok.encode_ordinary(self.tok.known_text(string))
+
+    def tok_decode(self, tokens: Sequence[int], **kwargs: Any) -> str:
+        return self.tok.decode(list(tokens))
+
+    # ---- requests -----------------------------------------------------------------------------
+    def _loglikelihood_tokens(
+        self,
+        requests: list[tuple[tuple[str, str], list[int], list[int]]],
+        disable_tqdm: bool = False,
+        **kw: Any,
+    ) -> list[tuple[float, bool]]:
+        # Longest first: similar lengths share a batch, and an out-of-memory error shows up at once.
+        order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))
+        results: list[tuple[float, bool]] = [(0.0, True)] * len(requests)
+        with tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="loglikelihood") as bar:
+            for b in range(0, len(order), self.batch_size):
+                chunk = [i for i in order[b : b + self.batch_size] if requests[i][2]]  # empty: (0, True)
+                pairs = [(requests[i][1] or [self.prefix_token_id], requests[i][2]) for i in chunk]
+                for i, score in zip(chunk, continuation_logprobs(self.model, pairs, len(pairs) or 1)):
+                    results[i] = (score.logprob, score.is_greedy)
+                    if self.cache_hook is not None:
+                        self.cache_hook.add_partial("loglikelihood", requests[i][0], results[i])
+                bar.update(len(order[b : b + self.batch_size]))
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """Log-likelihood of each whole text, every token predicted (the first from the prefix token)."""
+        out = []
+        for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="loglikelihood_rolling"):
+            (text,) = req.args
+            ids = [self.prefix_token_id, *self.tok_encode(text)]
+            wins = list(windows(ids, self.block_size, self.stride))
+            total = score_windows(self.model, wins, self.batch_size)[0].nll if len(ids) > 1 else 0.0
+            out.append(-total)
+            if self.cache_hook is not None:
+                self.cache_hook.add_partial("loglikelihood_rolling", (text,), -total)
+        return out
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        """Continue each context with the KV-cache sampler until a stop string or max_gen_toks."""
+        out = []
+        generator = torch.Generator(device=self._device).manual_seed(self.seed)
+        for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="generate_until"):
+            context, gen_kwargs = req.args
+            kwargs = dict(gen_kwargs or {})
+            until = kwargs.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = _as_int(kwargs.pop("max_gen_toks", None), self.max_gen_toks)
+            sample = bool(kwargs.pop("do_sample", False))
+            temperature = float(kwargs.pop("temperature", 0.0) or 0.0) if sample else 0.0
+            top_k = kwargs.pop("top_k", None)
+            top_p = kwargs.pop("top_p", None)
+            sampling = {
+                "temperature": temperature,
+                "top_k": int(top_k) if top_k else None,
+                "top_p": float(top_p) if top_p else None,
+                "generator": generator,
+            }
+            text = self._continue(context, until, max_new, sampling)
+            out.append(text)
+            if self.cache_hook is not None:
+                self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+        return out
+
+    def _continue(self, context: str, until: list[str], max_new: int, sampling: dict[str, Any]) -> str:
+        """The text generated after `context`, cut before the first stop string (or end-of-text)."""
+        ids = self.tok_encode(context) or [self.prefix_token_id]
+        idx = torch.tensor([ids], dtype=torch.long, device=self._device)
+        eot = self.tok.eot_id
+        new: list[int] = []
+
+        def stop(token: torch.Tensor) -> bool:
+            new.append(int(token[0]))
+            if eot is not None and new[-1] == eot:
+                return True
+            text = self.tok_decode(new)
+            return any(s and s in text for s in until)
+
+        generate(self.model, idx, max_new, stream=stop, **sampling)
+        if eot is not None and new and new[-1] == eot:
+            new = new[:-1]
+        text = self.tok_decode(new)
+        for s in until:
+            if s:
+                text = text.split(s)[0]
+        return text
+
+    def get_model_info(self) -> dict[str, Any]:
+        c = self.model.config
+        return {
+            "model_num_parameters": self.model.num_params(non_embedding=False),
+            "block_size": c.block_size,
+        }
+
+
+def _metrics(task_results: dict[str, Any]) -> dict[str, Any]:
+    """{"acc,none": 0.5, "acc_stderr,none": 0.1, "alias": ...} -> {"acc": 0.5, "acc_stderr": 0.1}."""
+    out = {}
+    for key, value in task_results.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        name, _, filt = key.partition(",")
+        out[name if filt in ("", "none") else f"{name},{filt}"] = value
+    return out
+
+
+def run_harness(
+    model: GPT,
+    tokenizer: Tokenizer,
+    tasks: Sequence[str],
+    limit: float | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int = 16,
+    include_path: str | None = None,
+    seed: int = 1234,
+    builtin_tasks: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """Run harness tasks on our model; {task: {metric: value}} (filter suffixes `,none` dropped)."""
+    if include_path is not None and not Path(include_path).expanduser().exists():
+        raise MiniGPTError(f"harness.include_path={include_path} does not exist")
+    manager = TaskManager(
+        include_path=str(Path(include_path).expanduser()) if include_path else None,
+        include_defaults=builtin_tasks,
+    )
+    missing = [t for t in tasks if t not in manager.all_tasks]
+    if missing:
+        raise MiniGPTError(
+            f"unknown lm-eval task(s) {missing}; list them with `lm_eval ls tasks`, or pass your own "
+            "task YAMLs with harness.include_path=DIR"
+        )
+    lm = MiniGPTLM(model=model, tokenizer=tokenizer, batch_size=batch_size, seed=seed)
+    try:
+        res = simple_evaluate(
+            model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit, task_manager=manager,
+            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+            log_samples=False, bootstrap_iters=0,
+        )  # fmt: skip
+    except (ConnectionError, OSError) as err:
+        raise MiniGPTError(
+            f"lm-eval could not load the task data ({type(err).__name__}: {str(err)[:200]}); offline, "
+            "write a task YAML over local files (data_files: a dict of splits) and pass harness.include_path"
+        ) from None
+    return {task: _metrics(metrics) for task, metrics in (res or {}).get("results", {}).items()}
+
+
+def register() -> None:
+    """Make `mini-gpt` name MiniGPTLM in lm-eval's model registry; a no-op when the name is taken.
+
+    Idempotent on purpose: this file can run twice in one process (once as `__main__` or reloaded, once
+    imported), and a name already registered (by that first run, or as the lazy target
+    `mini_gpt.eval.harness:MiniGPTLM`) must not make the second run fail with "already registered".
+    """
+    if MODEL_NAME not in model_registry:
+        model_registry.register(MODEL_NAME)(MiniGPTLM)
+
+
+register()

@@ -1,0 +1,194 @@
+"""HellaSwag, completion style (as in build-nanogpt and llm.c): which of 4 endings does the model prefer?
+
+For every item the context is `encode(ctx)` and ending i is `encode(" " + endings[i])` (no BOS). Each
+ending is scored by the log-likelihood of its tokens after the context, the 4 rows in one forward pass:
+
+- `acc`: the ending with the highest summed log-likelihood is the label;
+- `acc_norm`: the ending with the highest *mean* log-likelihood per token is the label.
+
+This `acc_norm` normalises by tokens. lm-evaluation-harness's `hellaswag` task normalises by characters
+(and preprocesses the text), so its `acc_norm` is a different number (GPT-2 124M: 0.2955 here, 31.14%
+there). A character model scores the same text in characters (its tokens), without the characters its
+vocabulary lacks (tiny Shakespeare has no digits or double quotes). Contexts longer than
+`block_size` lose their beginning; an ending is always kept whole.
+
+Data: `hellaswag_val.jsonl` (10,042 items with `ctx`, `endings`, `label`), from a local path or
+downloaded once into `<data dir>/hellaswag/` (checked: every line parses and has 4 endings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+from torch import nn
+
+from mini_gpt.data.sources import download
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.eval.scoring import continuation_logprobs
+from mini_gpt.tokenizer import Tokenizer
+
+__all__ = [
+    "HELLASWAG_URL",
+    "HellaSwagItem",
+    "HellaSwagResult",
+    "evaluate_hellaswag",
+    "item_scores",
+    "load_hellaswag",
+    "read_hellaswag",
+    "resolve_hellaswag_path",
+]
+
+HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+HELLASWAG_VAL_ITEMS = 10_042
+
+
+@dataclass(frozen=True)
+class HellaSwagItem:
+    ctx: str
+    endings: tuple[str, ...]
+    label: int
+
+
+@dataclass
+class HellaSwagResult:
+    """Counts of a (possibly partial) HellaSwag run; `acc` / `acc_norm` are the fractions."""
+
+    correct: int = 0
+    correct_norm: int = 0
+    n: int = 0
+
+    @property
+    def acc(self) -> float:
+        return self.correct / self.n if self.n else 0.0
+
+    @property
+    def acc_norm(self) -> float:
+        return self.correct_norm / self.n if self.n else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"acc": self.acc, "acc_norm": self.acc_norm, "n": self.n}
+
+
+def _parse(line: str, where: str) -> HellaSwagItem:
+    try:
+        row = json.loads(line)
+        endings = tuple(str(e) for e in row["endings"])
+        label = int(row["label"])
+        ctx = str(row["ctx"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise MiniGPTError(
+            f"{where} is not a HellaSwag item ({type(err).__name__}: {err}); each line needs "
+            '{"ctx": str, "endings": [4 strings], "label": 0-3}'
+        ) from None
+    if len(endings) != 4 or not 0 <= label < 4:
+        raise MiniGPTError(f"{where}: a HellaSwag item needs 4 endings and a label 0-3")
+    return HellaSwagItem(ctx, endings, label)
+
+
+def read_hellaswag(path: str | Path, limit: int | None = None) -> list[HellaSwagItem]:
+    """The items of a HellaSwag jsonl file (the first `limit` of them)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise MiniGPTError(f"hellaswag.path={path} does not exist; pass the path of hellaswag_val.jsonl")
+    items = []
+    with open(path, encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if limit is not None and len(items) >= limit:
+                break
+            if line.strip():
+                items.append(_parse(line, f"{path}:{i}"))
+    if not items:
+        raise MiniGPTError(f"hellaswag.path={path} holds no items")
+    return items
+
+
+def resolve_hellaswag_path(path: str | None, cache_dir: Path, url: str = HELLASWAG_URL) -> Path:
+    """`path` if given; else the cached copy in `cache_dir`, downloaded first when missing."""
+    if path:
+        return Path(path).expanduser()
+    dest = cache_dir / "hellaswag_val.jsonl"
+    if dest.is_file():
+        return dest
+    offline = os.environ.get("HF_DATASETS_OFFLINE") not in (None, "", "0")
+    hint = f"download {url} where there is network and pass hellaswag.path=FILE (or put it at {dest})"
+    if offline:
+        raise MiniGPTError(f"HellaSwag is not cached and HF_DATASETS_OFFLINE is set; {hint}")
+
+    def verify(file: Path) -> None:  # a truncated or foreign file fails here, before it is cached
+        n_items = len(read_hellaswag(file))
+        if n_items != HELLASWAG_VAL_ITEMS:
+            raise MiniGPTError(f"download of {url} has {n_items} items, not {HELLASWAG_VAL_ITEMS}")
+
+    print(f"downloading {url} -> {dest}", file=sys.stderr)
+    try:
+        return download(url, dest, None, verify=verify)
+    except (urllib.error.URLError, OSError, TimeoutError) as err:
+        raise MiniGPTError(f"cannot download HellaSwag ({type(err).__name__}: {err}); {hint}") from None
+
+
+def load_hellaswag(path: str | None, cache_dir: Path, limit: int | None = None) -> list[HellaSwagItem]:
+    return read_hellaswag(resolve_hellaswag_path(path, cache_dir), limit)
+
+
+def encode_item(tokenizer: Tokenizer, item: HellaSwagItem) -> tuple[list[int], list[list[int]]]:
+    """(context ids, the 4 endings' ids): encode(ctx), encode(" " + ending); no BOS.
+
+    With a character tokenizer, characters outside its vocabulary are dropped first.
+    """
+    ctx = tokenizer.encode(tokenizer.known_text(item.ctx))
+    return ctx, [tokenizer.encode(tokenizer.known_text(" " + e)) for e in item.endings]
+
+
+def item_scores(
+    model: nn.Module, tokenizer: Tokenizer, items: Sequence[HellaSwagItem], batch_items: int = 4
+) -> Iterator[tuple[list[float], list[int]]]:
+    """Per item: (summed log-likelihood of each ending, its token count); `batch_items` items per pass."""
+    for b in range(0, len(items), batch_items):
+        pairs = []
+        for item in items[b : b + batch_items]:
+            ctx, endings = encode_item(tokenizer, item)
+            if not ctx or not all(endings):
+                raise MiniGPTError(
+                    f"a HellaSwag item encodes to an empty context or ending: {item.ctx[:60]!r}"
+                )
+            pairs.extend((ctx, e) for e in endings)
+        scores = continuation_logprobs(model, pairs, batch_size=len(pairs))
+        for i in range(0, len(scores), 4):
+            group = scores[i : i + 4]
+            yield [s.logprob for s in group], [s.tokens for s in group]
+
+
+def _argmax(values: Sequence[float]) -> int:
+    return max(range(len(values)), key=lambda i: values[i])
+
+
+def evaluate_hellaswag(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    items: Sequence[HellaSwagItem],
+    batch_items: int = 4,
+    progress: bool | None = None,
+) -> HellaSwagResult:
+    """acc / acc_norm over `items` (see the module docstring); a progress bar on an interactive stderr."""
+    result = HellaSwagResult()
+    enabled = sys.stderr.isatty() if progress is None else progress
+    bar = Progress(
+        "hellaswag", BarColumn(), MofNCompleteColumn(), "acc_norm {task.fields[acc]:.4f}",
+        TimeRemainingColumn(), disable=not enabled, transient=True,
+    )  # fmt: skip
+    with bar:
+        task = bar.add_task("hellaswag", total=len(items), acc=0.0)
+        for item, (logprobs, counts) in zip(items, item_scores(model, tokenizer, items, batch_items)):
+            result.n += 1
+            result.correct += int(_argmax(logprobs) == item.label)
+            result.correct_norm += int(_argmax([lp / n for lp, n in zip(logprobs, counts)]) == item.label)
+            bar.update(task, advance=1, acc=result.acc_norm)
+    return result

@@ -1,0 +1,54 @@
+"""Files written whole or not at all: the one atomic writer (checkpoints, token files, downloads,
+meta.json, summary.json, evaluation results), JSON in and out, checksums."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["atomic_write", "read_json", "sha256_file", "write_json_atomic"]
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`, or None when it is missing or unreadable (a cache to rebuild)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@contextmanager
+def atomic_write(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temporary file beside `path` (its folder made if missing) for the block to write; then
+    fsync it and rename it over `path`: readers see the old file or the new one, never half of one. A
+    block that raises leaves `path` as it was and no temporary behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:
+    """`obj` as JSON in `path`, written atomically (meta.json, summary.json, evaluation results)."""
+    with atomic_write(path) as fh:
+        json.dump(obj, fh, indent=indent)
+        fh.write("\n")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,1 @@
+"""Inference: sampling (generate), text streaming, devices and dtypes, CPU weight packing."""

@@ -1,0 +1,110 @@
+"""Prompts in, printable text out: reading a prompt, encoding it, and streaming a sample's tokens as text
+(whole UTF-8 characters only, cut at stop strings)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.tokenizer import Tokenizer
+
+__all__ = ["TextStream", "encode_prompt", "prompt_text", "unescape"]
+
+
+def unescape(text: str) -> str:
+    """Turn the two-character sequences \\n, \\t and \\\\ into a newline, a tab and a backslash."""
+    return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
+
+
+def prompt_text(prompt: str | None, prompt_file: str | None = None) -> str:
+    """`prompt` as given, the contents of FILE for `@FILE` (`@@...` for a literal `@...`) or `prompt_file`."""
+    prompt = "" if prompt is None else str(prompt)
+    path = None
+    if prompt_file:
+        if prompt:
+            raise MiniGPTError("set either prompt or prompt_file, not both")
+        path = prompt_file
+    elif prompt.startswith("@@"):
+        return prompt[1:]
+    elif prompt.startswith("@"):
+        path = prompt[1:]
+    if path is None:
+        return prompt
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise MiniGPTError(
+            f"cannot read prompt file {path} ({type(err).__name__}: {err.strerror or err})"
+        ) from None
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Token ids of the prompt; an empty prompt starts from end-of-text (BPE) or a newline (characters)."""
+    if text:
+        ids = tokenizer.encode(text)  # a char tokenizer names unknown characters (MiniGPTError)
+        if ids:
+            return ids
+    return [tokenizer.start_id]
+
+
+class TextStream:
+    """Turns one sample's token ids into text pieces that are safe to print, and applies stop strings.
+
+    - BPE tokens can end in the middle of a UTF-8 character: ids are held back while their text ends
+      in a replacement character (at most 8, in case the model really produced invalid bytes).
+    - Text that could be the beginning of a stop string is held back until it is known not to be; at
+      a stop string the sample ends, without it.
+    """
+
+    MAX_PENDING = 8
+
+    def __init__(self, tokenizer: Tokenizer, stops: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stops = stops
+        self.text = ""  # the sample so far (without the prompt), cut at a stop string
+        self.emitted = 0  # characters of text already handed out
+        self.tokens = 0  # tokens consumed
+        self.stopped = False
+        self._pending: list[int] = []
+
+    def push(self, token: int) -> str:
+        """Add one token; return the new printable text (possibly empty)."""
+        if self.stopped:
+            return ""
+        self.tokens += 1
+        self._pending.append(token)
+        piece = self.tokenizer.decode(self._pending)
+        if piece.endswith("\ufffd") and len(self._pending) < self.MAX_PENDING:
+            return ""
+        self._pending = []
+        return self._add(piece, final=False)
+
+    def flush(self) -> str:
+        """The text still held back, at the end of the sample."""
+        piece = self.tokenizer.decode(self._pending) if self._pending and not self.stopped else ""
+        self._pending = []
+        return self._add(piece, final=True)
+
+    def _add(self, piece: str, final: bool) -> str:
+        longest = max((len(s) for s in self.stops), default=0)
+        search_from = max(0, len(self.text) - longest + 1)
+        self.text += piece
+        hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.stopped = True
+        end = len(self.text)
+        if not (self.stopped or final):
+            end -= self._partial_stop()
+        out = self.text[self.emitted : end]
+        self.emitted = max(self.emitted, end)
+        return out
+
+    def _partial_stop(self) -> int:
+        """Length of the longest end of `text` that is the beginning of a stop string."""
+        for k in range(min(len(self.text), max((len(s) for s in self.stops), default=1) - 1), 0, -1):
+            tail = self.text[-k:]
+            if any(s.startswith(tail) for s in self.stops):
+                return k
+        return 0

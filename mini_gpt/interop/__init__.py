@@ -1,0 +1,1 @@
+"""Weights and tokenizers in and out: our checkpoints, transformers models, exports."""

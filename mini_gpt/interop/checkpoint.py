@@ -1,0 +1,309 @@
+"""Load a trained model and its tokenizer from whatever training or export wrote: no Lightning, no Hydra.
+
+Accepted sources (`load_model(path)`):
+- a Lightning `.ckpt` from training: `checkpoint["mini_gpt"]` holds the model config and the tokenizer,
+  `checkpoint["state_dict"]` the weights under `model.` (a `_orig_mod.` left by torch.compile is
+  dropped). Read with `torch.load(weights_only=True)`: a checkpoint cannot run code.
+- a `.ckpt` of a LoRA fine-tuning run (`finetune=lora`): `checkpoint["mini_gpt"]["finetune"]["lora"]`
+  names the adapters, which are merged into the weights (mini_gpt.train.lora); the model is a plain GPT.
+- an export directory with `format=safetensors` (`model.safetensors` + `config.json`, whose
+  `mini_gpt` entry has the same content as the checkpoint's), or the `model.safetensors` file in it;
+- an export directory with `format=hf` (or any local GPT-2 directory `transformers` can load): weights
+  through `mini_gpt.interop.hf`, tokenizer through `mini_gpt.interop.hf_tokenizer` (`mini_gpt_tokenizer.json`,
+  or else GPT-2's `vocab.json`).
+
+`load_source(init_from)` also takes a hub name (`gpt2` ... `gpt2-xl`); `open_model` is what the tools'
+`ckpt=` / `init_from=` keys load. Every failure (missing file, corrupt file, foreign checkpoint, shape
+mismatch) is one `MiniGPTError` line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.interop.hf import ARCHITECTURES, HUB_MODELS, check_hub_available, gpt_from_hf, load_hf_dir
+from mini_gpt.model.gpt import GPT, GPTConfig
+from mini_gpt.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_dict
+from mini_gpt.train.lora import LoraSpec, has_lora_weights, merge_lora
+
+__all__ = [
+    "FORMAT_VERSION",
+    "check_resume",
+    "load_model",
+    "load_source",
+    "metadata",
+    "model_state_dict",
+    "open_model",
+    "read_checkpoint",
+    "unreadable_checkpoint",
+]
+
+FORMAT_VERSION = 1
+SAFETENSORS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+def metadata(model: GPT, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """The `mini_gpt` entry of a checkpoint / export config: primitives only."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "model_config": model.config.to_dict(),
+        "tokenizer": tokenizer.to_dict() if tokenizer is not None else None,
+    }
+
+
+def model_state_dict(state_dict: dict[str, Any], prefix: str = "model.") -> dict[str, torch.Tensor]:
+    """The GPT's weights from a LightningModule state dict: keep `prefix`ed keys, drop `_orig_mod.`."""
+    out = {}
+    for key, value in state_dict.items():
+        key = key.replace("_orig_mod.", "")  # wherever torch.compile put it
+        if key.startswith(prefix):
+            out[key[len(prefix) :]] = value
+    return out
+
+
+def unreadable_checkpoint(path: str | Path, err: BaseException) -> MiniGPTError:
+    """The one-line error for a checkpoint file torch cannot load (also used when resuming training)."""
+    text = str(err).strip()
+    reason = text.splitlines()[0].split(". ")[0][:160] if text else ""  # torch's first sentence
+    return MiniGPTError(
+        f"cannot read checkpoint {path}: corrupt, truncated or not a torch checkpoint "
+        f"({type(err).__name__}{': ' + reason if reason else ''})"
+    )
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """torch.load a `.ckpt` safely (weights_only), turning every failure into one line.
+
+    Memory-mapped: reading the small entries (`mini_gpt`, `run_config`, `global_step`) leaves the weights
+    on disk, so resuming and evaluating can look into a multi-GB checkpoint in milliseconds."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise MiniGPTError(
+            f"checkpoint {path} does not exist; pass ckpt=PATH to a .ckpt file or export directory"
+        )
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # zip/pickle/EOF/weights-only errors all mean "not a checkpoint we can read"
+        raise unreadable_checkpoint(path, err) from None
+    if not isinstance(ckpt, dict):
+        raise MiniGPTError(f"checkpoint {path} holds a {type(ckpt).__name__}, not a checkpoint dict")
+    return ckpt
+
+
+def _check_meta(meta: Any, source: Path) -> dict[str, Any]:
+    if not isinstance(meta, dict) or "model_config" not in meta or "tokenizer" not in meta:
+        raise MiniGPTError(
+            f"{source} has no mini_gpt metadata (model config + tokenizer); "
+            "it was not written by mini-gpt training or export"
+        )
+    version = meta.get("format_version", FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise MiniGPTError(
+            f"{source} has mini_gpt format_version={version}; this mini-gpt reads version {FORMAT_VERSION}"
+        )
+    return meta
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+
+
+def _tokenizer_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """How two tokenizer dicts differ, in words (None when equal)."""
+    if saved == current:
+        return None
+    kinds = [
+        d.get("type") if d.get("type") != "tiktoken" else f"tiktoken {d.get('name')}"
+        for d in (saved, current)
+    ]
+    if kinds[0] != kinds[1]:
+        return f"tokenizer is {kinds[0]} in the checkpoint but {kinds[1]} in this run"
+    if saved.get("type") == "char":
+        old, new = saved.get("chars", ""), current.get("chars", "")
+        only_old = "".join(sorted(set(old) - set(new)))
+        only_new = "".join(sorted(set(new) - set(old)))
+        detail = (
+            f"only in the checkpoint: {only_old!r}; only in this corpus: {only_new!r}"
+            if only_old or only_new
+            else "same characters in a different order, so every id means another character"
+        )
+        return (
+            f"character vocabulary differs ({len(old)} characters in the checkpoint, {len(new)} in this "
+            f"run's corpus; {detail})"
+        )
+    keys = _differences(
+        {k: v for k, v in saved.items() if k != "ranks"}, {k: v for k, v in current.items() if k != "ranks"}
+    )
+    return f"tokenizer {kinds[0]} differs in {', '.join(keys or ['ranks'])}"
+
+
+def check_resume(
+    checkpoint: dict[str, Any], model_config: dict[str, Any], tokenizer: Tokenizer, source: str | Path
+) -> None:
+    """Refuse to resume training from `checkpoint` (a loaded Lightning checkpoint dict) into a run whose
+    model config or tokenizer differ, or from a checkpoint that cannot resume; one line each.
+
+    Called before Lightning loads any state: a different shape would otherwise end in a `size mismatch`
+    traceback, and a same-size character vocabulary with other characters would silently train on ids
+    that now mean other characters.
+    """
+    meta = _check_meta(checkpoint.get("mini_gpt"), Path(source))
+    if not isinstance(checkpoint.get("optimizer_states"), list) or "loops" not in checkpoint:
+        raise MiniGPTError(
+            f"{source} holds weights only (no optimizer or loop state), so training cannot resume from it; "
+            "use a last.ckpt/best.ckpt written by training, or drop ckpt_path to start a new run"
+        )
+    # The tokenizer first: a different vocabulary is the cause of a different model.vocab_size.
+    why = _tokenizer_difference(meta["tokenizer"], tokenizer.to_dict())
+    if why:
+        raise MiniGPTError(
+            f"cannot resume {source}: {why}; resume on the corpus and data.tokenizer it was trained with, "
+            "or drop ckpt_path to start a new run"
+        )
+    saved = dict(meta["model_config"])
+    differ = _differences(saved, model_config)
+    if differ:
+        theirs = " ".join(f"model.{k}={saved.get(k)}" for k in differ)
+        ours = " ".join(f"model.{k}={model_config.get(k)}" for k in differ)
+        raise MiniGPTError(
+            f"cannot resume {source}: the model differs from the checkpoint's in "
+            f"{', '.join(differ)} (this run: {ours}); resume with the checkpoint's settings ({theirs}) "
+            "or drop ckpt_path to start a new run"
+        )
+
+
+def _build(meta: dict[str, Any], weights: dict[str, torch.Tensor], source: Path) -> tuple[GPT, Tokenizer]:
+    try:
+        config = GPTConfig.from_dict(dict(meta["model_config"]))
+    except (TypeError, ValueError) as err:
+        raise MiniGPTError(f"{source}: invalid model_config ({err})") from None
+    tokenizer = tokenizer_from_dict(meta["tokenizer"])
+    if has_lora_weights(weights):  # a LoRA fine-tuning checkpoint: fold the adapters into the weights
+        lora = (meta.get("finetune") or {}).get("lora")
+        if not isinstance(lora, dict):
+            raise MiniGPTError(f"{source}: has LoRA weights but no record of its adapters (finetune.lora)")
+        return merge_lora(config, LoraSpec.from_dict(lora), weights), tokenizer
+    model = GPT(config)
+    if config.tie_weights:
+        # Tied exports store the shared matrix once (as the token embedding).
+        weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
+    expected = set(model.state_dict())
+    if config.tie_weights:
+        expected.discard("lm_head.weight")
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise MiniGPTError(
+            f"{source}: weights do not match the model config "
+            f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
+    try:
+        model.load_state_dict(weights, strict=False)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()
+        detail = next((line.strip() for line in first if "size mismatch" in line), first[0])
+        raise MiniGPTError(f"{source}: weights do not fit the model config ({detail[:200]})") from None
+    if tokenizer.vocab_size > config.vocab_size:
+        raise MiniGPTError(
+            f"{source}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
+        )
+    return model, tokenizer
+
+
+def _load_lightning(path: Path) -> tuple[GPT, Tokenizer]:
+    ckpt = read_checkpoint(path)
+    meta = _check_meta(ckpt.get("mini_gpt"), path)
+    state = ckpt.get("state_dict")
+    if not isinstance(state, dict):
+        raise MiniGPTError(f"checkpoint {path} has no state_dict")
+    return _build(meta, model_state_dict(state), path)
+
+
+def _read_config(config_path: Path) -> Any:
+    """The JSON config of an export directory, or one line saying it is unreadable."""
+    try:
+        return json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise MiniGPTError(
+            f"cannot read {config_path} ({type(err).__name__}); re-run mini_gpt.interop.export"
+        ) from None
+
+
+def _load_safetensors_dir(directory: Path) -> tuple[GPT, Tokenizer]:
+
+    config_path = directory / CONFIG_FILE
+    config = _read_config(config_path)
+    meta = _check_meta(config.get("mini_gpt") if isinstance(config, dict) else None, config_path)
+    weights_path = directory / SAFETENSORS_FILE
+    if not weights_path.is_file():
+        raise MiniGPTError(f"{weights_path} does not exist; re-run mini_gpt.interop.export")
+    try:
+        weights = load_file(weights_path)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise MiniGPTError(f"cannot read {weights_path}: corrupt or truncated ({err})") from None
+    return _build(meta, weights, weights_path)
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, Tokenizer]:
+    """(GPT in eval mode on `device`, tokenizer) from a `.ckpt`, an export directory or its .safetensors."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        config_path = path / CONFIG_FILE
+        if not config_path.is_file():
+            raise MiniGPTError(
+                f"{path} has no {CONFIG_FILE}, so it is not a model directory; pass a .ckpt file, a "
+                "mini_gpt.interop.export directory or a transformers GPT-2 directory"
+            )
+        config = _read_config(config_path)
+        if isinstance(config, dict) and "mini_gpt" in config:
+            model, tokenizer = _load_safetensors_dir(path)
+        else:
+            kind = config.get("model_type") if isinstance(config, dict) else None
+            if kind not in ARCHITECTURES:
+                readable = ", ".join(a.label for a in ARCHITECTURES.values())
+                raise MiniGPTError(
+                    f"{config_path} describes {f'{kind!r} model' if kind else 'no known model'}, not one "
+                    f"mini-gpt reads ({readable}); pass a .ckpt file, a `mini-gpt export` directory or a "
+                    "transformers directory"
+                )
+            model, tokenizer = load_hf_dir(path)
+    elif path.suffix == ".safetensors" and (path.parent / CONFIG_FILE).is_file():
+        model, tokenizer = _load_safetensors_dir(path.parent)
+    else:
+        model, tokenizer = _load_lightning(path)
+    return model.to(device).eval(), tokenizer
+
+
+def load_source(init_from: str, bpe_file: str | Path | None = None) -> tuple[GPT, Tokenizer]:
+    """(GPT, tokenizer) of pretrained weights: whatever `load_model` reads, or a hub name (`gpt2` ...
+    `gpt2-xl`: needs network or the hub cache; `bpe_file`, a local gpt2.tiktoken, spares the tokenizer's)."""
+    if Path(init_from).expanduser().exists():
+        return load_model(init_from)
+    if init_from not in HUB_MODELS:
+        raise MiniGPTError(
+            f"init_from={init_from!r} is neither an existing path (a .ckpt file or a model directory) "
+            f"nor a hub name ({', '.join(HUB_MODELS)})"
+        )
+    check_hub_available(init_from)
+    return gpt_from_hf(init_from).eval(), build_tokenizer("gpt2", bpe_file=bpe_file)
+
+
+def open_model(
+    ckpt: str | None, init_from: str | None, bpe_file: str | None, device: str | torch.device
+) -> tuple[GPT, Tokenizer]:
+    """The model (eval mode, on `device`) and tokenizer a tool's `ckpt=` or `init_from=` names."""
+    if bool(ckpt) == bool(init_from):
+        raise MiniGPTError(
+            "set exactly one of ckpt=PATH (checkpoint or export directory) or init_from=gpt2|HF_DIR"
+        )
+    if ckpt:
+        return load_model(ckpt, device)
+    model, tokenizer = load_source(str(init_from), bpe_file)
+    return model.to(device), tokenizer

@@ -1,0 +1,167 @@
+"""Our tokenizers in `transformers`' files and back (the tokenizer half of a `format=hf` directory).
+
+- `save_hf_tokenizer(tokenizer, dir, model_max_length)`: our tokenizer as `mini_gpt_tokenizer.json` (exact,
+  read back by `load_hf_tokenizer`), and in `transformers`' own files so that
+  `AutoTokenizer.from_pretrained(dir)` gives the same ids: `vocab.json` + `merges.txt` +
+  `tokenizer_config.json` for GPT-2's byte-level BPE, a `tokenizers` character vocabulary
+  (`tokenizer.json`) for characters.
+- `load_hf_tokenizer(dir)`: ours when the directory has it, else GPT-2's from `vocab.json` (any local
+  GPT-2 model directory).
+
+`transformers` is an optional extra (`pip install "mini-gpt[hf]"`): `require_transformers` imports it
+on first use, for this module and for `mini_gpt.interop.hf`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.tokenizer import (
+    GPT2_PAT_STR,
+    CharTokenizer,
+    TiktokenTokenizer,
+    Tokenizer,
+    tokenizer_from_dict,
+)
+
+__all__ = [
+    "HF_TOKENIZER_FILE",
+    "char_tokenizer",
+    "gpt2_tokenizer_files",
+    "load_hf_tokenizer",
+    "require_transformers",
+    "save_hf_tokenizer",
+]
+
+HF_TOKENIZER_FILE = "mini_gpt_tokenizer.json"  # our tokenizer, saved beside a `format=hf` export
+# tiktoken encodings with GPT-2's vocabulary *and* pre-tokenisation regex, which is what
+# transformers' GPT2Tokenizer implements.
+GPT2_LIKE = ("gpt2", "r50k_base")
+
+
+def require_transformers() -> Any:
+    """The `transformers` module, or a one-line MiniGPTError saying how to install it."""
+    try:
+        import transformers
+    except ImportError as err:
+        raise MiniGPTError(
+            'transformers conversion needs transformers: pip install -e ".[hf]" (or pip install transformers)'
+        ) from err
+    return transformers
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters (the alphabet of vocab.json/merges.txt)."""
+    require_transformers()
+    try:
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+    except ImportError:  # transformers 4.x kept it beside the GPT-2 tokenizer
+        from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+    return bytes_to_unicode()
+
+
+def _bpe_parts(token: bytes, ranks: dict[bytes, int], max_rank: int) -> list[bytes]:
+    """Run byte-level BPE on `token` using only merges ranked below `max_rank`."""
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 1:
+        best, best_rank = -1, max_rank
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1])
+            if rank is not None and rank < best_rank:
+                best, best_rank = i, rank
+        if best < 0:
+            break
+        parts[best : best + 2] = [parts[best] + parts[best + 1]]
+    return parts
+
+
+def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) -> dict[str, str]:
+    """vocab.json, merges.txt and tokenizer_config.json for transformers' GPT2Tokenizer.
+
+    tiktoken stores only ranks (token bytes -> id); the merge that creates each token is recovered by
+    running BPE on the token's bytes with the merges ranked before it: it must end in exactly two parts.
+    """
+    to_char = _bytes_to_unicode()
+
+    def text(b: bytes) -> str:
+        return "".join(to_char[x] for x in b)
+
+    ranks = tokenizer.ranks
+    vocab = {text(tok): rank for tok, rank in ranks.items()}
+    vocab.update(tokenizer.special_tokens)
+    merges = []
+    for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(tok) < 2:
+            continue
+        parts = _bpe_parts(tok, ranks, rank)
+        if len(parts) != 2:
+            raise MiniGPTError(
+                f"tokenizer {tokenizer.name!r}: token {tok!r} is not one BPE merge; use format=safetensors"
+            )
+        merges.append(f"{text(parts[0])} {text(parts[1])}")
+    eot = "<|endoftext|>" if "<|endoftext|>" in tokenizer.special_tokens else None
+    config: dict[str, Any] = {
+        "tokenizer_class": "GPT2Tokenizer",
+        "model_max_length": model_max_length,
+        "add_prefix_space": False,
+        "bos_token": eot,
+        "eos_token": eot,
+        "unk_token": eot,
+    }
+    return {
+        "vocab.json": json.dumps(vocab, ensure_ascii=False),
+        "merges.txt": "#version: 0.2\n" + "\n".join(merges) + "\n",
+        "tokenizer_config.json": json.dumps(config, indent=1),
+    }
+
+
+def char_tokenizer(tokenizer: CharTokenizer, model_max_length: int) -> Any:
+    """Our character vocabulary as a `transformers` fast tokenizer (built with the `tokenizers` library).
+
+    A BPE model with no merges maps each character to its id; the `Fuse` decoder joins characters
+    without the spaces a word-level decoder would add. Characters outside the vocabulary have no id:
+    `transformers` drops them, where our CharTokenizer raises an error naming them.
+    """
+    transformers = require_transformers()
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models
+
+    vocab = {ch: i for i, ch in enumerate(tokenizer.chars)}
+    backend = Backend(models.BPE(vocab=vocab, merges=[]))
+    backend.decoder = decoders.Fuse()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, model_max_length=model_max_length)
+
+
+def _gpt2_tokenizer_from_vocab(vocab_path: Path) -> Tokenizer:
+    """GPT-2's byte-level BPE from a transformers `vocab.json`: token id = BPE rank (true for GPT-2)."""
+    vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
+    byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
+    special = {tok: i for tok, i in vocab.items() if tok.startswith("<|") and tok.endswith("|>")}
+    try:
+        ranks = {bytes(byte_of[c] for c in tok): i for tok, i in vocab.items() if tok not in special}
+    except KeyError:
+        raise MiniGPTError(f"{vocab_path} is not a byte-level GPT-2 vocabulary") from None
+    return TiktokenTokenizer("gpt2", GPT2_PAT_STR, ranks, special)
+
+
+def save_hf_tokenizer(tokenizer: Tokenizer, directory: Path, model_max_length: int) -> None:
+    """Write our tokenizer and, where `transformers` has a counterpart, its files (module docstring)."""
+    (directory / HF_TOKENIZER_FILE).write_text(json.dumps(tokenizer.to_dict()), encoding="utf-8")
+    if isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name in GPT2_LIKE:
+        for name, content in gpt2_tokenizer_files(tokenizer, model_max_length).items():
+            (directory / name).write_text(content, encoding="utf-8")
+    elif isinstance(tokenizer, CharTokenizer):
+        char_tokenizer(tokenizer, model_max_length).save_pretrained(str(directory))
+
+
+def load_hf_tokenizer(directory: Path) -> Tokenizer:
+    """Our tokenizer saved in `directory`, else GPT-2's from its `vocab.json`."""
+    ours = directory / HF_TOKENIZER_FILE
+    if ours.is_file():
+        return tokenizer_from_dict(json.loads(ours.read_text(encoding="utf-8")))
+    if (directory / "vocab.json").is_file():
+        return _gpt2_tokenizer_from_vocab(directory / "vocab.json")
+    raise MiniGPTError(f"{directory} has no tokenizer ({HF_TOKENIZER_FILE} or vocab.json)")

@@ -1,0 +1,188 @@
+"""Watch the heads form during training: attention heatmaps + entropy/distance summaries.
+
+Off by default. With `callbacks.attention_maps.every_n_steps=N` (N > 0), every N optimizer steps it runs
+the model on a fixed prompt through the exact attention path and logs the figures
+of `mini_gpt.viz.attention_maps` to W&B as images (keys `attention/maps`, `attention/summary`).
+When no W&B run is active (no WandbLogger, or WANDB_MODE=disabled) it writes PNGs instead, under
+`<run dir>/attention_maps/step<NNNNNN>_{maps,summary}.png`.
+
+Cost: one forward pass through the exact path serves both figures, and the figures are built once and
+then reused (new weights into the same images and bars, the layout computed once), so a render after
+the first is mostly the PNG encoding (`python -m mini_gpt.bench attention_maps` measures it). The time
+is left out of tokens/s.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+from mini_gpt.errors import MiniGPTError, check_ints
+from mini_gpt.train.callbacks.base import StepCallback
+from mini_gpt.train.callbacks.monitoring import not_training
+from mini_gpt.viz.attention_maps import (
+    attention_maps,
+    attention_summary,
+    compute_attention,
+    parse_selection,
+    save_figure,
+    update_attention_maps,
+    update_attention_summary,
+)
+
+DEFAULT_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak."
+
+
+def _wandb_loggers(trainer: L.Trainer) -> list[Any]:
+    """WandbLoggers whose run really records something (WANDB_MODE=disabled counts as W&B off)."""
+    if os.environ.get("WANDB_MODE", "").lower() == "disabled":
+        return []
+    found = []
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger) and not getattr(logger.experiment, "disabled", False):
+            found.append(logger)
+    return found
+
+
+def _png_image(fig: Any, dpi: int) -> Any:
+    """A wandb.Image of a figure, rendered to PNG here (no plotly conversion); the figure stays open."""
+    import wandb  # imported only when a W&B run records: heavy, and optional
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    buf.seek(0)
+    return wandb.Image(Image.open(buf).convert("RGB"))
+
+
+class AttentionMaps(StepCallback):
+    """Every `every_n_steps` optimizer steps, draw the attention of `pl_module.model` on `prompt`.
+
+    Args:
+        every_n_steps: 0 = off (the default).
+        prompt: fixed text to look at; None = a short Shakespeare line, minus characters the
+            tokenizer does not know. A user prompt the tokenizer cannot encode fails at fit start.
+        layers, heads: as in `python -m mini_gpt.attention_maps` (int, list or "all").
+        summary: also draw the entropy / mean-distance bar chart.
+        max_tokens: keep the last N prompt tokens (default: block_size); long prompts give huge grids.
+        out_dir: where PNGs go when W&B is off (default `<trainer.default_root_dir>/attention_maps`).
+        dpi: resolution of the PNGs / W&B images.
+        max_inches: cap on the heatmap grid's sides (12 in at dpi 100 = 1200 px); zoom in with `layers`.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 0,
+        prompt: str | None = None,
+        layers: Any = "all",
+        heads: Any = "all",
+        summary: bool = True,
+        max_tokens: int | None = 64,
+        out_dir: str | None = None,
+        dpi: int = 100,
+        max_inches: float = 12.0,
+    ) -> None:
+        check_ints(minimum=0, **{"callbacks.attention_maps.every_n_steps": every_n_steps})
+        self.every_n_steps = every_n_steps
+        self.prompt = prompt
+        self.layers = layers
+        self.heads = heads
+        self.summary = summary
+        self.max_tokens = max_tokens
+        self.out_dir = out_dir
+        self.dpi = dpi
+        self.max_inches = max_inches
+        self.saved: list[Path] = []  # PNGs written (when W&B is off)
+        self._prompt_text: str | None = None
+        self._figures: dict[str, tuple[Any, dict[str, Any]]] = {}  # name -> (Figure, data), reused
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_n_steps > 0
+
+    def _resolve_prompt(self, tokenizer: Any) -> str:
+        if self.prompt:
+            tokenizer.encode(self.prompt)  # a prompt the vocabulary cannot spell: MiniGPTError now
+            return self.prompt
+        kept = tokenizer.known_text(DEFAULT_PROMPT)  # a char vocabulary of another corpus lacks some
+        if not kept:
+            raise MiniGPTError(
+                "callbacks.attention_maps: the tokenizer can encode none of the default prompt; "
+                "set callbacks.attention_maps.prompt"
+            )
+        return kept
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not self.enabled or stage != "fit":
+            return
+        model = getattr(pl_module, "model", None)
+        if model is None or not hasattr(model, "config") or getattr(pl_module, "tokenizer", None) is None:
+            raise MiniGPTError(
+                "callbacks.attention_maps needs a LightningModule with the GPT at .model and its .tokenizer"
+            )
+        # Fail at the start, not after hours of training, on a bad layer/head selection.
+        parse_selection(self.layers, model.config.n_layer, "callbacks.attention_maps.layers")
+        parse_selection(self.heads, model.config.n_head, "callbacks.attention_maps.heads")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        if self.enabled:
+            self._prompt_text = self._resolve_prompt(pl_module.tokenizer)
+
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.enabled and trainer.global_step % self.every_n_steps == 0:
+            self.log_maps(trainer, pl_module)
+
+    @rank_zero_only
+    def log_maps(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Draw the figures for the current weights and log (W&B) or save (PNG) them."""
+        with not_training(trainer):
+            tok, step = pl_module.tokenizer, trainer.global_step
+            prompt = self._prompt_text or self._resolve_prompt(tok)
+            figures = self.draw(pl_module.model, tok, prompt, step)
+            loggers = _wandb_loggers(trainer)
+            if loggers:
+                images = {name: _png_image(fig, self.dpi) for name, fig in figures.items()}
+                for logger in loggers:
+                    for name, image in images.items():
+                        logger.log_image(key=f"attention/{name}", images=[image], step=step)
+            else:
+                root = Path(self.out_dir or Path(trainer.default_root_dir) / "attention_maps")
+                for name, fig in figures.items():
+                    self.saved.append(
+                        save_figure(fig, root / f"step{step:06d}_{name}.png", self.dpi, close=False)
+                    )
+            for fig in figures.values():
+                fig.set_layout_engine("none")  # keep the first render's layout: a later one only repaints
+
+    def draw(self, model: Any, tokenizer: Any, prompt: str, step: int) -> dict[str, Any]:
+        """The figures for the current weights: built at the first call, updated in place after."""
+        attention = compute_attention(model, tokenizer, prompt, self.max_tokens)  # one forward pass
+        if not self._figures:
+            self._figures["maps"] = attention_maps(
+                model, tokenizer, prompt, self.layers, self.heads, self.max_tokens, attention, self.max_inches
+            )
+            if self.summary:
+                self._figures["summary"] = attention_summary(
+                    model, tokenizer, prompt, self.layers, self.max_tokens, attention=attention
+                )
+        else:
+            update_attention_maps(self._figures["maps"][1], attention[2])
+            if "summary" in self._figures:
+                update_attention_summary(self._figures["summary"][1], attention[2])
+        for fig, data in self._figures.values():
+            fig.suptitle(f"{data['title']} · step {step}", fontsize=10)
+        return {name: fig for name, (fig, _) in self._figures.items()}
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        import matplotlib.pyplot as plt  # here, not above: mini_gpt.viz.attention_maps picks the backend
+
+        for fig, _ in self._figures.values():
+            plt.close(fig)
+        self._figures.clear()

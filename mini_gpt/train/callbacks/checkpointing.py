@@ -1,0 +1,217 @@
+"""Checkpoints: written atomically (`AtomicCheckpointIO`), last.ckpt at every evaluation (`EvalCheckpoint`),
+and one saved on Ctrl-C between two optimizer steps (`SaveOnInterrupt`).
+
+Lightning has no public call for two things done here; each is used in exactly one place, with the
+reason beside it (checked on Lightning 2.6.6, the version pyproject pins): `EvalCheckpoint` calls its
+parent ModelCheckpoint's own helpers to write last.ckpt now, and `SaveOnInterrupt.save` dumps the
+checkpoint dict through the trainer's checkpoint connector.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import psutil
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import atomic_write
+from mini_gpt.interop.checkpoint import unreadable_checkpoint
+from mini_gpt.train.callbacks.base import StepCallback
+
+__all__ = [
+    "AtomicCheckpointIO",
+    "EvalCheckpoint",
+    "SaveOnInterrupt",
+    "last_checkpoint_path",
+    "resume_command",
+]
+
+
+def last_checkpoint_path(trainer: L.Trainer) -> Path | None:
+    """Where the checkpoint callback writes last.ckpt (None without one)."""
+    cb = trainer.checkpoint_callback
+    if not isinstance(cb, ModelCheckpoint) or not cb.dirpath:
+        return None
+    return Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes every checkpoint so that a crash, a hard kill or a full disk at any moment leaves the
+    previous file (e.g. last.ckpt) intact, and reads them with one-line errors.
+
+    Saving streams `torch.save` into `.<name>.<pid>.tmp` beside the target (same file system, no
+    in-memory copy of the whole checkpoint), fsyncs it, renames it over the target (`atomic_write`) and
+    fsyncs the folder.
+    Such temporaries that a killed process left (its pid is gone) are removed by the next save there.
+    Lightning's own writer stages the file in the system temp dir and moves it, which is a copy, not a
+    rename, when that dir is on another file system. Remote URLs (s3://...) still go through Lightning.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        path = Path(path)
+        try:
+            _remove_stale_temporaries(path.parent)
+            with atomic_write(path, "wb") as fh:
+                torch.save(checkpoint, fh)
+            _fsync_dir(path.parent)
+        except OSError as err:
+            kept = "the previous one is unchanged" if path.exists() else "nothing was written"
+            raise MiniGPTError(
+                f"cannot write checkpoint {path} ({err.strerror or err}); {kept}; free some space or set "
+                "paths.run_dir (or callbacks.model_checkpoint.dirpath) to a writable directory"
+            ) from None
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> Any:
+        try:
+            if map_location is None:
+                return super().load_checkpoint(path, weights_only=weights_only)
+            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        except MiniGPTError:
+            raise
+        except Exception as err:  # truncated, corrupt, not a checkpoint: the message generate/export give
+            raise unreadable_checkpoint(path, err) from None
+
+
+def _remove_stale_temporaries(directory: Path) -> None:
+    """Delete the `.<name>.<pid>.tmp` files of saves whose process no longer runs (killed mid-write)."""
+    for tmp in directory.glob(".*.tmp"):
+        pid = tmp.name.removesuffix(".tmp").rpartition(".")[2]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in `directory` durable (POSIX); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class EvalCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that writes last.ckpt after *every* evaluation.
+
+    Lightning (2.6) refreshes last.ckpt only when a top-k checkpoint was written at the same step, i.e.
+    when val/loss improved; a run whose val loss plateaus would resume from an old step.
+
+    A resumed run writes into its own new directory: its best.ckpt / last.ckpt track that run, so the
+    state saved by the previous directory's callback is restored only when the directory is the same
+    (Lightning would restore part of it and warn "The dirpath has changed" on every resume).
+    """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
+            super().load_state_dict(state_dict)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        # Private ModelCheckpoint helpers (Lightning 2.6.6): no public call writes last.ckpt now.
+        # trainer.save_checkpoint alone would skip what these keep right: last_model_path, the record of
+        # the step saved (no second write when super() saved at this step), save_last="link", the
+        # version counter and the removal of the previous file.
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning 2.6 writes last.ckpt here even under fast_dev_run, which promises no checkpoints.
+        if not trainer.fast_dev_run:
+            super().on_train_end(trainer, pl_module)
+
+
+def resume_command(ckpt: Path) -> str:
+    """The command that resumes from `ckpt`: this script or `mini-gpt train` with `ckpt_path=` alone, as a
+    resumed run restores the rest of its config from the checkpoint (mini_gpt.train.resume). `python` when
+    that is this interpreter on PATH, else the interpreter's full path."""
+    on_path = shutil.which("python")
+    same = on_path is not None and Path(on_path).resolve() == Path(sys.executable).resolve()
+    python = "python" if same else sys.executable
+    # `mini-gpt train` (mini_gpt.cli) names itself so in argv[0]: an installed command, no interpreter
+    program = sys.argv[0].split() if sys.argv[0].startswith("mini-gpt ") else [python, sys.argv[0]]
+    return shlex.join([*program, f"ckpt_path={Path(ckpt).resolve()}"])
+
+
+class SaveOnInterrupt(StepCallback):
+    """First Ctrl-C (SIGINT): finish the current optimizer step, save last.ckpt, exit. A second
+    Ctrl-C interrupts at once. Saving between steps keeps the checkpoint consistent, so resuming from
+    it is exact. Nothing is saved if the loss had become NaN/inf (`pl_module.saw_nonfinite_loss()`)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.saved_path: Path | None = None
+        self._previous: Any = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.requested:  # second Ctrl-C
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nCtrl-C: saving last.ckpt after this step (press again to quit now)", file=sys.stderr)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+
+    def _restore(self) -> None:
+        if self._previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Path | None:
+        path = last_checkpoint_path(trainer)
+        if path is None or pl_module.saw_nonfinite_loss():
+            return None
+        # The one use of a Trainer private (Lightning 2.6.6). The public trainer.save_checkpoint ends at
+        # a barrier, and a rank interrupted alone must not wait there for the others; no public call
+        # returns the checkpoint dict, so it is dumped here and written by the strategy (public).
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        trainer.strategy.save_checkpoint(checkpoint, path)
+        self.saved_path = path
+        if isinstance(trainer.checkpoint_callback, ModelCheckpoint):  # what summary.json reports
+            trainer.checkpoint_callback.last_model_path = str(path)
+        if trainer.is_global_zero:
+            print(
+                f"interrupted at step {trainer.global_step}: saved {path}\n"
+                f"resume with: {resume_command(path)}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return path
+
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.requested:
+            return
+        self.save(trainer, pl_module)
+        self._restore()
+        raise KeyboardInterrupt  # Lightning shuts down gracefully and exits with status 1
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore()
+        # A KeyboardInterrupt that did not come through our handler (e.g. SIGINT handled elsewhere):
+        # save what we have. After a second Ctrl-C the user asked to quit now: save nothing more.
+        if isinstance(exception, KeyboardInterrupt) and not self.requested and trainer.global_step > 0:
+            self.save(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore()

@@ -1,0 +1,139 @@
+"""Evaluations during training, logged as `eval/<task>/<metric>` at the step measured.
+
+Off by default. With `callbacks.evaluate.every_n_steps=N` (N > 0), every N optimizer steps (and after the
+last one) it runs the chosen tasks on the current weights, as build-nanogpt does for HellaSwag:
+
+- `bpb`: bits per byte of the validation split (`eval/bpb/bits_per_byte`, `eval/bpb/loss`), scored by
+  sliding windows like `python -m mini_gpt.evaluate` (the same number for the same weights);
+- `hellaswag`: acc / acc_norm on the first `hellaswag_limit` items (`eval/hellaswag/acc`, `.../acc_norm`).
+
+Work is split across ranks (rank r takes windows / items r, r + world, ...) and the sums are reduced, so
+the devices share the work and log one number. The seconds spent are kept out of tokens/s.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+
+from mini_gpt.data.config import data_root
+from mini_gpt.errors import MiniGPTError, check_ints
+from mini_gpt.eval.bpb import document_windows, prepared_split_documents, split_token_ids
+from mini_gpt.eval.hellaswag import evaluate_hellaswag, load_hellaswag
+from mini_gpt.eval.scoring import score_windows
+from mini_gpt.train.callbacks.base import StepCallback
+from mini_gpt.train.callbacks.monitoring import not_training
+
+TASKS = ("bpb", "hellaswag")
+
+
+class EvaluateCallback(StepCallback):
+    """Every `every_n_steps` optimizer steps, evaluate `tasks` and log `eval/<task>/<metric>`.
+
+    Args:
+        every_n_steps: 0 = off (the default).
+        tasks: any of "bpb", "hellaswag".
+        stride: bpb sliding-window step in tokens (None = block_size // 2).
+        batch_size: windows (bpb) or items (hellaswag) per forward pass.
+        hellaswag_path: hellaswag_val.jsonl (None = the cached copy, downloaded once when online).
+        hellaswag_limit: evaluate the first K items.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 0,
+        tasks: Any = ("bpb",),
+        stride: int | None = None,
+        batch_size: int = 16,
+        hellaswag_path: str | None = None,
+        hellaswag_limit: int | None = 1000,
+    ) -> None:
+        check_ints(minimum=0, **{"callbacks.evaluate.every_n_steps": every_n_steps})
+        self.tasks = [tasks] if isinstance(tasks, str) else list(tasks)
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise MiniGPTError(f"callbacks.evaluate.tasks has unknown {unknown}; choose from {list(TASKS)}")
+        self.every_n_steps = every_n_steps
+        self.stride = stride
+        self.batch_size = batch_size
+        self.hellaswag_path = hellaswag_path
+        self.hellaswag_limit = hellaswag_limit
+        self.history: list[tuple[int, dict[str, float]]] = []  # (step, metrics) as logged
+        self._windows: list[Any] = []
+        self._bytes = 0
+        self._items: list[Any] = []
+        self._tokenizer: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_n_steps > 0 and bool(self.tasks)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Read the val split / HellaSwag once, so a missing file fails now and not hours into training."""
+        if not self.enabled or stage != "fit":
+            return
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is None or not hasattr(datamodule, "prepared_data"):
+            raise MiniGPTError("callbacks.evaluate needs the GPTDataModule (its val split and tokenizer)")
+        prepared = datamodule.prepared_data()
+        tokenizer = self._tokenizer = prepared.tokenizer
+        block_size = pl_module.model.config.block_size
+        if "bpb" in self.tasks:
+            docs = prepared_split_documents(split_token_ids(prepared, "val").tolist(), tokenizer)
+            stride = self.stride or max(1, block_size // 2)
+            self._windows, self._bytes = document_windows(tokenizer, docs, block_size, stride)
+        if "hellaswag" in self.tasks:
+            cache = data_root(getattr(datamodule.cfg, "data_dir", None)) / "hellaswag"  # data=shards: none
+            self._items = load_hellaswag(self.hellaswag_path, cache, self.hellaswag_limit)
+
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        last = trainer.max_steps is not None and trainer.global_step >= trainer.max_steps
+        if self.enabled and (trainer.global_step % self.every_n_steps == 0 or last):
+            self.evaluate(trainer, pl_module)
+
+    @torch.no_grad()
+    def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
+        """Run the tasks on this rank's share, reduce across ranks, log on rank 0; returns the metrics."""
+        with not_training(trainer):
+            metrics = self._measure(trainer, pl_module)
+            step = trainer.global_step
+            self.history.append((step, metrics))
+            if trainer.is_global_zero:
+                for logger in trainer.loggers:
+                    logger.log_metrics(metrics, step=step)
+        return metrics
+
+    def _measure(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
+        model = pl_module.model
+        was_training = model.training
+        model.eval()
+        rank, world = trainer.global_rank, trainer.world_size
+        metrics: dict[str, float] = {}
+        try:
+            if self._windows:
+                score = score_windows(model, self._windows[rank::world], self.batch_size)[0]
+                nll, tokens = self._reduce(trainer, pl_module, [score.nll, score.tokens])
+                metrics["eval/bpb/bits_per_byte"] = nll / math.log(2) / self._bytes
+                metrics["eval/bpb/loss"] = nll / tokens
+            if self._items:
+                items = self._items[rank::world]
+                part = evaluate_hellaswag(model, self._tokenizer, items, self.batch_size, progress=False)
+                correct, correct_norm, n = self._reduce(
+                    trainer, pl_module, [part.correct, part.correct_norm, part.n]
+                )
+                metrics["eval/hellaswag/acc"] = correct / n
+                metrics["eval/hellaswag/acc_norm"] = correct_norm / n
+        finally:
+            model.train(was_training)
+        return metrics
+
+    @staticmethod
+    def _reduce(trainer: L.Trainer, pl_module: L.LightningModule, values: list[float]) -> list[float]:
+        """Sum python numbers over all ranks (float64 on the module's device); identity on one process."""
+        if trainer.world_size == 1:
+            return [float(v) for v in values]
+        t = torch.tensor(values, dtype=torch.float64, device=pl_module.device)
+        return [float(v) for v in trainer.strategy.reduce(t, reduce_op="sum")]

@@ -1,0 +1,260 @@
+"""Watching a run's health and speed: the NaN guard, and throughput / MFU (with the peak FLOP/s it needs).
+
+Both read the device only at log intervals (`trainer.log_every_n_steps` optimizer steps) or at events
+that sync anyway (validation), so they add no per-step host-device syncs.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.throughput import get_available_flops
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.train.callbacks.base import StepCallback
+from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
+
+__all__ = [
+    "DEFAULT_CPU_PEAK_FLOPS",
+    "NaNGuard",
+    "NonFiniteLossError",
+    "Throughput",
+    "measure_cpu_matmul_flops",
+    "nonfinite_advice",
+    "not_training",
+    "peak_flops",
+]
+
+
+# ---- NaN guard ------------------------------------------------------------------------------------
+class NonFiniteLossError(MiniGPTError):
+    """Training produced a NaN/inf loss; raised (so nothing more is saved) by NaNGuard."""
+
+
+FULL_PRECISION = ("32-true", "32", "64-true", "64")
+
+
+def nonfinite_advice(precision: Any, gradient_clip_val: float | None) -> str:
+    """What to try after a NaN/inf loss: only the remedies this run has not already applied."""
+    tips = ["lower optim.lr"]
+    if not gradient_clip_val:
+        tips.append("set trainer.gradient_clip_val=1.0")
+    if str(precision) not in FULL_PRECISION:
+        tips.append(f"use trainer.precision=32-true (this run used {precision})")
+    return ", ".join(tips[:-1]) + (" or " if len(tips) > 1 else "") + tips[-1]
+
+
+class NaNGuard(StepCallback):
+    """Stops training with a one-line error once the loss has been NaN/inf.
+
+    Checked at every log interval and before every checkpoint that validation triggers (Lightning runs
+    ModelCheckpoint after the other callbacks), by reading the module's sticky on-device flag
+    (`pl_module.saw_nonfinite_loss()`). It raises NonFiniteLossError, so neither ModelCheckpoint nor
+    Ctrl-C saving writes the broken state: last.ckpt stays the last good one.
+    """
+
+    def __init__(self, check_every_n_steps: int | None = None) -> None:
+        self.check_every_n_steps = check_every_n_steps  # None = trainer.log_every_n_steps
+
+    def check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Raise NonFiniteLossError if the loss has been NaN/inf (reads the device once)."""
+        if not pl_module.saw_nonfinite_loss():
+            return
+        last = last_checkpoint_path(trainer)
+        kept = f"last good checkpoint: {last}" if last and last.exists() else "no checkpoint was saved yet"
+        raise NonFiniteLossError(
+            f"training loss became NaN/inf by step {trainer.global_step}; stopped without saving this state "
+            f"({kept}); {nonfinite_advice(trainer.precision, trainer.gradient_clip_val)}"
+        )
+
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        every = self.check_every_n_steps or max(1, trainer.log_every_n_steps)
+        if trainer.global_step % every == 0:
+            self.check(trainer, pl_module)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.check(trainer, pl_module)
+
+
+# ---- peak FLOP/s ----------------------------------------------------------------------------------
+# The fp32 matmul peak assumed when the CPU probe fails (a small 2-core machine's order of magnitude).
+DEFAULT_CPU_PEAK_FLOPS = 185e9
+
+
+@functools.cache
+def measure_cpu_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 512, repeats: int = 5) -> float:
+    """Best-of-`repeats` FLOP/s of an n x n matmul on this CPU with torch's current threads (~0.1 s,
+    once per process). The dtype matters: CPUs with AMX/avx512_bf16 run bf16 faster than fp32."""
+    try:
+        gen = torch.Generator().manual_seed(0)  # not the global generator: dropout masks must not shift
+        a = torch.randn(n, n, dtype=dtype, generator=gen)
+        b = torch.randn(n, n, dtype=dtype, generator=gen)
+        reps = 4
+        torch.mm(a, b)  # warm up (thread pool, kernel choice)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+        return 2 * n**3 * reps / best
+    except (RuntimeError, TypeError):
+        return DEFAULT_CPU_PEAK_FLOPS
+
+
+def _precision_dtype(precision: str) -> torch.dtype:
+    precision = str(precision)
+    if "bf16" in precision:
+        return torch.bfloat16
+    if precision.startswith("16"):
+        return torch.float16
+    return torch.float32
+
+
+def peak_flops(device: torch.device, precision: str = "32-true", override: float | None = None) -> float:
+    """Peak FLOP/s for MFU: `override` if given; on a GPU Lightning's table of dense peaks per dtype
+    (`get_available_flops`; 0 for a GPU it does not know); on a CPU a matmul probe in the training dtype."""
+    if override:
+        return float(override)
+    dtype = _precision_dtype(precision)
+    if device.type == "cuda":
+        return float(get_available_flops(device, dtype) or 0.0)  # 0: MFU is not logged
+    if device.type == "cpu":
+        return measure_cpu_matmul_flops(dtype)
+    return 0.0
+
+
+# ---- throughput / MFU -----------------------------------------------------------------------------
+class Throughput(StepCallback):
+    """Measures training throughput; the one owner of the run's tokens/s and MFU.
+
+    Every log interval it logs `tokens_per_sec` and `mfu` of that interval to the loggers (at that
+    optimizer step) and puts them in `latest`; when training ends `latest` holds the run's averages,
+    `tokens_per_sec` being the figure summary.json reports. Readers (the progress bar, the run summary)
+    find this callback with `Throughput.of(trainer)`.
+
+    Time counted is training wall time: validation is left out, and so is any work done inside
+    `not_training(trainer)` (text samples, attention maps, evaluations). Tokens are counted from the
+    batches themselves (x tokens x world size), so accumulation and DDP need no configuration.
+    MFU = flops_per_token (model, forward + backward) x tokens/s / peak FLOP/s of one device x devices.
+    """
+
+    def __init__(self, peak_flops: float | None = None) -> None:
+        if peak_flops is not None and (
+            not isinstance(peak_flops, int | float) or isinstance(peak_flops, bool) or peak_flops <= 0
+        ):
+            raise MiniGPTError(
+                f"callbacks.throughput.peak_flops={peak_flops!r} must be a positive number of FLOP/s "
+                "(e.g. 989e12) or null"
+            )
+        self.peak_flops_override = peak_flops
+        self.peak: float | None = None
+        self.total_tokens = 0  # trained tokens in this run (all ranks)
+        self.total_seconds = 0.0  # training seconds in this run
+        self.latest: dict[str, float] = {}  # tokens_per_sec (and mfu) of the last interval / the run
+        self._tokens = 0
+        self._t0 = 0.0
+        self._excluded = 0.0  # seconds of other work in the current interval
+        self._val_t0 = 0.0
+        self._val_seconds = 0.0
+        self._flops_per_token = 0.0
+        self._seq_len: int | None = None
+
+    @staticmethod
+    def of(trainer: Any) -> Throughput | None:
+        """The trainer's Throughput callback, if it has one."""
+        return next((cb for cb in trainer.callbacks if isinstance(cb, Throughput)), None)
+
+    @property
+    def tokens_per_sec(self) -> float:
+        """Training tokens per second of the run so far (0.0 before the first log interval)."""
+        return self.total_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` of other work out of the current interval (see `not_training`)."""
+        self._excluded += seconds
+
+    def _sync(self, pl_module: L.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._t0 = time.perf_counter()
+        self._excluded = 0.0
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        x = batch[0] if isinstance(batch, list | tuple) else batch
+        self._tokens += x.numel() * trainer.world_size
+        self._seq_len = x.shape[-1] if x.dim() > 1 else None
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step % max(1, trainer.log_every_n_steps):
+            return
+        tokens, seconds = self._close_interval(pl_module)
+        metrics = {"tokens_per_sec": tokens / seconds if seconds > 0 else 0.0}
+        if self.peak is None:  # first log interval: the CPU probe runs here, not before step 1
+            self.peak = peak_flops(pl_module.device, str(trainer.precision), self.peak_flops_override)
+            self._flops_per_token = pl_module.model.flops_per_token(self._seq_len)
+            self._t0 = time.perf_counter()  # the probe is not training either
+        if self.peak:
+            metrics["mfu"] = self._mfu(metrics["tokens_per_sec"], trainer.world_size)
+        self.latest = metrics
+        for logger in trainer.loggers:  # rank-zero only inside each logger
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning ends the (one, endless) epoch when training ends, before any callback's on_train_end:
+        # readers at train end see the run's averages, whatever the order of the callbacks.
+        self._close_interval(pl_module)  # the tail after the last log interval
+        self.latest = {"tokens_per_sec": self.tokens_per_sec}
+        if self.peak:
+            self.latest["mfu"] = self._mfu(self.tokens_per_sec, trainer.world_size)
+
+    def _mfu(self, tokens_per_sec: float, world_size: int) -> float:
+        assert self.peak
+        return self._flops_per_token * tokens_per_sec / (self.peak * world_size)
+
+    def _close_interval(self, pl_module: L.LightningModule) -> tuple[int, float]:
+        """Tokens and training seconds since the last call; adds them to the run totals."""
+        self._sync(pl_module)
+        now = time.perf_counter()
+        seconds = max(now - self._t0 - self._val_seconds - self._excluded, 0.0)
+        tokens = self._tokens
+        self.total_tokens += tokens
+        self.total_seconds += seconds
+        self._tokens, self._t0, self._val_seconds, self._excluded = 0, now, 0.0, 0.0
+        return tokens, seconds
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self._sync(pl_module)
+            self._val_t0 = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._val_t0:
+            self._val_seconds += time.perf_counter() - self._val_t0
+            self._val_t0 = 0.0
+
+
+@contextmanager
+def not_training(trainer: Any) -> Iterator[None]:
+    """Work in the block (sampling, drawing, evaluating) is not training: its seconds are left out of
+    the Throughput callback's tokens/s (if the trainer has one)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        throughput = Throughput.of(trainer)
+        if throughput is not None:
+            throughput.exclude(time.perf_counter() - t0)

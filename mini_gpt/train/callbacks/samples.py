@@ -1,0 +1,85 @@
+"""Text samples during training: printed and logged to W&B as a table of (step, text)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.infer.sampling import generate
+from mini_gpt.train.callbacks.base import StepCallback
+from mini_gpt.train.callbacks.monitoring import not_training
+
+__all__ = ["SampleText"]
+
+
+class SampleText(StepCallback):
+    """Every `every_n_steps` optimizer steps (and at the end), generate text from `prompt`, print it and
+    log it to W&B as a table of (step, text). Uses a private seeded generator: the global RNG (dropout)
+    is untouched, so sampling does not change training; its time is left out of tokens/s."""
+
+    def __init__(
+        self,
+        every_n_steps: int = 500,
+        prompt: str = "\n",
+        max_new_tokens: int = 200,
+        temperature: float = 0.8,
+        top_k: int | None = 40,
+        top_p: float | None = None,
+        seed: int = 0,
+        at_end: bool = True,
+        print_samples: bool = True,
+    ) -> None:
+        if every_n_steps < 0 or max_new_tokens < 1:
+            raise MiniGPTError("callbacks.sample_text: every_n_steps must be >= 0, max_new_tokens >= 1")
+        self.every_n_steps = every_n_steps  # 0 = only at the end
+        self.prompt = prompt
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_k = top_k
+        self.top_p = top_p
+        self.seed = seed
+        self.at_end = at_end
+        self.print_samples = print_samples
+        self.rows: list[list[Any]] = []  # (step, text) for the W&B table
+
+    def sample(self, pl_module: L.LightningModule) -> str:
+        tok = pl_module.tokenizer
+        ids = (tok.encode(self.prompt) if self.prompt else []) or [tok.start_id]  # "": end-of-text or "\n"
+        device = pl_module.device
+        idx = torch.tensor([ids], dtype=torch.long, device=device)
+        gen = torch.Generator(device=device).manual_seed(self.seed + pl_module.global_step)
+        out = generate(
+            pl_module.model,
+            idx,
+            self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            generator=gen,
+        )
+        return tok.decode(out[0].tolist())
+
+    @rank_zero_only
+    def _emit(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        with not_training(trainer):
+            text = self.sample(pl_module)
+            step = trainer.global_step
+            if self.print_samples:
+                print(f"\n--- sample at step {step} ---\n{text}\n---", flush=True)
+            self.rows.append([step, text])
+            for logger in trainer.loggers:
+                if isinstance(logger, WandbLogger):  # tables are immutable: log all rows so far
+                    logger.log_text(key="samples", columns=["step", "text"], data=list(self.rows), step=step)
+
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.every_n_steps and trainer.global_step % self.every_n_steps == 0:
+            self._emit(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.at_end and (not self.rows or self.rows[-1][0] != trainer.global_step):
+            self._emit(trainer, pl_module)

@@ -1,0 +1,79 @@
+"""The end of a fit: validation at the last step (`ValidateAtEnd`) and `summary.json` (`RunSummary`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import psutil
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_only
+
+from mini_gpt.files import write_json_atomic
+from mini_gpt.train.callbacks.monitoring import NonFiniteLossError, Throughput
+
+__all__ = ["RunSummary", "ValidateAtEnd", "process_start_time"]
+
+
+class ValidateAtEnd(Callback):
+    """Make the last optimizer step run validation (and so the checkpoint callback) even when
+    max_steps is not a multiple of val_check_interval: Lightning validates when should_stop is set."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step:  # reached only after the last micro-batch
+            trainer.should_stop = True
+
+
+def process_start_time() -> float:
+    """Unix time this process started (interpreter start-up and imports included)."""
+    return psutil.Process().create_time()
+
+
+class RunSummary(Callback):
+    """Writes `summary.json` (rank 0) when the fit ends or stops; `summary` holds what was written.
+
+    It reads, and never writes, the run's numbers: the val curve and tokens per step from the module
+    (`pl_module.stats`, `pl_module.tokens_per_step`), tokens/s from the Throughput callback (None
+    without one), the checkpoint paths from the checkpoint callback. `status` is completed, interrupted
+    (Ctrl-C), nonfinite (NaN guard) or failed (any other exception); times (`wall_seconds`, the
+    `val_curve` rows) count from `start` (unix time; default: process start; each trial of a multirun
+    passes its own). The file is replaced atomically: never half-written. Listed after SaveOnInterrupt,
+    it reports the checkpoint a Ctrl-C saved.
+    """
+
+    def __init__(self, path: str | Path, start: float | None = None) -> None:
+        self.path = Path(path)
+        self.start = start
+        self.summary: dict[str, Any] | None = None  # what was written last (rank 0)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.write(trainer, pl_module, "completed")
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
+        self.write(trainer, pl_module, "nonfinite" if isinstance(exception, NonFiniteLossError) else status)
+
+    @rank_zero_only
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str) -> None:
+        start = self.start if self.start is not None else process_start_time()
+        vals, ckpt = pl_module.stats.val_history, trainer.checkpoint_callback
+        throughput = Throughput.of(trainer)
+        best = getattr(ckpt, "best_model_path", "")
+        last = getattr(ckpt, "last_model_path", "")
+        self.summary = {
+            "status": status,
+            "best_val_loss": min((v for _, _, v in vals), default=None),
+            "final_val_loss": vals[-1][2] if vals else None,
+            "steps": trainer.global_step,
+            "tokens": trainer.global_step * pl_module.tokens_per_step,  # includes steps before a resume
+            "wall_seconds": time.time() - start,
+            "tokens_per_sec": throughput.tokens_per_sec if throughput and throughput.total_seconds else None,
+            "val_curve": [[s, t - start, v] for s, t, v in vals],
+            "best_ckpt": str(Path(best).resolve()) if best else None,
+            "last_ckpt": str(Path(last).resolve()) if last else None,
+        }
+        write_json_atomic(self.path, self.summary, indent=2)

@@ -1,0 +1,135 @@
+"""Multi-device helpers: the batch arithmetic of data-parallel training, and the FSDP strategy factory.
+
+Batch semantics (data parallel: DDP, FSDP, any number of devices and nodes). Every process ("device")
+draws its own micro-batches of `micro_batch` sequences of `block_size` tokens; gradients are averaged
+across the `devices x num_nodes` processes and accumulated over `accumulate` micro-batches before one
+optimizer step, so one step sees
+
+    tokens per optimizer step = micro_batch x accumulate x devices x num_nodes x block_size
+
+and the learning rate, warmup and max_steps keep their meaning only if that product stays fixed when
+the hardware changes. `accumulation_for` derives `accumulate` from a global batch given in tokens.
+
+The arithmetic is pure (no torch or Lightning: mini_gpt.train.run imports it before the heavy imports);
+`fsdp_strategy` imports Lightning when Hydra instantiates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hydra.utils import get_class
+
+from mini_gpt.errors import MiniGPTError, check_ints
+
+__all__ = ["BatchLayout", "accumulation_for", "fsdp_strategy"]
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How one optimizer step's batch is spread over micro-batches, accumulation, devices and nodes."""
+
+    micro_batch: int  # sequences per forward pass on one device (loader.batch_size)
+    block_size: int  # tokens per sequence (model.block_size)
+    accumulate: int = 1  # micro-batches per optimizer step on each device (trainer.accumulate_grad_batches)
+    devices: int = 1  # processes per node (trainer.devices once resolved)
+    num_nodes: int = 1  # machines (trainer.num_nodes)
+
+    def __post_init__(self) -> None:
+        check_ints(**asdict(self))
+
+    @property
+    def world_size(self) -> int:
+        """Processes that each compute one micro-batch's gradient in parallel."""
+        return self.devices * self.num_nodes
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.micro_batch * self.accumulate * self.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.sequences_per_step * self.block_size
+
+    def as_dict(self) -> dict[str, int]:
+        """Plain ints for loggers (the W&B config) and summaries."""
+        return {
+            **asdict(self),
+            "world_size": self.world_size,
+            "sequences_per_step": self.sequences_per_step,
+            "tokens_per_step": self.tokens_per_step,
+        }
+
+    def describe(self) -> str:
+        return (
+            f"tokens per optimizer step = {self.micro_batch} micro-batch x {self.accumulate} accumulate x "
+            f"{self.devices} devices x {self.num_nodes} nodes x {self.block_size} block_size "
+            f"= {self.tokens_per_step:,}"
+        )
+
+
+def accumulation_for(global_batch_tokens: int, micro_batch: int, block_size: int, world_size: int) -> int:
+    """Micro-batches to accumulate per device so one optimizer step sees exactly `global_batch_tokens`.
+
+    Raises MiniGPTError unless the global batch is a positive multiple of the tokens one forward pass
+    on every device processes (micro_batch x block_size x world_size): rounding would silently train
+    with a different batch than asked for.
+    """
+    check_ints(
+        global_batch_tokens=global_batch_tokens,
+        micro_batch=micro_batch,
+        block_size=block_size,
+        world_size=world_size,
+    )
+    per_pass = micro_batch * block_size * world_size
+    accumulate, rest = divmod(global_batch_tokens, per_pass)
+    if rest or accumulate == 0:
+        below, above = accumulate * per_pass, (accumulate + 1) * per_pass
+        nearest = f"{above:,}" if accumulate == 0 else f"{below:,} or {above:,}"
+        raise MiniGPTError(
+            f"global_batch_tokens={global_batch_tokens:,} is not a multiple of micro_batch x block_size x "
+            f"world_size = {micro_batch} x {block_size} x {world_size} = {per_pass:,} tokens; use "
+            f"{nearest}, or change loader.batch_size / trainer.devices"
+        )
+    return accumulate
+
+
+def _module_class(dotted: str) -> type:
+    try:
+        return get_class(dotted)
+    except (ImportError, ValueError):
+        raise MiniGPTError(
+            f"cannot import the module class {dotted!r}; give a dotted path like mini_gpt.model.gpt.Block"
+        ) from None
+
+
+def fsdp_strategy(
+    wrap: Sequence[str] = ("mini_gpt.model.gpt.Block",),
+    activation_checkpointing: bool = False,
+    sharding_strategy: str = "FULL_SHARD",
+    cpu_offload: bool = False,
+    state_dict_type: str = "full",
+    **kwargs: Any,
+) -> Any:
+    """Lightning's FSDPStrategy with our wrap policy: each module of a `wrap` class (dotted paths; the
+    transformer Block by default) becomes one FSDP unit, i.e. its parameters are gathered just before
+    its forward/backward and freed after. `activation_checkpointing=True` recomputes those modules'
+    activations in the backward pass (less memory, ~1/3 more compute). `kwargs` go to FSDPStrategy.
+    """
+    from lightning.pytorch.strategies import FSDPStrategy  # see the module docstring
+
+    classes = {_module_class(name) for name in wrap}
+    if not classes:
+        raise MiniGPTError(
+            "trainer.strategy.wrap is empty; list at least one module class (mini_gpt.model.gpt.Block)"
+        )
+    return FSDPStrategy(
+        auto_wrap_policy=classes,
+        activation_checkpointing_policy=set(classes) if activation_checkpointing else None,
+        sharding_strategy=sharding_strategy,
+        cpu_offload=cpu_offload,
+        state_dict_type=state_dict_type,
+        **kwargs,
+    )

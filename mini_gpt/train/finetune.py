@@ -1,0 +1,304 @@
+"""Start a training run from pretrained weights (`python train.py init_from=...`), fully or with LoRA.
+
+    init_from -> load_source -> (GPT, tokenizer) of the source
+              -> finetune_model_config: the source's shape + the changes a run may make
+              -> build_model: the weights in a model of that config (position table cropped)
+              -> prepare_model: freeze parts (full) or add LoRA adapters (lora)
+
+Sources (`mini_gpt.interop.checkpoint.load_source`): a hub name (`gpt2` ... `gpt2-xl`, needs network or
+the hub cache), a local `transformers` directory, a directory written by `mini-gpt export`, or one of
+our `.ckpt` files (weights only: the optimizer, schedule and step count start fresh; `ckpt_path=` resumes
+instead). A LoRA checkpoint is merged on load, so it can be the source of the next run too.
+
+The source fixes every key that shapes a weight. A run may change `dropout`, and shrink `block_size`
+(the learned position table keeps its first rows, as nanoGPT's `crop_block_size`); any other model key
+that differs from the source is refused in one line naming it. The data must be tokenized with the
+source's tokenizer (`check_tokenizer`).
+
+`FinetuneConfig` (conf/finetune/*.yaml) chooses what trains:
+- `method=full`: every parameter, except the token/position embeddings with `freeze_embeddings=true`
+  (with tied weights that is the output head too) and the blocks before the last
+  `train_last_n_blocks`.
+- `method=lora`: only LoRA adapters (rank `lora_rank`, scale `lora_alpha / lora_rank`, `lora_dropout`)
+  on the projections named in `lora_targets` (`c_attn`, `c_proj` = attention and MLP output, `c_fc`),
+  in every block or in the last `train_last_n_blocks`; everything else frozen (mini_gpt.train.lora).
+
+`finetune_meta` is what a checkpoint records (primitives): a resumed run rebuilds the same adapters and
+frozen parts from it, and `mini_gpt.interop.checkpoint.load_model` merges the adapters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from mini_gpt.conf.schema import checked_config
+from mini_gpt.errors import MiniGPTError, check_ints
+from mini_gpt.interop.checkpoint import load_source
+from mini_gpt.model.gpt import GPT, GPTConfig
+from mini_gpt.tokenizer import CharTokenizer, Tokenizer
+from mini_gpt.train.lora import LoraSpec, add_lora
+
+__all__ = [
+    "LORA_TARGETS",
+    "METHODS",
+    "MUTABLE_MODEL_KEYS",
+    "FinetuneConfig",
+    "FinetunePlan",
+    "build_model",
+    "check_tokenizer",
+    "count_parameters",
+    "describe",
+    "finetune_meta",
+    "finetune_model_config",
+    "load_source",
+    "lora_spec",
+    "plan_finetune",
+    "prepare_model",
+]
+
+METHODS = ("full", "lora")
+LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
+MUTABLE_MODEL_KEYS = ("dropout", "block_size")  # the model keys a fine-tuning run may change
+
+
+@dataclass
+class FinetuneConfig:
+    """What trains when a run starts from pretrained weights. Mirrored by conf/finetune/*.yaml."""
+
+    method: str = "full"  # full | lora
+    freeze_embeddings: bool = False  # full: freeze wte (and a head tied to it) and wpe
+    train_last_n_blocks: int | None = None  # train (full) or adapt (lora) only the last N blocks
+    lora_rank: int = 8
+    lora_alpha: float = 16.0  # the update is scaled by lora_alpha / lora_rank
+    lora_dropout: float = 0.05  # dropout on the adapters' input
+    lora_targets: tuple[str, ...] = LORA_TARGETS  # projections that get adapters
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise MiniGPTError(f"finetune.method={self.method!r} must be one of {METHODS}")
+        check_ints(allow_none=True, **{"finetune.train_last_n_blocks": self.train_last_n_blocks})
+        self.lora_targets = tuple(self.lora_targets)
+        bad = sorted(set(self.lora_targets) - set(LORA_TARGETS))
+        if bad or not self.lora_targets:
+            raise MiniGPTError(
+                f"finetune.lora_targets={list(self.lora_targets)} must be a non-empty subset of "
+                f"{list(LORA_TARGETS)}"
+            )
+        check_ints(**{"finetune.lora_rank": self.lora_rank})
+        if not self.lora_alpha > 0:
+            raise MiniGPTError(f"finetune.lora_alpha={self.lora_alpha} must be > 0")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise MiniGPTError(f"finetune.lora_dropout={self.lora_dropout} must be in [0, 1)")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["lora_targets"] = list(self.lora_targets)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FinetuneConfig:
+        return checked_config(cls, d, "finetune")
+
+
+def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_from: str) -> GPTConfig:
+    """The model config of a run from `source`: its shape, with the `requested` dropout / smaller context.
+
+    `requested` holds the model keys the user set (command line or experiment). Any other key whose value
+    differs from the source's would change a weight's shape (or what the weights mean): refused.
+    """
+    changes: dict[str, Any] = {}
+    refused = []
+    for key, value in requested.items():
+        if not hasattr(source, key):
+            raise MiniGPTError(f"model.{key} is not a model key")
+        if key == "dropout":
+            changes[key] = value
+        elif key == "block_size":
+            if value is None or value > source.block_size:
+                raise MiniGPTError(
+                    f"model.block_size={value} is longer than the {source.block_size} positions "
+                    f"init_from={init_from} was trained for; the context can only shrink"
+                )
+            changes[key] = value
+        elif key == "vocab_size" and value is None:
+            continue  # "the tokenizer's": the source's vocabulary is kept
+        elif value != getattr(source, key):
+            refused.append(f"model.{key}={value} (source: {getattr(source, key)})")
+    if refused:
+        raise MiniGPTError(
+            f"init_from={init_from} fixes the model's shape; remove {', '.join(refused)} "
+            f"(only {' and '.join('model.' + k for k in MUTABLE_MODEL_KEYS)} may change, the context "
+            "only shrink)"
+        )
+    return dataclasses.replace(source, **changes)
+
+
+def build_model(source: GPT, config: GPTConfig) -> GPT:
+    """A fresh GPT of `config` holding `source`'s weights; a shorter context keeps the first positions."""
+    model = GPT(config)
+    state = dict(source.state_dict())
+    if "transformer.wpe.weight" in state:
+        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: config.block_size]
+    model.load_state_dict(state)
+    return model
+
+
+def check_tokenizer(source: Tokenizer, data: Tokenizer, init_from: str) -> None:
+    """Refuse data tokenized differently from the source (ids would mean other tokens)."""
+
+    def key(tok: Tokenizer) -> dict[str, Any]:
+        d = dict(tok.to_dict())
+        d.pop("name", None)  # gpt2 and r50k_base are the same encoding under two names
+        return d
+
+    if key(source) == key(data):
+        return
+    if isinstance(source, CharTokenizer):
+        hint = "fine-tune a char model on char data with exactly the same characters (data.tokenizer=char)"
+    else:
+        hint = f"tokenize the data with data.tokenizer={source.to_dict().get('name')} (e.g. data=shakespeare)"
+    raise MiniGPTError(
+        f"init_from={init_from} comes with {_describe(source)} but the data is tokenized with "
+        f"{_describe(data)}; {hint}"
+    )
+
+
+def _describe(tok: Tokenizer) -> str:
+    if isinstance(tok, CharTokenizer):
+        return f"a {tok.vocab_size}-character vocabulary"
+    return f"the {tok.to_dict().get('name')} BPE ({tok.vocab_size:,} tokens)"
+
+
+# ---- what trains ---------------------------------------------------------------------------------
+_PROJECTIONS = {"c_attn": ("attn.c_attn",), "c_proj": ("attn.c_proj", "mlp.c_proj"), "c_fc": ("mlp.c_fc",)}
+
+
+def _first_trained_block(config: GPTConfig, cfg: FinetuneConfig) -> int:
+    n = cfg.train_last_n_blocks
+    if n is None:
+        return 0
+    if n > config.n_layer:
+        raise MiniGPTError(f"finetune.train_last_n_blocks={n} but the model has only {config.n_layer} blocks")
+    return config.n_layer - n
+
+
+def lora_spec(config: GPTConfig, cfg: FinetuneConfig) -> LoraSpec:
+    """The adapters `cfg` asks for: every target projection of every trained block, by full name."""
+    targets = tuple(
+        f"transformer.h.{i}.{name}"
+        for i in range(_first_trained_block(config, cfg), config.n_layer)
+        for target in cfg.lora_targets
+        for name in _PROJECTIONS[target]
+    )
+    return LoraSpec(targets, rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout)
+
+
+def prepare_model(model: GPT, cfg: FinetuneConfig) -> GPT:
+    """Freeze what `cfg` keeps fixed, or add LoRA adapters (all else frozen); returns the model."""
+    if cfg.method == "lora":
+        return add_lora(model, lora_spec(model.config, cfg))
+    first = _first_trained_block(model.config, cfg)
+    for block in model.transformer.h[:first]:
+        block.requires_grad_(False)
+    if cfg.freeze_embeddings:
+        model.transformer.wte.requires_grad_(False)  # with tied weights: the output head too
+        if "wpe" in model.transformer:
+            model.transformer.wpe.requires_grad_(False)
+    return model
+
+
+def finetune_meta(init_from: str, config: GPTConfig, cfg: FinetuneConfig) -> dict[str, Any]:
+    """What a checkpoint records about how this run was set up (primitives only)."""
+    meta: dict[str, Any] = {"init_from": str(init_from), "config": cfg.to_dict()}
+    if cfg.method == "lora":
+        meta["lora"] = lora_spec(config, cfg).to_dict()
+    return meta
+
+
+@dataclass
+class FinetunePlan:
+    """How a fine-tuning run's model is made (a run that does not start from a fresh initialisation).
+
+    From `init_from` the source's weights are held until `build` (after the data is prepared, so the
+    tokenizer can be checked); when resuming a fine-tuning checkpoint only the structure is rebuilt and
+    Lightning loads the weights.
+    """
+
+    config: GPTConfig  # the run's model config: its block_size sizes the data windows
+    record: dict[str, Any]  # the checkpoint's `finetune` entry
+    finetune: FinetuneConfig
+    source: GPT | None = None
+    tokenizer: Tokenizer | None = None
+
+    def build(self, data_tokenizer: Tokenizer) -> GPT:
+        if self.source is None:  # resuming: weights come from the checkpoint
+            return prepare_model(GPT(self.config), self.finetune)
+        assert self.tokenizer is not None
+        check_tokenizer(self.tokenizer, data_tokenizer, self.record["init_from"])
+        model = prepare_model(build_model(self.source, self.config), self.finetune)
+        self.source = None  # the pretrained copy is no longer needed
+        return model
+
+
+def plan_finetune(
+    init_from: str | None,
+    cfg: FinetuneConfig,
+    requested: Mapping[str, Any],
+    ckpt_path: str | Path | None = None,
+    checkpoint_meta: Mapping[str, Any] | None = None,
+    bpe_file: str | Path | None = None,
+) -> FinetunePlan | None:
+    """The FinetunePlan of a run: from `init_from`, or resuming a fine-tuning checkpoint
+    (`checkpoint_meta`, its `mini_gpt` entry); None for a run from scratch or the resume of one."""
+    if init_from and ckpt_path:
+        raise MiniGPTError(
+            "ckpt_path= resumes a run and init_from= starts a new one from pretrained weights; pass one "
+            "of them (to resume a fine-tuning run, add init_from=null)"
+        )
+    if init_from:
+        source, tokenizer = load_source(str(init_from), bpe_file)
+        config = finetune_model_config(source.config, requested, str(init_from))
+        return FinetunePlan(config, finetune_meta(str(init_from), config, cfg), cfg, source, tokenizer)
+    record = (checkpoint_meta or {}).get("finetune")
+    if isinstance(record, dict):
+        recorded = FinetuneConfig.from_dict(record["config"])
+        if recorded != cfg:
+            theirs, ours = recorded.to_dict(), cfg.to_dict()
+            changed = " ".join(f"finetune.{k}={v}" for k, v in theirs.items() if v != ours[k])
+            raise MiniGPTError(
+                f"ckpt_path={ckpt_path} was trained with {changed}; resume with the same finetune "
+                f"settings (finetune={recorded.method} ...), or start a new run from it with init_from="
+            )
+        assert checkpoint_meta is not None
+        config = GPTConfig.from_dict(dict(checkpoint_meta["model_config"]))
+        return FinetunePlan(config, dict(record), recorded)
+    if cfg.method == "lora" or cfg.freeze_embeddings or cfg.train_last_n_blocks is not None:
+        raise MiniGPTError(
+            "finetune=lora, finetune.freeze_embeddings and finetune.train_last_n_blocks need pretrained "
+            "weights: add init_from=... (a hub name, a model directory or a .ckpt)"
+        )
+    return None
+
+
+def describe(model: GPT, record: Mapping[str, Any]) -> str:
+    """One line for the log: where the weights came from, how they train, trainable / total parameters."""
+    trainable, total = count_parameters(model)
+    method = record["config"]["method"]
+    return (
+        f"fine-tuning ({method}) from {record['init_from']}: {trainable:,} of {total:,} parameters "
+        f"trainable ({100 * trainable / total:.2f}%)"
+    )
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts, shared (tied) tensors counted once."""
+    seen: dict[int, nn.Parameter] = {id(p): p for p in model.parameters()}
+    total = sum(p.numel() for p in seen.values())
+    trainable = sum(p.numel() for p in seen.values() if p.requires_grad)
+    return trainable, total

@@ -1,0 +1,115 @@
+"""Experiment loggers of a training run: built from `cfg.logger`, W&B set up so it never blocks.
+
+W&B runs online only with credentials and a reachable server, else offline (no login prompt) and silent
+(wandb's own banner and footer would only repeat where the files are); runs of one sweep share a group;
+at the end the checkpoint is uploaded if asked and the run is finished (one run per sweep trial),
+printing once how to upload an offline run (`wandb login`, then `wandb sync DIR`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import instantiate
+from lightning.pytorch.loggers import WandbLogger
+
+__all__ = ["build_loggers", "default_wandb_group", "finish_wandb", "sync_hint", "wandb_mode"]
+
+
+def wandb_mode() -> str:
+    """`$WANDB_MODE` if set; else online only with credentials and a reachable server (never a prompt)."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or (
+        netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+    )
+    if not has_key:
+        return "offline"
+    try:
+        socket.create_connection(("api.wandb.ai", 443), timeout=2).close()
+        return "online"
+    except OSError:
+        return "offline"
+
+
+def default_wandb_group(env: Mapping[str, str], sweep_dir: str | None) -> str | None:
+    """W&B group of runs that belong together: a W&B sweep (its agent sets $WANDB_SWEEP_ID) or a Hydra
+    multirun (named after its sweep dir); None for a single run or when $WANDB_RUN_GROUP names one."""
+    if env.get("WANDB_RUN_GROUP"):
+        return None
+    if env.get("WANDB_SWEEP_ID"):
+        return f"sweep-{env['WANDB_SWEEP_ID']}"
+    if sweep_dir:  # .../multiruns/<date>/<time> -> multirun-<date>_<time>
+        return "multirun-" + "_".join(Path(sweep_dir).parts[-2:])
+    return None
+
+
+def build_loggers(logger_cfgs: Mapping[str, Any], trial: tuple[str, int] | None) -> tuple[list[Any], bool]:
+    """Instantiate the `_target_` entries of `cfg.logger` (plain dicts); returns (loggers, log_model).
+
+    `trial` is (sweep dir, job number) inside a Hydra multirun: one W&B run per trial, grouped per sweep.
+    """
+    loggers, log_model = [], False
+    for lcfg in logger_cfgs.values():
+        if lcfg is None:
+            continue
+        lcfg = dict(lcfg)
+        if str(lcfg.get("_target_", "")).endswith("WandbLogger"):
+            log_model = bool(lcfg.pop("log_model", False))  # done by finish_wandb: works offline too
+            mode = wandb_mode()
+            os.environ["WANDB_MODE"] = mode
+            lcfg.update(offline=mode == "offline", log_model=False)
+            if mode == "offline":  # no banner, no footer: finish_wandb prints the one line that matters
+                lcfg["settings"] = {**(lcfg.get("settings") or {}), "silent": True}
+            if lcfg.get("group") is None:
+                lcfg["group"] = default_wandb_group(os.environ, trial[0] if trial else None)
+            if trial and lcfg.get("name") is None:
+                lcfg["name"] = f"trial-{trial[1]}"
+            Path(lcfg["save_dir"]).mkdir(parents=True, exist_ok=True)
+        logger = instantiate(lcfg, _convert_="all")
+        if isinstance(logger, WandbLogger):
+            _drop_anonymous(logger)
+        loggers.append(logger)
+    return loggers, log_model
+
+
+def _drop_anonymous(logger: WandbLogger) -> None:
+    """The one use of a WandbLogger private (checked on Lightning 2.6.6 with wandb 0.31.0). The logger
+    always passes `anonymous` to wandb.init (None when not asked for), and wandb >= 0.19 answers any
+    value with "WARNING The anonymous setting has no effect" on every run; no public argument or
+    setting leaves it out, so it is removed from the arguments the logger will pass."""
+    init_args = getattr(logger, "_wandb_init", None)
+    if isinstance(init_args, dict):
+        init_args.pop("anonymous", None)
+
+
+def finish_wandb(loggers: list[Any], log_model: bool, ckpt_path: str | None) -> None:
+    """Upload the checkpoint as an artifact if asked, close the run, say how to sync an offline run."""
+    if not any(isinstance(logger, WandbLogger) for logger in loggers):
+        return
+    import wandb  # only with a WandbLogger: heavy, and optional
+
+    run = wandb.run
+    if run is None:  # never started (a rank other than 0, or a run that failed before logging)
+        return
+    try:
+        if log_model and ckpt_path and Path(ckpt_path).is_file():
+            artifact = wandb.Artifact(f"model-{run.id}", type="model")
+            artifact.add_file(ckpt_path)
+            run.log_artifact(artifact, aliases=["latest", "best"])
+        offline = run.settings.mode in ("offline", "dryrun")  # WandbLogger(offline=True) says "dryrun"
+        offline_dir = Path(run.dir).parent if offline else None
+    finally:
+        wandb.finish()
+    if offline_dir is not None:
+        print(sync_hint(offline_dir))
+
+
+def sync_hint(offline_dir: Path) -> str:
+    """The one line printed after an offline W&B run: where it is and how to upload it."""
+    return f"W&B run saved offline in {offline_dir}; to upload it: wandb login, then wandb sync {offline_dir}"

@@ -1,0 +1,112 @@
+"""LoRA adapters on our GPT, through `peft` (an optional extra: `pip install -e ".[lora]"`).
+
+LoRA (Hu et al., 2021) leaves a pretrained weight W frozen and learns a low-rank update beside it:
+
+    y = x Wᵀ + (alpha / r) · dropout(x) Aᵀ Bᵀ        A: (r, in), B: (out, r), B starts at zero
+
+so a run starts exactly at the pretrained model and trains r·(in + out) numbers per adapted matrix.
+
+`peft` matches our modules by name: `target_modules` are full module names such as
+`transformer.h.11.attn.c_attn` (peft also accepts suffixes). `add_lora` injects the adapters into the
+GPT in place with peft's low-level `inject_adapter_in_model`: the model stays a `GPT` (same forward,
+same generation code), every other parameter gets `requires_grad=False`, and the state dict holds the
+frozen weight as `<module>.base_layer.weight` beside `<module>.lora_A.default.weight` / `lora_B`.
+`merge_lora` rebuilds such a model from its state dict and folds the update into W
+(`merge_and_unload`), giving a plain GPT whose tied output head is still tied.
+
+Only primitives describe the adapters (`LoraSpec.to_dict()`), so they fit in `weights_only` checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.model.gpt import GPT, GPTConfig
+
+__all__ = ["ADAPTER_KEY", "LoraSpec", "add_lora", "has_lora_weights", "merge_lora"]
+
+ADAPTER_KEY = ".lora_"  # appears in every adapter parameter's name (lora_A / lora_B)
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """Which modules get adapters, and their rank, scale and dropout."""
+
+    target_modules: tuple[str, ...]  # full module names, e.g. "transformer.h.0.attn.c_attn"
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.05
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["target_modules"] = list(self.target_modules)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LoraSpec:
+        try:
+            return cls(**{**d, "target_modules": tuple(d["target_modules"])})
+        except (KeyError, TypeError) as err:
+            raise MiniGPTError(f"invalid LoRA description in checkpoint ({err})") from None
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError:
+        raise MiniGPTError(
+            'finetune=lora needs peft: pip install -e ".[lora]" (or pip install peft)'
+        ) from None
+    return peft
+
+
+def _peft_config(spec: LoraSpec) -> Any:
+    return _peft().LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
+        target_modules=list(spec.target_modules),
+        bias="none",
+    )
+
+
+def add_lora(model: GPT, spec: LoraSpec) -> GPT:
+    """Inject adapters into `model` in place (everything else frozen) and return it."""
+    names = {name for name, _ in model.named_modules()}
+    unknown = sorted(set(spec.target_modules) - names)
+    if unknown:
+        raise MiniGPTError(f"LoRA target module(s) {unknown[:3]} do not exist in this model")
+    return _peft().inject_adapter_in_model(_peft_config(spec), model)
+
+
+def has_lora_weights(state_dict: dict[str, Any]) -> bool:
+    return any(ADAPTER_KEY in key for key in state_dict)
+
+
+def merge_lora(config: GPTConfig, spec: LoraSpec, state_dict: dict[str, torch.Tensor]) -> GPT:
+    """A plain GPT from the state dict of a LoRA-adapted one: W + (alpha / r) B A in every target."""
+    peft = _peft()
+    wrapped = peft.get_peft_model(GPT(config), _peft_config(spec))
+    inner = wrapped.base_model.model  # the GPT, now holding the adapters (same keys as add_lora's)
+    if config.tie_weights:
+        state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
+    try:
+        missing, unexpected = inner.load_state_dict(state_dict, strict=False)
+    except RuntimeError as err:  # a size mismatch (e.g. another rank)
+        lines = [line.strip() for line in str(err).splitlines() if "size mismatch" in line]
+        raise MiniGPTError(f"LoRA weights do not match the recorded adapters ({lines[:1]})") from None
+    missing = [k for k in missing if not (config.tie_weights and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise MiniGPTError(
+            f"LoRA weights do not match the recorded adapters (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]})"
+        )
+    merged = wrapped.merge_and_unload()
+    for p in merged.parameters():
+        p.requires_grad_(True)
+    return merged

@@ -1,0 +1,266 @@
+"""The LightningModule: next-token cross-entropy on a GPT, AdamW/Muon, a per-step LR schedule.
+
+The GPT lives at `self.model` so checkpoint keys are `model.<...>` (SPEC); with `compile=True` a
+compiled wrapper runs the forward passes but the uncompiled module still owns the weights, so no
+`_orig_mod.` keys appear. `on_save_checkpoint` adds `checkpoint["mini_gpt"]` (model config and
+tokenizer as primitives): a checkpoint alone rebuilds model + tokenizer (mini_gpt.interop.checkpoint).
+
+The hot loop does no host-device syncs: scalars are read (`.item()`) only every
+`trainer.log_every_n_steps` optimizer steps, and then written straight to the loggers and to
+`self.stats` (a `RunStats`: the loss curve of the fit, which the progress bar, the summary callback and
+`train()`'s result read). Validation sums token losses on the device and syncs once per evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
+from torch import Tensor
+
+from mini_gpt.interop.checkpoint import check_resume, metadata
+from mini_gpt.model.gpt import GPT, GPTConfig
+from mini_gpt.train.optim import OptimConfig, build_optimizer, build_scheduler
+
+
+@dataclass
+class RunStats:
+    """The loss curve of one fit as host-side python numbers (reading them never syncs).
+
+    Contract: `GPTLitModule` is the only writer, at its log steps and evaluations; everyone else (the
+    progress bar, RunSummary, `train()`'s result, tests) only reads. Callbacks measure their own numbers
+    and keep them (tokens/s and MFU: the Throughput callback), never in here.
+    """
+
+    latest: dict[str, float] = field(default_factory=dict)  # last logged scalars + val_loss (the bar)
+    train_history: list[tuple[int, float]] = field(default_factory=list)  # (step, train loss), log steps
+    val_history: list[tuple[int, float, float]] = field(default_factory=list)  # (step, unix time, val loss)
+    start_step: int = 0  # global_step when this fit started (> 0 after a resume)
+
+
+class GPTLitModule(L.LightningModule):
+    def __init__(
+        self,
+        model_config: GPTConfig,
+        optim: OptimConfig,
+        tokenizer: Any = None,
+        max_steps: int | None = None,
+        compile: bool = False,
+        model: GPT | None = None,
+        finetune: dict[str, Any] | None = None,
+        tokens_per_step: int = 0,
+        run_config: dict[str, Any] | None = None,
+        run_overrides: list[str] | None = None,
+    ) -> None:
+        """`model`: a prepared GPT of `model_config` (pretrained weights, frozen parts or LoRA adapters;
+        mini_gpt.train.finetune) instead of a freshly initialised one; `finetune` (primitives) says how it was
+        prepared and goes into every checkpoint, so resume and loading can rebuild it. `tokens_per_step`:
+        over all devices (the batch layout; 0 = unknown), for the token counts of checkpoints and
+        summary.json. `run_config`: the run's whole config (plain, unresolved), saved into checkpoints so
+        a resume can restore it; `run_overrides`: the overrides that composed it (Hydra runs)."""
+        super().__init__()
+        self.model_config = model_config
+        self.optim_config = optim
+        self.tokenizer = tokenizer  # anything with to_dict(); saved into checkpoints
+        self.max_steps = max_steps
+        self.compile = compile
+        self.model = model if model is not None else GPT(model_config)
+        self.finetune = finetune
+        self._compiled: Any = None  # plain attribute, not a submodule: keeps state_dict keys clean
+        self.tokens_per_step = tokens_per_step
+        self.run_config = run_config
+        self.run_overrides = run_overrides
+        self.stats = RunStats()
+        self._grad_norm: Tensor | None = None
+        self._pending_step = -1
+        self._pending_loss: Tensor | None = None
+        self._pending_n = 0
+        self._nonfinite: Tensor | None = None
+        self._pending_lr = 0.0
+        self._prebuilt_optimizer: torch.optim.Optimizer | None = None  # FSDP: see setup()
+        self._val_sum: Tensor | None = None
+        self._val_count: Tensor | None = None
+        self._resume_rng: dict[str, Tensor] | None = None  # applied at the first batch after a resume
+
+    # ---- forward / loss -------------------------------------------------------------------------
+    @property
+    def net(self) -> torch.nn.Module:
+        """The module that runs forward passes: compiled wrapper if enabled, else the GPT itself."""
+        if self.compile and self._compiled is None:
+            # object.__setattr__: nn.Module would register it as a submodule (`_compiled._orig_mod.*` keys)
+            object.__setattr__(self, "_compiled", torch.compile(self.model))
+        return self._compiled if self.compile else self.model
+
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.net(idx)
+
+    def loss(self, x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+        return self.net(x, targets=y, reduction=reduction)  # never all (B, T, V) logits at once
+
+    def _logs_step(self, step: int) -> bool:
+        """True for optimizer steps (1-based count) whose scalars are logged: the only ones that sync."""
+        return step % max(1, self.trainer.log_every_n_steps) == 0
+
+    def saw_nonfinite_loss(self) -> bool:
+        """Whether any training loss so far was NaN/inf (syncs with the device)."""
+        return self._nonfinite is not None and bool(self._nonfinite)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = self.loss(x, y)
+        # Sticky on-device flag for the NaN guard: one tiny op, no sync (read at log/checkpoint time).
+        bad = ~torch.isfinite(loss.detach())
+        self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
+        step = self.global_step + 1  # the optimizer step this micro-batch contributes to
+        if self._logs_step(step):  # keep the (micro-batch mean) loss on the device until the step ends
+            if self._pending_step != step:
+                self._pending_step, self._pending_loss, self._pending_n = step, loss.detach(), 1
+                # the lr this step uses (a python float; the scheduler steps before on_train_batch_end)
+                self._pending_lr = self.optimizers().param_groups[0]["lr"]
+            else:
+                self._pending_loss = self._pending_loss + loss.detach()
+                self._pending_n += 1
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._pending_step != self.global_step or self._pending_loss is None:
+            return  # not a log step, or still accumulating micro-batches of it
+        step = self.global_step
+        loss = self._pending_loss.item() / self._pending_n  # the one sync per log interval
+        self._pending_loss = None
+        self.stats.train_history.append((step, loss))
+        metrics = {"train/loss": loss, "lr": self._pending_lr}
+        if self._grad_norm is not None:
+            metrics["grad_norm"] = float(self._grad_norm)
+            self._grad_norm = None
+        # python floats straight to the loggers (rank 0 inside each) and the bar: no Lightning bookkeeping
+        self.stats.latest.update(metrics)
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def on_train_start(self) -> None:
+        self.stats.start_step = self.global_step
+
+    # ---- gradients --------------------------------------------------------------------------------
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip like Lightning does, but keep the total norm clip_grad_norm_ returns (no extra pass)."""
+        strategy = self.trainer.strategy
+        if isinstance(strategy, FSDPStrategy) and gradient_clip_val and gradient_clip_algorithm != "value":
+            # Lightning refuses norm clipping under FSDP; the root FSDP module computes the norm over
+            # all shards (clip_grad_norm_ on the local shards alone would be wrong).
+            norm = strategy.model.clip_grad_norm_(gradient_clip_val)
+            if self._logs_step(self.global_step + 1):
+                self._grad_norm = norm.detach()
+            return
+        if not isinstance(strategy, SingleDeviceStrategy | DDPStrategy):
+            # sharded strategies (FSDP, DeepSpeed) compute norms over shards: use theirs
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if gradient_clip_val and (gradient_clip_algorithm or "norm") == "norm":
+            norm = torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=True)
+            if self._logs_step(self.global_step + 1):
+                self._grad_norm = norm.detach()
+            return
+        if self._logs_step(self.global_step + 1):  # no clipping: measure the norm on log steps only
+            norms = torch._foreach_norm([p.grad for p in params])
+            self._grad_norm = torch.linalg.vector_norm(torch.stack(norms))
+        if gradient_clip_val:  # "value"
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    # ---- validation -------------------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self._val_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        self._val_count = torch.zeros((), device=self.device, dtype=torch.float64)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch
+        loss_sum = self.loss(x, y, reduction="sum")
+        self._val_sum += loss_sum.double()
+        self._val_count += y.numel()
+
+    def on_validation_epoch_end(self) -> None:
+        assert self._val_sum is not None and self._val_count is not None
+        total = self.trainer.strategy.reduce(self._val_sum, reduce_op="sum")
+        count = self.trainer.strategy.reduce(self._val_count, reduce_op="sum")
+        val_loss = (total / count.clamp(min=1)).item()  # mean over every token of every window
+        if self.trainer.sanity_checking:
+            return
+        ppl = math.exp(min(val_loss, 50.0))
+        # self.log so ModelCheckpoint(monitor="val/loss") and train.py's return value see it, but not
+        # to the loggers: during validation Lightning would stamp them one step behind train/loss.
+        self.log("val/loss", val_loss, prog_bar=False, sync_dist=False, logger=False)
+        self.log("val/ppl", ppl, prog_bar=False, sync_dist=False, logger=False)
+        for logger in self.loggers:  # rank-zero only inside each logger
+            logger.log_metrics({"val/loss": val_loss, "val/ppl": ppl}, step=self.global_step)
+        self.stats.val_history.append((self.global_step, time.time(), val_loss))
+        self.stats.latest["val_loss"] = val_loss
+
+    # ---- optimizers -------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and isinstance(self.trainer.strategy, FSDPStrategy):
+            # FSDP (use_orig_params) keeps these Parameter objects but turns them into flat 1-D shard views
+            # when it wraps the model, after this hook and before configure_optimizers; param groups are
+            # chosen by shape (2-D weights decay), so build the optimizer now, while the shapes are real.
+            self._prebuilt_optimizer = build_optimizer(self.model, self.optim_config)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        max_steps = self.max_steps
+        if max_steps is None:
+            max_steps = self.trainer.max_steps
+        optimizer = self._prebuilt_optimizer or build_optimizer(self.model, self.optim_config)
+        scheduler = build_scheduler(optimizer, self.optim_config, max_steps or -1)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["mini_gpt"] = {
+            **metadata(self.model, self.tokenizer),  # what mini_gpt.interop.checkpoint.load_model reads
+            "optim_config": {
+                k: list(v) if isinstance(v, tuple) else v
+                for k, v in dataclasses.asdict(self.optim_config).items()
+            },
+            # tokens trained on so far (as summary.json counts them); evaluation reports it beside the step
+            "tokens": self.global_step * self.tokens_per_step if self.tokens_per_step else None,
+        }
+        if self.run_config is not None:
+            checkpoint["run_config"] = self.run_config  # read by mini_gpt.train.resume
+            checkpoint["run_overrides"] = self.run_overrides
+        if self.finetune is not None:
+            checkpoint["mini_gpt"]["finetune"] = self.finetune
+        # Dropout draws from the global generator; saving it makes resumed runs match exactly.
+        checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and self.device.type == "cuda":
+            checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state(self.device)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning calls this before it loads any state: refuse a checkpoint of another model or
+        # tokenizer here, in one line, instead of a size-mismatch traceback (or silent nonsense).
+        if self.tokenizer is not None:
+            source = self._trainer.ckpt_path if self._trainer is not None else "checkpoint"
+            check_resume(checkpoint, dataclasses.asdict(self.model_config), self.tokenizer, source)
+        # Restored at the first training batch, not now: between here and that batch Lightning builds
+        # the sanity-check and train DataLoader iterators, and each draws its base seed from the global
+        # generator, which the uninterrupted run did not do at this point (its dropout masks would differ).
+        self._resume_rng = checkpoint.get("rng_state") or None
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        rng, self._resume_rng = self._resume_rng, None
+        if rng:
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"], self.device)

@@ -1,0 +1,252 @@
+"""Optimizers and the learning-rate schedule.
+
+Parameter groups. Weight decay pulls weights towards zero; that regularises the matrices that mix
+features (every 2-D weight a Linear multiplies by) but only hurts parameters that set a scale or an
+offset (biases, norm gains) and the embedding tables (a rare token's row would decay towards zero
+between the few steps that update it). So by default only 2-D matmul weights decay; embeddings can
+opt in with `decay_embeddings=True`.
+
+Muon (`name="muon"`) orthogonalises the momentum of each 2-D *hidden* matrix (attention and MLP
+weights in the blocks). It is not meant for embeddings, the output head or 1-D parameters, which stay
+with AdamW -- the split modern speed runs use. Lightning's automatic optimisation wants one optimizer,
+so `CombinedOptimizer` presents AdamW + Muon as one `torch.optim.Optimizer` with one state dict.
+
+The schedule is a pure function `lr_at(step, ...)`: linear warmup, then cosine (or linear) decay to
+`min_lr_ratio` times the peak, or constant. The floor is a ratio, not an absolute lr, so any peak lr
+(a sweep's draw, a command-line override) gives a valid schedule. `LambdaLR` applies it as a
+multiplier of each group's base lr, stepped once per optimizer step (Lightning `interval: "step"`),
+so Muon's larger base lr follows the same shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from mini_gpt.conf.schema import checked_config
+from mini_gpt.errors import MiniGPTError
+
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"  # adamw | muon (Muon for hidden 2-D matrices, AdamW for the rest)
+    lr: float = 1e-3  # peak AdamW learning rate
+    min_lr_ratio: float = 0.1  # the decay ends at min_lr_ratio * lr (for Muon: * muon_lr)
+    weight_decay: float = 0.1  # applied to 2-D matmul weights only (see decay_embeddings)
+    betas: tuple[float, float] = (0.9, 0.99)
+    eps: float = 1e-8
+    decay_embeddings: bool = False  # also decay token/position embeddings (and a tied head)
+    fused: bool | None = None  # None: fused AdamW where supported, else foreach
+    schedule: str = "cosine"  # cosine | linear | constant
+    warmup_steps: int = 100
+    decay_steps: int | None = None  # step where the decay reaches its floor; None = trainer.max_steps
+    muon_lr: float = 0.02  # Muon's peak learning rate (its updates are orthogonalised, scale differs)
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 5  # Newton-Schulz iterations
+    muon_adjust_lr_fn: str | None = None  # None/"original": lr*sqrt(max(1,A/B)); "match_rms_adamw"
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise MiniGPTError(f"optim.name={self.name!r} must be one of {OPTIMIZERS}")
+        if self.schedule not in SCHEDULES:
+            raise MiniGPTError(f"optim.schedule={self.schedule!r} must be one of {SCHEDULES}")
+        for key in ("lr", "muon_lr"):
+            if not getattr(self, key) > 0:
+                raise MiniGPTError(f"optim.{key}={getattr(self, key)} must be > 0")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise MiniGPTError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1] (floor / peak lr)")
+        if self.weight_decay < 0 or self.muon_weight_decay < 0:
+            raise MiniGPTError("optim.weight_decay and optim.muon_weight_decay must be >= 0")
+        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]  # YAML gives a list
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise MiniGPTError(f"optim.betas={list(self.betas)} must be two numbers in [0, 1)")
+        if self.warmup_steps < 0:
+            raise MiniGPTError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
+        if self.decay_steps is not None and self.decay_steps < 1:
+            raise MiniGPTError(f"optim.decay_steps={self.decay_steps} must be >= 1 (or null)")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OptimConfig:
+        if "min_lr" in d:
+            raise MiniGPTError(
+                "optim.min_lr was replaced by optim.min_lr_ratio, the floor as a fraction of the peak lr "
+                "(min_lr / lr, e.g. 0.1)"
+            )
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            name = d.get("name", "adamw")
+            where = f"conf/optim/{name}.yaml" + (
+                " (and adamw.yaml, which it extends)" if name != "adamw" else ""
+            )
+            raise MiniGPTError(f"optim: unknown key(s) {sorted(unknown)}; the keys are listed in {where}")
+        return checked_config(cls, d, "optim")
+
+
+def lr_at(
+    step: int,
+    lr: float,
+    min_lr: float,
+    warmup_steps: int,
+    decay_steps: int,
+    schedule: str = "cosine",
+) -> float:
+    """Learning rate for optimizer step `step` (0-based: the lr the first update uses is lr_at(0)).
+
+    Warmup rises linearly to `lr` at step `warmup_steps` (first step lr/warmup_steps, never 0);
+    then cosine or linear decay reaches `min_lr` at `decay_steps` and stays there. `constant` keeps
+    `lr` after the warmup.
+    """
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    if schedule == "constant":
+        return lr
+    if step >= decay_steps:
+        return min_lr
+    progress = (step - warmup_steps) / max(1, decay_steps - warmup_steps)  # 0 -> 1
+    if schedule == "cosine":
+        coeff = 0.5 * (1.0 + math.cos(math.pi * progress))  # 1 -> 0
+    elif schedule == "linear":
+        coeff = 1.0 - progress
+    else:
+        raise MiniGPTError(f"unknown lr schedule {schedule!r}; choose one of {SCHEDULES}")
+    return min_lr + coeff * (lr - min_lr)
+
+
+def lr_multiplier(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
+    """lr_at(step) / lr: the factor LambdaLR applies to every group's base lr (so Muon's too)."""
+    decay_steps = cfg.decay_steps or max_steps
+    if decay_steps is None or decay_steps < 1:
+        raise MiniGPTError("optim.decay_steps is null and trainer.max_steps is not set; set one of them")
+
+    def factor(step: int) -> float:
+        return lr_at(step, 1.0, cfg.min_lr_ratio, cfg.warmup_steps, decay_steps, cfg.schedule)
+
+    return factor
+
+
+def _is_embedding_weight(module: nn.Module) -> bool:
+    return isinstance(module, nn.Embedding)
+
+
+def param_groups(
+    model: nn.Module, weight_decay: float, decay_embeddings: bool = False, split_muon: bool = False
+) -> dict[str, list[tuple[str, nn.Parameter]]]:
+    """Named parameters sorted into groups: "decay", "no_decay" and, with split_muon, "muon".
+
+    decay: 2-D weights of Linear layers (and embedding tables when decay_embeddings).
+    no_decay: biases, norm weights, embeddings (unless decay_embeddings).
+    muon: with split_muon, the 2-D Linear weights inside the transformer blocks (`transformer.h`),
+    taken out of "decay"; the output head and embeddings stay with AdamW. Tied parameters appear once.
+    """
+    embedding_params = {
+        id(p) for m in model.modules() if _is_embedding_weight(m) for p in m.parameters(recurse=False)
+    }
+    groups: dict[str, list[tuple[str, nn.Parameter]]] = {"decay": [], "no_decay": [], "muon": []}
+    seen: set[int] = set()
+    for name, p in model.named_parameters():  # shared (tied) tensors are listed once
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        is_embedding = id(p) in embedding_params
+        if split_muon and p.ndim == 2 and not is_embedding and ".h." in f".{name}":
+            groups["muon"].append((name, p))
+        elif p.ndim >= 2 and weight_decay > 0 and (decay_embeddings or not is_embedding):
+            groups["decay"].append((name, p))
+        else:
+            groups["no_decay"].append((name, p))
+    return groups
+
+
+class CombinedOptimizer(torch.optim.Optimizer):
+    """Several optimizers over disjoint parameters, presented as one.
+
+    All param groups live here (so LR schedulers, gradient clipping and checkpoints see every group),
+    and the children share those group dicts and this object's `state`; `step` evaluates the
+    closure once and steps every child.
+    """
+
+    def __init__(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
+        self.optimizers = list(optimizers)
+        groups = [g for opt in self.optimizers for g in opt.param_groups]
+        self._sizes = [len(opt.param_groups) for opt in self.optimizers]
+        super().__init__(groups, defaults={})
+        self._link()
+
+    def _link(self) -> None:
+        i = 0
+        for opt, n in zip(self.optimizers, self._sizes):
+            opt.param_groups = self.param_groups[i : i + n]
+            opt.state = self.state
+            i += n
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)  # replaces self.state and the group dicts
+        self._link()
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for opt in self.optimizers:
+            opt.step()
+        return loss
+
+    def __repr__(self) -> str:
+        return "CombinedOptimizer(" + ", ".join(type(o).__name__ for o in self.optimizers) + ")"
+
+
+def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig, device_type: str) -> torch.optim.AdamW:
+    kwargs: dict[str, Any] = dict(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    fused = cfg.fused
+    if fused is None:  # fused kernels exist for CUDA and (torch >= 2.4) CPU; foreach otherwise
+        fused = device_type in ("cuda", "cpu")
+    if fused:
+        kwargs["fused"] = True
+    else:
+        kwargs["foreach"] = True
+    return torch.optim.AdamW(groups, **kwargs)
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW over decay/no-decay groups, or AdamW + Muon (hidden matrices) as one CombinedOptimizer."""
+    device_type = next(model.parameters()).device.type
+    use_muon = cfg.name == "muon"
+    if use_muon and not hasattr(torch.optim, "Muon"):
+        raise MiniGPTError("optim.name=muon needs torch>=2.9 (torch.optim.Muon); use optim=adamw")
+    named = param_groups(model, cfg.weight_decay, cfg.decay_embeddings, split_muon=use_muon)
+    adam_groups = [
+        {"params": [p for _, p in named["decay"]], "weight_decay": cfg.weight_decay, "group": "decay"},
+        {"params": [p for _, p in named["no_decay"]], "weight_decay": 0.0, "group": "no_decay"},
+    ]
+    adam_groups = [g for g in adam_groups if g["params"]]
+    adamw = _adamw(adam_groups, cfg, device_type)
+    if not use_muon:
+        return adamw
+    muon = torch.optim.Muon(
+        [{"params": [p for _, p in named["muon"]], "group": "muon"}],
+        lr=cfg.muon_lr,
+        weight_decay=cfg.muon_weight_decay,
+        momentum=cfg.muon_momentum,
+        nesterov=cfg.muon_nesterov,
+        ns_steps=cfg.muon_ns_steps,
+        adjust_lr_fn=cfg.muon_adjust_lr_fn,
+    )
+    return CombinedOptimizer([adamw, muon])
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> Any:
+    """LambdaLR with the schedule as a multiplier; Lightning must step it per optimizer step."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(cfg, max_steps))

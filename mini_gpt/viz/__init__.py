@@ -1,0 +1,1 @@
+"""Pictures: attention maps and loss curves (matplotlib, Agg)."""

@@ -1,0 +1,374 @@
+"""Look at what the heads attend to: per-head heatmaps and a per-layer summary.
+
+    python -m mini_gpt.attention_maps ckpt=out/last.ckpt prompt="ROMEO:" layer=all head=all out=attn.png
+    python -m mini_gpt.attention_maps ckpt=... prompt="..." view=summary out=summary.png
+    python -m mini_gpt.attention_maps ckpt=... prompt="..." layer=[0,2] head=1 view=both out=attn.png
+    python -m mini_gpt.attention_maps ckpt=... prompt=@speech.txt layer=2 out=layer2.png  # prompt from a file
+
+`prompt=` takes any text, commas included (no Hydra quoting needed). A prompt longer than the window
+keeps its last `max_tokens` (default block_size) tokens, and the titles quote that kept window. The
+grid is capped at MAX_FIGURE_INCHES a side: with many layers x heads the panels shrink and the tool
+prints how to zoom in on one layer (`layer=N`) or one panel (`layer=N head=M`).
+
+The weights come from the exact attention path (`model(idx, return_attention=True)`), in eval mode
+(no dropout): row t of a panel is the distribution query token t puts over the keys s <= t.
+
+The summary condenses each head to two numbers, averaged over query positions:
+- entropy (nats): -sum_s p_ts log p_ts. 0 = every query looks at exactly one token; a head that
+  spreads uniformly over its t+1 visible keys gets log(t+1) (drawn as a dashed reference line);
+- mean distance (tokens): sum_s p_ts (t - s). 0 = attends to itself; "previous token" heads give ~1;
+  uniform attention gives t/2 on average.
+
+Library functions return the matplotlib Figure and the arrays they drew, so callers (the training
+callback, tests) can log or check exactly what is on the picture. Only matplotlib (Agg) and torch are
+imported here: no Lightning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: never needs a display
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.colors import PowerNorm
+from matplotlib.figure import Figure
+
+from mini_gpt.errors import MiniGPTError
+
+if TYPE_CHECKING:
+    from mini_gpt.model.gpt import GPT
+
+__all__ = [
+    "attention_maps",
+    "attention_stats",
+    "attention_summary",
+    "compute_attention",
+    "parse_selection",
+    "save_figure",
+    "token_label",
+    "update_attention_maps",
+    "update_attention_summary",
+]
+
+# Visible stand-ins for characters a tick label would otherwise swallow.
+_ESCAPES = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+Attention = tuple[list[int], list[str], list[np.ndarray]]  # compute_attention(): ids, labels, weights
+MAX_TICK_LABELS = 64  # more than this and labels overlap: label every k-th token instead
+MAX_FIGURE_INCHES = 20.0  # per side: 2400 px at the default 120 dpi
+MIN_TICK_FONT = 4.0  # points; below this, label every k-th token instead of shrinking further
+
+
+# ---- tokens and selections ------------------------------------------------------------------------
+def token_label(text: str) -> str:
+    """A tick label for one token: spaces as '␣', newlines/tabs as '\\n'/'\\t', other controls as \\xNN."""
+    out = []
+    for ch in text:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif not ch.isprintable():
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(ch)
+    return "".join(out) or "∅"
+
+
+def _token_text(tokenizer: Any, token_id: int) -> str:
+    # A BPE token can be part of a UTF-8 character; its own bytes (\xNN for the partial ones) read
+    # better than the replacement character decode() would give.
+    encoding = getattr(tokenizer, "encoding", None)
+    if encoding is not None and hasattr(encoding, "decode_single_token_bytes"):
+        return encoding.decode_single_token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+    return tokenizer.decode([token_id])
+
+
+def parse_selection(value: Any, n: int, name: str) -> list[int]:
+    """Which of n layers/heads: "all"/None, an int, "2", "0,3", or a list of ints (negatives count back)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
+        return list(range(n))
+    if isinstance(value, str):
+        items: list[Any] = [v for v in value.strip("[] ").split(",") if v.strip()]
+    elif isinstance(value, Sequence) or hasattr(value, "__iter__"):
+        items = list(value)
+    else:
+        items = [value]
+    if not items:
+        raise MiniGPTError(f"{name}= selects nothing; use an index, a list like [0,1] or all")
+    picked: list[int] = []
+    for item in items:
+        try:
+            if isinstance(item, bool) or float(item) != int(float(item)):
+                raise ValueError
+            i = int(float(item))
+        except (TypeError, ValueError):
+            raise MiniGPTError(f"{name}={value!r} is not an index, a list of indices or 'all'") from None
+        if not -n <= i < n:
+            raise MiniGPTError(f"{name}={i} is out of range: the model has {n} (valid 0..{n - 1} or all)")
+        i %= n
+        if i not in picked:
+            picked.append(i)
+    return picked
+
+
+# ---- the numbers ----------------------------------------------------------------------------------
+@torch.no_grad()
+def compute_attention(
+    model: GPT, tokenizer: Any, prompt: str, max_tokens: int | None = None
+) -> tuple[list[int], list[str], list[np.ndarray]]:
+    """(token ids, tick labels, per-layer weights as float64 arrays (n_head, T, T)) for one prompt.
+
+    The prompt is cut to its last `max_tokens` (default block_size) tokens. The model is run in eval
+    mode on its own device and put back in the mode it was in.
+    """
+    if not prompt:
+        raise MiniGPTError('prompt is empty; pass prompt="some text" to look at')
+    ids = tokenizer.encode(prompt)  # CharTokenizer raises MiniGPTError naming unknown characters
+    if not ids:
+        raise MiniGPTError(f"prompt {prompt!r} encodes to no tokens; use a longer prompt")
+    limit = min(max_tokens or model.config.block_size, model.config.block_size)
+    ids = ids[-limit:]
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        _, atts = model(torch.tensor([ids], dtype=torch.long, device=device), return_attention=True)
+    finally:
+        model.train(was_training)
+    weights = [a[0].detach().to("cpu", torch.float64).numpy() for a in atts]  # (n_head, T, T) each
+    labels = [token_label(_token_text(tokenizer, i)) for i in ids]
+    return ids, labels, weights
+
+
+def attention_stats(att: np.ndarray | torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Mean entropy (nats) and mean attention distance (tokens) per head of weights (n_head, T, S).
+
+    Averages over the T query rows; query t sits at absolute position S - T + t (the last T of S),
+    so the distance of key s is (S - T + t) - s. Zero weights contribute 0 to the entropy.
+    """
+    a = np.asarray(att, dtype=np.float64)
+    if a.ndim == 2:
+        a = a[None]
+    _, T, S = a.shape
+    with np.errstate(divide="ignore", invalid="ignore"):
+        plogp = np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0)), 0.0)
+    entropy = -plogp.sum(-1).mean(-1)  # (n_head,)
+    dist = (np.arange(T)[:, None] + (S - T)) - np.arange(S)[None, :]  # (T, S)
+    distance = (a * dist).sum(-1).mean(-1)  # (n_head,)
+    return entropy, distance
+
+
+def uniform_reference(T: int) -> tuple[float, float]:
+    """Entropy and distance of causal attention spread evenly over the visible keys (the baselines)."""
+    t = np.arange(T)
+    return float(np.log(t + 1).mean()), float((t / 2).mean())
+
+
+# ---- figures --------------------------------------------------------------------------------------
+def _tick_step(T: int) -> int:
+    return max(1, math.ceil(T / MAX_TICK_LABELS))
+
+
+def attention_maps(
+    model: GPT,
+    tokenizer: Any,
+    prompt: str,
+    layers: Any = "all",
+    heads: Any = "all",
+    max_tokens: int | None = None,
+    attention: Attention | None = None,
+    max_inches: float | None = None,
+) -> tuple[Figure, dict[str, Any]]:
+    """A grid of heatmaps, one row per selected layer and one column per selected head.
+
+    `attention` (from `compute_attention`) saves the forward pass when the caller has run it already;
+    `max_inches` caps the figure's sides (default MAX_FIGURE_INCHES).
+    Returns (figure, data) with data = {"tokens": tick labels, "ids", "layers", "heads",
+    "weights": {(layer, head): (T, T) array drawn in that panel}, "axes": {(layer, head): Axes},
+    "images": {(layer, head): AxesImage}, "title", "shrunk"}; `update_attention_maps` redraws it.
+    """
+    ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
+    cfg = model.config
+    layer_idx = parse_selection(layers, cfg.n_layer, "layer")
+    head_idx = parse_selection(heads, cfg.n_head, "head")
+    T = len(ids)
+    nrows, ncols = len(layer_idx), len(head_idx)
+    # Panels grow with the prompt so every label stays legible, but the whole grid stays within
+    # MAX_FIGURE_INCHES a side: many layers x heads get small panels (zoom in with layer=/head=).
+    wanted = min(12.0, max(2.6, 0.16 * T + 1.0))
+    cap = max_inches or MAX_FIGURE_INCHES
+    panel = min(wanted, (cap - 1.2) / ncols, (cap - 0.6) / nrows)
+    step = _tick_step(T)
+    while step < T and (panel - 1.0) / T * step * 72 * 0.75 < MIN_TICK_FONT:
+        step += 1  # too little room per label: label fewer tokens
+    font = max(MIN_TICK_FONT, min(9.0, (panel - 1.0) / T * step * 72 * 0.75))
+    fig = plt.figure(figsize=(panel * ncols + 1.2, panel * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    ticks = list(range(0, T, step))
+    data: dict[str, Any] = {
+        "shrunk": panel < wanted,  # the cap made panels smaller than the prompt asks for
+        "tokens": labels,
+        "ids": ids,
+        "layers": layer_idx,
+        "heads": head_idx,
+        "weights": {},
+        "axes": {},
+        "images": {},
+    }
+    # Square-root colour scale: diffuse heads (weights ~1/t) stay visible next to sharp ones; the
+    # plotted array is still the raw weights.
+    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
+    image = None
+    for r, layer in enumerate(layer_idx):
+        for c, head in enumerate(head_idx):
+            ax = axes[r][c]
+            w = weights[layer][head]
+            image = ax.imshow(w, norm=norm, cmap="viridis", interpolation="nearest", aspect="equal")
+            ax.set_title(f"layer {layer} · head {head}", fontsize=9)
+            # Token ticks on the outer panels only (keys under the bottom row, queries left of the first
+            # column): the panels share both axes, and every tick and label costs drawing time.
+            bottom, left = r == nrows - 1, c == 0
+            ax.set_xticks(
+                ticks if bottom else [],
+                [labels[i] for i in ticks] if bottom else [],
+                rotation=90,
+                fontsize=font,
+            )
+            ax.set_yticks(ticks if left else [], [labels[i] for i in ticks] if left else [], fontsize=font)
+            if r == nrows - 1:
+                ax.set_xlabel("key (attended to)", fontsize=8)
+            if c == 0:
+                ax.set_ylabel("query", fontsize=8)
+            data["weights"][(layer, head)] = w
+            data["axes"][(layer, head)] = ax
+            data["images"][(layer, head)] = image
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    data["title"] = f"attention weights for {window_title(tokenizer, prompt, ids)}"
+    fig.suptitle(data["title"], fontsize=10)
+    return fig, data
+
+
+def update_attention_maps(data: dict[str, Any], weights: list[np.ndarray]) -> None:
+    """Put new weights (same prompt, e.g. later in training) into the panels of `attention_maps`."""
+    for (layer, head), image in data["images"].items():
+        w = weights[layer][head]
+        image.set_data(w)
+        data["weights"][(layer, head)] = w
+
+
+def attention_summary(
+    model: GPT,
+    tokenizer: Any,
+    prompt: str,
+    layers: Any = "all",
+    max_tokens: int | None = None,
+    attention: Attention | None = None,
+) -> tuple[Figure, dict[str, Any]]:
+    """Per layer, one bar per head: mean attention entropy (left) and mean attention distance (right).
+
+    Returns (figure, data) with data = {"layers", "entropy": (L, n_head), "distance": (L, n_head),
+    "uniform_entropy", "uniform_distance", "tokens", "axes": (entropy Axes, distance Axes),
+    "bars": {"entropy"|"distance": [BarContainer per head]}} -- bar heights equal the arrays.
+    """
+    ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
+    layer_idx = parse_selection(layers, model.config.n_layer, "layer")
+    n_head = model.config.n_head
+    stats = [attention_stats(weights[layer]) for layer in layer_idx]
+    entropy = np.stack([s[0] for s in stats])  # (L, n_head)
+    distance = np.stack([s[1] for s in stats])
+    u_ent, u_dist = uniform_reference(len(ids))
+
+    fig, (ax_e, ax_d) = plt.subplots(
+        1, 2, figsize=(max(8.0, 1.0 + 0.35 * len(layer_idx) * n_head * 2), 3.8), layout="constrained"
+    )
+    x = np.arange(len(layer_idx))
+    width = 0.8 / n_head
+    bars: dict[str, list[Any]] = {"entropy": [], "distance": []}
+    cmap = plt.get_cmap("tab10" if n_head <= 10 else "tab20")
+    for h in range(n_head):
+        offset = (h - (n_head - 1) / 2) * width
+        color = cmap(h % cmap.N)
+        bars["entropy"].append(ax_e.bar(x + offset, entropy[:, h], width, color=color, label=f"head {h}"))
+        bars["distance"].append(ax_d.bar(x + offset, distance[:, h], width, color=color, label=f"head {h}"))
+    ax_e.axhline(u_ent, ls="--", c="gray", lw=1, label="uniform")
+    ax_d.axhline(u_dist, ls="--", c="gray", lw=1, label="uniform")
+    for ax, title, unit in (
+        (ax_e, "attention entropy", "nats (0 = one token)"),
+        (ax_d, "mean attention distance", "tokens back"),
+    ):
+        ax.set_xticks(x, [f"layer {i}" for i in layer_idx])
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(unit)
+    ax_d.legend(fontsize=7, ncols=max(1, n_head // 6), loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    title = f"per-head summary for {window_title(tokenizer, prompt, ids)}"
+    fig.suptitle(title, fontsize=10)
+    data = {
+        "title": title,
+        "layers": layer_idx,
+        "entropy": entropy,
+        "distance": distance,
+        "uniform_entropy": u_ent,
+        "uniform_distance": u_dist,
+        "tokens": labels,
+        "axes": (ax_e, ax_d),
+        "bars": bars,
+    }
+    return fig, data
+
+
+def update_attention_summary(data: dict[str, Any], weights: list[np.ndarray]) -> None:
+    """Put the statistics of new weights (same prompt) into the bars of `attention_summary`."""
+    stats = [attention_stats(weights[layer]) for layer in data["layers"]]
+    data["entropy"] = np.stack([s[0] for s in stats])  # (L, n_head)
+    data["distance"] = np.stack([s[1] for s in stats])
+    for name, ax in zip(("entropy", "distance"), data["axes"], strict=True):
+        for h, bars in enumerate(data["bars"][name]):
+            for rect, height in zip(bars.patches, data[name][:, h], strict=True):
+                rect.set_height(height)
+        ax.relim()
+        ax.autoscale_view()
+
+
+def _short(text: str, n: int = 60, cut_before: bool = False) -> str:
+    text = "".join(_ESCAPES[ch] if ch in "\n\t\r" else ch for ch in text)
+    return "“" + ("…" if cut_before else "") + text[:n] + ("…" if len(text) > n else "") + "”"
+
+
+def window_title(tokenizer: Any, prompt: str, ids: list[int]) -> str:
+    """The text of the tokens drawn (the kept window) and how many of the prompt's tokens they are."""
+    total = len(tokenizer.encode(prompt))
+    kept = tokenizer.decode(ids)
+    if total > len(ids):
+        return f"{_short(kept, cut_before=True)} (last {len(ids)} of {total} tokens)"
+    return f"{_short(kept)} ({len(ids)} tokens)"
+
+
+def save_figure(fig: Figure, path: str | Path, dpi: int = 120, close: bool = True) -> Path:
+    """Write a figure as PNG (creating the folder) and release its memory (unless close=False)."""
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise MiniGPTError(f"out={path} must end in .png, .pdf or .svg")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(path, dpi=dpi)
+    except ValueError as err:  # e.g. a figure too large to rasterise
+        raise MiniGPTError(
+            f"cannot draw {path}: {err}; pick fewer layers/heads or a shorter prompt"
+        ) from None
+    finally:
+        if close:
+            plt.close(fig)
+    return path
+
+
+def summary_path(out: str | Path) -> Path:
+    """Default file for the summary when both views are written: attn.png -> attn_summary.png."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}_summary{out.suffix}")

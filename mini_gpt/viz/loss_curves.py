@@ -1,0 +1,240 @@
+"""Loss and learning-rate curves of a training run, as a PNG, from the files the run left locally.
+
+    python -m mini_gpt.loss_curves outputs/train/runs/2024-05-01/12-00-00            # -> <RUN_DIR>/curves.png
+    python -m mini_gpt.loss_curves RUN_DIR out=curves.png
+
+For people who train without W&B online. Sources, all searched for anywhere below RUN_DIR:
+- `metrics.csv` written by Lightning's CSVLogger (`logger=csv`, and beside W&B with `logger=wandb`):
+  the columns `train/loss`, `val/loss` and `lr` our module logs, at `step`; several files (e.g. one per
+  resumed run) are merged, a later file winning on a repeated step;
+- `summary.json` written by train.py: its `val_curve` ([step, seconds, val_loss] rows) gives the
+  validation curve when it has at least as many points as the CSVs' (its steps are exact).
+
+A resumed run (`train.py ckpt_path=<run>/checkpoints/last.ckpt`) writes a new run directory; its
+`.hydra/config.yaml` names the checkpoint, so the plot follows that chain back and joins the segments
+(oldest first, a later segment winning on a repeated step), marking where each resumed segment starts.
+A run with `logger=none` has only summary.json's validation points: the plot says train loss was not
+logged. Only matplotlib (Agg), PyYAML (Hydra's dependency) and the standard library: no Lightning, no torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
+
+from mini_gpt.errors import MiniGPTError
+
+Series = dict[int, float]  # step -> value
+
+# Our curve names -> the CSV columns GPTLitModule logs them under.
+COLUMNS = {"train_loss": "train/loss", "val_loss": "val/loss", "lr": "lr"}
+NO_TRAIN_LOSS = "train loss not logged (logger=none); rerun with logger=csv or logger=wandb"
+
+
+def _float(text: Any) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def read_metrics_csv(path: Path) -> dict[str, Series]:
+    """The curves in one CSVLogger file (one row per log call, blanks for the other columns)."""
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    out: dict[str, Series] = {}
+    for name, column in COLUMNS.items():
+        series: Series = {}
+        for row in rows:
+            value, step = _float(row.get(column)), _float(row.get("step"))
+            if value is not None and step is not None:
+                series[int(step)] = value
+        if series:
+            out[name] = series
+    return out
+
+
+def read_summary_val_curve(path: Path) -> Series:
+    """{step: val_loss} from train.py's summary.json `val_curve` ([step, seconds, val_loss] rows)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    series: Series = {}
+    for row in (data.get("val_curve") or []) if isinstance(data, dict) else []:
+        value = _float(row[-1]) if isinstance(row, list) and len(row) == 3 else None
+        if value is not None and isinstance(row[0], int):
+            series[row[0]] = value
+    return series
+
+
+def resumed_from(run_dir: Path) -> Path | None:
+    """The run directory whose checkpoint `run_dir` resumed from (its `.hydra/config.yaml` ckpt_path)."""
+    import yaml
+
+    config = run_dir / ".hydra" / "config.yaml"
+    try:
+        ckpt = (yaml.safe_load(config.read_text()) or {}).get("ckpt_path") if config.is_file() else None
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    if not ckpt:
+        return None
+    ckpt = Path(str(ckpt))
+    previous = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    return previous if previous.is_dir() and previous.resolve() != run_dir.resolve() else None
+
+
+def run_segments(run_dir: Path) -> list[Path]:
+    """The run directories a (possibly resumed, possibly several times) run is made of, oldest first."""
+    segments = [run_dir]
+    seen = {run_dir.resolve()}
+    while (previous := resumed_from(segments[0])) is not None and previous.resolve() not in seen:
+        segments.insert(0, previous)
+        seen.add(previous.resolve())
+    return segments
+
+
+def _metric_files(run_dir: Path) -> list[Path]:
+    if run_dir.is_file():  # a metrics.csv / summary.json passed directly
+        return [run_dir]
+    files: list[Path] = []
+    for pattern in ("metrics.csv", "summary.json"):
+        found = {p.resolve() for p in run_dir.rglob(pattern) if p.is_file()}  # latest-run is a symlink
+        files += sorted(found, key=lambda p: (p.stat().st_mtime, str(p)))
+    return files
+
+
+def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
+    """All curves found below run_dir (and the runs it resumed from), and the files they came from.
+
+    When the run was resumed, curves["resumed_at"] = {first step of each later segment: 0.0}.
+    """
+    run_dir = Path(run_dir).expanduser()
+    if not run_dir.exists():
+        raise MiniGPTError(f"run directory {run_dir} does not exist")
+    segments = [run_dir] if run_dir.is_file() else run_segments(run_dir)
+    curves: dict[str, Series] = {}
+    used: list[Path] = []
+    summary_val: Series = {}
+    summary_files: list[Path] = []
+    starts = []  # the first step of each resumed segment
+    for i, segment in enumerate(segments):
+        steps: list[int] = []
+        for path in _metric_files(segment):
+            if path.suffix == ".csv":
+                found = read_metrics_csv(path)
+                for name, series in found.items():
+                    curves.setdefault(name, {}).update(series)  # later files win on repeated steps
+                    steps += series
+                if found:
+                    used.append(path)
+            elif series := read_summary_val_curve(path):
+                summary_val.update(series)
+                summary_files.append(path)
+                steps += series
+        if i and steps:
+            starts.append(min(steps))
+    # summary.json's val_curve carries the optimizer step of each evaluation (Lightning's self.log
+    # can record it one step earlier in the CSV), but only a finished process writes it, and only
+    # with the evaluations of that process: use it when it is at least as complete as the CSV.
+    if summary_val and len(summary_val) >= len(curves.get("val_loss", {})):
+        curves["val_loss"] = summary_val
+        used += summary_files
+    if starts:
+        curves["resumed_at"] = {step: 0.0 for step in starts}
+    if not any(k in curves for k in ("train_loss", "val_loss")):
+        raise MiniGPTError(
+            f"no metrics found under {run_dir}: expected a CSVLogger metrics.csv (logger=csv or "
+            "logger=wandb) or train.py's summary.json; pass the directory of a training run"
+        )
+    return curves, used
+
+
+def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dict[str, Any]]:
+    """Loss (train and val, log scale) and, when present, learning rate against optimizer step.
+
+    Returns (figure, data) with data = {name: (steps, values)} exactly as drawn, plus "axes".
+    """
+    has_lr = bool(curves.get("lr"))
+    fig, axes = plt.subplots(
+        2 if has_lr else 1,
+        1,
+        figsize=(8, 6.5 if has_lr else 4),
+        sharex=True,
+        squeeze=False,
+        layout="constrained",
+    )
+    ax_loss = axes[0][0]
+    data: dict[str, Any] = {}
+    styles = {"train_loss": dict(lw=1, alpha=0.8), "val_loss": dict(marker="o", ms=3, lw=1.5)}
+    for name, label in (("train_loss", "train"), ("val_loss", "val")):
+        series = curves.get(name)
+        if not series:
+            continue
+        steps = sorted(series)
+        values = [series[s] for s in steps]
+        ax_loss.plot(steps, values, label=label, **styles[name])
+        data[name] = (steps, values)
+    ax_loss.set_ylabel("loss (nats/token)")
+    values = [v for _, vals in data.values() for v in vals]
+    if values and min(values) > 0 and max(values) / min(values) > 4:
+        ax_loss.set_yscale("log")  # early loss is much larger than late loss
+        ax_loss.yaxis.set_major_formatter(ScalarFormatter())
+        ax_loss.yaxis.set_minor_formatter(ScalarFormatter())
+    for step in sorted(curves.get("resumed_at", {})):
+        for ax in axes[:, 0]:
+            ax.axvline(step, color="gray", ls=":", lw=1)
+        ax_loss.annotate(f"resumed at {step}", (step, 1.0), xycoords=("data", "axes fraction"),
+                         fontsize=7, color="gray", rotation=90, ha="right", va="top")  # fmt: skip
+    data["resumed_at"] = sorted(curves.get("resumed_at", {}))
+    if "train_loss" not in data:
+        # logger=none keeps only summary.json's evaluations: say why there is no train curve.
+        ax_loss.plot([], [], " ", label=NO_TRAIN_LOSS)
+    ax_loss.legend()
+    ax_loss.grid(alpha=0.3, which="both")
+    if "val_loss" in data:
+        best = min(data["val_loss"][1])
+        ax_loss.set_title(f"{title}  (best val {best:.4f})".strip(), fontsize=10)
+    elif title:
+        ax_loss.set_title(title, fontsize=10)
+    if has_lr:
+        ax_lr = axes[1][0]
+        steps = sorted(curves["lr"])
+        values = [curves["lr"][s] for s in steps]
+        ax_lr.plot(steps, values, color="tab:green")
+        ax_lr.set_ylabel("learning rate")
+        ax_lr.grid(alpha=0.3)
+        data["lr"] = (steps, values)
+    axes[-1][0].set_xlabel("optimizer step")
+    data["axes"] = [a[0] for a in axes]
+    return fig, data
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 120) -> Path:
+    """Find a run's metrics, draw them and write the PNG (default `<run_dir>/curves.png`)."""
+    run_dir = Path(run_dir).expanduser()
+    curves, used = find_metrics(run_dir)
+    default_dir = run_dir.parent if run_dir.is_file() else run_dir
+    out = Path(out) if out else default_dir / "curves.png"
+    fig, _ = plot_curves(curves, title=(run_dir.parent if run_dir.is_file() else run_dir).name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(out, dpi=dpi)
+    finally:
+        plt.close(fig)
+    print(f"read {', '.join(str(p) for p in used)}\nwrote {out}")
+    if "train_loss" not in curves:
+        print(f"note: {NO_TRAIN_LOSS}")
+    return out

@@ -1,0 +1,613 @@
+"""train.py end to end: Hydra compose API and subprocesses, tiny model, a few steps on tiny Shakespeare.
+
+The data cache is a private tmp dir built from the repository's read-only corpus (never the network).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mini_gpt.conf import CONF_DIR
+
+REPO = Path(__file__).resolve().parents[2]
+SUMMARY_KEYS = {
+    "best_val_loss",
+    "final_val_loss",
+    "steps",
+    "tokens",
+    "wall_seconds",
+    "tokens_per_sec",
+    "val_curve",
+    "best_ckpt",
+    "last_ckpt",
+}
+
+
+@pytest.fixture(scope="session")
+def char_data_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> Path:
+    """Prepared char-level tiny Shakespeare in a private cache (shared by this file's tests)."""
+    from mini_gpt.data import DataConfig, prepare_data
+
+    root = tmp_path_factory.getbasetemp() / "mini_gpt_char_cache"
+    prepare_data(DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(root)))
+    return root
+
+
+def _overrides(run_dir: Path, data_dir: Path, shakespeare: Path, *extra: str) -> list[str]:
+    return [
+        "model=tiny",
+        "logger=none",
+        f"paths.run_dir={run_dir}",
+        f"data.path={shakespeare}",
+        f"data.data_dir={data_dir}",
+        "loader.batch_size=8",
+        "loader.val_windows=32",
+        "trainer.accelerator=cpu",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "trainer.log_every_n_steps=1",
+        "callbacks.sample_text.every_n_steps=0",
+        "callbacks.sample_text.max_new_tokens=16",
+        *extra,
+    ]
+
+
+def _fit(
+    compose: Any, overrides: list[str], resume: bool = False, hydra_dir: Path | None = None
+) -> tuple[dict[str, Any], Any]:
+    """Run train() on a composed config (`resume`: as train.py does, the resumed run's own config plus
+    `overrides`; `hydra_dir`: inside a Hydra job as train.py's, with that output directory); return
+    (summary.json, the LightningModule)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from mini_gpt.train.resume import resumed_config
+    from mini_gpt.train.run import train
+
+    if hydra_dir is not None:  # what hydra.main sets up before it calls train.py's main
+        (hydra_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+        job = compose([*overrides, f"hydra.runtime.output_dir={hydra_dir}"], hydra=True)
+        HydraConfig.instance().set_config(job)
+    try:
+        cfg = resumed_config(compose(overrides), overrides) if resume else compose(overrides)
+        result = train(cfg)
+    finally:
+        HydraConfig.instance().cfg = None
+    summary = json.loads((Path(cfg.paths.run_dir) / "summary.json").read_text())
+    assert result.run_dir == Path(cfg.paths.run_dir).resolve() and result.summary == summary
+    assert result.best_val_loss == summary["best_val_loss"]
+    assert result.last_ckpt == (Path(summary["last_ckpt"]) if summary["last_ckpt"] else None)
+    return summary, result.module
+
+
+@pytest.mark.slow
+def test_compose_train_summary_and_loss_decreases(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    summary, module = _fit(
+        compose,
+        _overrides(
+            run_dir,
+            char_data_dir,
+            shakespeare_path,
+            "logger=csv",
+            "trainer.max_steps=40",
+            "trainer.val_check_interval=15",
+            "optim.lr=1e-2",
+            "optim.warmup_steps=5",
+        ),
+    )
+    assert set(summary) >= SUMMARY_KEYS
+    assert summary["steps"] == 40
+    assert summary["tokens"] == 40 * 8 * 64
+    # evaluations at 15, 30 and the end (40), with wall times from process start, increasing
+    assert [row[0] for row in summary["val_curve"]] == [15, 30, 40]
+    times = [row[1] for row in summary["val_curve"]]
+    assert times == sorted(times) and 0 < times[0] < summary["wall_seconds"]
+    assert summary["final_val_loss"] == summary["val_curve"][-1][2]
+    assert summary["best_val_loss"] == min(row[2] for row in summary["val_curve"])
+    assert summary["tokens_per_sec"] > 0
+    # ln(65) = 4.17 for a uniform guess; 40 steps at lr 1e-2 must learn the character frequencies
+    assert summary["val_curve"][0][2] < 4.0
+    assert summary["final_val_loss"] < summary["val_curve"][0][2]
+    first, last = module.stats.train_history[0][1], module.stats.train_history[-1][1]
+    assert last < first - 0.5
+    assert Path(summary["last_ckpt"]).is_file() and Path(summary["best_ckpt"]).is_file()
+    assert Path(summary["last_ckpt"]).parent == run_dir / "checkpoints"
+    # CSV logger got every metric the module promises
+    header = (run_dir / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"train/loss", "val/loss", "val/ppl", "lr", "grad_norm", "tokens_per_sec", "mfu"} <= set(header)
+    # ... and val/loss is stamped with the optimizer step it was measured at (as in summary.json)
+    with (run_dir / "csv" / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r["val/loss"]]
+    assert [int(r["step"]) for r in rows] == [15, 30, 40]
+    assert [float(r["val/loss"]) for r in rows] == pytest.approx([row[2] for row in summary["val_curve"]])
+
+
+@pytest.mark.slow
+def test_exact_resume_and_same_seed(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+) -> None:
+    k = 6
+    common = ("trainer.val_check_interval=3", "optim.decay_steps=12", "optim.warmup_steps=2", "optim.lr=3e-3")
+    common = (*common, "trainer.precision=32-true", "optim.name=muon")  # Muon + AdamW state both restored
+    full, full_module = _fit(
+        compose,
+        _overrides(tmp_path / "full", char_data_dir, shakespeare_path, *common, f"trainer.max_steps={2 * k}"),
+    )
+    half, half_module = _fit(
+        compose,
+        _overrides(tmp_path / "half", char_data_dir, shakespeare_path, *common, f"trainer.max_steps={k}"),
+    )
+    # same seed, same config: identical losses step for step
+    assert half_module.stats.train_history == full_module.stats.train_history[:k]
+    resumed, resumed_module = _fit(
+        compose,
+        _overrides(
+            tmp_path / "resumed",
+            char_data_dir,
+            shakespeare_path,
+            *common,
+            f"trainer.max_steps={2 * k}",
+            f"ckpt_path={half['last_ckpt']}",
+        ),
+    )
+    assert resumed_module.stats.start_step == k
+    assert resumed_module.stats.train_history == full_module.stats.train_history[k:]  # bit-identical
+    assert resumed["final_val_loss"] == full["final_val_loss"]
+    assert resumed["steps"] == 2 * k
+
+
+@pytest.mark.slow
+def test_resume_restores_the_run_config_and_prints_what_changes(
+    compose: Any,
+    tmp_path: Path,
+    char_data_dir: Path,
+    shakespeare_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import warnings
+
+    first = ("trainer.max_steps=4", "trainer.val_check_interval=2", "optim.lr=7e-3", "optim.warmup_steps=1")
+    first_overrides = _overrides(tmp_path / "first", char_data_dir, shakespeare_path, *first)
+    summary, _ = _fit(compose, first_overrides, hydra_dir=tmp_path / "first")
+    capsys.readouterr()
+    # The command names only the checkpoint, a new directory and a longer run: the rest is the run's own.
+    again = [
+        f"paths.run_dir={tmp_path / 'second'}",
+        f"ckpt_path={summary['last_ckpt']}",
+        "trainer.max_steps=6",
+    ]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed, module = _fit(compose, again, resume=True, hydra_dir=tmp_path / "second")
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [
+        f"resuming {summary['last_ckpt']} with its run's overrides and the command line's; changes from the "
+        "run's config:",
+        "  trainer.max_steps: 4 -> 6",
+    ]
+    assert module.optim_config.lr == 7e-3 != compose([]).optim.lr  # the run's lr, not the default
+    assert module.stats.start_step == 4 and resumed["steps"] == 6
+    assert [row[0] for row in resumed["val_curve"]] == [6]  # the run's val_check_interval=2 kept
+    assert not [w for w in caught if "dirpath" in str(w.message)], [str(w.message) for w in caught]
+    assert Path(resumed["last_ckpt"]).parent == tmp_path / "second" / "checkpoints"
+    ckpt = torch.load(resumed["last_ckpt"], map_location="cpu", weights_only=True)
+    assert ckpt["run_config"]["trainer"]["max_steps"] == 6 and ckpt["run_config"]["optim"]["lr"] == 7e-3
+    # the overrides that compose it, for the next resume: the first run's (its run dir aside), then these
+    kept = [o for o in first_overrides if not o.startswith("paths.run_dir=")]
+    assert ckpt["run_overrides"] == [*kept, *again]
+    assert (tmp_path / "second" / ".hydra" / "config.yaml").is_file()  # the config that ran
+
+
+@pytest.mark.slow
+def test_overfit_one_batch(compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path) -> None:
+    _, module = _fit(
+        compose,
+        _overrides(
+            tmp_path / "overfit",
+            char_data_dir,
+            shakespeare_path,
+            "debug=overfit_batch",
+            "loader.batch_size=2",
+            "trainer.max_steps=150",
+            "trainer.val_check_interval=150",
+            "optim.lr=2e-2",
+            "optim.min_lr_ratio=1.0",
+            "model.n_embd=64",
+        ),
+    )
+    assert module.stats.train_history[0][1] > 3.5
+    assert module.stats.train_history[-1][1] < 0.2, module.stats.train_history[-5:]
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["NETRC"] = str(home / "no-netrc")  # no credentials: W&B must go offline by itself, no prompt
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+@pytest.mark.slow
+def test_fast_dev_run_writes_no_checkpoint_and_starts_no_logger(
+    compose: Any,
+    tmp_path: Path,
+    char_data_dir: Path,
+    shakespeare_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")  # a W&B run would leave wandb/offline-run-* behind
+    run_dir = tmp_path / "run"
+    overrides = [
+        o for o in _overrides(run_dir, char_data_dir, shakespeare_path) if not o.startswith("logger=")
+    ]
+    summary, _ = _fit(compose, [*overrides, "debug=fast_dev_run", "logger=wandb"])
+    assert summary["steps"] == 1
+    assert summary["last_ckpt"] is None and summary["best_ckpt"] is None
+    assert not list(run_dir.rglob("*.ckpt"))
+    assert not (run_dir / "wandb").exists()
+    # what conf/debug/fast_dev_run.yaml promises
+    assert "checkpoints and loggers" in (CONF_DIR / "debug" / "fast_dev_run.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_subprocess_default_wandb_offline_from_other_cwd(
+    tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    args = [a for a in _overrides(run_dir, char_data_dir, shakespeare_path) if not a.startswith("logger=")]
+    args = [a for a in args if not a.startswith(("paths.run_dir", "trainer.enable_progress_bar"))]
+    args += [f"hydra.run.dir={run_dir}", "trainer.max_steps=4", "trainer.val_check_interval=2"]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=tmp_path,
+        env={**_env(tmp_path), "COLUMNS": "80"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    console = proc.stdout + proc.stderr
+    offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 1 and any(offline_runs[0].glob("*.wandb"))
+    # W&B: no deprecation noise, and the way to upload said once, with the login step
+    assert "anonymous" not in console
+    assert console.count("wandb sync") == 1
+    hint = next(line for line in proc.stdout.splitlines() if "wandb sync" in line)
+    assert "wandb login" in hint and hint.endswith(f"wandb sync {offline_runs[0]}")
+    # the summary's path and headline numbers are printed last
+    tail = proc.stdout.strip().splitlines()[-3:]
+    assert tail[0] == f"summary: {run_dir / 'summary.json'}"
+    assert "best_val_loss=" in tail[1] and "tokens/s=" in tail[1]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["last_ckpt"] == str(run_dir / "checkpoints" / "last.ckpt")
+    # the progress bar's final line fits 80 columns and shows the summary's tokens/s
+    bar = [line for line in proc.stdout.splitlines() if line.startswith("train ") and "tok/s" in line]
+    assert len(bar) == 1 and len(bar[0].rstrip()) <= 80, bar
+    assert f" {summary['tokens_per_sec']:,.0f} tok/s" in bar[0]
+    assert f"tokens/s={summary['tokens_per_sec']:,.0f}" in tail[1]
+    # train.log holds what the console showed (stdout and stderr)
+    log = (run_dir / "train.log").read_text().splitlines()
+    shown = [line.rstrip() for line in console.splitlines() if line.strip()]
+    assert shown and [line for line in shown if line not in log] == []
+    assert (run_dir / ".hydra" / "config.yaml").is_file()  # resolved config saved by Hydra
+    assert not (tmp_path / "outputs").exists()  # nothing written relative to the cwd
+
+
+def test_run_directory_records_the_console_and_drops_runs_that_never_started(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mini_gpt.errors import MiniGPTError
+    from mini_gpt.train.run import run_directory
+
+    outputs = tmp_path / "outputs"
+
+    def run(name: str, started: bool, error: BaseException | None, keep: bool = False) -> Path:
+        run_dir = outputs / "train" / "runs" / name / "12-00-00"
+        (run_dir / ".hydra").mkdir(parents=True)  # as Hydra leaves it before the run
+        (run_dir / ".hydra" / "config.yaml").write_text("seed: 1\n")
+        try:
+            with run_directory(run_dir, keep_unstarted=keep, output_dir=outputs):
+                print(f"run {name}")
+                if started:
+                    (run_dir / "summary.json").write_text("{}")
+                if error is not None:
+                    raise error
+        except (MiniGPTError, RuntimeError, SystemExit):
+            pass
+        return run_dir
+
+    ok = run("ok", started=True, error=None)
+    assert (ok / "train.log").read_text() == "run ok\n"
+    # failed before training: no run folder, no emptied date folder; outputs/ itself stays
+    early = run("early", started=False, error=SystemExit(2))
+    assert not early.exists() and not early.parent.exists() and outputs.is_dir()
+    crashed = run("crashed", started=False, error=RuntimeError("bug"))
+    assert not crashed.parent.exists()
+    # failed while training: the folder stays, and its log says why (here a traceback)
+    late = run("late", started=True, error=RuntimeError("out of memory at step 7"))
+    assert (late / "train.log").read_text().splitlines()[-1] == "RuntimeError: out of memory at step 7"
+    # a sweep trial keeps its folder even when it failed before training
+    trial = run("trial", started=False, error=MiniGPTError("bad"), keep=True)
+    assert (trial / "train.log").read_text().startswith("run trial\n")
+    assert "run early" in capsys.readouterr().out  # the console got everything too
+
+
+@pytest.mark.slow
+def test_cli_errors_are_short(tmp_path: Path) -> None:
+    typo = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "trainer.max_stepz=3"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert typo.returncode != 0
+    assert "max_stepz" in typo.stderr
+    missing = tmp_path / "nope" / "last.ckpt"
+    bad_ckpt = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), f"ckpt_path={missing}", f"hydra.run.dir={tmp_path / 'r'}"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad_ckpt.returncode == 2
+    assert bad_ckpt.stderr.strip().splitlines() == [
+        f"error: ckpt_path={missing} does not exist; pass an existing .ckpt to resume"
+    ]
+    assert not (tmp_path / "r").exists()  # a run that never started leaves no folder
+
+
+@pytest.mark.slow
+def test_train_on_shards_resumes_exactly(compose: Any, tmp_path: Path, gpt2_bpe_file: Path) -> None:
+    """data=hf end to end: local parquet -> shards -> training; a resumed run continues bit for bit."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    words = ["the", "little", "dog", "saw", "a", "big", "red", "ball", "and", "was", "happy", "."]
+    rng = __import__("random").Random(0)
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 80))) for _ in range(1500)]
+    pq.write_table(pa.table({"text": docs}), tmp_path / "stories.parquet")
+    common = [
+        "model=tiny",
+        "logger=none",
+        "data=hf",
+        f"data.dataset={tmp_path / 'stories.parquet'}",
+        f"data.data_dir={tmp_path / 'cache'}",
+        f"data.bpe_file={gpt2_bpe_file}",
+        "data.shard_tokens=4000",
+        "data.val_fraction=0.05",
+        "data.num_proc=1",
+        "loader.batch_size=4",
+        "loader.val_windows=8",
+        "trainer.accelerator=cpu",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "trainer.log_every_n_steps=1",
+        "trainer.val_check_interval=3",
+        "callbacks.sample_text.every_n_steps=0",
+        "callbacks.sample_text.max_new_tokens=4",
+    ]
+    full, full_module = _fit(compose, [*common, f"paths.run_dir={tmp_path / 'full'}", "trainer.max_steps=6"])
+    half, _ = _fit(compose, [*common, f"paths.run_dir={tmp_path / 'half'}", "trainer.max_steps=3"])
+    resumed, resumed_module = _fit(
+        compose,
+        [
+            *common,
+            f"paths.run_dir={tmp_path / 'resumed'}",
+            "trainer.max_steps=6",
+            f"ckpt_path={half['last_ckpt']}",
+        ],
+    )
+    assert full_module.tokenizer.eot_id == 50256 and full["steps"] == 6
+    assert resumed_module.stats.train_history == full_module.stats.train_history[3:]
+    assert resumed["final_val_loss"] == full["final_val_loss"]
+
+
+# ---- resuming: every mismatch or broken file is one line, checked before any state is loaded ---------
+@pytest.fixture(scope="module")
+def tiny_ckpt(
+    compose: Any, tmp_path_factory: pytest.TempPathFactory, char_data_dir, shakespeare_path
+) -> Path:
+    run_dir = tmp_path_factory.mktemp("tiny_run")
+    summary, _ = _fit(
+        compose,
+        _overrides(
+            run_dir, char_data_dir, shakespeare_path, "trainer.max_steps=2", "trainer.val_check_interval=2"
+        ),
+        hydra_dir=run_dir,  # as train.py writes it: with its overrides
+    )
+    return Path(summary["last_ckpt"])
+
+
+def _resume_error(compose: Any, run_dir: Path, overrides: list[str]) -> str:
+    from mini_gpt.errors import MiniGPTError
+    from mini_gpt.train.run import train
+
+    with pytest.raises(MiniGPTError) as info:  # one step past the checkpoint, were it to train
+        train(compose([*overrides, "trainer.max_steps=3", "trainer.val_check_interval=3"]))
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert not (run_dir / "checkpoints").exists()  # stopped before training wrote anything
+    return msg
+
+
+@pytest.mark.slow
+def test_resume_with_another_model_config_names_the_keys(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, tiny_ckpt: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    overrides = _overrides(
+        run_dir, char_data_dir, shakespeare_path, f"ckpt_path={tiny_ckpt}", "model.n_layer=3"
+    )
+    msg = _resume_error(compose, run_dir, overrides)
+    assert msg.startswith(f"cannot resume {tiny_ckpt}: the model differs from the checkpoint's in n_layer ")
+    assert "model.n_layer=2" in msg and "model.n_layer=3" in msg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", ["fewer_chars", "other_chars"])
+def test_resume_on_another_character_vocabulary(
+    compose: Any, tmp_path: Path, shakespeare_path: Path, tiny_ckpt: Path, edit: str
+) -> None:
+    text = shakespeare_path.read_text()
+    # fewer_chars: 64 characters (vocab size differs: a size mismatch); other_chars: still 65, but 'Z'
+    # became '#', so every id after '#' would silently mean another character.
+    text = text.replace("Z", "z") if edit == "fewer_chars" else text.replace("Z", "#")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text)
+    run_dir = tmp_path / "run"
+    overrides = _overrides(run_dir, tmp_path / "data", corpus, f"ckpt_path={tiny_ckpt}")
+    overrides = [o for o in overrides if not o.startswith("data.path")]
+    overrides += ["data=text", f"data.path={corpus}", "data.tokenizer=char"]
+    msg = _resume_error(compose, run_dir, overrides)
+    assert msg.startswith(
+        f"cannot resume {tiny_ckpt}: character vocabulary differs (65 characters in the checkpoint"
+    )
+    assert "only in the checkpoint: 'Z'" in msg
+    assert (
+        ("64 in this run's corpus" in msg) if edit == "fewer_chars" else ("only in this corpus: '#'" in msg)
+    )
+
+
+@pytest.mark.slow
+def test_resume_from_a_truncated_checkpoint(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, tiny_ckpt: Path
+) -> None:
+    broken = tmp_path / "last.ckpt"
+    broken.write_bytes(tiny_ckpt.read_bytes()[: tiny_ckpt.stat().st_size // 2])
+    run_dir = tmp_path / "run"
+    msg = _resume_error(
+        compose, run_dir, _overrides(run_dir, char_data_dir, shakespeare_path, f"ckpt_path={broken}")
+    )
+    assert msg.startswith(f"cannot read checkpoint {broken}: corrupt, truncated or not a torch checkpoint")
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("seed=abc", "seed='abc' must be an integer"),
+        ("compile=maybe", "compile='maybe' must be true or false"),
+        (
+            "float32_matmul_precision=max",
+            "float32_matmul_precision='max' must be one of highest, high, medium",
+        ),
+        ("optim.lr=fast", "optim.lr='fast' must be a number"),
+        ("model.dropout=abc", "model.dropout='abc' must be a number"),
+        ("trainer.max_steps=abc", "bad trainer config (TypeError: "),
+        ("callbacks.sample_text.every_n_steps=often", "bad callbacks.sample_text config (TypeError: "),
+        ("callbacks.throughput.peak_flops=lots", "callbacks.throughput.peak_flops='lots' must be a positive"),
+    ],
+)
+def test_wrong_typed_config_values_are_one_line(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, override: str, expected: str
+) -> None:
+    from mini_gpt.errors import MiniGPTError
+    from mini_gpt.train.run import train
+
+    cfg = compose(
+        _overrides(tmp_path / "run", char_data_dir, shakespeare_path, override, "trainer.max_steps=1")
+    )
+    if override.startswith("trainer.max_steps"):  # the override above comes last: put the bad value back
+        cfg = compose(_overrides(tmp_path / "run", char_data_dir, shakespeare_path, override))
+    with pytest.raises(MiniGPTError) as info:
+        train(cfg)
+    assert str(info.value).startswith(expected) and "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_cli_resume_mismatch_and_bad_types_are_one_line(
+    tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, tiny_ckpt: Path
+) -> None:
+    def run(*overrides: str) -> subprocess.CompletedProcess:
+        args = [a for a in _overrides(tmp_path / "r", char_data_dir, shakespeare_path) if "run_dir" not in a]
+        return subprocess.run(
+            [sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={tmp_path / 'r'}", *overrides],
+            cwd=tmp_path,
+            env=_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    mismatch = run(f"ckpt_path={tiny_ckpt}", "model.n_layer=3")
+    assert mismatch.returncode == 2
+    assert mismatch.stderr.strip().splitlines() == [
+        f"error: cannot resume {tiny_ckpt}: the model differs from the checkpoint's in n_layer (this run: "
+        "model.n_layer=3); resume with the checkpoint's settings (model.n_layer=2) or drop ckpt_path to "
+        "start a new run"
+    ]
+    seed = run("seed=abc")
+    assert seed.returncode == 2
+    assert seed.stderr.strip().splitlines() == [
+        "error: seed='abc' must be an integer; fix it on the command line or in the config"
+    ]
+
+
+SLOW_PREPARE = """
+import runpy, sys, time
+import mini_gpt.data.text as data
+real = data.encoder
+def slow(tok, dtype):
+    enc = real(tok, dtype)
+    def encode(text):
+        time.sleep(0.2)
+        return enc(text)
+    return encode
+data.encoder = slow
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_preparation_is_one_line_and_leaves_nothing_half_written(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    data_dir = tmp_path / "data"
+    args = [
+        str(REPO / "train.py"),
+        "model=tiny",
+        "logger=none",
+        f"data.data_dir={data_dir}",
+        "data.num_threads=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_PREPARE, *args],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out_dir = data_dir / "shakespeare_char"
+        deadline = time.monotonic() + 240
+        while not list(out_dir.glob(".train.bin.*.tmp")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert list(out_dir.glob(".train.bin.*.tmp")), "preparation never started"
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 130, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1:] == [
+        "interrupted (Ctrl-C) before training started; nothing half-written was kept, run again to continue"
+    ]
+    assert "Traceback" not in stderr
+    assert sorted(p.name for p in out_dir.iterdir()) == [".prepare.lock"]  # no bins, no meta.json

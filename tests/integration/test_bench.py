@@ -1,0 +1,255 @@
+"""The benchmark command: dispatch, JSON output with machine info, and the naive contender's maths."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mini_gpt.bench.__main__ as bench_main
+from mini_gpt.bench import data as bench_data
+from mini_gpt.bench.attention import NaiveMultiHead
+from mini_gpt.model.attention import CausalSelfAttention
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_naive_multihead_matches_reference_formula() -> None:
+    torch.manual_seed(0)
+    C, nh, T = 12, 3, 7
+    attn = CausalSelfAttention(C, nh)
+    naive = NaiveMultiHead(C, nh, block_size=16).load_from(attn)
+    x = torch.randn(2, T, C)
+    # independent reference: softmax(q k^T / sqrt(hs) + causal -inf) v per head, from the fused weights
+    q, k, v = F.linear(x, attn.c_attn.weight, attn.c_attn.bias).split(C, dim=-1)
+    hs = C // nh
+    heads = []
+    for h in range(nh):
+        sl = slice(h * hs, (h + 1) * hs)
+        s = q[..., sl] @ k[..., sl].transpose(-2, -1) / math.sqrt(hs)
+        s = s.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
+        heads.append(s.softmax(-1) @ v[..., sl])
+    ref = F.linear(torch.cat(heads, -1), attn.c_proj.weight, attn.c_proj.bias)
+    with torch.no_grad():
+        torch.testing.assert_close(naive(x), ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(attn(x), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_cli_attention_quick_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "mini_gpt.bench", "attention", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "## attention" in done.stdout and "other_load=" in done.stdout
+    data = json.loads(out.read_text())
+    assert data["machine"]["torch"] == torch.__version__
+    assert {"cpu", "cpu_count", "torch_threads", "gpu", "python"} <= set(data["machine"])
+    section = data["attention"]
+    assert [r["T"] for r in section["rows"]] == [32, 64]
+    for row in section["rows"]:
+        assert all(row[f"{n}_ms"] > 0 for n in ("exact", "sdpa", "naive"))
+        assert row["other_load"] >= 0
+    assert section["other_load"] >= 0 and section["device"] == "cpu"
+
+
+def test_all_skips_missing_sections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(bench_main, "SECTIONS", ("attention", "no_such_section"))
+    out = tmp_path / "all.json"
+    threads = torch.get_num_threads()
+    code = bench_main.main(["all", "--quick", "--json", str(out)])
+    assert torch.get_num_threads() == threads  # --quick's single thread is not left behind
+    assert code == 1  # a skipped section is reported in the exit status ...
+    captured = capsys.readouterr()
+    assert "skipped: benchmark section 'no_such_section' is unavailable" in captured.err
+    data = json.loads(out.read_text())  # ... but the sections that ran are all there
+    assert set(data) == {"machine", "attention"}
+    assert data["attention"]["args"]["quick"] is True
+
+
+def test_unknown_section_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_main.main(["warp"])
+    assert exc.value.code == 2
+    assert bench_main.main(["--help"]) == 0
+    assert "attention" in capsys.readouterr().out
+
+
+def test_data_section_wraps_bench_prepare(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_bench_prepare(**kwargs: Any) -> dict[str, Any]:
+        seen.update(kwargs)
+        return {"corpus_mb": 2.0, "prepare_mb_s": 10.0}
+
+    monkeypatch.setattr(bench_data, "bench_prepare", fake_bench_prepare)
+    parser = argparse.ArgumentParser()
+    bench_data.add_arguments(parser)
+    rows, extra = bench_data.run(
+        parser.parse_args(["--kind", "text", "--quick", "--threads", "1", "--text", "t.txt"])
+    )
+    assert seen == {"size_mb": 2, "text": "t.txt", "bpe_file": None, "num_threads": 1, "workdir": None}
+    assert rows[0]["prepare_mb_s"] == 10.0 and rows[0]["other_load"] >= 0
+    assert "other_load" in extra
+
+
+@pytest.mark.slow
+def test_data_section_prepares_in_fresh_processes(
+    tmp_path: Path, shakespeare_path: Path, gpt2_bpe_file: Path
+) -> None:
+    """The real thing on a 1 MB corpus: both jobs see the same text and count the same tokens."""
+    from mini_gpt.tokenizer import build_tokenizer
+
+    result = bench_data.bench_prepare(1, shakespeare_path, gpt2_bpe_file, num_threads=1, workdir=tmp_path)
+    assert result["corpus_mb"] == 1.0
+    corpus = tmp_path / "corpus.txt"
+    bench_data.make_corpus(corpus, 1, shakespeare_path)  # same seed: the same text the benchmark used
+    expected = len(build_tokenizer("gpt2", bpe_file=gpt2_bpe_file).encode_ordinary(corpus.read_text()))
+    # one prepared corpus is split in two halves (train / val), each encoded on its own: a token or
+    # so may differ at the cut; tiktoken alone encodes the whole text in ~1 MB pieces cut where BPE cuts
+    assert abs(result["tokens"] - expected) <= 2 and result["tiktoken_tokens"] == expected
+    assert result["prepare_peak_rss_mb"] > 50 and result["prepare_s"] > 0
+    assert list(tmp_path.glob("mini-gpt-bench-*")) == []  # the temporary corpus is removed
+
+
+def test_generate_decode_table_same_tokens_as_transformers() -> None:
+    """The transformers contender and ours decode the same greedy tokens from the same weights."""
+    from transformers import GPT2Config
+
+    from mini_gpt.bench.generate import decode_table
+
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=101)
+    rows, extra = decode_table(8, 12, repeats=1, hf_config=config, bandwidth_bytes=1 << 20)
+    by_name = {row["contender"]: row for row in rows}
+    assert set(by_name) == {"transformers", "mini-gpt", "mini-gpt-unpacked", "mini-gpt-bf16"}
+    assert by_name["transformers"]["vs_transformers"] == 1.0
+    assert by_name["mini-gpt"]["same_tokens"] and by_name["mini-gpt-unpacked"]["same_tokens"]
+    assert extra["weight_mb_fp32"] == round(4 * (101 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32) / 1e6, 1)
+
+
+@pytest.mark.slow
+def test_generate_decode_table_compiled_contender_same_tokens() -> None:
+    """--compiled adds torch.compile's model (what generate compile=true runs): same greedy tokens."""
+    from transformers import GPT2Config
+
+    from mini_gpt.bench.generate import decode_table
+
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=64, vocab_size=101)
+    rows, extra = decode_table(8, 6, repeats=1, hf_config=config, bandwidth_bytes=1 << 20, compiled=True)
+    compiled = next(row for row in rows if row["contender"] == "mini-gpt-compiled")
+    assert compiled["same_tokens"] and compiled["tokens_per_s"] > 0
+    assert extra["compile_s"] > 0
+
+
+def test_nanogpt_contender_computes_what_our_gpt_computes() -> None:
+    """The benchmark's nanoGPT-style model is the same architecture as GPT(learned, gelu_exact, bias):
+    with our weights copied in, the losses agree (so the step comparison compares like with like)."""
+    from mini_gpt.bench.train import NanoGPT
+    from mini_gpt.model.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=32, mlp="gelu_exact")
+    ours = GPT(cfg).eval()
+    nano = NanoGPT(30, 2, 2, 32, 16, 0.0).eval()
+    for p in ours.parameters():  # non-zero biases and norms, so a mis-mapped tensor shows
+        torch.nn.init.normal_(p, std=0.5)
+    t = ours.transformer
+    with torch.no_grad():
+        nano.wte.weight.copy_(t.wte.weight)
+        nano.wpe.weight.copy_(t.wpe.weight)
+        nano.ln_f.weight.copy_(t.ln_f.weight), nano.ln_f.bias.copy_(t.ln_f.bias)
+        for ob, nb in zip(t.h, nano.h, strict=True):
+            pairs = [
+                (ob.ln_1, nb.ln_1), (ob.ln_2, nb.ln_2), (ob.attn.c_attn, nb.c_attn),
+                (ob.attn.c_proj, nb.attn_proj), (ob.mlp.c_fc, nb.c_fc), (ob.mlp.c_proj, nb.mlp_proj),
+            ]  # fmt: skip
+            for src, dst in pairs:
+                dst.weight.copy_(src.weight), dst.bias.copy_(src.bias)
+    x, y = torch.randint(0, 30, (3, 16)), torch.randint(0, 30, (3, 16))
+    # tight: GPT-2's tanh GELU (mlp="gelu") would already be off by ~1e-5 here
+    torch.testing.assert_close(nano(x, y), ours(x, targets=y), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("section", bench_main.SECTIONS)
+def test_section_help_describes_the_section_in_whole_sentences(section: str) -> None:
+    module = bench_main.load_section(section)
+    description = bench_main.section_parser(section, module).description
+    assert description.startswith(module.__doc__.strip().splitlines()[0])
+    assert description.endswith(".")  # not cut at the end of the docstring's first line
+
+
+def test_bench_evaluate_contenders_compute_the_same_scores() -> None:
+    from mini_gpt.bench import evaluate as bench_evaluate
+    from mini_gpt.interop.hf import gpt_to_hf
+    from mini_gpt.model.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("tiny", vocab_size=97, block_size=48)).eval()
+    items = bench_evaluate.make_items(5, vocab=97, block_size=48)
+    assert all(len(ctx) + max(map(len, endings)) <= 48 for ctx, endings in items)
+    batched = bench_evaluate.ours(model, items, batch_items=3)
+    naive = bench_evaluate.transformers_naive(gpt_to_hf(model), items)
+    assert len(batched) == len(naive) == 5
+    for a, b in zip(batched, naive):
+        assert a == pytest.approx(b, abs=1e-4)
+
+
+def test_fresh_process_peak_rss_is_its_own() -> None:
+    """A contender's peak RSS must not include the benchmark process it was spawned from (ru_maxrss
+    would: Linux keeps it across exec)."""
+    from mini_gpt.bench.shards import in_fresh_process, peak_rss_mb
+
+    ballast = torch.ones(300 * 2**20 // 4)  # 300 MB resident in this process
+    child = in_fresh_process(peak_rss_mb)
+    assert peak_rss_mb() > 300 + ballast[0].item() - 1 and child < 150
+
+
+@pytest.mark.slow
+def test_data_section_shards_counts_match_tiktoken(
+    tmp_path: Path, shakespeare_path: Path, gpt2_bpe_file: Path
+) -> None:
+    """`bench data` (shards): all three contenders run on the same 1 MB parquet corpus and count the same
+    tokens; the ratios are computed against the right rows."""
+    parser = argparse.ArgumentParser()
+    bench_data.add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--size-mb",
+            "1",
+            "--procs",
+            "1,2",
+            "--text",
+            str(shakespeare_path),
+            "--bpe-file",
+            str(gpt2_bpe_file),
+            "--workdir",
+            str(tmp_path),
+        ]
+    )
+    rows, extra = bench_data.run(args)
+    assert [(r["contender"], r["num_proc"]) for r in rows] == [
+        (c, n) for n in (1, 2) for c in ("mini-gpt", "nanogpt", "tiktoken")
+    ]
+    assert len({r["tokens"] for r in rows}) == 1 and rows[0]["tokens"] > 200_000
+    by = {(r["contender"], r["num_proc"]): r for r in rows}
+    assert by[("mini-gpt", 2)]["time_vs_tiktoken"] == round(
+        by[("mini-gpt", 2)]["seconds"] / by[("tiktoken", 2)]["seconds"], 2
+    )
+    assert extra["corpus_mb"] == 1.0 and extra["other_load"] >= 0

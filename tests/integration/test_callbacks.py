@@ -1,0 +1,454 @@
+"""Callbacks: NaN guard keeps the last good checkpoint, Ctrl-C saves one, throughput/MFU, samples,
+attention maps, the run summary."""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import shutil
+import signal
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.model.gpt import GPTConfig
+from mini_gpt.train.callbacks import (
+    NaNGuard,
+    NonFiniteLossError,
+    ProgressBar,
+    RunSummary,
+    SampleText,
+    SaveOnInterrupt,
+    Throughput,
+    ValidateAtEnd,
+    measure_cpu_matmul_flops,
+    peak_flops,
+)
+from mini_gpt.train.optim import OptimConfig
+
+BLOCK = 32
+
+
+@pytest.fixture(scope="session")
+def char_data_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> Path:
+    from mini_gpt.data import DataConfig, prepare_data
+
+    root = tmp_path_factory.getbasetemp() / "mini_gpt_char_cache"
+    prepare_data(DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(root)))
+    return root
+
+
+@pytest.fixture
+def dm(char_data_dir: Path, shakespeare_path: Path) -> Any:
+    from mini_gpt.data import DataConfig
+    from mini_gpt.data.datamodule import GPTDataModule
+
+    cfg = DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(char_data_dir))
+    return GPTDataModule(cfg, block_size=BLOCK, batch_size=4, seed=3, val_windows=4)
+
+
+def _module(dm: Any, nan_from_step: int | None = None) -> Any:
+    from mini_gpt.train.module import GPTLitModule
+
+    class Module(GPTLitModule):
+        def loss(self, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+            loss = super().loss(x, y, reduction)
+            if self.training and nan_from_step is not None and self.global_step + 1 >= nan_from_step:
+                return loss * float("nan")  # injected: from this step (counted from 1) on, loss is NaN
+            return loss
+
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dm.vocab_size, block_size=BLOCK)
+    return Module(config, OptimConfig(lr=1e-3), tokenizer=dm.tokenizer, max_steps=50)
+
+
+def _trainer(tmp_path: Path, callbacks: list[Any], **kwargs: Any) -> Any:
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from mini_gpt.train.callbacks import EvalCheckpoint
+
+    ckpt = EvalCheckpoint(dirpath=tmp_path / "ckpt", filename="best", monitor="val/loss", save_last=True)
+    base: dict[str, Any] = dict(
+        accelerator="cpu",
+        max_steps=8,
+        max_epochs=-1,
+        val_check_interval=2,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=CSVLogger(tmp_path, name="csv", version=""),
+        callbacks=[*callbacks, ckpt],
+    )
+    base.update(kwargs)
+    return L.Trainer(**base)
+
+
+def _ckpt_step(path: Path) -> int:
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+    return ckpt["global_step"]
+
+
+def test_nan_guard_stops_at_log_interval_and_keeps_last_good(tmp_path: Path, dm: Any) -> None:
+    trainer = _trainer(tmp_path, [NaNGuard()])
+    with pytest.raises(NonFiniteLossError, match="NaN/inf by step 5") as err:
+        trainer.fit(_module(dm, nan_from_step=5), datamodule=dm)
+    assert str(tmp_path / "ckpt" / "last.ckpt") in str(err.value)
+    assert "\n" not in str(err.value)
+    assert _ckpt_step(tmp_path / "ckpt" / "last.ckpt") == 4
+
+
+def test_summary_written_when_the_run_stops_and_when_it_ends(tmp_path: Path, dm: Any) -> None:
+    import json
+
+    path = tmp_path / "summary.json"
+    trainer = _trainer(tmp_path, [NaNGuard(), RunSummary(path)])
+    with pytest.raises(NonFiniteLossError):
+        trainer.fit(_module(dm, nan_from_step=5), datamodule=dm)
+    stopped = json.loads(path.read_text())
+    assert (stopped["status"], stopped["steps"]) == ("nonfinite", 5)
+    assert [row[0] for row in stopped["val_curve"]] == [2, 4]  # evaluations before the NaN
+    assert stopped["last_ckpt"] == str(tmp_path / "ckpt" / "last.ckpt")
+    assert _ckpt_step(Path(stopped["last_ckpt"])) == 4
+
+    module = _module(dm)
+    module.tokens_per_step = 4 * BLOCK
+    throughput, summary = Throughput(peak_flops=1e10), RunSummary(path)
+    trainer = _trainer(tmp_path / "ok", [summary, throughput], max_steps=4)  # the summary listed first
+    trainer.fit(module, datamodule=dm)
+    done = json.loads(path.read_text())
+    assert done == summary.summary
+    assert (done["status"], done["steps"], done["tokens"]) == ("completed", 4, 4 * 4 * BLOCK)
+    assert done["tokens_per_sec"] == throughput.tokens_per_sec > 0  # the run's whole average
+    vals = [row[2] for row in done["val_curve"]]
+    assert (done["best_val_loss"], done["final_val_loss"]) == (min(vals), vals[-1])
+    assert 0 < done["val_curve"][0][1] < done["wall_seconds"]  # seconds since the process started
+    assert list(tmp_path.glob(".summary.json*")) == []  # written atomically: no temporary left
+
+
+def test_nan_guard_runs_before_checkpointing_at_validation(tmp_path: Path, dm: Any) -> None:
+    # Logging (and so the interval check) only every 50 steps: validation at step 4 must catch it.
+    trainer = _trainer(tmp_path, [NaNGuard()], log_every_n_steps=50)
+    with pytest.raises(NonFiniteLossError, match="by step 4"):
+        trainer.fit(_module(dm, nan_from_step=3), datamodule=dm)
+    assert _ckpt_step(tmp_path / "ckpt" / "last.ckpt") == 2  # the NaN state of step 4 was not saved
+
+
+def test_last_checkpoint_refreshed_at_every_evaluation(tmp_path: Path, dm: Any) -> None:
+    """Even when val/loss gets worse (lr far too high), last.ckpt follows the latest evaluation."""
+    from mini_gpt.train.module import GPTLitModule
+
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dm.vocab_size, block_size=BLOCK)
+    module = GPTLitModule(config, OptimConfig(lr=5.0, min_lr_ratio=1.0, warmup_steps=0, weight_decay=0.0))
+    trainer = _trainer(tmp_path, [], max_steps=6, gradient_clip_val=None)
+    trainer.fit(module, datamodule=dm)
+    losses = [v for _, _, v in module.stats.val_history]
+    assert min(losses) < losses[-1]  # val got worse at the end: no new best
+    assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == 6
+
+
+def test_without_guard_nan_would_be_checkpointed(tmp_path: Path, dm: Any) -> None:
+    """Control for the two tests above: the injected NaN really reaches the checkpoint otherwise."""
+    trainer = _trainer(tmp_path, [], max_steps=4, log_every_n_steps=50)
+    trainer.fit(_module(dm, nan_from_step=3), datamodule=dm)
+    ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 4
+    assert not all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+
+
+def test_sigint_saves_last_checkpoint_between_steps(
+    tmp_path: Path, dm: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import lightning as L
+
+    class CtrlC(L.Callback):
+        def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == 2:  # the signal arrives during step 3
+                os.kill(os.getpid(), signal.SIGINT)
+
+    saver = SaveOnInterrupt()
+    trainer = _trainer(tmp_path, [CtrlC(), saver], val_check_interval=100)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit):  # Lightning's graceful shutdown after KeyboardInterrupt
+            trainer.fit(_module(dm), datamodule=dm)
+    finally:
+        signal.signal(signal.SIGINT, previous)  # Lightning leaves SIGINT ignored after an interrupt
+    assert saver.saved_path == tmp_path / "ckpt" / "last.ckpt"
+    assert _ckpt_step(saver.saved_path) == 3  # step 3 finished, then saved
+    # the exact command that resumes: this script with the checkpoint (the rest comes from the checkpoint)
+    err = capsys.readouterr().err.splitlines()
+    assert f"interrupted at step 3: saved {saver.saved_path}" in err
+    python = (
+        "python"
+        if shutil.which("python") and Path(shutil.which("python")).resolve() == Path(sys.executable).resolve()
+        else sys.executable
+    )
+    expected = shlex.join([python, sys.argv[0], f"ckpt_path={saver.saved_path}"])
+    assert (
+        err[err.index(f"interrupted at step 3: saved {saver.saved_path}") + 1] == f"resume with: {expected}"
+    )
+
+
+def test_throughput_logs_tokens_per_sec_and_mfu(tmp_path: Path, dm: Any) -> None:
+    peak = 1e10
+    throughput = Throughput(peak_flops=peak)
+    module = _module(dm)
+    trainer = _trainer(tmp_path, [throughput], max_steps=6, log_every_n_steps=3, val_check_interval=100)
+    trainer.fit(module, datamodule=dm)
+    rows = (tmp_path / "csv" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    logged = [dict(zip(header, r.split(","))) for r in rows[1:]]
+    logged = [r for r in logged if r.get("tokens_per_sec")]
+    assert [int(r["step"]) for r in logged] == [3, 6]
+    flops_per_token = module.model.flops_per_token(BLOCK)
+    for r in logged:
+        tps, mfu = float(r["tokens_per_sec"]), float(r["mfu"])
+        assert tps > 0
+        assert mfu == pytest.approx(flops_per_token * tps / peak, rel=1e-6)
+    assert throughput.total_tokens == 6 * 4 * BLOCK
+    assert throughput.total_seconds > 0 and throughput.tokens_per_sec > 0
+    # after training, `latest` holds the run's averages (what the progress bar and summary.json show)
+    assert throughput.latest == {
+        "tokens_per_sec": throughput.tokens_per_sec,
+        "mfu": pytest.approx(flops_per_token * throughput.tokens_per_sec / peak, rel=1e-9),
+    }
+
+
+def test_progress_bar_ends_on_the_run_averages_whatever_the_callback_order(tmp_path: Path, dm: Any) -> None:
+    bar, throughput = ProgressBar(refresh_rate=1), Throughput(peak_flops=1e10)
+    trainer = _trainer(
+        tmp_path, [bar, throughput], max_steps=4, log_every_n_steps=3, enable_progress_bar=True
+    )  # the bar listed before the callback whose numbers it shows
+    trainer.fit(_module(dm), datamodule=dm)
+    assert throughput.total_tokens == 4 * 4 * BLOCK  # the tail after the last log interval counted
+    assert f" {throughput.tokens_per_sec:,.0f} tok/s" in f" {bar.shown_stats}"
+    assert bar.shown_stats.startswith("loss ") and bar.shown_stats.endswith("% mfu")
+
+
+def test_peak_flops_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert peak_flops(torch.device("cpu"), "32-true", override=123.0) == 123.0
+    cpu = measure_cpu_matmul_flops(torch.float32)
+    assert 1e8 < cpu < 1e14  # a plausible CPU, measured (cached per process)
+    assert measure_cpu_matmul_flops(torch.float32) == cpu
+    # GPUs: Lightning's table of published dense peaks (H100 SXM: bf16 989 TFLOP/s, plain fp32 67)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert peak_flops(torch.device("cuda"), "bf16-mixed") == pytest.approx(989e12, rel=0.01)
+    import lightning.fabric.accelerators.cuda as lightning_cuda
+
+    monkeypatch.setattr(lightning_cuda, "_is_ampere_or_later", lambda: False)  # no TF32 without CUDA here
+    assert peak_flops(torch.device("cuda"), "32-true") == pytest.approx(67e12, rel=0.01)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-40GB")
+    assert peak_flops(torch.device("cuda"), "16-mixed") == 312e12
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Mystery GPU")
+    with pytest.warns(UserWarning, match="FLOPs not found"):
+        assert peak_flops(torch.device("cuda"), "bf16-mixed") == 0.0
+
+
+def test_sample_text_is_seeded_and_leaves_training_rng_alone(dm: Any) -> None:
+    module = _module(dm)
+    cb = SampleText(prompt="ROMEO:", max_new_tokens=25, seed=5)
+    rng = torch.get_rng_state()
+    a, b = cb.sample(module), cb.sample(module)
+    assert torch.equal(rng, torch.get_rng_state())
+    assert a == b and a.startswith("ROMEO:") and len(a) == len("ROMEO:") + 25
+    assert set(a) <= set(dm.tokenizer.decode(list(range(dm.vocab_size))))
+
+
+def test_samples_printed_during_training_and_final_validation(
+    tmp_path: Path, dm: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = _module(dm)
+    cb = SampleText(every_n_steps=3, max_new_tokens=10)
+    trainer = _trainer(tmp_path, [cb, ValidateAtEnd()], max_steps=5, val_check_interval=3)
+    trainer.fit(module, datamodule=dm)
+    assert [row[0] for row in cb.rows] == [3, 5]  # every 3 steps, plus at the end
+    assert "--- sample at step 3 ---" in capsys.readouterr().out
+    # validation at step 3 (interval) and at step 5 (end of training, not a multiple of 3)
+    assert [s for s, _, _ in module.stats.val_history] == [3, 5]
+    assert math.isfinite(module.stats.val_history[-1][2])
+
+
+def test_progress_bar_shows_python_side_metrics(dm: Any) -> None:
+    module = _module(dm)
+    module.stats.latest.update({"train/loss": 2.34567, "val_loss": 2.5})  # the module's
+    throughput = Throughput()
+    throughput.latest = {"tokens_per_sec": 12345.6, "mfu": 0.4321}  # the Throughput callback's
+    bar = ProgressBar()
+    trainer = SimpleNamespace(callbacks=[bar, throughput])
+    assert bar.get_metrics(trainer, module) == {}  # type: ignore[arg-type]  # Lightning's column stays empty
+    assert bar.shown_stats == "loss 2.346 val 2.500 12,346 tok/s 43.2% mfu"
+    assert bar.get_metrics(SimpleNamespace(callbacks=[bar]), module) == {}  # type: ignore[arg-type]
+    assert bar.shown_stats == "loss 2.346 val 2.500"  # no Throughput callback: no tok/s
+
+
+@pytest.mark.parametrize("steps", [500, 25_000])
+def test_progress_bar_is_one_line_in_80_columns(steps: int) -> None:
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    module = SimpleNamespace(stats=SimpleNamespace(latest={"train/loss": 1.82345, "val_loss": 1.819}))
+    throughput = Throughput()
+    throughput.latest = {"tokens_per_sec": 126580.4, "mfu": 0.316}
+    bar = ProgressBar()
+    bar.get_metrics(SimpleNamespace(callbacks=[throughput]), module)  # type: ignore[arg-type]
+    out = io.StringIO()
+    console = Console(file=out, width=80)
+    progress = Progress(*bar.configure_columns(None), console=console)  # type: ignore[arg-type]
+    sanity = progress.add_task("Sanity Checking", total=2)
+    bar.train_progress_bar_id = progress.add_task("Epoch 0/-2", total=steps)  # as Lightning names it
+    progress.update(bar.train_progress_bar_id, completed=steps // 2)
+    console.print(progress.make_tasks_table([progress.tasks[bar.train_progress_bar_id]]))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and len(lines[0]) <= 80, lines
+    assert lines[0].startswith("train ")  # the training task is called "train", whatever its description
+    assert f"{steps // 2}/{steps}" in lines[0]
+    assert lines[0].endswith("loss 1.823 val 1.819 126,580 tok/s 31.6% mfu")
+    console.print(progress.make_tasks_table([progress.tasks[sanity]]))
+    other = out.getvalue().splitlines()[1]
+    assert other.startswith("Sanity Checking ") and "tok/s" not in other  # other tasks keep theirs
+
+
+@pytest.mark.parametrize(
+    ("precision", "clip", "advice"),
+    [
+        ("32-true", 1.0, "lower optim.lr"),
+        ("32-true", None, "lower optim.lr or set trainer.gradient_clip_val=1.0"),
+        (
+            "bf16-mixed",
+            1.0,
+            "lower optim.lr or use trainer.precision=32-true (this run used bf16-mixed)",
+        ),
+        (
+            "16-mixed",
+            0.0,
+            "lower optim.lr, set trainer.gradient_clip_val=1.0 or use trainer.precision=32-true "
+            "(this run used 16-mixed)",
+        ),
+    ],
+)
+def test_nan_message_suggests_only_what_the_run_has_not_tried(precision: str, clip: Any, advice: str) -> None:
+    trainer = SimpleNamespace(
+        global_step=7, precision=precision, gradient_clip_val=clip, checkpoint_callback=None, callbacks=[]
+    )
+    module = SimpleNamespace(saw_nonfinite_loss=lambda: True)
+    with pytest.raises(NonFiniteLossError) as err:
+        NaNGuard().check(trainer, module)
+    assert str(err.value).endswith(f"(no checkpoint was saved yet); {advice}")
+
+
+def test_progress_bar_counts_the_whole_run_after_a_resume(tmp_path: Path, dm: Any) -> None:
+    import lightning as L
+
+    seen: dict[str, Any] = {}
+
+    class Spy(L.Callback):  # listed before the bar: reads it before the bar closes at train end
+        def on_train_end(self, trainer: Any, *args: Any) -> None:
+            task = next(t for t in bar.progress.tasks if t.id == bar.train_progress_bar_id)
+            seen["bar"] = (task.completed, task.total)
+
+    first = _trainer(tmp_path / "a", [], max_steps=5, val_check_interval=5)
+    first.fit(_module(dm), datamodule=dm)
+    bar = ProgressBar(refresh_rate=1)
+    resumed = _trainer(
+        tmp_path / "b", [Spy(), bar], max_steps=8, val_check_interval=5, enable_progress_bar=True
+    )
+    resumed.fit(_module(dm), datamodule=dm, ckpt_path=tmp_path / "a" / "ckpt" / "last.ckpt")
+    assert resumed.global_step == 8
+    assert seen["bar"] == (8, 8)  # 8/8 at the end, not 8/3
+
+
+# ---- checkpoint writing -----------------------------------------------------------------------------
+KILLED_WRITER = """
+import sys, torch
+from mini_gpt.train.callbacks import AtomicCheckpointIO
+io, path = AtomicCheckpointIO(), sys.argv[1]
+io.save_checkpoint({"step": 1, "w": torch.ones(8)}, path)
+print("saved step 1", flush=True)
+io.save_checkpoint({"step": 2, "w": torch.ones(40_000_000)}, path)  # 160 MB: killed while writing it
+print("saved step 2", flush=True)
+"""
+
+
+def test_checkpoint_survives_a_hard_kill_while_the_next_is_written(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "last.ckpt"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(path)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "saved step 1\n"
+        size_1 = path.stat().st_size
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the second checkpoint is partly on disk
+            partial = [p.stat().st_size for p in [*tmp_path.glob(".last.ckpt.*.tmp"), path] if p.exists()]
+            if max(partial, default=0) > max(size_1, 1 << 20):
+                break
+            time.sleep(0.005)
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        child.kill()
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)  # still the complete previous one
+    assert ckpt["step"] == 1 and ckpt["w"].tolist() == [1.0] * 8
+    # The next save in the folder removes what the killed one left, and only that.
+    left = tmp_path / f".last.ckpt.{child.pid}.tmp"
+    live = tmp_path / f".best.ckpt.{os.getppid()}.tmp"  # a process that still runs may still be saving
+    other = tmp_path / ".notes.tmp"
+    live.write_bytes(b"x")
+    other.write_bytes(b"x")
+    assert left.exists()
+    from mini_gpt.train.callbacks import AtomicCheckpointIO
+
+    AtomicCheckpointIO().save_checkpoint({"step": 3}, tmp_path / "epoch.ckpt")
+    assert not left.exists() and live.exists() and other.exists()
+
+
+def test_full_disk_while_writing_a_checkpoint_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    import mini_gpt.train.callbacks.checkpointing as checkpointing
+
+    io = checkpointing.AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1}, path)
+
+    def full(_fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpointing.os, "fsync", full)
+    with pytest.raises(MiniGPTError) as info:
+        io.save_checkpoint({"step": 2}, path)
+    msg = str(info.value)
+    assert msg.startswith(f"cannot write checkpoint {path} (No space left on device)")
+    assert "the previous one is unchanged" in msg and "paths.run_dir" in msg and "\n" not in msg
+    assert torch.load(path, weights_only=True) == {"step": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary file left
+
+
+def test_unreadable_checkpoint_is_one_line(tmp_path: Path) -> None:
+    from mini_gpt.train.callbacks import AtomicCheckpointIO
+
+    path = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"step": 1, "w": torch.ones(1000)}, path)
+    path.write_bytes(path.read_bytes()[:-100])  # truncated
+    with pytest.raises(MiniGPTError) as info:
+        AtomicCheckpointIO().load_checkpoint(path)
+    assert str(info.value).startswith(f"cannot read checkpoint {path}: corrupt, truncated")
+    assert "\n" not in str(info.value)

@@ -1,0 +1,294 @@
+"""The configs: every tool's --help shows that tool's own keys with their comments, and only real groups;
+every experiment and every option of every config group composes into valid settings; they ship inside
+the package (a regular, non-editable install finds them); the output-directory guard runs before Hydra
+creates a run directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from mini_gpt.conf import CONF_DIR
+from mini_gpt.conf.guards import WritableOutputDir, check_writable
+from mini_gpt.data.config import AnyDataConfig, data_config
+from mini_gpt.model.gpt import GPTConfig
+from mini_gpt.train.optim import OptimConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _help(*argv: str, cwd: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, *argv, "--help"],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr == ""
+    return proc.stdout
+
+
+def _own_keys(config_name: str) -> dict[str, str]:
+    """{top-level key: its comment} read from the YAML text (the reference, independent of the help)."""
+    content = yaml.safe_load((CONF_DIR / f"{config_name}.yaml").read_text())
+    keys = {k for k in content if k not in ("defaults", "hydra")}
+    comments = {}
+    for line in (CONF_DIR / f"{config_name}.yaml").read_text().splitlines():
+        key = line.split(":", 1)[0]
+        if key in keys and not line.startswith((" ", "#")):
+            comments[key] = line.split(" #", 1)[1].strip() if " #" in line else ""
+    assert set(comments) == keys
+    return comments
+
+
+@pytest.mark.parametrize(
+    ("module", "tool"),
+    [("generate",) * 2, ("export",) * 2, ("attention_maps",) * 2, ("loss_curves", "plot")],
+)
+def test_tool_help_lists_its_own_keys_with_comments(module: str, tool: str, tmp_path: Path) -> None:
+    out = _help("-m", f"mini_gpt.{module}", cwd=tmp_path)
+    lines = out.splitlines()
+    for key, comment in _own_keys(tool).items():
+        line = next((x for x in lines if x.startswith(f"{key}:")), None)
+        assert line is not None, (key, out)
+        assert comment in line
+    # nothing of the training config or of Hydra's plumbing
+    train_groups = {d.name for d in CONF_DIR.iterdir() if d.is_dir() and not d.name.startswith("_")}
+    assert not [x for x in lines if x.split(":")[0].strip() in train_groups - set(_own_keys(tool))]
+    assert "Configuration groups" not in out and "Powered by Hydra" not in out
+    assert "hydra" not in out.lower().replace("hydra_", "")
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "expected"),
+    [
+        ("generate", ["model=baby"], "error: generate: unknown key 'model'; the keys are ckpt, init_from, "),
+        ("export", ["out.x=1"], "error: export: unknown key 'out.x'; the keys are ckpt, format, out, "),
+        ("attention_maps", ["layer=[0"], "error: attention_maps: bad override (no viable alternative at "),
+        ("evaluate", ["~ckpt", "~ckpt"], "error: evaluate: bad override (Could not delete from config. "),
+    ],
+)
+def test_a_refused_override_is_one_line(
+    tool: str, args: list[str], expected: str, monkeypatch, capsys
+) -> None:
+    """What Hydra refuses on a tool's command line (its own message spans several lines) is one line."""
+    import importlib
+
+    monkeypatch.setattr(sys, "argv", [tool, *args])
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module(f"mini_gpt.{tool}").main()
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(expected) and captured.err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["foo=1"], "error: train: unknown key 'foo'; the keys are seed, ckpt_path, "),
+        (["model.foo=1"], "error: train: unknown key 'model.foo'; the keys of model are vocab_size, "),
+        (["experiment=nope"], "error: train: experiment=nope: there is no conf/experiment/nope.yaml; the "
+         "options are finetune_cpu, "),
+        (["optim.lr=["], "error: train: bad override (no viable alternative at input '['); write key=value "
+         "(python train.py --help)"),
+    ],
+)  # fmt: skip
+def test_train_refused_override_is_one_line(args: list[str], expected: str, tmp_path: Path) -> None:
+    """train.py: what Hydra refuses is one line and exit status 2, and no run folder is made."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args, f"paths.output_dir={tmp_path / 'out'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and done.stderr.startswith(expected) and done.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_help_lists_the_groups_of_its_defaults_and_no_sweep(tmp_path: Path) -> None:
+    out = _help(str(REPO / "train.py"), cwd=tmp_path)
+    defaults = yaml.safe_load((CONF_DIR / "train.yaml").read_text())["defaults"]
+    groups = [next(iter(e)) for e in defaults if isinstance(e, dict) and next(iter(e)) != "hydra"]
+    listed = {}
+    for line in out.split("Options of each group", 1)[1].splitlines()[1:]:
+        if line.startswith("  ") and ":" in line:
+            group, options = line.strip().split(":", 1)
+            listed[group] = [o.strip() for o in options.split(",")]
+    assert listed == {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in groups}
+    assert "sweep" not in listed and (CONF_DIR / "sweep").is_dir()  # W&B sweep specs are no Hydra group
+    for key, comment in _own_keys("train").items():
+        assert any(x.startswith(f"{key}:") for x in out.splitlines()), key
+        assert comment in out
+
+
+def test_writable_output_dir_passes(tmp_path: Path) -> None:
+    check_writable(tmp_path / "outputs" / "train" / "runs" / "x", "hydra.run.dir")  # no exit
+    assert not (tmp_path / "outputs").exists()  # only checked, never created
+
+
+def test_read_only_output_dir_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    # Simulated: tests run as root, which may write anywhere except on a read-only file system.
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path else real_access(p, mode))
+    with pytest.raises(SystemExit) as info:
+        check_writable(tmp_path / "outputs" / "run", "hydra.run.dir")
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: cannot create the output directory {tmp_path / 'outputs' / 'run'}: {tmp_path} is read-only "
+        "or not writable by you; set paths.output_dir=... (or hydra.run.dir=...) to a writable directory"
+    ]
+
+
+def test_output_dir_under_a_file_is_one_line(tmp_path: Path, capsys) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit):
+        check_writable(tmp_path / "file" / "run", "hydra.sweep.dir")
+    assert f"{tmp_path / 'file'} is not a directory" in capsys.readouterr().err
+
+
+def test_train_config_runs_the_guard(compose) -> None:
+    cfg = compose(["model=tiny"], hydra=True)
+    targets = [c["_target_"] for c in cfg.hydra.callbacks.values()]
+    assert f"{WritableOutputDir.__module__}.{WritableOutputDir.__name__}" in targets
+
+
+def test_configs_sit_at_the_top_of_the_checkout() -> None:
+    assert CONF_DIR == REPO / "conf" and (CONF_DIR / "train.yaml").is_file()
+
+
+def test_the_wheel_lists_every_package_and_ships_conf() -> None:
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "mini_gpt").rglob("__init__.py")}
+    assert on_disk | {"mini_gpt.configs"} == set(setuptools["packages"])
+    assert setuptools["package-dir"] == {"mini_gpt.configs": "conf"}
+
+
+# Groups of train.yaml's defaults list whose options are plain YAML files of that folder.
+GROUPS = ("model", "data", "optim", "trainer", "callbacks", "logger", "experiment", "debug", "finetune")
+# Options whose required keys are null in their YAML (the user names their corpus).
+REQUIRED = {
+    ("data", "text"): ["data.path=notes.txt"],
+    ("data", "hf"): ["data.dataset=user/corpus"],
+    ("data", "shards"): ["data.path=shards/*.bin"],
+    ("experiment", "finetune_cpu"): ["data.path=notes.txt"],
+}
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _settings(cfg: Any) -> tuple[GPTConfig, AnyDataConfig, OptimConfig]:
+    """The dataclasses train() builds from a composed config (unknown keys or bad values raise)."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model["vocab_size"] = model["vocab_size"] or 65  # null: the tokenizer's, known only after preparation
+    data = data_config(OmegaConf.to_container(cfg.data, resolve=True))
+    optim = OptimConfig.from_dict(OmegaConf.to_container(cfg.optim, resolve=True))
+    return GPTConfig.from_dict(model), data, optim
+
+
+def test_groups_in_the_defaults_list_are_the_folders(compose: Any) -> None:
+    entries = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "train.yaml"))["defaults"]
+    defaults = {next(iter(d)) for d in entries if isinstance(d, dict)}
+    assert set(GROUPS) | {"paths", "hydra", "hparams_search"} == defaults
+    assert all(_options(group) for group in GROUPS)
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_option_of_every_group_composes(compose: Any, group: str) -> None:
+    for option in _options(group):
+        extra = REQUIRED.get((group, option), [])
+        cfg = compose([f"{group}={option}", *extra])
+        model, data, optim = _settings(cfg)
+        assert cfg.trainer._target_ == "lightning.pytorch.Trainer", option
+        assert cfg.trainer.max_steps > 0 and cfg.loader.batch_size > 0, option
+        if group in ("model", "data", "optim"):  # the option is what the composed group holds
+            own = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
+            chosen = {"model": model, "data": data, "optim": optim}[group]
+            own = {k: v for k, v in own.items() if k not in ("defaults", "vocab_size", "path", "dataset")}
+            assert {k: getattr(chosen, k) for k in own} == {
+                k: tuple(v) if k == "betas" else v for k, v in own.items()
+            }, option
+
+
+def test_experiments_compose_to_their_recipes(compose: Any) -> None:
+    gpt2 = compose(["experiment=gpt2_124m"])
+    model, data, optim = _settings(gpt2)
+    assert (model.n_layer, model.n_head, model.n_embd, model.block_size) == (12, 12, 768, 1024)
+    # the training recipe pads GPT-2's 50,257 tokens to 50,304 (a multiple of 64: faster matmuls);
+    # the published architecture (GPTConfig.from_preset("gpt2")) keeps 50,257
+    assert model.vocab_size == 50304 and GPTConfig.from_preset("gpt2").vocab_size == 50257
+    assert (data.name, data.resolved_tokenizer, optim.name) == ("shakespeare", "gpt2", "adamw")
+    assert 16 * gpt2.trainer.accumulate_grad_batches * 1024 == 524_288  # tokens per step, one device
+    assert gpt2.trainer.precision == "bf16-mixed" and gpt2.compile is True
+
+    gpu = compose(["experiment=shakespeare_char_gpu"])
+    model, data, optim = _settings(gpu)
+    assert (model.n_layer, model.n_embd, model.block_size, model.dropout) == (6, 384, 256, 0.2)
+    assert (data.resolved_tokenizer, optim.name, gpu.loader.batch_size) == ("char", "adamw", 64)
+    assert gpu.trainer.accelerator == "gpu" and gpu.trainer.max_steps == 5000
+
+    cpu = compose(["experiment=shakespeare_char_cpu"])
+    model, _, optim = _settings(cpu)
+    assert (model.n_layer, model.n_embd, optim.name, cpu.trainer.max_steps) == (4, 128, "muon", 2500)
+    assert cpu.trainer.accelerator == "cpu"
+
+
+def test_default_logger_writes_a_csv_log_beside_wandb(compose: Any) -> None:
+    loggers = compose([]).logger
+    assert set(loggers) == {"wandb", "csv"}
+    assert loggers.csv._target_ == "lightning.pytorch.loggers.CSVLogger"
+    assert set(compose(["logger=none"]).get("logger") or {}) == set()
+
+
+@pytest.mark.slow
+def test_regular_install_finds_its_configs(tmp_path: Path) -> None:
+    """Build a wheel (no network, no build isolation) from a copy of the sources, install it into a
+    folder of its own and generate from another working directory: the configs come with it."""
+    import torch
+
+    from mini_gpt.interop.export import export_model
+    from mini_gpt.model.gpt import GPT
+    from mini_gpt.tokenizer import CharTokenizer
+
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "mini_gpt", src / "mini_gpt", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "conf", src / "conf")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", src], check=True
+    )
+    [wheel] = (tmp_path / "dist").glob("mini_gpt-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--target", tmp_path / "site", wheel], check=True)
+
+    tokenizer = CharTokenizer("ab\n")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=16, vocab_size=3))
+    export_model(model, tokenizer, tmp_path / "model", "safetensors")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    where = subprocess.run(
+        [sys.executable, "-c", "import mini_gpt.conf as c; print(c.CONF_DIR)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert where.stdout.strip() == str(tmp_path / "site" / "mini_gpt" / "configs")  # the installed copy
+    done = subprocess.run(
+        [sys.executable, "-m", "mini_gpt.generate", f"ckpt={tmp_path / 'model'}", "prompt=ab",
+         "max_new_tokens=5", "temperature=0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ab") and len(done.stdout.rstrip("\n")) >= 2

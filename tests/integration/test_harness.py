@@ -1,0 +1,191 @@
+"""The lm-eval adapter `mini-gpt` against lm-eval's own `hf` model on the exported directory, offline."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from integration.test_checkpoint import write_lightning_ckpt
+from unit.test_scoring import WORDS, bpe_model
+
+from mini_gpt.interop.export import export_model
+from mini_gpt.tokenizer import build_tokenizer
+
+pytest.importorskip
+from lm_eval import simple_evaluate  # noqa: E402
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.api.registry import get_model  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+from mini_gpt.eval import harness  # noqa: E402
+from mini_gpt.eval.harness import MiniGPTLM, register, run_harness  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_task(root: Path, n: int = 24) -> Path:
+    """A 4-way multiple-choice task over a local jsonl: data_files as a dict of splits (a single path
+    would land in split `train`)."""
+    rng = random.Random(0)
+    rows = []
+    for _ in range(n):
+        question = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 10)))
+        choices = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))) for _ in range(4)]
+        rows.append({"question": question, "choices": choices, "label": rng.randrange(4)})
+    (root / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "tiny_mc.yaml").write_text(
+        textwrap.dedent(
+            f"""\
+            task: tiny_mc
+            dataset_path: json
+            dataset_kwargs:
+              data_files:
+                validation: {root / "mc.jsonl"}
+            validation_split: validation
+            output_type: multiple_choice
+            doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+            doc_to_target: "{{{{label}}}}"
+            doc_to_choice: "{{{{choices}}}}"
+            metric_list:
+              - metric: acc
+              - metric: acc_norm
+            """
+        )
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, gpt2_bpe_file):
+    root = tmp_path_factory.mktemp("harness")
+    tok = build_tokenizer("gpt2", bpe_file=gpt2_bpe_file)
+    model = bpe_model(seed=5, block_size=64)
+    hf_dir = export_model(model, tok, root / "hf", "hf")
+    ckpt = write_lightning_ckpt(root / "model.ckpt", model, tok)
+    return {
+        "root": root,
+        "tok": tok,
+        "model": model,
+        "hf_dir": hf_dir,
+        "ckpt": ckpt,
+        "task": write_task(root),
+    }
+
+
+def hf_lm(hf_dir: Path):
+    return get_model("hf").create_from_arg_obj(
+        {"pretrained": str(hf_dir), "tokenizer": str(hf_dir), "dtype": "float32"},
+        {"device": "cpu", "batch_size": 4},
+    )
+
+
+def test_adapter_matches_the_harness_hf_model_on_a_local_multiple_choice_task(setup):
+    manager = TaskManager(include_path=str(setup["task"]), include_defaults=False)
+    ours = simple_evaluate(
+        model=MiniGPTLM(model=setup["model"], tokenizer=setup["tok"], batch_size=5),
+        tasks=["tiny_mc"], task_manager=manager, log_samples=True, bootstrap_iters=0,
+    )  # fmt: skip
+    theirs = simple_evaluate(
+        model=hf_lm(setup["hf_dir"]),
+        tasks=["tiny_mc"],
+        task_manager=manager,
+        log_samples=True,
+        bootstrap_iters=0,
+    )
+    for metric in ("acc,none", "acc_norm,none"):
+        assert ours["results"]["tiny_mc"][metric] == theirs["results"]["tiny_mc"][metric]
+    ours_ll = [r[0][0] for s in ours["samples"]["tiny_mc"] for r in s["resps"]]
+    theirs_ll = [r[0][0] for s in theirs["samples"]["tiny_mc"] for r in s["resps"]]
+    assert len(ours_ll) == 24 * 4
+    assert ours_ll == pytest.approx(theirs_ll, abs=1e-4)
+    # not a degenerate task: the choices differ in likelihood
+    assert len({round(x, 3) for x in ours_ll}) > 50
+
+
+def test_rolling_and_greedy_generation_match_the_hf_model(setup):
+    ours = MiniGPTLM(model=setup["model"], tokenizer=setup["tok"], batch_size=3)
+    theirs = hf_lm(setup["hf_dir"])
+    rng = random.Random(1)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(k)) for k in (3, 40, 150)]  # 150 words > block_size
+    rolling = [Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)]
+    assert ours.loglikelihood_rolling(rolling, disable_tqdm=True) == pytest.approx(
+        theirs.loglikelihood_rolling(rolling, disable_tqdm=True), abs=1e-3
+    )
+    gen = [
+        Instance("generate_until", {}, (t, {"until": ["kitchen"], "max_gen_toks": 12, "do_sample": False}), i)
+        for i, t in enumerate(texts[:2])
+    ]
+    assert ours.generate_until(gen, disable_tqdm=True) == theirs.generate_until(gen, disable_tqdm=True)
+
+
+def test_run_harness_returns_plain_metrics_and_rejects_unknown_tasks(setup):
+    from mini_gpt.errors import MiniGPTError
+
+    local = {"include_path": str(setup["task"]), "builtin_tasks": False}
+    res = run_harness(setup["model"], setup["tok"], ["tiny_mc"], limit=8, **local)
+    assert set(res) == {"tiny_mc"}
+    assert {"acc", "acc_norm"} <= set(res["tiny_mc"])
+    assert 0 <= res["tiny_mc"]["acc"] <= 1
+    with pytest.raises(MiniGPTError, match="unknown lm-eval task"):
+        run_harness(setup["model"], setup["tok"], ["no_such_task_xyz"], **local)
+
+
+def test_registration_is_idempotent_in_every_order():
+    """A second `register()`, a second copy of the module (run as `__main__`, reloaded), or the name first
+    held by the lazy target `mini_gpt.eval.harness:MiniGPTLM`: none fails, and the name stays ours."""
+    assert get_model("mini-gpt") is MiniGPTLM and get_model("hf").__name__ == "HFLM"
+    register()
+    spec = importlib.util.spec_from_file_location("__main__", harness.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)  # what `python -m mini_gpt.eval.harness` would run
+    copy.register()
+    assert copy.MiniGPTLM is not MiniGPTLM and get_model("mini-gpt") is MiniGPTLM
+
+    code = textwrap.dedent(
+        """\
+        import lm_eval.models
+        from lm_eval.api.registry import get_model, model_registry
+        model_registry.register("mini-gpt", target="mini_gpt.eval.harness:MiniGPTLM")
+        from mini_gpt.eval import harness
+        harness.register()
+        assert get_model("mini-gpt") is harness.MiniGPTLM and get_model("hf").__name__ == "HFLM"
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_harness_command_runs_a_checkpoint(setup):
+    """`python -m mini_gpt.harness ARGS`: lm-eval's command line with `mini-gpt` registered."""
+    args = ["--model", "mini-gpt", "--model_args", f"ckpt={setup['ckpt']}", "--tasks", "tiny_mc",
+            "--include_path", str(setup["task"]), "--limit", "6"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "mini_gpt.harness", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "|tiny_mc|" in proc.stdout.replace(" ", "")
+    assert "acc_norm" in proc.stdout
+
+
+def test_adapter_loads_a_checkpoint_by_path(setup):
+    lm = MiniGPTLM(ckpt=str(setup["ckpt"]), batch_size="auto")
+    assert lm.batch_size == 16 and lm.max_length == 64
+    req = [Instance("loglikelihood", {}, ("the man", " walks"), 0)]
+    direct = MiniGPTLM(model=setup["model"], tokenizer=setup["tok"]).loglikelihood(req, disable_tqdm=True)
+    ((logprob, greedy),) = lm.loglikelihood(req, disable_tqdm=True)
+    ((direct_logprob, direct_greedy),) = direct
+    assert logprob == pytest.approx(direct_logprob) and greedy == direct_greedy
+    assert torch.equal(lm.model.lm_head.weight, setup["model"].lm_head.weight)

@@ -1,0 +1,161 @@
+"""GPTLitModule: loss, validation mean, logged scalars, checkpoint format, compile keeps keys clean."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mini_gpt.model.gpt import GPT, GPTConfig
+from mini_gpt.train.optim import OptimConfig, lr_at
+
+BATCH, BLOCK = 4, 32
+
+
+@pytest.fixture(scope="session")
+def char_data_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> Path:
+    from mini_gpt.data import DataConfig, prepare_data
+
+    root = tmp_path_factory.getbasetemp() / "mini_gpt_char_cache"
+    prepare_data(DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(root)))
+    return root
+
+
+def _datamodule(data_dir: Path, shakespeare: Path, val_windows: int = 8) -> Any:
+    from mini_gpt.data import DataConfig
+    from mini_gpt.data.datamodule import GPTDataModule
+
+    cfg = DataConfig(name="shakespeare_char", path=str(shakespeare), data_dir=str(data_dir))
+    return GPTDataModule(cfg, block_size=BLOCK, batch_size=BATCH, seed=7, val_windows=val_windows)
+
+
+def _module(vocab_size: int, tokenizer: Any = None, **optim: Any) -> Any:
+    from mini_gpt.train.module import GPTLitModule
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=vocab_size, block_size=BLOCK)
+    return GPTLitModule(cfg, OptimConfig(**optim), tokenizer=tokenizer, max_steps=20)
+
+
+def _trainer(tmp_path: Path, **kwargs: Any) -> Any:
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    base: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        max_steps=3,
+        max_epochs=-1,
+        val_check_interval=3,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=CSVLogger(tmp_path, name="csv", version=""),
+        default_root_dir=tmp_path,
+    )
+    base.update(kwargs)
+    return L.Trainer(**base)
+
+
+def test_loss_is_token_mean_cross_entropy() -> None:
+    module = _module(vocab_size=11)
+    x = torch.randint(0, 11, (3, 9))
+    y = torch.randint(0, 11, (3, 9))
+    logits = module.model(x)
+    logp = logits - logits.logsumexp(-1, keepdim=True)
+    reference = -logp.gather(-1, y[..., None]).mean()
+    torch.testing.assert_close(module.loss(x, y), reference)
+    torch.testing.assert_close(module.loss(x, y, reduction="sum"), reference * 27)
+
+
+def test_first_step_logs_exact_loss_lr_grad_norm_and_val(
+    tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+) -> None:
+    dm = _datamodule(char_data_dir, shakespeare_path)
+    dm.prepare_data()
+    dm.setup("fit")
+    module = _module(dm.vocab_size, dm.tokenizer, lr=1e-3, min_lr_ratio=0.1, warmup_steps=4)
+    # Independent reference for step 1: same init, same first batch, plain PyTorch.
+    ref = GPT(module.model_config)
+    ref.load_state_dict(module.model.state_dict())
+    x, y = next(iter(dm.train_dataloader()))
+    ref_loss = F.cross_entropy(ref(x).flatten(0, 1), y.flatten())
+    ref_loss.backward()
+    ref_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ref.parameters()]))
+
+    trainer = _trainer(tmp_path, gradient_clip_val=1e9)  # clipping path still reports the norm
+    trainer.fit(module, datamodule=dm)
+    step1 = module.stats.train_history[0]
+    assert step1[0] == 1
+    assert step1[1] == pytest.approx(ref_loss.item(), rel=1e-5)
+    rows = (tmp_path / "csv" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    first = dict(zip(header, rows[1].split(",")))
+    assert float(first["grad_norm"]) == pytest.approx(ref_norm.item(), rel=1e-4)
+    assert float(first["lr"]) == pytest.approx(lr_at(0, 1e-3, 1e-4, 4, 20))  # the lr step 1 used
+    assert [s for s, _ in module.stats.train_history] == [1, 2, 3]
+
+    # val/loss = mean token cross-entropy over exactly the val windows, by hand
+    ref.load_state_dict(module.model.state_dict())
+    ref.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for vx, vy in dm.val_dataloader():
+            total += F.cross_entropy(ref(vx).flatten(0, 1), vy.flatten(), reduction="sum").item()
+            count += vy.numel()
+    assert count == 8 * BLOCK
+    val_loss = trainer.callback_metrics["val/loss"].item()
+    assert val_loss == pytest.approx(total / count, rel=1e-5)
+    assert trainer.callback_metrics["val/ppl"].item() == pytest.approx(math.exp(total / count), rel=1e-5)
+    assert module.stats.val_history[-1][0] == 3 and module.stats.val_history[-1][2] == pytest.approx(val_loss)
+
+
+def test_checkpoint_alone_rebuilds_model_and_tokenizer(
+    tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+) -> None:
+    from mini_gpt.tokenizer import tokenizer_from_dict
+
+    dm = _datamodule(char_data_dir, shakespeare_path)
+    dm.prepare_data()
+    module = _module(dm.vocab_size, dm.tokenizer)
+    module.tokens_per_step = 96  # what train() passes from the batch layout
+    trainer = _trainer(tmp_path, max_steps=2, limit_val_batches=1)
+    trainer.fit(module, datamodule=dm)
+    path = tmp_path / "m.ckpt"
+    trainer.save_checkpoint(path)
+
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)  # primitives + tensors only
+    meta = ckpt["mini_gpt"]
+    assert meta["format_version"] == 1
+    assert meta["model_config"] == dataclasses.asdict(module.model_config)
+    assert meta["tokens"] == 2 * 96
+    assert ckpt["global_step"] == 2 and ckpt["optimizer_states"] and ckpt["lr_schedulers"]
+    keys = list(ckpt["state_dict"])
+    assert keys and all(k.startswith("model.") and "_orig_mod" not in k for k in keys)
+
+    model = GPT(GPTConfig(**meta["model_config"]))
+    model.load_state_dict({k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()})
+    tok = tokenizer_from_dict(meta["tokenizer"])
+    text = "ROMEO:\nWhat light"
+    assert tok.decode(tok.encode(text)) == text and tok == dm.tokenizer
+    idx = torch.tensor([tok.encode(text)])
+    module.model.eval()
+    model.eval()
+    torch.testing.assert_close(model(idx), module.model(idx), rtol=0, atol=0)
+
+
+def test_compile_keeps_uncompiled_module_as_state_dict_owner() -> None:
+    module = _module(vocab_size=13)
+    module.compile = True
+    net = module.net  # creates the compiled wrapper (compilation itself is lazy)
+    assert net is not module.model and getattr(net, "_orig_mod", None) is module.model
+    keys = list(module.state_dict())
+    assert keys == [f"model.{k}" for k in module.model.state_dict()]

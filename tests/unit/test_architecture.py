@@ -1,0 +1,147 @@
+"""The house rules, read from the source by a small AST reader of the test's own: rooms talk through
+public names, tools do not import tools, no reach into Lightning's or tiktoken's private attributes, and
+no import cycles between modules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "mini_gpt"
+# The one place allowed to touch a Lightning internal, with its why-comment beside the call.
+LIGHTNING_PRIVATE_ALLOWED = {"train/callbacks/checkpointing.py"}
+
+
+def modules() -> dict[str, ast.Module]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        found[name] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return found
+
+
+MODULES = modules()
+
+
+def imports_of(name: str, tree: ast.Module, top_level_only: bool = False) -> list[tuple[str, list[str]]]:
+    """(module imported, names taken from it) for every `import`/`from ... import` of mini_gpt modules."""
+    out = []
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] == "mini_gpt":
+                out.append((node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out.extend((a.name, []) for a in node.names if a.name.split(".")[0] == "mini_gpt")
+    return out
+
+
+def test_the_reader_sees_the_package():
+    assert "mini_gpt.model.attention" in MODULES and "mini_gpt.train.run" in MODULES
+    assert len(MODULES) > 40
+
+
+def test_no_module_imports_another_modules_private_name():
+    offences = [
+        f"{name} imports {source}.{taken}"
+        for name, tree in MODULES.items()
+        for source, names in imports_of(name, tree)
+        for taken in names
+        if taken.startswith("_") and not taken.startswith("__") and source != name
+    ]
+    assert offences == []
+
+
+def test_no_tool_imports_another_tool():
+    offences = [
+        f"{name} imports {source}"
+        for name, tree in MODULES.items()
+        if name.startswith("mini_gpt.cli.")
+        for source, names in imports_of(name, tree)
+        for target in [source, *(f"{source}.{n}" for n in names)]
+        if target.startswith("mini_gpt.cli.") and target in MODULES and target != name
+    ]
+    assert offences == []
+
+
+def private_attribute_reads(tree: ast.Module, roots: set[str]) -> list[str]:
+    """`x._name` where x is (an attribute chain starting at) one of `roots`."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            chain = ast.unparse(node.value)
+            if isinstance(base, ast.Name) and (base.id in roots or chain.split(".")[-1] in roots):
+                found.append(f"{ast.unparse(node)} (line {node.lineno})")
+    return found
+
+
+def test_no_reach_into_lightning_trainer_internals_outside_one_place():
+    offences = {}
+    for name, tree in MODULES.items():
+        rel = name.removeprefix("mini_gpt.").replace(".", "/") + ".py"
+        if rel in LIGHTNING_PRIVATE_ALLOWED:
+            continue
+        reads = private_attribute_reads(tree, {"trainer"})
+        if reads:
+            offences[name] = reads
+    assert offences == {}
+
+
+def test_no_tiktoken_private_attributes():
+    offences = {
+        name: reads
+        for name, tree in MODULES.items()
+        if (reads := private_attribute_reads(tree, {"tiktoken"}))
+    }
+    assert offences == {}
+
+
+def test_no_import_cycles_between_modules():
+    graph: dict[str, set[str]] = {}
+    for name, tree in MODULES.items():
+        targets = set()
+        for source, names in imports_of(name, tree, top_level_only=True):
+            for target in (f"{source}.{n}" for n in names):
+                if target in MODULES:  # `from mini_gpt.train import run` imports the module run
+                    targets.add(target)
+                    break
+            else:
+                targets.add(source)
+        graph[name] = {t for t in targets if t in MODULES and t != name}
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    return [*path, start]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+        return None
+
+    # A package's __init__ re-exporting its own modules is not a cycle of the design.
+    cycles = [c for n in graph if (c := cycle_from(n)) and not all(m.startswith(c[0]) for m in c)]
+    assert cycles == []
+
+
+@pytest.mark.parametrize("room", ["model"])
+def test_the_core_imports_no_framework(room):
+    heavy = {"lightning", "pytorch_lightning", "hydra", "omegaconf", "transformers", "wandb"}
+    offences = []
+    for name, tree in MODULES.items():
+        if not name.startswith(f"mini_gpt.{room}"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                offences += [f"{name}: {a.name}" for a in node.names if a.name.split(".")[0] in heavy]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in heavy:
+                offences.append(f"{name}: {node.module}")
+    assert offences == []

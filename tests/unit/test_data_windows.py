@@ -1,0 +1,148 @@
+"""Windows over shards: a real permutation, every window once per epoch, disjoint ranks, exact resume,
+document alignment, fixed validation windows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mini_gpt.data.shard_format import write_shard
+from mini_gpt.data.windows import ShardTrainBatches, ValBatches, ValWindows, feistel_permute
+from mini_gpt.errors import MiniGPTError
+
+EOT = 9
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 1000, 4097])
+def test_feistel_is_a_permutation(n: int) -> None:
+    p = feistel_permute(np.arange(n), n, (5, 0))
+    assert sorted(p.tolist()) == list(range(n))
+    if n > 64:
+        assert (p != np.arange(n)).mean() > 0.9  # actually shuffled
+        assert not np.array_equal(p, feistel_permute(np.arange(n), n, (5, 1)))  # another key, another order
+
+
+@pytest.fixture
+def shards(tmp_path: Path):
+    """Three shards of distinct, recognisable tokens (value = global position mod 60000)."""
+    sizes = [1000, 61, 523]
+    infos, offset = [], 0
+    for i, n in enumerate(sizes):
+        infos.append(
+            write_shard(
+                tmp_path / f"train_{i:06d}.bin", (np.arange(offset, offset + n) % 60000).astype(np.uint16)
+            )
+        )
+        offset += n
+    return infos
+
+
+def shard_of(x0: int, sizes: list[int]) -> int:
+    return int(np.searchsorted(np.cumsum(sizes), x0, side="right"))
+
+
+def test_windows_are_shard_tokens_and_an_epoch_visits_each_window_once(shards) -> None:
+    T, B = 8, 4
+    tb = ShardTrainBatches(shards, T, B, seed=3)
+    sizes = [s.n_tokens for s in shards]
+    offset = tb._offset(0)
+    # plain math: windows of epoch 0 start at offset + k*T and must fit in their shard
+    expect = {(s, offset + k * T) for s, n in enumerate(sizes) for k in range((n - 1 - offset) // T)}
+    seen = []
+    for i in range(len(expect) // B):
+        x, y = tb.batch(i)
+        assert x.shape == y.shape == (B, T) and x.dtype == torch.int64
+        assert torch.equal(x[:, 1:], y[:, :-1])
+        for row_x, row_y in zip(x.tolist(), y.tolist()):
+            g = row_x[0]  # token value = global position: recover shard and in-shard start
+            s = shard_of(g, sizes)
+            start = g - sum(sizes[:s])
+            assert [*row_x, row_y[-1]] == list(range(g, g + T + 1))  # T+1 consecutive tokens of one shard
+            seen.append((s, start))
+    assert len(set(seen)) == len(seen)  # no window twice within the epoch
+    assert set(seen) <= expect and len(expect) - len(seen) < B
+    # shuffled over shards: the first few batches already mix shards
+    first = {shard_of(int(v), sizes) for v in torch.cat([tb.batch(i)[0][:, 0] for i in range(6)])}
+    assert len(first) >= 2
+
+
+def test_ranks_are_disjoint_and_resume_is_exact(shards) -> None:
+    ranks = [ShardTrainBatches(shards, 8, 4, seed=1, rank=r, world=2) for r in range(2)]
+    starts = [{tuple(x[:, 0].tolist()) for x in (rk.batch(i)[0] for i in range(10))} for rk in ranks]
+    flat = [set(v for t in s for v in t) for s in starts]
+    assert not flat[0] & flat[1]
+    stream = iter(ShardTrainBatches(shards, 8, 4, seed=1, rank=1, world=2))
+    uninterrupted = [next(stream)[0] for _ in range(30)]  # crosses into epoch 2 (~196 windows / 8 per step)
+    resumed = iter(ShardTrainBatches(shards, 8, 4, seed=1, rank=1, world=2, start_batch=17))
+    for i in range(17, 30):
+        assert torch.equal(next(resumed)[0], uninterrupted[i])
+    other_seed = ShardTrainBatches(shards, 8, 4, seed=2, rank=1, world=2)
+    assert not torch.equal(other_seed.batch(0)[0], uninterrupted[0])
+
+
+def test_later_epochs_reshuffle_and_move_the_cuts(shards) -> None:
+    tb = ShardTrainBatches(shards, 8, 4, seed=0)
+    offsets = {tb._offset(e) for e in range(6)}
+    assert len(offsets) > 1
+    n0 = int(tb._counts(0).sum())
+    a = tb.window_starts(0)
+    # the batch at the same position in epoch 1 is a different set of windows
+    tb._locate(n0 + 1)
+    g1 = tb._epochs[1][0]
+    assert g1 == n0
+    assert tb.window_starts(g1 // 4 + 1)[1].tolist() != a[1].tolist()
+
+
+def test_align_to_documents(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    docs = [np.concatenate([[EOT], rng.integers(10, 100, rng.integers(1, 30))]) for _ in range(200)]
+    tokens = np.concatenate(docs).astype(np.uint16)
+    info = write_shard(tmp_path / "s.bin", tokens)
+    doc_starts = set(np.flatnonzero(tokens == EOT).tolist())
+    tb = ShardTrainBatches([info], 16, 8, seed=0, align_to_documents=True, eot_id=EOT)
+    fit = [s for s in doc_starts if s + 17 <= len(tokens)]
+    assert int(tb.counts.sum()) == len(fit)
+    seen = []
+    for i in range(len(fit) // 8):
+        x, _ = tb.batch(i)
+        assert (x[:, 0] == EOT).all()  # every window starts at a document start
+        _, starts = tb.window_starts(i)
+        seen += starts.tolist()
+    assert set(seen) <= doc_starts and len(set(seen)) == len(seen) == len(fit) // 8 * 8
+
+
+def test_align_needs_an_end_of_text(shards) -> None:
+    with pytest.raises(MiniGPTError, match="end-of-text"):
+        ShardTrainBatches(shards, 8, 4, align_to_documents=True, eot_id=None)
+
+
+def test_val_windows_are_fixed(shards) -> None:
+    val = ValWindows(shards, 8)
+    per = [(s.n_tokens - 1) // 8 for s in shards]
+    assert len(val) == sum(per)
+    x, y = val[per[0]]  # first window of the second shard: its first 9 tokens
+    assert x.tolist() == list(range(1000, 1008)) and y.tolist() == list(range(1001, 1009))
+    thinned = ValWindows(shards, 8, max_windows=5)
+    again = ValWindows(shards, 8, max_windows=5)
+    assert len(thinned) == 5 and all(torch.equal(thinned[k][0], again[k][0]) for k in range(5))
+    assert thinned[0][0].tolist() == list(range(8))
+
+
+def test_val_too_short(tmp_path: Path) -> None:
+    info = write_shard(tmp_path / "v.bin", np.arange(5, dtype=np.uint16))
+    with pytest.raises(MiniGPTError, match="no window of block_size"):
+        ValWindows([info], 8)
+
+
+def test_val_batches_split_the_windows_across_ranks_without_padding(shards) -> None:
+    windows = ValWindows(shards, 8, max_windows=23)
+    whole = torch.cat([x for x, _ in ValBatches(windows, 5)])
+    assert torch.equal(whole, torch.stack([windows[k][0] for k in range(23)]))
+    for world in (2, 3, 8):
+        parts = [torch.cat([x for x, _ in ValBatches(windows, 5, rank=r, world=world)]) for r in range(world)]
+        assert sum(len(p) for p in parts) == 23  # every window once, none twice, whatever the device count
+        rows = sorted(tuple(row.tolist()) for p in parts for row in p)
+        assert rows == sorted(tuple(row.tolist()) for row in whole)
