@@ -1,5 +1,5 @@
-"""Shared test fixtures: the repository's own copies of the read-only corpora, Hydra config
-composition, torch threads.
+"""Shared test fixtures (the repository's own copies of the read-only corpora, the prepared char data,
+Hydra config composition, torch threads) and the tier markers.
 
 Everything a test reads ships with the repository (data/), so `pytest` passes on a plain clone with
 no network and nothing beside the checkout.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 # Published hashes (karpathy/char-rnn's input.txt; tiktoken's pin for r50k_base.tiktoken).
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -47,6 +47,16 @@ def gpt2_bpe_file() -> Path:
 
 
 @pytest.fixture(scope="session")
+def char_data_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> Path:
+    """Tiny Shakespeare prepared for the char model once per session, in a private cache folder."""
+    from mini_gpt.data import DataConfig, prepare_data
+
+    root = tmp_path_factory.getbasetemp() / "mini_gpt_char_cache"
+    prepare_data(DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(root)))
+    return root
+
+
+@pytest.fixture(scope="session")
 def compose():
     """`compose(overrides, config_name="train", hydra=False)`: the config a tool would run with, from
     the package's configs (mini_gpt.conf), exactly as the tools compose it."""
@@ -62,3 +72,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# The tiers are folders: tests/unit (no Trainer, no subprocess; the fast tier), tests/integration and
+# tests/e2e, whose tests are marked here so `-m "not slow"` or `-m e2e` select by tier.
+TIER_MARKERS = {"integration": ("integration", "slow"), "e2e": ("e2e", "slow")}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker in TIER_MARKERS.get(item.path.parent.name, ()):
+            item.add_marker(marker)

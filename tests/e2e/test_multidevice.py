@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
 GLOBAL_TOKENS = 1024  # = 8 sequences x 64 tokens x (2 devices x 1 micro-batch | 1 device x 2 micro-batches)
 
@@ -179,7 +179,6 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.mark.slow
 def test_ddp_two_cpu_processes_match_one_process(
     tmp_path: Path, shakespeare_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import REPO
 from omegaconf import OmegaConf
 
 from mini_gpt.conf import CONF_DIR
 
-REPO = Path(__file__).resolve().parents[2]
 SWEEP_FILE = CONF_DIR / "sweep" / "lr.yaml"
 SEARCHED = {"optim.lr", "optim.warmup_steps", "model.dropout", "optim.weight_decay"}
 
@@ -87,7 +87,6 @@ def _three_trial_lr_search(
     return proc
 
 
-@pytest.mark.slow
 def test_optuna_sweep_runs_trials_and_survives_a_failed_one(
     tmp_path: Path, char_cache: Path, shakespeare_path: Path
 ) -> None:
@@ -146,7 +145,6 @@ def test_optuna_sweep_runs_trials_and_survives_a_failed_one(
     assert [line.split()[0] for line in printed[2:5]] == ["0", "1", "2"]
 
 
-@pytest.mark.slow
 def test_multirun_with_ddp_stops_once_before_the_first_trial(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.run(
@@ -214,7 +212,6 @@ def test_every_lr_of_the_shipped_search_spaces_is_valid(optim: str, compose: Any
         assert 0 < factor(100) * lr < lr
 
 
-@pytest.mark.slow
 def test_optuna_search_over_the_shipped_space_has_no_failed_trial(
     tmp_path: Path, char_cache: Path, shakespeare_path: Path
 ) -> None:
@@ -293,7 +290,6 @@ def test_agent_command_expansion() -> None:
     assert argv[-2:] == ["optim.lr=0.002", "optim.warmup_steps=50"]
 
 
-@pytest.mark.slow
 def test_wandb_sweep_command_runs_train(tmp_path: Path, char_cache: Path, shakespeare_path: Path) -> None:
     spec = yaml.safe_load(SWEEP_FILE.read_text())
     params = {"optim.lr": 0.0031, "optim.warmup_steps": 25, "model.dropout": 0.05, "optim.weight_decay": 0.02}

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import REPO
 
 from mini_gpt.conf import CONF_DIR
 
-REPO = Path(__file__).resolve().parents[2]
 SUMMARY_KEYS = {
     "best_val_loss",
     "final_val_loss",
@@ -30,16 +30,6 @@ SUMMARY_KEYS = {
     "best_ckpt",
     "last_ckpt",
 }
-
-
-@pytest.fixture(scope="session")
-def char_data_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> Path:
-    """Prepared char-level tiny Shakespeare in a private cache (shared by this file's tests)."""
-    from mini_gpt.data import DataConfig, prepare_data
-
-    root = tmp_path_factory.getbasetemp() / "mini_gpt_char_cache"
-    prepare_data(DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(root)))
-    return root
 
 
 def _overrides(run_dir: Path, data_dir: Path, shakespeare: Path, *extra: str) -> list[str]:
@@ -88,7 +78,6 @@ def _fit(
     return summary, result.module
 
 
-@pytest.mark.slow
 def test_compose_train_summary_and_loss_decreases(
     compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
 ) -> None:
@@ -133,7 +122,6 @@ def test_compose_train_summary_and_loss_decreases(
     assert [float(r["val/loss"]) for r in rows] == pytest.approx([row[2] for row in summary["val_curve"]])
 
 
-@pytest.mark.slow
 def test_exact_resume_and_same_seed(
     compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
 ) -> None:
@@ -167,7 +155,6 @@ def test_exact_resume_and_same_seed(
     assert resumed["steps"] == 2 * k
 
 
-@pytest.mark.slow
 def test_resume_restores_the_run_config_and_prints_what_changes(
     compose: Any,
     tmp_path: Path,
@@ -209,7 +196,6 @@ def test_resume_restores_the_run_config_and_prints_what_changes(
     assert (tmp_path / "second" / ".hydra" / "config.yaml").is_file()  # the config that ran
 
 
-@pytest.mark.slow
 def test_overfit_one_batch(compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path) -> None:
     _, module = _fit(
         compose,
@@ -237,7 +223,6 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.slow
 def test_fast_dev_run_writes_no_checkpoint_and_starts_no_logger(
     compose: Any,
     tmp_path: Path,
@@ -259,7 +244,6 @@ def test_fast_dev_run_writes_no_checkpoint_and_starts_no_logger(
     assert "checkpoints and loggers" in (CONF_DIR / "debug" / "fast_dev_run.yaml").read_text()
 
 
-@pytest.mark.slow
 def test_subprocess_default_wandb_offline_from_other_cwd(
     tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
 ) -> None:
@@ -343,7 +327,6 @@ def test_run_directory_records_the_console_and_drops_runs_that_never_started(
     assert "run early" in capsys.readouterr().out  # the console got everything too
 
 
-@pytest.mark.slow
 def test_cli_errors_are_short(tmp_path: Path) -> None:
     typo = subprocess.run(
         [sys.executable, str(REPO / "train.py"), "trainer.max_stepz=3"],
@@ -371,7 +354,6 @@ def test_cli_errors_are_short(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()  # a run that never started leaves no folder
 
 
-@pytest.mark.slow
 def test_train_on_shards_resumes_exactly(compose: Any, tmp_path: Path, gpt2_bpe_file: Path) -> None:
     """data=hf end to end: local parquet -> shards -> training; a resumed run continues bit for bit."""
     import pyarrow as pa
@@ -445,7 +427,6 @@ def _resume_error(compose: Any, run_dir: Path, overrides: list[str]) -> str:
     return msg
 
 
-@pytest.mark.slow
 def test_resume_with_another_model_config_names_the_keys(
     compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, tiny_ckpt: Path
 ) -> None:
@@ -458,7 +439,6 @@ def test_resume_with_another_model_config_names_the_keys(
     assert "model.n_layer=2" in msg and "model.n_layer=3" in msg
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("edit", ["fewer_chars", "other_chars"])
 def test_resume_on_another_character_vocabulary(
     compose: Any, tmp_path: Path, shakespeare_path: Path, tiny_ckpt: Path, edit: str
@@ -483,7 +463,6 @@ def test_resume_on_another_character_vocabulary(
     )
 
 
-@pytest.mark.slow
 def test_resume_from_a_truncated_checkpoint(
     compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, tiny_ckpt: Path
 ) -> None:
@@ -528,7 +507,6 @@ def test_wrong_typed_config_values_are_one_line(
     assert str(info.value).startswith(expected) and "\n" not in str(info.value)
 
 
-@pytest.mark.slow
 def test_cli_resume_mismatch_and_bad_types_are_one_line(
     tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, tiny_ckpt: Path
 ) -> None:
@@ -573,7 +551,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-@pytest.mark.slow
 def test_ctrl_c_during_preparation_is_one_line_and_leaves_nothing_half_written(tmp_path: Path) -> None:
     import signal
     import time

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import REPO
 
 from mini_gpt.cli.attention_maps import run
 from mini_gpt.errors import MiniGPTError
@@ -28,7 +29,6 @@ from mini_gpt.viz.attention_maps import (
     uniform_reference,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 CHARS = "abcdefgh ,\n"
 PROMPT = "ab c\nhead"
 
@@ -186,7 +186,6 @@ def test_run_writes_both_views(tmp_path: Path) -> None:
         run({**cfg, "view": "grid"})
 
 
-@pytest.mark.slow
 def test_cli(tmp_path: Path) -> None:
     write_checkpoint(tmp_path / "m.ckpt")
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -14,13 +14,12 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import REPO
 
 import mini_gpt.bench.__main__ as bench_main
 from mini_gpt.bench import data as bench_data
 from mini_gpt.bench.attention import NaiveMultiHead
 from mini_gpt.model.attention import CausalSelfAttention
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_naive_multihead_matches_reference_formula() -> None:
@@ -44,7 +43,6 @@ def test_naive_multihead_matches_reference_formula() -> None:
         torch.testing.assert_close(attn(x), ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.slow
 def test_cli_attention_quick_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -110,7 +108,6 @@ def test_data_section_wraps_bench_prepare(monkeypatch: pytest.MonkeyPatch) -> No
     assert "other_load" in extra
 
 
-@pytest.mark.slow
 def test_data_section_prepares_in_fresh_processes(
     tmp_path: Path, shakespeare_path: Path, gpt2_bpe_file: Path
 ) -> None:
@@ -144,7 +141,6 @@ def test_generate_decode_table_same_tokens_as_transformers() -> None:
     assert extra["weight_mb_fp32"] == round(4 * (101 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32) / 1e6, 1)
 
 
-@pytest.mark.slow
 def test_generate_decode_table_compiled_contender_same_tokens() -> None:
     """--compiled adds torch.compile's model (what generate compile=true runs): same greedy tokens."""
     from transformers import GPT2Config
@@ -221,7 +217,6 @@ def test_fresh_process_peak_rss_is_its_own() -> None:
     assert peak_rss_mb() > 300 + ballast[0].item() - 1 and child < 150
 
 
-@pytest.mark.slow
 def test_data_section_shards_counts_match_tiktoken(
     tmp_path: Path, shakespeare_path: Path, gpt2_bpe_file: Path
 ) -> None:

@@ -35,15 +35,6 @@ from mini_gpt.train.optim import OptimConfig
 BLOCK = 32
 
 
-@pytest.fixture(scope="session")
-def char_data_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> Path:
-    from mini_gpt.data import DataConfig, prepare_data
-
-    root = tmp_path_factory.getbasetemp() / "mini_gpt_char_cache"
-    prepare_data(DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(root)))
-    return root
-
-
 @pytest.fixture
 def dm(char_data_dir: Path, shakespeare_path: Path) -> Any:
     from mini_gpt.data import DataConfig

@@ -9,58 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, train_tiny_char_model, write_lightning_ckpt
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.checkpoint import check_resume, load_model
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer
 
-REPO = Path(__file__).resolve().parents[2]
-SHAKESPEARE = REPO / "data" / "tinyshakespeare" / "input.txt"  # shipped with the repository
-
-
 # Tiny models decode faster on one thread than on two fighting over a shared machine.
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def write_lightning_ckpt(path: Path, model: GPT, tokenizer, key_prefix: str = "model.", **extra) -> Path:
-    """What training's ModelCheckpoint writes, per SPEC: weights under `model.`, metadata as primitives."""
-    torch.save(
-        {
-            "epoch": 0,
-            "global_step": 10,
-            "state_dict": {key_prefix + k: v for k, v in model.state_dict().items()},
-            "mini_gpt": {
-                "format_version": 1,
-                "model_config": dataclasses.asdict(model.config),
-                "tokenizer": tokenizer.to_dict(),
-            },
-            **extra,
-        },
-        path,
-    )
-    return path
-
-
-def train_tiny_char_model(steps: int = 150, seed: int = 0) -> tuple[GPT, CharTokenizer, list[float]]:
-    """A tiny character GPT trained for a few steps on Shakespeare, with plain torch (no Lightning)."""
-    text = SHAKESPEARE.read_text()
-    tokenizer = CharTokenizer.from_text(text)
-    data = torch.tensor(tokenizer.encode(text[:200_000]))
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=tokenizer.vocab_size, block_size=32))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(steps):
-        starts = torch.randint(0, len(data) - 33, (16,))
-        x = torch.stack([data[s : s + 32] for s in starts])
-        y = torch.stack([data[s + 1 : s + 33] for s in starts])
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return model.eval(), tokenizer, losses
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import REPO
 from omegaconf import OmegaConf
 
 from mini_gpt.cli import main
 from mini_gpt.conf import CONF_DIR
 
-REPO = Path(__file__).resolve().parents[2]
 # Written out here (not read from mini_gpt.cli.VERBS): the names the README and users' scripts rely on.
 VERBS = ("train", "generate", "evaluate", "export", "prepare", "plot", "attention-maps", "bench", "harness")
 # verb -> its config in conf/ (bench and harness pass their arguments through: argparse, lm_eval)
@@ -153,7 +153,6 @@ def trained(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) ->
     return run_dir
 
 
-@pytest.mark.slow
 def test_train_runs_the_same_hydra_app_as_train_py(trained: Path) -> None:
     summary = json.loads((trained / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["last_ckpt"] == str(trained / "checkpoints" / "last.ckpt")
@@ -162,7 +161,6 @@ def test_train_runs_the_same_hydra_app_as_train_py(trained: Path) -> None:
     assert overrides[: len(TINY_TRAIN)] == list(TINY_TRAIN)  # the verb itself is no override
 
 
-@pytest.mark.slow
 def test_the_other_verbs_on_the_trained_checkpoint(
     trained: Path, tmp_path: Path, monkeypatch, capsys
 ) -> None:
@@ -189,7 +187,6 @@ def test_the_other_verbs_on_the_trained_checkpoint(
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.slow
 def test_plot_on_a_hand_written_log(tmp_path: Path) -> None:
     run = tmp_path / "run"
     (run / "csv").mkdir(parents=True)
@@ -202,7 +199,6 @@ def test_plot_on_a_hand_written_log(tmp_path: Path) -> None:
     assert (run / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.slow
 def test_prepare_tokenizes_without_training(tmp_path: Path, shakespeare_path: Path) -> None:
     proc = cli("prepare", f"data.path={shakespeare_path}", f"data.data_dir={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

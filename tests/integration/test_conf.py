@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import REPO
 from omegaconf import OmegaConf
 
 from mini_gpt.conf import CONF_DIR
@@ -21,8 +22,6 @@ from mini_gpt.conf.guards import WritableOutputDir, check_writable
 from mini_gpt.data.config import AnyDataConfig, data_config
 from mini_gpt.model.gpt import GPTConfig
 from mini_gpt.train.optim import OptimConfig
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _help(*argv: str, cwd: Path) -> str:
@@ -253,7 +252,6 @@ def test_default_logger_writes_a_csv_log_beside_wandb(compose: Any) -> None:
     assert set(compose(["logger=none"]).get("logger") or {}) == set()
 
 
-@pytest.mark.slow
 def test_regular_install_finds_its_configs(tmp_path: Path) -> None:
     """Build a wheel (no network, no build isolation) from a copy of the sources, install it into a
     folder of its own and generate from another working directory: the configs come with it."""

@@ -161,7 +161,6 @@ def _batches_seen(
     return model.seen
 
 
-@pytest.mark.slow
 def test_resume_from_checkpoint_replays_the_same_batches(cfg: DataConfig, tmp_path: Path) -> None:
     """Lightning restores global_step before building the train loader, so a resumed run sees exactly
     the batches the uninterrupted run would have seen (with gradient accumulation)."""
@@ -236,7 +235,6 @@ def test_data_position_survives_another_device_count(hf_cfg) -> None:
         assert dm._shard_start_batch(dm.prepared) == 0
 
 
-@pytest.mark.slow
 def test_resume_from_shards_replays_the_same_batches(hf_cfg, tmp_path: Path) -> None:
     """A resumed run on shards sees exactly the batches of the uninterrupted run; the position is in
     the checkpoint."""

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tiktoken
-from unit.test_data_shards import spec_read
+from helpers import REPO, spec_read
 
 import mini_gpt.data.shard_corpus as sharding
 from mini_gpt.data.config import HFDataConfig
@@ -26,7 +26,6 @@ from mini_gpt.data.split import val_mask
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import parse_tiktoken_ranks
 
-REPO = Path(__file__).resolve().parents[2]
 EOT = 50256
 WORDS = (
     *["the", "cat", "sat", "on", "a", "mat", "and", "ran", "far", "away", "from", "home"],

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO
 
 import mini_gpt.data.sources as sources
 import mini_gpt.data.text as data
@@ -25,7 +26,6 @@ from mini_gpt.data.preparation import LOCK_FILE
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import build_tokenizer
 
-REPO = Path(__file__).resolve().parents[2]
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
 

@@ -8,12 +8,10 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from integration.test_checkpoint import write_lightning_ckpt
-from unit.test_hellaswag import make_items, write_jsonl
+from helpers import REPO, make_items, write_jsonl, write_lightning_ckpt
 
 from mini_gpt.cli.evaluate import EvaluateConfig, config_from_dict, markdown_table, run
 from mini_gpt.errors import MiniGPTError
@@ -23,7 +21,6 @@ from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +106,6 @@ def test_markdown_table_formats_ints_and_floats():
     assert table.splitlines()[2:] == ["| bpb | bits_per_byte | 1.2346 |", "| bpb | tokens | 12,345 |"]
 
 
-@pytest.mark.slow
 def test_command_line(tmp_path, char_ckpt):
     path, _, _ = char_ckpt
     (tmp_path / "t.txt").write_text("First Citizen:\nYou are all resolved rather to die than to famish?\n")

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from unit.test_hellaswag import make_items, write_jsonl
+from helpers import make_items, write_jsonl
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.bpb import bits_per_byte

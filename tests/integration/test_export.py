@@ -7,11 +7,10 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from integration.test_checkpoint import write_lightning_ckpt
+from helpers import REPO, write_lightning_ckpt
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.sampling import generate
@@ -21,7 +20,6 @@ from mini_gpt.interop.export import export_model
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer, build_tokenizer
 
-REPO = Path(__file__).resolve().parents[2]
 GPT2_BPE = REPO / "data" / "tokenizers" / "gpt2.tiktoken"  # shipped with the repository
 CHARS = CharTokenizer("\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 
@@ -206,7 +204,6 @@ def test_export_is_atomic_and_overwrite_is_explicit(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
 
-@pytest.mark.slow
 def test_export_cli(tmp_path):
     model = spread_model(seed=4, tie_weights=True)
     ckpt = write_lightning_ckpt(tmp_path / "last.ckpt", model, CHARS)

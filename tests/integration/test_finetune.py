@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import REPO
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.model.gpt import GPT, GPTConfig
@@ -219,7 +220,6 @@ def test_finetune_config_validation() -> None:
 
 
 # ---- end to end: python train.py init_from=... ---------------------------------------------------
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -275,7 +275,6 @@ def _val_tokens(data_root: Path) -> Any:
     return np.fromfile(data_root / "shakespeare" / "val.bin", dtype=meta["dtype"])
 
 
-@pytest.mark.slow
 def test_run_from_transformers_dir_starts_at_its_loss_and_lowers_it(
     tmp_path: Path,
     gpt2_dir: Path,
@@ -322,7 +321,6 @@ def test_run_from_transformers_dir_starts_at_its_loss_and_lowers_it(
     assert summary["steps"] == 6
 
 
-@pytest.mark.slow
 def test_run_from_our_checkpoint_starts_at_its_val_loss(
     tmp_path: Path, data_root: Path, shakespeare_path: Path, gpt2_bpe_file: Path
 ) -> None:
@@ -391,7 +389,6 @@ def test_run_from_our_checkpoint_starts_at_its_val_loss(
     assert not (tmp_path / "d" / "checkpoints").exists() and not (tmp_path / "d" / "summary.json").exists()
 
 
-@pytest.mark.slow
 def test_lora_run_frozen_weights_merge_export_and_resume(
     tmp_path: Path,
     gpt2_dir: Path,
@@ -476,7 +473,6 @@ def test_lora_run_frozen_weights_merge_export_and_resume(
     assert resumed["final_val_loss"] == full["final_val_loss"]
 
 
-@pytest.mark.slow
 def test_cli_bad_inputs_are_one_line(tmp_path: Path, gpt2_dir: Path, gpt2_bpe_file: Path) -> None:
     import os
     import subprocess

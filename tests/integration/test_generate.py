@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from integration.test_checkpoint import train_tiny_char_model, write_lightning_ckpt
+from helpers import REPO, train_tiny_char_model, write_lightning_ckpt
 
 from mini_gpt.cli import generate as cli
 from mini_gpt.cli.generate import GenerateConfig, run
@@ -21,7 +21,6 @@ from mini_gpt.infer.sampling import generate
 from mini_gpt.infer.stream import TextStream, encode_prompt
 from mini_gpt.tokenizer import build_tokenizer
 
-REPO = Path(__file__).resolve().parents[2]
 GPT2_BPE = REPO / "data" / "tokenizers" / "gpt2.tiktoken"  # shipped with the repository
 
 
@@ -213,7 +212,6 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
 
 
-@pytest.mark.slow
 def test_cli_subprocess_from_fresh_checkpoint(trained, tmp_path):
     model, tokenizer, ckpt = trained
     done = _cli(
@@ -226,7 +224,6 @@ def test_cli_subprocess_from_fresh_checkpoint(trained, tmp_path):
     assert list(tmp_path.iterdir()) == []  # no Hydra run directory or log files
 
 
-@pytest.mark.slow
 def test_cli_subprocess_bad_prompt(trained, tmp_path):
     done = _cli([f"ckpt={trained[2]}", "prompt=ROMEO, Жx{"], tmp_path)
     assert done.returncode == 2

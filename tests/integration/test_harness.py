@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from integration.test_checkpoint import write_lightning_ckpt
-from unit.test_scoring import WORDS, bpe_model
+from helpers import REPO, WORDS, bpe_model, write_lightning_ckpt
 
 from mini_gpt.interop.export import export_model
 from mini_gpt.tokenizer import build_tokenizer
@@ -29,7 +28,6 @@ from mini_gpt.eval import harness  # noqa: E402
 from mini_gpt.eval.harness import MiniGPTLM, register, run_harness  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-REPO = Path(__file__).resolve().parents[2]
 
 
 def write_task(root: Path, n: int = 24) -> Path:
@@ -167,7 +165,6 @@ def test_registration_is_idempotent_in_every_order():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-@pytest.mark.slow
 def test_harness_command_runs_a_checkpoint(setup):
     """`python -m mini_gpt.harness ARGS`: lm-eval's command line with `mini-gpt` registered."""
     args = ["--model", "mini-gpt", "--model_args", f"ckpt={setup['ckpt']}", "--tasks", "tiny_mc",

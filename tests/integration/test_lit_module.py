@@ -17,15 +17,6 @@ from mini_gpt.train.optim import OptimConfig, lr_at
 BATCH, BLOCK = 4, 32
 
 
-@pytest.fixture(scope="session")
-def char_data_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> Path:
-    from mini_gpt.data import DataConfig, prepare_data
-
-    root = tmp_path_factory.getbasetemp() / "mini_gpt_char_cache"
-    prepare_data(DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(root)))
-    return root
-
-
 def _datamodule(data_dir: Path, shakespeare: Path, val_windows: int = 8) -> Any:
     from mini_gpt.data import DataConfig
     from mini_gpt.data.datamodule import GPTDataModule

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO
 
 from mini_gpt.cli.loss_curves import main, overrides_of
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.viz.loss_curves import find_metrics, plot_curves, plot_run
-
-REPO = Path(__file__).resolve().parents[2]
 
 # What Lightning's CSVLogger writes for our module: one row per log call, blanks elsewhere.
 CSV = """epoch,grad_norm,lr,step,train/loss,val/loss,val/ppl
@@ -117,7 +116,6 @@ def test_writes_png_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert (tmp_path / "lr=0.1,wd=0" / "run" / "curves.png").is_file()
 
 
-@pytest.mark.slow
 def test_cli(tmp_path: Path) -> None:
     run = write_run(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from unit.test_scoring import bpe_model, reference_sliding_nll
+from helpers import bpe_model, reference_sliding_nll
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.bpb import bits_per_byte, prepared_split_documents, read_documents

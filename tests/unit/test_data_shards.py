@@ -7,22 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import spec_read
 
 from mini_gpt.data.shard_format import ShardWriter, open_shard, read_header, write_shard
 from mini_gpt.errors import MiniGPTError
-
-
-def spec_read(path: Path) -> tuple[int, int, np.ndarray]:
-    """llm.c's format: 256 little-endian int32 (magic, version, token count, zeros), then the tokens as
-    uint16 (magic 20240520, version 1) or uint32 (magic 20240801, version 7)."""
-    raw = path.read_bytes()
-    header = struct.unpack("<256i", raw[:1024])
-    magic, version, n = header[:3]
-    assert header[3:] == (0,) * 253
-    dtype = {20240520: "<u2", 20240801: "<u4"}[magic]
-    tokens = np.frombuffer(raw[1024:], dtype=dtype)
-    assert len(tokens) == n
-    return magic, version, tokens
 
 
 def llmc_write(path: Path, tokens: list[int]) -> None:

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 200
 
 # What the project's own text is made of. Walked rather than `git ls-files` (the unit tier runs no

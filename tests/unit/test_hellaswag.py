@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import random
-
 import pytest
 import torch
 import torch.nn.functional as F
-from unit.test_scoring import WORDS, bpe_model
+from helpers import bpe_model, make_items, write_jsonl
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.hellaswag import (
@@ -23,24 +20,6 @@ from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer, build_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def make_items(n: int, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-
-    def words(k: int) -> str:
-        return " ".join(rng.choice(WORDS) for _ in range(k))
-
-    rows = []
-    for i in range(n):
-        ctx = words(rng.randint(3, 15)).capitalize() + "."
-        endings = [words(rng.randint(1, 9)) for _ in range(4)]
-        rows.append({"ctx": ctx, "endings": endings, "label": rng.randrange(4), "ind": i})
-    return rows
-
-
-def write_jsonl(path, rows) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def test_acc_and_acc_norm_equal_transformers_scoring_items_one_by_one(tmp_path, gpt2_bpe_file):

@@ -7,44 +7,14 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import WORDS, bpe_model, reference_sliding_nll
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.scoring import continuation_logprobs, rolling_nll, score_windows, windows
 from mini_gpt.interop.export import export_model
-from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import build_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-WORDS = [
-    "the",
-    "a",
-    "man",
-    "woman",
-    "dog",
-    "walks",
-    "runs",
-    "into",
-    "kitchen",
-    "and",
-    "then",
-    "slowly",
-    "picks",
-    "up",
-    "ball",
-    "table",
-    "sits",
-]
-
-
-def bpe_model(seed: int = 0, block_size: int = 48) -> GPT:
-    """A random tiny GPT-2-shaped model (GPT-2 vocabulary), weights scaled so the logits are spread."""
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=50257, block_size=block_size)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0)
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -166,31 +136,6 @@ def test_windows_score_every_token_once_with_the_promised_context(n, block, stri
                 assert context >= block - stride
     assert seen == list(range(1, n))  # every token but the first, once, in order
     assert len(w.ids) - 1 == min(block, n - 1)  # the last window is a whole block (right-aligned)
-
-
-def reference_sliding_nll(hf, ids: list[int], block: int, stride: int) -> tuple[float, int, int]:
-    """The transformers perplexity guide's loop: windows of `block` inputs moving by `stride`, each
-    scoring only the targets the previous window did not (labels of the others set to -100); the last
-    window is right-aligned (a whole block of context), as lm-evaluation-harness does.
-    Returns (NLL, scored targets, summed context length of the scored targets)."""
-    nll, count, context, prev_end = 0.0, 0, 0, 0
-    for begin in range(0, len(ids), stride):
-        end = min(begin + block, len(ids) - 1)  # inputs ids[begin:end], targets ids[begin+1:end+1]
-        if end == len(ids) - 1:
-            begin = max(0, end - block)
-        trg_len = end - prev_end
-        inputs = torch.tensor([ids[begin:end]])
-        labels = torch.tensor([ids[begin + 1 : end + 1]])
-        labels[0, : labels.shape[1] - trg_len] = -100
-        with torch.no_grad():
-            logits = hf(inputs).logits[0].double()
-        nll += F.cross_entropy(logits, labels[0], ignore_index=-100, reduction="sum").item()
-        count += int((labels != -100).sum())
-        context += sum(target - begin for target in range(prev_end + 1, end + 1))  # tokens before it
-        prev_end = end
-        if end == len(ids) - 1:
-            break
-    return nll, count, context
 
 
 @pytest.mark.parametrize("stride", [48, 24, 7])

@@ -1,0 +1,146 @@
+"""Helpers shared by tests of several tiers (import them: `from helpers import ...`; pyproject.toml puts
+tests/ on the path). Fixtures live in conftest.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mini_gpt.model.gpt import GPT, GPTConfig
+from mini_gpt.tokenizer import CharTokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+SHAKESPEARE = REPO / "data" / "tinyshakespeare" / "input.txt"  # shipped with the repository
+
+WORDS = [
+    "the",
+    "a",
+    "man",
+    "woman",
+    "dog",
+    "walks",
+    "runs",
+    "into",
+    "kitchen",
+    "and",
+    "then",
+    "slowly",
+    "picks",
+    "up",
+    "ball",
+    "table",
+    "sits",
+]
+
+
+def bpe_model(seed: int = 0, block_size: int = 48) -> GPT:
+    """A random tiny GPT-2-shaped model (GPT-2 vocabulary), weights scaled so the logits are spread."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig.from_preset("tiny", vocab_size=50257, block_size=block_size)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model
+
+
+def reference_sliding_nll(hf, ids: list[int], block: int, stride: int) -> tuple[float, int, int]:
+    """The transformers perplexity guide's loop: windows of `block` inputs moving by `stride`, each
+    scoring only the targets the previous window did not (labels of the others set to -100); the last
+    window is right-aligned (a whole block of context), as lm-evaluation-harness does.
+    Returns (NLL, scored targets, summed context length of the scored targets)."""
+    nll, count, context, prev_end = 0.0, 0, 0, 0
+    for begin in range(0, len(ids), stride):
+        end = min(begin + block, len(ids) - 1)  # inputs ids[begin:end], targets ids[begin+1:end+1]
+        if end == len(ids) - 1:
+            begin = max(0, end - block)
+        trg_len = end - prev_end
+        inputs = torch.tensor([ids[begin:end]])
+        labels = torch.tensor([ids[begin + 1 : end + 1]])
+        labels[0, : labels.shape[1] - trg_len] = -100
+        with torch.no_grad():
+            logits = hf(inputs).logits[0].double()
+        nll += F.cross_entropy(logits, labels[0], ignore_index=-100, reduction="sum").item()
+        count += int((labels != -100).sum())
+        context += sum(target - begin for target in range(prev_end + 1, end + 1))  # tokens before it
+        prev_end = end
+        if end == len(ids) - 1:
+            break
+    return nll, count, context
+
+
+def make_items(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+
+    def words(k: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(k))
+
+    rows = []
+    for i in range(n):
+        ctx = words(rng.randint(3, 15)).capitalize() + "."
+        endings = [words(rng.randint(1, 9)) for _ in range(4)]
+        rows.append({"ctx": ctx, "endings": endings, "label": rng.randrange(4), "ind": i})
+    return rows
+
+
+def write_jsonl(path, rows) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def spec_read(path: Path) -> tuple[int, int, np.ndarray]:
+    """llm.c's format: 256 little-endian int32 (magic, version, token count, zeros), then the tokens as
+    uint16 (magic 20240520, version 1) or uint32 (magic 20240801, version 7)."""
+    raw = path.read_bytes()
+    header = struct.unpack("<256i", raw[:1024])
+    magic, version, n = header[:3]
+    assert header[3:] == (0,) * 253
+    dtype = {20240520: "<u2", 20240801: "<u4"}[magic]
+    tokens = np.frombuffer(raw[1024:], dtype=dtype)
+    assert len(tokens) == n
+    return magic, version, tokens
+
+
+def write_lightning_ckpt(path: Path, model: GPT, tokenizer, key_prefix: str = "model.", **extra) -> Path:
+    """What training's ModelCheckpoint writes, per SPEC: weights under `model.`, metadata as primitives."""
+    torch.save(
+        {
+            "epoch": 0,
+            "global_step": 10,
+            "state_dict": {key_prefix + k: v for k, v in model.state_dict().items()},
+            "mini_gpt": {
+                "format_version": 1,
+                "model_config": dataclasses.asdict(model.config),
+                "tokenizer": tokenizer.to_dict(),
+            },
+            **extra,
+        },
+        path,
+    )
+    return path
+
+
+def train_tiny_char_model(steps: int = 150, seed: int = 0) -> tuple[GPT, CharTokenizer, list[float]]:
+    """A tiny character GPT trained for a few steps on Shakespeare, with plain torch (no Lightning)."""
+    text = SHAKESPEARE.read_text()
+    tokenizer = CharTokenizer.from_text(text)
+    data = torch.tensor(tokenizer.encode(text[:200_000]))
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=tokenizer.vocab_size, block_size=32))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        starts = torch.randint(0, len(data) - 33, (16,))
+        x = torch.stack([data[s : s + 32] for s in starts])
+        y = torch.stack([data[s + 1 : s + 33] for s in starts])
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model.eval(), tokenizer, losses
