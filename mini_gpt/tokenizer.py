@@ -1,25 +1,16 @@
-"""Tokenizers: characters or tiktoken BPE behind one small, serialisable interface.
+"""Tokenizers: characters or tiktoken BPE behind one small, serialisable interface (`Tokenizer`).
 
-Every tokenizer has `encode(str) -> list[int]`, `decode(list[int]) -> str`, `vocab_size`, `eot_id`
-(the end-of-text id, or None) and `to_dict()`. `tokenizer_from_dict(tok.to_dict())` rebuilds an equal
-tokenizer with no network and no file, which is why the tiktoken dict embeds the whole BPE ranks text
-(~0.8 MB for GPT-2): a checkpoint alone is enough to generate text.
-
-Offline BPE: `build_tokenizer("gpt2", bpe_file="path/to/gpt2.tiktoken")` reads a `.tiktoken` ranks file
-(one `base64(token_bytes) rank` per line), checks its sha256 against the hash tiktoken pins for that
-encoding, and never touches the network. GPT-2's ranks ship with the repository
-(`data/tokenizers/gpt2.tiktoken`, MIT, see the LICENSE beside it), so `gpt2` and `r50k_base` (the same
-vocabulary) need no file argument either. For the other encodings tiktoken ships (`ENCODINGS`) we ask
-`tiktoken.get_encoding`, which works offline when the files are in `TIKTOKEN_CACHE_DIR`, and otherwise
-downloads them.
-
-This module imports no Lightning/Hydra (generation needs it and must start fast).
+`build_tokenizer(name)` makes one; `tokenizer_from_dict(tok.to_dict())` rebuilds an equal one with no
+network and no file (the tiktoken dict embeds the whole BPE ranks text, ~0.8 MB for GPT-2), so a checkpoint
+alone is enough to generate text. BPE ranks come from a `.tiktoken` file (`bpe_file`, checked against the
+sha256 tiktoken pins; GPT-2's ships in `data/tokenizers/`), else from `tiktoken.get_encoding`
+(`TIKTOKEN_CACHE_DIR`, else a download). No Lightning/Hydra here: generation needs it and must start fast.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
+import contextlib
 import hashlib
 import threading
 from abc import ABC, abstractmethod
@@ -177,10 +168,7 @@ CHAR_EOT = "\x03"
 
 
 class CharTokenizer(Tokenizer):
-    """One id per character; the vocabulary is a string of distinct characters, id = position.
-
-    `eot_id` is the id of CHAR_EOT (U+0003) when the vocabulary holds it, else None.
-    """
+    """One id per character; the vocabulary is a string of distinct characters, id = position."""
 
     def __init__(self, chars: str) -> None:
         if not chars:
@@ -241,11 +229,7 @@ class TiktokenTokenizer(Tokenizer):
     """
 
     def __init__(
-        self,
-        name: str,
-        pat_str: str,
-        mergeable_ranks: dict[bytes, int],
-        special_tokens: dict[str, int],
+        self, name: str, pat_str: str, mergeable_ranks: dict[bytes, int], special_tokens: dict[str, int]
     ) -> None:
         self.name = name
         self.pat_str = pat_str
@@ -263,12 +247,10 @@ class TiktokenTokenizer(Tokenizer):
         special_ids = set(specials.values())
         ranks = {}
         for i in range(enc.n_vocab):
-            if i in special_ids:
-                continue
-            try:
-                ranks[enc.decode_single_token_bytes(i)] = i
-            except KeyError:  # an unused id (cl100k_base and o200k_base have gaps before their specials)
-                continue
+            if i not in special_ids:
+                # KeyError: an unused id (cl100k_base and o200k_base have gaps before their specials)
+                with contextlib.suppress(KeyError):
+                    ranks[enc.decode_single_token_bytes(i)] = i
         return cls(enc.name, encoding_spec(enc.name).pat_str, ranks, specials)
 
     @property
@@ -327,12 +309,10 @@ def parse_tiktoken_ranks(data: bytes | str, source: str = "ranks") -> dict[bytes
     for lineno, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
-        parts = line.split()
-        try:
-            if len(parts) != 2:
-                raise ValueError
-            ranks[base64.b64decode(parts[0], validate=True)] = int(parts[1])
-        except (ValueError, binascii.Error):
+        try:  # binascii.Error (bad base64) is a ValueError too
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError:
             raise MiniGPTError(
                 f"{source}: line {lineno} is not `base64 rank` ({line[:60]!r}); "
                 "pass a tiktoken ranks file such as gpt2.tiktoken as data.bpe_file"
