@@ -1,35 +1,19 @@
 """Documents -> llm.c token shards (`data=hf`): parallel, flat in memory, resumable, locked.
+Entry points: `prepare_shards(cfg)`, and `find_shards(cfg)` for existing shards (`data=shards`).
 
-    <data_dir>/hf/<name>-<hash>/train_000000.bin ...   train shards of `data.shard_tokens` tokens (the last
-                                                       one shorter), llm.c format (shard_format.py)
-    <data_dir>/hf/<name>-<hash>/val_000000.bin         the validation documents, one shard
-    <data_dir>/hf/<name>-<hash>/meta.json              tokenizer, shards and their counts, documents,
-                                                       source fingerprint, split (written last)
-    <data_dir>/hf/<name>-<hash>/.prepare.lock          the preparation lock (preparation.py)
+`<data_dir>/hf/<name>-<hash>/` holds `train_000000.bin ...` (`data.shard_tokens` tokens each, the last
+shorter), `val_000000.bin` (all validation documents), `meta.json` (written last) and the preparation
+lock; the hash covers everything that changes the tokens, so different configs never share a directory.
 
-The hash covers everything that changes the tokens (dataset, subset, split, text field, tokenizer,
-split rule, `max_tokens`, `shard_tokens`, dtype), so different configs never share a directory.
-
-* **Documents**: each document is tokenized on its own (`encode_ordinary`: text that looks like a special
-  token stays text) with the end-of-text token *prepended* (GPT-2's 50256), as llm.c and build-nanogpt do,
-  so every document starts right after an end-of-text and generation can start from one. The char
-  tokenizer's end-of-text is U+0003 (END OF TEXT, `mini_gpt.tokenizer.CHAR_EOT`), added to its vocabulary
-  (the sorted distinct characters of the documents read, found by a first pass over them).
-* **Split by documents**: document `i` (in reading order) is a validation document when a seeded hash of
-  `(split_seed, i)` falls below `val_fraction`; its tokens go to `val_000000.bin`, the others to the
-  train shards. The rule depends on nothing but `i`, so it is the same for any `num_proc` and any
-  `max_tokens`; meta.json lists the chosen document indices.
-* **Parallel and flat**: the main process streams the text and cuts it into tasks of ~2M characters; a
-  pool of `num_proc` processes tokenizes them; at most `2 x num_proc + 1` tasks are in flight and the
-  results are written in task order, straight into the current shard file. So memory does not grow with
-  the corpus, and the bytes written are the same whatever `num_proc` is.
-* **Resumable and safe**: shards are written under temporary names (`.train_000003.bin.tmp`) and renamed
-  when complete. After each complete train shard a small `.state.json` records where the next one starts
-  (document index, tokens of that document already written) and how long the validation file is; an
-  interrupted preparation resumes from there, re-reading but not re-tokenizing the documents before it.
-  The folder's preparation lock makes a second process (another run, another rank of the node) wait
-  and then use the finished shards instead of preparing them again.
-* **`max_tokens`** stops after that many train tokens (the cut may fall inside a document).
+* Each document is tokenized on its own (`encode_ordinary`) with the end-of-text token *prepended*, as
+  llm.c does (the char tokenizer's is `CHAR_EOT`, added to its vocabulary by a first pass).
+* Document `i` is validation when a seeded hash of `i` falls below `val_fraction` (split.py), so the split
+  does not depend on `num_proc` or `max_tokens`; meta.json lists the chosen indices.
+* A pool of `num_proc` processes tokenizes ~2M-character tasks, at most `2 x num_proc + 1` in flight,
+  written in task order: memory stays flat and the bytes are the same for any `num_proc`.
+* Shards are written under temporary names and renamed when complete; after each complete train shard
+  `.state.json` records where the next one starts, so an interrupted preparation resumes there.
+* `max_tokens` stops after that many train tokens (the cut may fall inside a document).
 """
 
 from __future__ import annotations
@@ -161,16 +145,9 @@ def encode_task(task: Task) -> Encoded:
     eot, dtype = _WORKER["eot"], settings.dtype
     train_tokens, train_lens = _join([e for e, m in zip(encoded, mask) if not m], eot, dtype)
     val_tokens, val_lens = _join([e for e, m in zip(encoded, mask) if m], eot, dtype)
+    nbytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
     return Encoded(
-        first_doc,
-        len(texts),
-        sum(len(t.encode("utf-8", "surrogatepass")) for t in texts),
-        idx[~mask],
-        train_lens,
-        train_tokens,
-        idx[mask],
-        val_lens,
-        val_tokens,
+        first_doc, len(texts), nbytes, idx[~mask], train_lens, train_tokens, idx[mask], val_lens, val_tokens
     )
 
 
@@ -219,16 +196,13 @@ class EncoderPool:
         while pending:
             yield pending.popleft().result()
 
-    def close(self) -> None:
-        """Stop the workers: tasks not started are cancelled (after an early stop or an error)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
     def __enter__(self) -> EncoderPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        """Stop the workers: tasks not started are cancelled (after an early stop or an error)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ------------------------------------------------------------------------------------- shard writing
@@ -463,18 +437,16 @@ def prepare_shards(
         "tokenizer": tokenizer_key(tok),
     }
     meta = _valid_meta(out, key)
-    if meta is None and build and source is None:
-        source = open_source(cfg)
     if meta is None:
         if not build:
             raise MiniGPTError(
                 f"no prepared shards in {out} for this data config; prepare them first: "
                 "python -m mini_gpt.data prepare data=hf data.dataset=..."
             )
+        source = source or open_source(cfg)
         with preparation_lock(out, out.name, say):
             meta = _valid_meta(out, key)  # another process may have finished it while we waited
             if meta is None:
-                assert source is not None
                 meta = _tokenize_into_shards(cfg, source, tok, out, key, progress, say)
     return _sharded_corpus(out, meta, tok)
 
@@ -625,10 +597,7 @@ def _meta(
         "truncated": writer.truncated,
         "train_tokens": writer.train_tokens,
         "val_tokens": writer.val_tokens,
-        "shards": {
-            "train": writer.train_shards,
-            "val": [{"file": VAL_SHARD, "tokens": writer.val_tokens}],
-        },
+        "shards": {"train": writer.train_shards, "val": [{"file": VAL_SHARD, "tokens": writer.val_tokens}]},
     }
 
 
