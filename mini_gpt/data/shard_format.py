@@ -9,10 +9,8 @@ A shard is a header of 256 little-endian int32 followed by the tokens:
     header[3:] zero
     then       tokens    header[2] x uint16 (or uint32), little-endian
 
-This is what llm.c's `dev/data/*.py` scripts write and what modded-nanogpt reads, so their published
-pre-tokenized shards (FineWeb-10B in GPT-2 tokens, ...) can be trained on as they are, and our shards can
-be read by their tools. Every reader here checks the magic, the version and that the file holds exactly
-the number of tokens its header announces: a truncated download is an error, never silently shorter data.
+llm.c's `dev/data/*.py` write this and modded-nanogpt reads it, so their published shards train as they
+are. Every reader checks the magic, the version and that the file holds exactly the announced tokens.
 """
 
 from __future__ import annotations

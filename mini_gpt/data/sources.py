@@ -1,21 +1,15 @@
-"""Where text comes from: named corpora (shipped or downloaded, verified), local text files, and the
-documents of `data=hf` (a Hugging Face Hub dataset, streamed, or local files read by `datasets`).
+"""Where text comes from: named corpora (shipped or downloaded, verified by sha256), local text files, and
+the documents of `data=hf`.
 
-* **Named corpora** (`data=shakespeare_char`, `shakespeare`): `data.path`, else the repository's copy
-  (tiny Shakespeare ships in `data/`, so the default corpora never download), else a copy under the data
-  dir, else a download there, each verified by sha256.
-* **Text files** (`data=text`): one file, the `.txt` files under a directory, or a glob (sorted by path).
-* **Dataset documents** (`data=hf`): `open_source(cfg)` resolves `data.dataset` once (files, the
-  `datasets` builder, a fingerprint, the number of documents when it is cheap to know) and
-  `iter_texts(source)` streams the text column in batches, in a fixed order (local files sorted by
-  path), without materialising the dataset in the HF cache. Local files: a path, a directory (every
-  supported file below it) or a glob; Parquet, JSON lines (`.jsonl`, `.json`, `.ndjson`, optionally
-  `.gz` / `.zst` / `.bz2` / `.xz` compressed), Arrow, CSV. Hub names (`HuggingFaceFW/fineweb-edu`) need
-  the network: offline (`HF_HUB_OFFLINE=1`, `HF_DATASETS_OFFLINE=1`, or no answer from the Hub within a
-  few seconds) they fail at once with one line saying to pass local files instead.
+* `named_corpus_file`: `data.path`, else the repository's copy (tiny Shakespeare ships in `data/`, so the
+  default corpora never download), else a copy under the data dir, else a download there.
+* `text_files` (`data=text`): one file, the `.txt` files under a directory, or a glob (sorted by path).
+* `open_source(cfg)` resolves `data.dataset` once: local files (a path, directory or glob of Parquet, JSON
+  lines, Arrow or CSV, optionally compressed) or a Hub name, which fails at once offline; `iter_texts`
+  then streams its text column in batches, in a fixed order, without materialising it in the HF cache.
 
-`datasets`, pyarrow and huggingface_hub are imported only when a `data=hf` corpus is actually read: they
-are the optional extra `pip install -e '.[datasets]'`, and `datasets` alone takes most of a second to import.
+`datasets`, pyarrow and huggingface_hub (the optional extra `.[datasets]`; `datasets` alone takes most of a
+second to import) are imported only when a `data=hf` corpus is actually read.
 """
 
 from __future__ import annotations
@@ -370,10 +364,8 @@ def _missing_column(source: Source, columns: list[str]) -> MiniGPTError:
 
 
 def _parquet_batches(source: Source, batch_size: int) -> Iterator[list[Any]]:
-    """The text column of local parquet files, read with pyarrow directly and without pre-buffering: a
-    row group's column is read in 1 MB pieces. (`datasets`' streaming reader reads ahead while the
-    tokenizer is busy, and its memory grows with the file: ~940 MB of RSS for one 275 MB file, ~200 MB
-    here; see README "Sharded preparation".)"""
+    """The text column of local parquet files, read by pyarrow in 1 MB pieces without pre-buffering
+    (`datasets`' streaming reader reads ahead while the tokenizer is busy: its memory grows with the file)."""
     import pyarrow.parquet as pq
 
     for path in source.files:

@@ -1,34 +1,16 @@
 """Text -> `train.bin` / `val.bin` + `meta.json`: the token files of `data=shakespeare_char | shakespeare |
-text`, tokenized once and memory-mapped by the training windows (windows.py).
+text`, tokenized once and memory-mapped by the training windows (windows.py). Entry point: `prepare_data`.
 
-Layout (under the data dir: `data.data_dir`, else `$MINI_GPT_DATA_DIR`, else `<repo>/data`):
-
-    <data_dir>/shakespeare_char/input.txt           named corpus text (downloaded or copied there)
-    <data_dir>/shakespeare_char/{train,val}.bin     token ids, flat, uint16 (uint32 for big vocabularies)
-    <data_dir>/shakespeare_char/meta.json           tokenizer dict, counts, source sha256, split, dtype
-    <data_dir>/text/<file-stem>-<hash of path>/...  token files of `name="text"` corpora
-
-Decisions worth knowing:
-
-* **Split** by characters of the concatenated text, like nanoGPT: the first `1 - val_fraction` of the
-  characters are train, the rest val, and each side is tokenized on its own (so tiny Shakespeare gives
-  the well-known 301,966 / 36,059 GPT-2 tokens).
-* **Documents** (`text` corpora: each file is a document, in sorted path order) are separated by the
-  tokenizer's end-of-text id when it has one (GPT-2's 50256); the char tokenizer has none, so files are
-  simply concatenated. Each document is tokenized on its own.
-* **Char vocabulary** = sorted distinct characters of the whole corpus (train and val).
-* **Bytes that are not UTF-8** are replaced with U+FFFD and reported once with a count (a warning, and
-  `replaced_bytes` in meta.json): one stray byte should not stop a run over gigabytes of scraped text.
-* **Streaming**: files are read in ~1 MB pieces cut where BPE pre-tokenization would cut anyway (after a
-  newline followed by a non-space character), so the ids equal a one-shot encode while memory stays flat;
-  pieces are encoded on a thread pool (tiktoken releases the GIL).
-* **Atomic cache**: the old meta.json is deleted first, bins are written to temporary names and renamed,
-  meta.json is written (atomically) last. A cache is used only if meta.json exists and matches the source
-  sha256, tokenizer, split fraction and dtype, and the bins have the recorded sizes; anything else,
-  including a preparation killed midway, is rebuilt.
-* **One preparer at a time**: building holds the folder's preparation lock (preparation.py); other processes
-  (a parallel sweep, a SLURM array on shared storage) wait, then reuse the finished cache. Checking a
-  valid cache takes no lock, so a read-only cache works.
+* The split is by characters of the concatenated text, like nanoGPT: the last `val_fraction` of them is
+  validation, and each side is tokenized on its own (tiny Shakespeare: 301,966 / 36,059 GPT-2 tokens).
+* `text` corpora: each file (in sorted path order) is a document, tokenized on its own and preceded by the
+  end-of-text id when the tokenizer has one. The char vocabulary is the corpus's sorted distinct characters.
+* Bytes that are not UTF-8 become U+FFFD, counted in one warning and in meta.json (`replaced_bytes`).
+* Files are streamed in ~1 MB pieces cut where BPE pre-tokenization cuts anyway (`safe_cut`), so the ids
+  equal a one-shot encode while memory stays flat; pieces are encoded on a thread pool.
+* The cache is used only when meta.json (deleted first, written last) matches the source sha256,
+  tokenizer, split and dtype, and the bins have the recorded sizes. Building holds the folder's
+  preparation lock (preparation.py); checking a valid cache takes none, so a read-only cache works.
 """
 
 from __future__ import annotations
@@ -48,13 +30,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mini_gpt.data.config import TEXT_CORPUS, DataConfig, token_dtype
-from mini_gpt.data.preparation import (
-    WRITE_ERRNOS,
-    byte_progress,
-    preparation_lock,
-    tokenizer_key,
-    unwritable,
-)
+from mini_gpt.data.preparation import WRITE_ERRNOS, byte_progress, preparation_lock, tokenizer_key, unwritable
 from mini_gpt.data.shard_format import ShardInfo, token_file
 from mini_gpt.data.sources import named_corpus_file, text_files
 from mini_gpt.errors import MiniGPTError

@@ -1,27 +1,18 @@
-"""Training and validation windows: `(x, y)` batches of `block_size + 1` consecutive tokens drawn from
-memory-mapped token files (text.py's flat `train.bin` / `val.bin`, or llm.c shards), so all ranks of a
-node share the page cache. A window never straddles two files; x = its first block_size tokens, y = its
-last block_size.
+"""Training and validation windows: `(x, y)` batches of `block_size + 1` consecutive tokens (x the first
+block_size, y the last) inside one memory-mapped token file (text.py's train.bin / val.bin, or shards),
+so all ranks of a node share the page cache.
 
-**Flat train** (`TrainBatches`): the windows of batch `i` of rank `r` start at uniformly random positions
-drawn from a generator seeded with `(seed, r, i)`, as nanoGPT draws them.
-
-**Shard train** (`ShardTrainBatches`): epoch `e` cuts every shard into windows starting at
-`o_e + k * block_size` (`o_e`, a seeded offset in [0, block_size), moves the cuts from epoch to epoch), or,
-with `align_to_documents`, at every document start (an end-of-text token) that has block_size tokens
-after it. All windows of all shards are then visited in one seeded random order (a Feistel permutation of
-the window numbers: a shuffle over shards *and* positions with O(1) memory), so no shard or region is
-read in sequence and the loss shows no periodicity. Within an epoch no window is repeated. Ranks share
-that one order: micro-batch `i` of rank `r` (of `world`) holds windows `(i * world + r) * batch_size ...`
-of it, so ranks never see the same window.
-
-Either way batch `i` is a pure function of the seed, the rank and `i`, so resuming at batch `k`
-reproduces the uninterrupted stream exactly; with worker processes each worker takes every
-`num_workers`-th batch, so the order is the same as with none.
-
-**Validation** (`ValWindows`): fixed, non-overlapping windows `[k * T, k * T + T]` of each file (evenly
-thinned to `max_windows`), the same in every run whatever the device count; `ValBatches` gives window `k`
-to rank `k % world`, so the ranks together evaluate every window exactly once.
+* `TrainBatches` (a flat file): batch `i` of rank `r` starts its windows at random positions drawn from
+  a generator seeded with `(seed, r, i)`, as nanoGPT draws them.
+* `ShardTrainBatches`: epoch `e` cuts every shard into windows at `o_e + k * block_size` (`o_e`, a seeded
+  offset in [0, block_size)), or with `align_to_documents` at every document start (an end-of-text token),
+  then visits all windows of all shards in one seeded Feistel permutation: a shuffle over shards *and*
+  positions in O(1) memory, so the loss shows no periodicity and no window repeats within an epoch.
+  Micro-batch `i` of rank `r` (of `world`) holds windows `(i * world + r) * batch_size ...` of that order.
+* Either way batch `i` is a pure function of the seed, the rank and `i`, so resuming at batch `k`
+  reproduces the uninterrupted stream; DataLoader worker `w` takes every `num_workers`-th batch from `w`.
+* `ValWindows`: fixed, non-overlapping windows `[k * T, k * T + T]` of each file (evenly thinned to
+  `max_windows`); `ValBatches` gives window `k` to rank `k % world`, so the ranks see each exactly once.
 """
 
 from __future__ import annotations
