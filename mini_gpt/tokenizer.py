@@ -16,27 +16,13 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import tiktoken
 
 from mini_gpt.errors import MiniGPTError
-
-__all__ = [
-    "BUNDLED_BPE_FILES",
-    "CHAR_EOT",
-    "ENCODINGS",
-    "GPT2_PAT_STR",
-    "CharTokenizer",
-    "EncodingSpec",
-    "TiktokenTokenizer",
-    "Tokenizer",
-    "build_tokenizer",
-    "encoding_spec",
-    "parse_tiktoken_ranks",
-    "tokenizer_from_dict",
-]
 
 # Ranks files shipped with the repository, by encoding name (r50k_base is GPT-2's vocabulary).
 BUNDLED_BPE_FILES: dict[str, Path] = dict.fromkeys(
@@ -223,10 +209,8 @@ class CharTokenizer(Tokenizer):
 
 class TiktokenTokenizer(Tokenizer):
     """A tiktoken `Encoding` plus what is needed to rebuild it offline (name, regex, ranks, specials).
-
-    `encode` accepts special-token text (e.g. "<|endoftext|>" -> 50256) so prompts can contain it;
-    corpus preparation uses `encode_ordinary`, which treats such text as plain characters.
-    """
+    `encode` reads special-token text ("<|endoftext|>" -> 50256) so prompts can hold it; `encode_ordinary`
+    (corpus preparation) treats it as plain characters."""
 
     def __init__(
         self, name: str, pat_str: str, mergeable_ranks: dict[bytes, int], special_tokens: dict[str, int]
@@ -238,7 +222,6 @@ class TiktokenTokenizer(Tokenizer):
         self.encoding = tiktoken.Encoding(
             name=name, pat_str=pat_str, mergeable_ranks=mergeable_ranks, special_tokens=self.special_tokens
         )
-        self._ranks_text: str | None = None
 
     @classmethod
     def from_encoding(cls, enc: Any) -> TiktokenTokenizer:
@@ -275,13 +258,11 @@ class TiktokenTokenizer(Tokenizer):
                 f"token id {err} is not in the {self.name} vocabulary (0..{self.vocab_size - 1})"
             ) from None
 
-    @property
+    @cached_property
     def ranks_text(self) -> str:
         """The ranks in `.tiktoken` format (rank order, one `base64 rank` line each)."""
-        if self._ranks_text is None:
-            items = sorted(self.ranks.items(), key=lambda kv: kv[1])
-            self._ranks_text = "".join(f"{base64.b64encode(tok).decode()} {rank}\n" for tok, rank in items)
-        return self._ranks_text
+        items = sorted(self.ranks.items(), key=lambda kv: kv[1])
+        return "".join(f"{base64.b64encode(tok).decode()} {rank}\n" for tok, rank in items)
 
     @property
     def ranks_sha256(self) -> str:
@@ -373,10 +354,8 @@ def _get_encoding(name: str) -> Any:
 
 def build_tokenizer(name: str, bpe_file: str | Path | None = None, text: str | None = None) -> Tokenizer:
     """`char` (vocabulary from `text`) or the name of an encoding tiktoken ships (`gpt2`, `cl100k_base`...).
-
-    With `bpe_file` the ranks come from that file and the network is never used; without it from the
-    repository's copy (gpt2, r50k_base), else `tiktoken.get_encoding` (TIKTOKEN_CACHE_DIR, else download).
-    """
+    BPE ranks come from `bpe_file` (no network), else the repository's copy (gpt2, r50k_base), else
+    `tiktoken.get_encoding` (TIKTOKEN_CACHE_DIR, else a download)."""
     if name == "char":
         if text is None:
             raise MiniGPTError("the char tokenizer needs the corpus text to build its vocabulary")
@@ -403,6 +382,6 @@ def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:
             )
         ranks = parse_tiktoken_ranks(ranks_text, source=f"tokenizer {d.get('name')!r}")
         tok = TiktokenTokenizer(d["name"], d["pat_str"], ranks, d["special_tokens"])
-        tok._ranks_text = ranks_text
+        tok.ranks_text = ranks_text  # as given: no need to rebuild it
         return tok
     raise MiniGPTError(f"unknown tokenizer type {kind!r} in saved tokenizer; expected 'char' or 'tiktoken'")

@@ -49,12 +49,8 @@ class GPTDataModule(L.LightningDataModule):
         if val_windows is not None:  # null = all windows
             check_ints(val_windows=val_windows)
         check_ints(minimum=0, num_workers=num_workers)
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.pin_memory = pin_memory
-        self.seed = seed
-        self.val_windows = val_windows
+        self.block_size, self.batch_size, self.seed = block_size, batch_size, seed
+        self.num_workers, self.pin_memory, self.val_windows = num_workers, pin_memory, val_windows
         if not isinstance(align_to_documents, bool):
             raise MiniGPTError(f"loader.align_to_documents={align_to_documents!r} must be true or false")
         if align_to_documents and isinstance(self.cfg, DataConfig):
@@ -81,11 +77,8 @@ class GPTDataModule(L.LightningDataModule):
 
     def prepare_once(self, local_rank: int, timeout_s: float = 24 * 3600) -> PreparedData | ShardedCorpus:
         """Prepare the token files on local rank 0 only; the node's other ranks wait until they are valid.
-
-        Needed before `fit` (the model's vocabulary comes from the tokenizer). With `python train.py
-        trainer=ddp` rank 0 finishes this before Lightning starts the others; under torchrun/SLURM all
-        ranks start together and must not tokenize (and write) the same files at once.
-        """
+        Needed before `fit` (the model's vocabulary comes from the tokenizer): under torchrun/SLURM all
+        ranks start together and must not tokenize (and write) the same files at once."""
         if local_rank == 0 or self.sharded:  # sharded preparation holds a file lock: the others wait on it
             return self.prepared_data()
         assert isinstance(self.cfg, DataConfig)

@@ -1,12 +1,7 @@
-"""Where text comes from: named corpora (shipped or downloaded, verified by sha256), local text files, and
-the documents of `data=hf`.
-
-* `named_corpus_file`: `data.path`, else the repository's copy (tiny Shakespeare ships in `data/`, so the
-  default corpora never download), else a copy under the data dir, else a download there.
-* `text_files` (`data=text`): one file, the `.txt` files under a directory, or a glob (sorted by path).
-* `open_source(cfg)` resolves `data.dataset` once: local files (a path, directory or glob of Parquet, JSON
-  lines, Arrow or CSV, optionally compressed) or a Hub name, which fails at once offline; `iter_texts`
-  then streams its text column in batches, in a fixed order, without materialising it in the HF cache.
+"""Where text comes from: named corpora (`named_corpus_file`: shipped in `data/`, else downloaded, verified
+by sha256), text files (`text_files`), and the documents of `data=hf`: `open_source(cfg)` resolves
+`data.dataset` once (local Parquet, JSON lines, Arrow or CSV files, or a Hub name, which fails at once
+offline), `iter_texts(source)` streams its text column in batches, in a fixed order.
 
 `datasets`, pyarrow and huggingface_hub (the optional extra `.[datasets]`; `datasets` alone takes most of a
 second to import) are imported only when a `data=hf` corpus is actually read.
@@ -31,19 +26,6 @@ from mini_gpt.data.config import CORPORA, DataConfig, HFDataConfig
 from mini_gpt.data.preparation import byte_progress
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import atomic_write, sha256_file
-
-__all__ = [
-    "BUILDERS",
-    "Source",
-    "download",
-    "glob_files",
-    "hub_offline_reason",
-    "is_local",
-    "iter_texts",
-    "named_corpus_file",
-    "open_source",
-    "text_files",
-]
 
 DOWNLOAD_TIMEOUT_S = 15.0  # per socket operation; an offline machine fails in well under this
 # file suffix -> `datasets` builder
@@ -195,12 +177,10 @@ class Source:
 
 
 def _suffix_builder(path: str) -> str | None:
-    name = path.lower()
-    for comp in COMPRESSIONS:
-        if name.endswith(comp):
-            name = name[: -len(comp)]
-            break
-    return BUILDERS.get(os.path.splitext(name)[1])
+    stem, ext = os.path.splitext(path.lower())
+    if ext in COMPRESSIONS:
+        ext = os.path.splitext(stem)[1]
+    return BUILDERS.get(ext)
 
 
 def is_local(dataset: str) -> bool:
