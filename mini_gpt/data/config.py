@@ -18,20 +18,6 @@ from mini_gpt.conf import PROJECT_ROOT
 from mini_gpt.conf.schema import checked_config
 from mini_gpt.errors import MiniGPTError, check_ints
 
-__all__ = [
-    "CORPORA",
-    "DEFAULT_SHARD_TOKENS",
-    "AnyDataConfig",
-    "Corpus",
-    "DataConfig",
-    "DataConfigError",
-    "HFDataConfig",
-    "ShardsDataConfig",
-    "data_config",
-    "data_root",
-    "token_dtype",
-]
-
 # The checkout's data/, which ships tiny Shakespeare (a wheel install has none: named corpora download).
 SHIPPED_DATA = Path(__file__).resolve().parents[2] / "data"
 TEXT_CORPUS = "text"
@@ -92,9 +78,6 @@ def token_dtype(vocab_size: int, requested: str = "auto") -> str:
     return requested
 
 
-# --------------------------------------------------------------------------- checks the configs share
-
-
 def _check_tokenizer(name: Any, bpe_file: Any) -> None:
     if not isinstance(name, str) or not name:
         raise DataConfigError(f"data.tokenizer={name!r} must be 'char' or a tiktoken encoding name")
@@ -118,9 +101,6 @@ def _check_fraction(value: Any, example: str) -> float:
 def _check_dtype(dtype: Any) -> None:
     if dtype not in DTYPES:
         raise DataConfigError(f"data.dtype={dtype!r} must be one of {', '.join(DTYPES)}")
-
-
-# ------------------------------------------------------------------------------------------- configs
 
 
 @dataclass

@@ -28,17 +28,6 @@ from rich.progress import (
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import TiktokenTokenizer, Tokenizer
 
-__all__ = [
-    "LOCK_FILE",
-    "WRITE_ERRNOS",
-    "TokenizeProgress",
-    "byte_progress",
-    "log_to_stderr",
-    "preparation_lock",
-    "tokenizer_key",
-    "unwritable",
-]
-
 LOCK_FILE = ".prepare.lock"  # in each prepared folder; held while that folder is (re)built
 # What writing to a full, read-only or foreign directory raises.
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}

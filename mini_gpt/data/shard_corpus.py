@@ -1,19 +1,12 @@
-"""Documents -> llm.c token shards (`data=hf`): parallel, flat in memory, resumable, locked.
-Entry points: `prepare_shards(cfg)`, and `find_shards(cfg)` for existing shards (`data=shards`).
+"""Documents -> llm.c token shards (`data=hf`): parallel, flat in memory, resumable, locked. Entry points:
+`prepare_shards(cfg)`, and `find_shards(cfg)` for existing shards (`data=shards`).
 
-`<data_dir>/hf/<name>-<hash>/` holds `train_000000.bin ...` (`data.shard_tokens` tokens each, the last
-shorter), `val_000000.bin` (all validation documents), `meta.json` (written last) and the preparation
-lock; the hash covers everything that changes the tokens, so different configs never share a directory.
-
-* Each document is tokenized on its own (`encode_ordinary`) with the end-of-text token *prepended*, as
-  llm.c does (the char tokenizer's is `CHAR_EOT`, added to its vocabulary by a first pass).
-* Document `i` is validation when a seeded hash of `i` falls below `val_fraction` (split.py), so the split
-  does not depend on `num_proc` or `max_tokens`; meta.json lists the chosen indices.
-* A pool of `num_proc` processes tokenizes ~2M-character tasks, at most `2 x num_proc + 1` in flight,
-  written in task order: memory stays flat and the bytes are the same for any `num_proc`.
-* Shards are written under temporary names and renamed when complete; after each complete train shard
-  `.state.json` records where the next one starts, so an interrupted preparation resumes there.
-* `max_tokens` stops after that many train tokens (the cut may fall inside a document).
+`<data_dir>/hf/<name>-<hash of everything that changes the tokens>/` holds `train_000000.bin ...`,
+`val_000000.bin` (all validation documents) and `meta.json` (written last). Each document is tokenized on
+its own (`encode_ordinary`) with the end-of-text token *prepended*, as llm.c does; document `i` is
+validation when a seeded hash of `i` falls below `val_fraction` (split.py). A pool of `num_proc` processes
+tokenizes ~2M-character tasks, written in task order, so the bytes are the same for any `num_proc`. After
+each complete train shard `.state.json` records where the next one starts: an interrupted run resumes there.
 """
 
 from __future__ import annotations
@@ -43,8 +36,6 @@ from mini_gpt.data.text import encoder
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import read_json, write_json_atomic
 from mini_gpt.tokenizer import CHAR_EOT, CharTokenizer, Tokenizer, build_tokenizer, tokenizer_from_dict
-
-__all__ = ["FORMAT", "ShardedCorpus", "find_shards", "prepare_shards", "shard_dir"]
 
 FORMAT = "mini-gpt shards 1"
 TASK_CHARS = 1 << 21  # characters of text per tokenizer task
@@ -339,9 +330,6 @@ class CorpusWriter:
             self.val.suspend()
 
 
-# ------------------------------------------------------------------------------------------ helpers
-
-
 def _identity(cfg: HFDataConfig) -> dict[str, Any]:
     """Everything in the config that changes the tokens (the directory is named after its hash)."""
     dataset = cfg.dataset or ""
@@ -417,11 +405,8 @@ def prepare_shards(
     progress: bool | None = None,
     log: Callable[[str], None] | None = log_to_stderr,
 ) -> ShardedCorpus:
-    """Make sure the shards of `cfg` exist and match its source; return them.
-
-    Idempotent: valid shards are reused untouched. `build=False` only looks (raises if they are missing).
-    `progress=None` shows a bar on an interactive stderr; `log` gets the one-line summary (None: silent).
-    """
+    """The shards of `cfg`, prepared unless valid ones exist (`build=False`: raise if missing).
+    `progress=None` shows a bar on an interactive stderr; `log` gets the one-line summary (None: silent)."""
     say = log or (lambda _msg: None)
     out = shard_dir(cfg)
     # A hub dataset is recognised by its name (its revision is recorded, not compared), so shards prepared
@@ -452,12 +437,9 @@ def prepare_shards(
 
 
 def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
-    """Existing llm.c-format shards (`data=shards`): train and val files by glob, headers checked.
-
-    Validation shards are `cfg.val_path`'s files, else the files of `cfg.path` whose name contains "val"
-    (llm.c and modded-nanogpt name them `*_val_*.bin`). The tokenizer is `cfg.tokenizer`, else the one
-    recorded in a meta.json beside the shards (ours), else GPT-2.
-    """
+    """Existing llm.c-format shards (`data=shards`), headers checked. Validation: `cfg.val_path`'s files,
+    else those of `cfg.path` named *val* (as llm.c and modded-nanogpt name them). The tokenizer:
+    `cfg.tokenizer`, else the one in a meta.json beside the shards (ours), else GPT-2."""
     assert cfg.path is not None
 
     files = glob_files(cfg.path)

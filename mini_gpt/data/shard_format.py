@@ -23,19 +23,6 @@ import numpy as np
 
 from mini_gpt.errors import MiniGPTError
 
-__all__ = [
-    "HEADER_BYTES",
-    "HEADER_INTS",
-    "MAX_SHARD_TOKENS",
-    "ShardInfo",
-    "ShardWriter",
-    "format_for",
-    "open_shard",
-    "read_header",
-    "token_file",
-    "write_shard",
-]
-
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 MAX_SHARD_TOKENS = 2**31 - 1  # the count is an int32
@@ -135,11 +122,9 @@ def write_shard(path: str | Path, tokens: np.ndarray) -> ShardInfo:
 
 class ShardWriter:
     """Streams tokens into `.<name>.tmp` beside `path`, then (on `close`) fixes the header's count,
-    fsyncs and renames it to `path`: a shard under its final name is always complete.
-
-    `resume_tokens` reopens an existing temporary file, cut back to its first `resume_tokens` tokens.
-    `abort()` (or an exception inside `with`) removes the temporary file; `suspend()` keeps it to resume.
-    """
+    fsyncs and renames it to `path`: a shard under its final name is always complete. `resume_tokens`
+    reopens the temporary file, cut back to that many tokens. `abort()` (or an exception inside `with`)
+    removes the temporary file; `suspend()` keeps it to resume."""
 
     def __init__(self, path: str | Path, dtype: str, resume_tokens: int | None = None) -> None:
         self.path = Path(path)

@@ -1,16 +1,11 @@
 """Text -> `train.bin` / `val.bin` + `meta.json`: the token files of `data=shakespeare_char | shakespeare |
 text`, tokenized once and memory-mapped by the training windows (windows.py). Entry point: `prepare_data`.
 
-* The split is by characters of the concatenated text, like nanoGPT: the last `val_fraction` of them is
-  validation, and each side is tokenized on its own (tiny Shakespeare: 301,966 / 36,059 GPT-2 tokens).
-* `text` corpora: each file (in sorted path order) is a document, tokenized on its own and preceded by the
-  end-of-text id when the tokenizer has one. The char vocabulary is the corpus's sorted distinct characters.
-* Bytes that are not UTF-8 become U+FFFD, counted in one warning and in meta.json (`replaced_bytes`).
-* Files are streamed in ~1 MB pieces cut where BPE pre-tokenization cuts anyway (`safe_cut`), so the ids
-  equal a one-shot encode while memory stays flat; pieces are encoded on a thread pool.
-* The cache is used only when meta.json (deleted first, written last) matches the source sha256,
-  tokenizer, split and dtype, and the bins have the recorded sizes. Building holds the folder's
-  preparation lock (preparation.py); checking a valid cache takes none, so a read-only cache works.
+The split is by characters of the concatenated text, like nanoGPT (the last `val_fraction` is validation),
+each side tokenized on its own; `text` corpora's files are documents, preceded by the end-of-text id when
+the tokenizer has one. Files are streamed in ~1 MB pieces cut where BPE pre-tokenization cuts anyway
+(`safe_cut`), so the ids equal a one-shot encode while memory stays flat. meta.json is deleted first and
+written last; building holds the folder's preparation lock, checking a valid cache takes none.
 """
 
 from __future__ import annotations
@@ -42,16 +37,6 @@ from mini_gpt.tokenizer import (
     build_tokenizer,
     tokenizer_from_dict,
 )
-
-__all__ = [
-    "PreparedData",
-    "cache_dir",
-    "check_split_length",
-    "encoder",
-    "load_prepared",
-    "prepare_data",
-    "safe_cut",
-]
 
 FORMAT_VERSION = 1
 PIECE_CHARS = 1 << 20  # characters per encoded piece: big enough to amortise calls, small for memory
@@ -137,7 +122,6 @@ def _decoded_chunks(files: list[Path], chunk_bytes: int) -> Iterator[tuple[int, 
 
 def safe_cut(text: str, limit: int) -> int:
     """Largest i in (0, len) where splitting text[:i] | text[i:] cannot change BPE ids, else 0.
-
     tiktoken's pre-tokenization regexes (gpt2, cl100k, o200k) never join a newline with a following
     non-space character, so a cut in "x\\n|y" (x, y not whitespace) is invisible to the encoder.
     Lacking one in a very long buffer, cut before " word" (also a pre-token boundary), then anywhere.
@@ -163,11 +147,9 @@ def safe_cut(text: str, limit: int) -> int:
 def _pieces(
     files: list[Path], split_at: int, piece_chars: int, exact_cuts: bool
 ) -> Iterator[tuple[int, int, str, int]]:
-    """(split 0/1, document, text, bytes consumed) pieces in corpus order.
-
-    A piece never straddles the train/val cut (character `split_at` of the concatenation) or a document
-    boundary; with `exact_cuts` (BPE) pieces end only where `safe_cut` allows.
-    """
+    """(split 0/1, document, text, bytes consumed) pieces in corpus order. A piece never straddles the
+    train/val cut (character `split_at` of the concatenation) or a document boundary; with `exact_cuts`
+    (BPE) pieces end only where `safe_cut` allows."""
     offset = 0  # characters of the concatenation seen so far
     key: tuple[int, int] | None = None
     carry, carry_bytes = "", 0
@@ -275,12 +257,9 @@ def prepare_data(
     progress: bool | None = None,
     piece_chars: int = PIECE_CHARS,
 ) -> PreparedData:
-    """Make sure `train.bin` / `val.bin` / `meta.json` exist for `cfg` and match its source; return them.
-
-    Idempotent: a valid cache is reused untouched. `build=False` only validates (what non-zero DDP ranks
-    do after rank 0 prepared) and raises if the cache is missing or stale. `block_size` additionally checks
-    that both splits hold at least one (block_size + 1)-token window. `progress=None` shows bars on a tty.
-    """
+    """`train.bin` / `val.bin` / `meta.json` of `cfg`, built unless a valid cache exists (`build=False`:
+    raise if missing or stale). `block_size` also checks that both splits hold one (block_size + 1)-token
+    window. `progress=None` shows bars on a tty."""
     files = text_files(cfg) if cfg.name == TEXT_CORPUS else [named_corpus_file(cfg, progress)]
     total_bytes = sum(f.stat().st_size for f in files)
     if total_bytes == 0:
@@ -289,9 +268,7 @@ def prepare_data(
         )
     source_sha = _sources_sha256(files)
     tok_name = cfg.resolved_tokenizer
-    tok: Tokenizer | None = None
-    if tok_name != "char":
-        tok = build_tokenizer(tok_name, bpe_file=cfg.bpe_file)
+    tok = None if tok_name == "char" else build_tokenizer(tok_name, bpe_file=cfg.bpe_file)
     out_dir = cache_dir(cfg)
     key = _cache_key(cfg, source_sha, tok)
     meta = _valid_cache(out_dir, key)  # a valid cache needs no lock (it may be on read-only storage)

@@ -1,18 +1,15 @@
 """Training and validation windows: `(x, y)` batches of `block_size + 1` consecutive tokens (x the first
-block_size, y the last) inside one memory-mapped token file (text.py's train.bin / val.bin, or shards),
-so all ranks of a node share the page cache.
+block_size, y the last) inside one memory-mapped token file (train.bin / val.bin, or a shard).
 
-* `TrainBatches` (a flat file): batch `i` of rank `r` starts its windows at random positions drawn from
-  a generator seeded with `(seed, r, i)`, as nanoGPT draws them.
-* `ShardTrainBatches`: epoch `e` cuts every shard into windows at `o_e + k * block_size` (`o_e`, a seeded
-  offset in [0, block_size)), or with `align_to_documents` at every document start (an end-of-text token),
-  then visits all windows of all shards in one seeded Feistel permutation: a shuffle over shards *and*
-  positions in O(1) memory, so the loss shows no periodicity and no window repeats within an epoch.
-  Micro-batch `i` of rank `r` (of `world`) holds windows `(i * world + r) * batch_size ...` of that order.
-* Either way batch `i` is a pure function of the seed, the rank and `i`, so resuming at batch `k`
-  reproduces the uninterrupted stream; DataLoader worker `w` takes every `num_workers`-th batch from `w`.
-* `ValWindows`: fixed, non-overlapping windows `[k * T, k * T + T]` of each file (evenly thinned to
-  `max_windows`); `ValBatches` gives window `k` to rank `k % world`, so the ranks see each exactly once.
+* `TrainBatches` (a flat file): windows at random positions seeded by `(seed, rank, batch index)`.
+* `ShardTrainBatches`: each epoch cuts every shard into windows (at a seeded offset, or at document starts
+  with `align_to_documents`) and visits all of them in one seeded Feistel permutation: a shuffle over
+  shards *and* positions in O(1) memory. Ranks take turns: micro-batch `i` of rank `r` holds windows
+  `(i * world + r) * batch_size ...` of that order.
+* Batch `i` is a pure function of the seed, the rank and `i`, so resuming at batch `k` reproduces the
+  uninterrupted stream; DataLoader worker `w` takes every `num_workers`-th batch from `w`.
+* `ValWindows`: fixed, non-overlapping windows of each file; `ValBatches` gives window `k` to rank
+  `k % world`, so the ranks together see each exactly once.
 """
 
 from __future__ import annotations
@@ -30,15 +27,6 @@ from mini_gpt.data.shard_format import ShardInfo, open_shard, token_file
 from mini_gpt.data.split import GOLDEN_GAMMA, splitmix64
 from mini_gpt.data.text import check_split_length
 from mini_gpt.errors import MiniGPTError
-
-__all__ = [
-    "ShardTrainBatches",
-    "TrainBatches",
-    "ValBatches",
-    "ValWindows",
-    "feistel_permute",
-    "val_window_starts",
-]
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each (batch_size, block_size) int64
 
@@ -286,9 +274,8 @@ class ValWindows(_Mapped, Dataset):
 
 
 class ValBatches(IterableDataset):
-    """The validation windows of this rank, in batches: window k goes to rank k % world, so the ranks
-    together evaluate every window exactly once (no padding, no duplicates) and the summed loss is the
-    same for any device count. Yields whole `(x, y)` batches (use `DataLoader(batch_size=None)`)."""
+    """This rank's validation windows (k goes to rank k % world: no padding, no duplicates, so the summed
+    loss is the same for any device count) as whole `(x, y)` batches (`DataLoader(batch_size=None)`)."""
 
     def __init__(self, windows: ValWindows, batch_size: int, rank: int = 0, world: int = 1) -> None:
         super().__init__()
