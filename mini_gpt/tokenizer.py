@@ -1,51 +1,28 @@
-"""Tokenizers: characters or tiktoken BPE behind one small, serialisable interface.
+"""Tokenizers: characters or tiktoken BPE behind one small, serialisable interface (`Tokenizer`).
 
-Every tokenizer has `encode(str) -> list[int]`, `decode(list[int]) -> str`, `vocab_size`, `eot_id`
-(the end-of-text id, or None) and `to_dict()`. `tokenizer_from_dict(tok.to_dict())` rebuilds an equal
-tokenizer with no network and no file, which is why the tiktoken dict embeds the whole BPE ranks text
-(~0.8 MB for GPT-2): a checkpoint alone is enough to generate text.
-
-Offline BPE: `build_tokenizer("gpt2", bpe_file="path/to/gpt2.tiktoken")` reads a `.tiktoken` ranks file
-(one `base64(token_bytes) rank` per line), checks its sha256 against the hash tiktoken pins for that
-encoding, and never touches the network. GPT-2's ranks ship with the repository
-(`data/tokenizers/gpt2.tiktoken`, MIT, see the LICENSE beside it), so `gpt2` and `r50k_base` (the same
-vocabulary) need no file argument either. For the other encodings tiktoken ships (`ENCODINGS`) we ask
-`tiktoken.get_encoding`, which works offline when the files are in `TIKTOKEN_CACHE_DIR`, and otherwise
-downloads them.
-
-This module imports no Lightning/Hydra (generation needs it and must start fast).
+`build_tokenizer(name)` makes one; `tokenizer_from_dict(tok.to_dict())` rebuilds an equal one with no
+network and no file (the tiktoken dict embeds the whole BPE ranks text, ~0.8 MB for GPT-2), so a checkpoint
+alone is enough to generate text. BPE ranks come from a `.tiktoken` file (`bpe_file`, checked against the
+sha256 tiktoken pins; GPT-2's ships in `data/tokenizers/`), else from `tiktoken.get_encoding`
+(`TIKTOKEN_CACHE_DIR`, else a download). No Lightning/Hydra here: generation needs it and must start fast.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
+import contextlib
 import hashlib
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import tiktoken
 
 from mini_gpt.errors import MiniGPTError
-
-__all__ = [
-    "BUNDLED_BPE_FILES",
-    "CHAR_EOT",
-    "ENCODINGS",
-    "GPT2_PAT_STR",
-    "CharTokenizer",
-    "EncodingSpec",
-    "TiktokenTokenizer",
-    "Tokenizer",
-    "build_tokenizer",
-    "encoding_spec",
-    "parse_tiktoken_ranks",
-    "tokenizer_from_dict",
-]
 
 # Ranks files shipped with the repository, by encoding name (r50k_base is GPT-2's vocabulary).
 BUNDLED_BPE_FILES: dict[str, Path] = dict.fromkeys(
@@ -177,10 +154,7 @@ CHAR_EOT = "\x03"
 
 
 class CharTokenizer(Tokenizer):
-    """One id per character; the vocabulary is a string of distinct characters, id = position.
-
-    `eot_id` is the id of CHAR_EOT (U+0003) when the vocabulary holds it, else None.
-    """
+    """One id per character; the vocabulary is a string of distinct characters, id = position."""
 
     def __init__(self, chars: str) -> None:
         if not chars:
@@ -235,17 +209,11 @@ class CharTokenizer(Tokenizer):
 
 class TiktokenTokenizer(Tokenizer):
     """A tiktoken `Encoding` plus what is needed to rebuild it offline (name, regex, ranks, specials).
-
-    `encode` accepts special-token text (e.g. "<|endoftext|>" -> 50256) so prompts can contain it;
-    corpus preparation uses `encode_ordinary`, which treats such text as plain characters.
-    """
+    `encode` reads special-token text ("<|endoftext|>" -> 50256) so prompts can hold it; `encode_ordinary`
+    (corpus preparation) treats it as plain characters."""
 
     def __init__(
-        self,
-        name: str,
-        pat_str: str,
-        mergeable_ranks: dict[bytes, int],
-        special_tokens: dict[str, int],
+        self, name: str, pat_str: str, mergeable_ranks: dict[bytes, int], special_tokens: dict[str, int]
     ) -> None:
         self.name = name
         self.pat_str = pat_str
@@ -254,7 +222,6 @@ class TiktokenTokenizer(Tokenizer):
         self.encoding = tiktoken.Encoding(
             name=name, pat_str=pat_str, mergeable_ranks=mergeable_ranks, special_tokens=self.special_tokens
         )
-        self._ranks_text: str | None = None
 
     @classmethod
     def from_encoding(cls, enc: Any) -> TiktokenTokenizer:
@@ -263,12 +230,10 @@ class TiktokenTokenizer(Tokenizer):
         special_ids = set(specials.values())
         ranks = {}
         for i in range(enc.n_vocab):
-            if i in special_ids:
-                continue
-            try:
-                ranks[enc.decode_single_token_bytes(i)] = i
-            except KeyError:  # an unused id (cl100k_base and o200k_base have gaps before their specials)
-                continue
+            if i not in special_ids:
+                # KeyError: an unused id (cl100k_base and o200k_base have gaps before their specials)
+                with contextlib.suppress(KeyError):
+                    ranks[enc.decode_single_token_bytes(i)] = i
         return cls(enc.name, encoding_spec(enc.name).pat_str, ranks, specials)
 
     @property
@@ -293,13 +258,11 @@ class TiktokenTokenizer(Tokenizer):
                 f"token id {err} is not in the {self.name} vocabulary (0..{self.vocab_size - 1})"
             ) from None
 
-    @property
+    @cached_property
     def ranks_text(self) -> str:
         """The ranks in `.tiktoken` format (rank order, one `base64 rank` line each)."""
-        if self._ranks_text is None:
-            items = sorted(self.ranks.items(), key=lambda kv: kv[1])
-            self._ranks_text = "".join(f"{base64.b64encode(tok).decode()} {rank}\n" for tok, rank in items)
-        return self._ranks_text
+        items = sorted(self.ranks.items(), key=lambda kv: kv[1])
+        return "".join(f"{base64.b64encode(tok).decode()} {rank}\n" for tok, rank in items)
 
     @property
     def ranks_sha256(self) -> str:
@@ -327,12 +290,10 @@ def parse_tiktoken_ranks(data: bytes | str, source: str = "ranks") -> dict[bytes
     for lineno, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
-        parts = line.split()
-        try:
-            if len(parts) != 2:
-                raise ValueError
-            ranks[base64.b64decode(parts[0], validate=True)] = int(parts[1])
-        except (ValueError, binascii.Error):
+        try:  # binascii.Error (bad base64) is a ValueError too
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError:
             raise MiniGPTError(
                 f"{source}: line {lineno} is not `base64 rank` ({line[:60]!r}); "
                 "pass a tiktoken ranks file such as gpt2.tiktoken as data.bpe_file"
@@ -393,10 +354,8 @@ def _get_encoding(name: str) -> Any:
 
 def build_tokenizer(name: str, bpe_file: str | Path | None = None, text: str | None = None) -> Tokenizer:
     """`char` (vocabulary from `text`) or the name of an encoding tiktoken ships (`gpt2`, `cl100k_base`...).
-
-    With `bpe_file` the ranks come from that file and the network is never used; without it from the
-    repository's copy (gpt2, r50k_base), else `tiktoken.get_encoding` (TIKTOKEN_CACHE_DIR, else download).
-    """
+    BPE ranks come from `bpe_file` (no network), else the repository's copy (gpt2, r50k_base), else
+    `tiktoken.get_encoding` (TIKTOKEN_CACHE_DIR, else a download)."""
     if name == "char":
         if text is None:
             raise MiniGPTError("the char tokenizer needs the corpus text to build its vocabulary")
@@ -423,6 +382,6 @@ def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:
             )
         ranks = parse_tiktoken_ranks(ranks_text, source=f"tokenizer {d.get('name')!r}")
         tok = TiktokenTokenizer(d["name"], d["pat_str"], ranks, d["special_tokens"])
-        tok._ranks_text = ranks_text
+        tok.ranks_text = ranks_text  # as given: no need to rebuild it
         return tok
     raise MiniGPTError(f"unknown tokenizer type {kind!r} in saved tokenizer; expected 'char' or 'tiktoken'")

@@ -1,12 +1,7 @@
 """What to train on: the validated configs of `data=...`, mirrored key for key by conf/data/*.yaml.
-
-* `DataConfig`: a named corpus (`shakespeare_char`, `shakespeare`) or your own text files (`data=text`),
-  prepared into one `train.bin` / `val.bin` (see text.py).
-* `HFDataConfig`: `data=hf`, any dataset `datasets` can read, tokenized once into llm.c shards
-  (shard_corpus.py).
-* `ShardsDataConfig`: `data=shards`, existing llm.c-format shards (ours, llm.c's, modded-nanogpt's).
-
-`data_config(dict)` picks the class by `name`. No Lightning, Hydra or torch here.
+`DataConfig` is a named corpus or your own text files (text.py), `HFDataConfig` (`data=hf`) anything
+`datasets` reads, tokenized into shards (shard_corpus.py), `ShardsDataConfig` (`data=shards`) existing
+llm.c-format shards. `data_config(dict)` picks the class by `name`. No Lightning, Hydra or torch here.
 """
 
 from __future__ import annotations
@@ -23,20 +18,6 @@ from mini_gpt.conf import PROJECT_ROOT
 from mini_gpt.conf.schema import checked_config
 from mini_gpt.errors import MiniGPTError, check_ints
 
-__all__ = [
-    "CORPORA",
-    "DEFAULT_SHARD_TOKENS",
-    "AnyDataConfig",
-    "Corpus",
-    "DataConfig",
-    "DataConfigError",
-    "HFDataConfig",
-    "ShardsDataConfig",
-    "data_config",
-    "data_root",
-    "token_dtype",
-]
-
 # The checkout's data/, which ships tiny Shakespeare (a wheel install has none: named corpora download).
 SHIPPED_DATA = Path(__file__).resolve().parents[2] / "data"
 TEXT_CORPUS = "text"
@@ -50,44 +31,29 @@ class DataConfigError(MiniGPTError, ValueError):
 
 @dataclass(frozen=True)
 class Corpus:
-    """A named corpus: where to download it, what it must hash to, and its default tokenizer.
-
-    `bundled` is a copy shipped in the repository (found before any download, so the default corpora
-    need no network), or None.
-    """
+    """A named corpus: where to download it, what it must hash to, and its default tokenizer. `bundled`:
+    a copy shipped in the repository, found before any download (so the default corpora need no network)."""
 
     url: str
     sha256: str
     filename: str
     tokenizer: str
-    description: str
     bundled: Path | None = None
 
 
-_TINY_SHAKESPEARE_URL = (
-    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-)
-_TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 # Shipped with the repository (public domain, 1,115,394 characters); see data/README.md.
 BUNDLED_SHAKESPEARE = SHIPPED_DATA / "tinyshakespeare" / "input.txt"
 
+
+def _tiny_shakespeare(tokenizer: str) -> Corpus:
+    url = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+    sha256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+    return Corpus(url, sha256, "input.txt", tokenizer, bundled=BUNDLED_SHAKESPEARE)
+
+
 CORPORA: dict[str, Corpus] = {
-    "shakespeare_char": Corpus(
-        _TINY_SHAKESPEARE_URL,
-        _TINY_SHAKESPEARE_SHA256,
-        "input.txt",
-        "char",
-        "tiny Shakespeare, characters",
-        bundled=BUNDLED_SHAKESPEARE,
-    ),
-    "shakespeare": Corpus(
-        _TINY_SHAKESPEARE_URL,
-        _TINY_SHAKESPEARE_SHA256,
-        "input.txt",
-        "gpt2",
-        "tiny Shakespeare, GPT-2 BPE",
-        bundled=BUNDLED_SHAKESPEARE,
-    ),
+    "shakespeare_char": _tiny_shakespeare("char"),
+    "shakespeare": _tiny_shakespeare("gpt2"),
 }
 
 
@@ -110,9 +76,6 @@ def token_dtype(vocab_size: int, requested: str = "auto") -> str:
             f"(at most {limits[requested]:,}); use {hint}"
         )
     return requested
-
-
-# --------------------------------------------------------------------------- checks the configs share
 
 
 def _check_tokenizer(name: Any, bpe_file: Any) -> None:
@@ -138,9 +101,6 @@ def _check_fraction(value: Any, example: str) -> float:
 def _check_dtype(dtype: Any) -> None:
     if dtype not in DTYPES:
         raise DataConfigError(f"data.dtype={dtype!r} must be one of {', '.join(DTYPES)}")
-
-
-# ------------------------------------------------------------------------------------------- configs
 
 
 @dataclass

@@ -1,16 +1,11 @@
-"""LightningDataModule over prepared token files: flat `train.bin` / `val.bin` (text.py) or shards
-(shard_corpus.py, or existing llm.c shards), with the windows of windows.py.
+"""LightningDataModule over prepared token files (text.py's train.bin / val.bin, or shards) with the
+windows of windows.py.
 
-Training is step-based (`max_steps`), so the train loader is an endless stream of whole `(x, y)` batches
-that is a pure function of the batch index. After `k` optimizer steps with gradient accumulation `a` the
-stream restarts at batch `k * a` (Lightning restores `global_step` from the checkpoint before it asks for
-the train loader). For sharded corpora the data position, the number of windows consumed by all ranks
-together, is also saved in the checkpoint (`state_dict`), so a resumed run continues where the data
-stopped, with the same batches as an uninterrupted run (same device count) or without repeating any
-window (another device count).
-
-Validation uses fixed, non-overlapping windows (or `val_windows` of them, evenly spaced), identical on
-every call, split across ranks without padding, so val loss is comparable across steps, runs and devices.
+The train loader is an endless stream of whole `(x, y)` batches, a pure function of the batch index: after
+`k` optimizer steps with gradient accumulation `a` it restarts at batch `k * a` (Lightning restores
+`global_step` before it asks for the loader). For shards the checkpoint also holds the windows consumed by
+all ranks (`state_dict`), so a resumed run on another device count repeats no window. Validation uses
+fixed windows split across ranks without padding, so val loss compares across steps, runs and devices.
 """
 
 from __future__ import annotations
@@ -54,12 +49,8 @@ class GPTDataModule(L.LightningDataModule):
         if val_windows is not None:  # null = all windows
             check_ints(val_windows=val_windows)
         check_ints(minimum=0, num_workers=num_workers)
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.pin_memory = pin_memory
-        self.seed = seed
-        self.val_windows = val_windows
+        self.block_size, self.batch_size, self.seed = block_size, batch_size, seed
+        self.num_workers, self.pin_memory, self.val_windows = num_workers, pin_memory, val_windows
         if not isinstance(align_to_documents, bool):
             raise MiniGPTError(f"loader.align_to_documents={align_to_documents!r} must be true or false")
         if align_to_documents and isinstance(self.cfg, DataConfig):
@@ -86,13 +77,9 @@ class GPTDataModule(L.LightningDataModule):
 
     def prepare_once(self, local_rank: int, timeout_s: float = 24 * 3600) -> PreparedData | ShardedCorpus:
         """Prepare the token files on local rank 0 only; the node's other ranks wait until they are valid.
-
-        Needed before `fit` (the model's vocabulary comes from the tokenizer). With `python train.py
-        trainer=ddp` rank 0 finishes this before Lightning starts the others; under torchrun/SLURM all
-        ranks start together and must not tokenize (and write) the same files at once.
-        """
+        Needed before `fit` (the model's vocabulary comes from the tokenizer): under torchrun/SLURM all
+        ranks start together and must not tokenize (and write) the same files at once."""
         if local_rank == 0 or self.sharded:  # sharded preparation holds a file lock: the others wait on it
-            self.prepare_data()
             return self.prepared_data()
         assert isinstance(self.cfg, DataConfig)
         meta = cache_dir(self.cfg) / "meta.json"  # written last, atomically, by the preparing rank
@@ -126,34 +113,31 @@ class GPTDataModule(L.LightningDataModule):
 
     def start_batch(self) -> int:
         """Micro-batches already consumed: global_step * accumulate_grad_batches (0 without a trainer)."""
-        trainer = getattr(self, "trainer", None)
-        if trainer is None:
-            return 0
-        return int(trainer.global_step) * int(trainer.accumulate_grad_batches)
+        trainer = self.trainer
+        return int(trainer.global_step) * int(trainer.accumulate_grad_batches) if trainer is not None else 0
 
     def _rank(self) -> int:
-        trainer = getattr(self, "trainer", None)
-        return int(trainer.global_rank) if trainer is not None else 0
+        return int(self.trainer.global_rank) if self.trainer is not None else 0
 
     def _world(self) -> int:
-        trainer = getattr(self, "trainer", None)
-        return int(trainer.world_size) if trainer is not None else 1
+        return int(self.trainer.world_size) if self.trainer is not None else 1
 
-    def _shard_names(self, corpus: ShardedCorpus) -> list[list[Any]]:
-        return [[s.path.name, s.n_tokens] for s in corpus.train]
+    def _data_identity(self, corpus: ShardedCorpus) -> dict[str, Any]:
+        """What the window order depends on: a checkpoint's data position holds only for the same."""
+        return {
+            "seed": self.seed,
+            "block_size": self.block_size,
+            "align_to_documents": self.align_to_documents,
+            "train_shards": [[s.path.name, s.n_tokens] for s in corpus.train],
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """The data position saved in checkpoints (sharded corpora): train windows consumed by all ranks."""
         if not self.sharded or self.prepared is None:
             return {}
         assert isinstance(self.prepared, ShardedCorpus)
-        return {
-            "windows_consumed": self.start_batch() * self._world() * self.batch_size,
-            "seed": self.seed,
-            "block_size": self.block_size,
-            "align_to_documents": self.align_to_documents,
-            "train_shards": self._shard_names(self.prepared),
-        }
+        windows_consumed = self.start_batch() * self._world() * self.batch_size
+        return {"windows_consumed": windows_consumed, **self._data_identity(self.prepared)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume_position = dict(state) if state else None
@@ -161,23 +145,16 @@ class GPTDataModule(L.LightningDataModule):
     def _shard_start_batch(self, corpus: ShardedCorpus) -> int:
         """Where this rank's stream resumes: the checkpoint's windows consumed, in this run's batches."""
         pos = self._resume_position
-        per_batch = self._world() * self.batch_size
         if pos is None:
             return self.start_batch()
-        same = {
-            "seed": self.seed,
-            "block_size": self.block_size,
-            "align_to_documents": self.align_to_documents,
-            "train_shards": self._shard_names(corpus),
-        }
-        changed = [k for k, v in same.items() if pos.get(k) != v]
+        changed = [k for k, v in self._data_identity(corpus).items() if pos.get(k) != v]
         if changed:
             rank_zero_warn(
                 f"the checkpoint's data position is for other data ({', '.join(changed)} changed): "
                 "training continues from the start of this data's window order"
             )
             return 0
-        return -(-int(pos["windows_consumed"]) // per_batch)  # ceil: never repeat a window
+        return -(-int(pos["windows_consumed"]) // (self._world() * self.batch_size))  # ceil: repeat no window
 
     def _loader(self, dataset: IterableDataset) -> DataLoader:
         return DataLoader(

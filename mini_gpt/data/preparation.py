@@ -1,8 +1,6 @@
-"""What every preparer shares: the one preparation lock, cache keys, progress bars, the log line.
-
-Every preparer (text.py's train.bin/val.bin, shard_corpus.py's shards) follows the same rules: take the
-folder's lock (other processes wait, then find the finished files), write to temporary names and rename,
-write meta.json last and atomically (mini_gpt.files), so a folder with a valid meta.json is always complete.
+"""What every preparer (text.py, shard_corpus.py) shares: the preparation lock, cache keys, progress bars,
+the log line. Each takes the folder's lock, writes under temporary names and renames, and writes meta.json
+last and atomically, so a folder with a valid meta.json is always complete.
 """
 
 from __future__ import annotations
@@ -30,17 +28,6 @@ from rich.progress import (
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import TiktokenTokenizer, Tokenizer
 
-__all__ = [
-    "LOCK_FILE",
-    "WRITE_ERRNOS",
-    "TokenizeProgress",
-    "byte_progress",
-    "log_to_stderr",
-    "preparation_lock",
-    "tokenizer_key",
-    "unwritable",
-]
-
 LOCK_FILE = ".prepare.lock"  # in each prepared folder; held while that folder is (re)built
 # What writing to a full, read-only or foreign directory raises.
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
@@ -62,12 +49,9 @@ def unwritable(where: Path, err: OSError) -> MiniGPTError:
 
 @contextmanager
 def preparation_lock(out_dir: Path, what: str, log: Callable[[str], None] = log_to_stderr) -> Iterator[None]:
-    """Hold `out_dir`'s preparation lock: one process (on this machine, or on any machine sharing a
-    file system with working locks) prepares a folder at a time; the others wait here, then find the
-    finished files. `what` names the corpus in the message given to `log` while waiting.
-
-    The lock file stays behind on purpose: deleting it would race with a process about to take it.
-    """
+    """Hold `out_dir`'s preparation lock (on any machine sharing a file system with working locks): the
+    others wait here, `log`ging that they wait for `what`, then find the finished files. The lock file
+    stays behind on purpose: deleting it would race with a process about to take it."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         lock = FileLock(out_dir / LOCK_FILE)
@@ -114,20 +98,13 @@ def byte_progress(
 
 
 class TokenizeProgress:
-    """Counts a tokenization's documents, tokens and text bytes, and shows them (documents/s, tokens/s,
-    MB/s of text, ETA when the total is known) as a rich bar on an interactive stderr.
-
-    `unit` is what `total` counts: "tokens" (train tokens) or "docs". `resumed_train_tokens` were written
-    by an earlier, interrupted run: the bar starts there, the rates count this run's work only.
-    """
+    """Counts a tokenization's documents, tokens and text bytes, and shows their rates (and the ETA when
+    `total` is known) as a rich bar on an interactive stderr. `unit` is what `total` counts: "tokens"
+    (train tokens) or "docs". The bar starts at `resumed_train_tokens` (written by an interrupted run);
+    the rates count this run's work only."""
 
     def __init__(
-        self,
-        label: str,
-        total: int | None,
-        unit: str,
-        enabled: bool | None,
-        resumed_train_tokens: int = 0,
+        self, label: str, total: int | None, unit: str, enabled: bool | None, resumed_train_tokens: int = 0
     ) -> None:
         self.unit, self.t0 = unit, time.perf_counter()
         self.docs = self.tokens = self.nbytes = 0  # this run's

@@ -1,35 +1,12 @@
-"""Documents -> llm.c token shards (`data=hf`): parallel, flat in memory, resumable, locked.
+"""Documents -> llm.c token shards (`data=hf`): parallel, flat in memory, resumable, locked. Entry points:
+`prepare_shards(cfg)`, and `find_shards(cfg)` for existing shards (`data=shards`).
 
-    <data_dir>/hf/<name>-<hash>/train_000000.bin ...   train shards of `data.shard_tokens` tokens (the last
-                                                       one shorter), llm.c format (shard_format.py)
-    <data_dir>/hf/<name>-<hash>/val_000000.bin         the validation documents, one shard
-    <data_dir>/hf/<name>-<hash>/meta.json              tokenizer, shards and their counts, documents,
-                                                       source fingerprint, split (written last)
-    <data_dir>/hf/<name>-<hash>/.prepare.lock          the preparation lock (preparation.py)
-
-The hash covers everything that changes the tokens (dataset, subset, split, text field, tokenizer,
-split rule, `max_tokens`, `shard_tokens`, dtype), so different configs never share a directory.
-
-* **Documents**: each document is tokenized on its own (`encode_ordinary`: text that looks like a special
-  token stays text) with the end-of-text token *prepended* (GPT-2's 50256), as llm.c and build-nanogpt do,
-  so every document starts right after an end-of-text and generation can start from one. The char
-  tokenizer's end-of-text is U+0003 (END OF TEXT, `mini_gpt.tokenizer.CHAR_EOT`), added to its vocabulary
-  (the sorted distinct characters of the documents read, found by a first pass over them).
-* **Split by documents**: document `i` (in reading order) is a validation document when a seeded hash of
-  `(split_seed, i)` falls below `val_fraction`; its tokens go to `val_000000.bin`, the others to the
-  train shards. The rule depends on nothing but `i`, so it is the same for any `num_proc` and any
-  `max_tokens`; meta.json lists the chosen document indices.
-* **Parallel and flat**: the main process streams the text and cuts it into tasks of ~2M characters; a
-  pool of `num_proc` processes tokenizes them; at most `2 x num_proc + 1` tasks are in flight and the
-  results are written in task order, straight into the current shard file. So memory does not grow with
-  the corpus, and the bytes written are the same whatever `num_proc` is.
-* **Resumable and safe**: shards are written under temporary names (`.train_000003.bin.tmp`) and renamed
-  when complete. After each complete train shard a small `.state.json` records where the next one starts
-  (document index, tokens of that document already written) and how long the validation file is; an
-  interrupted preparation resumes from there, re-reading but not re-tokenizing the documents before it.
-  The folder's preparation lock makes a second process (another run, another rank of the node) wait
-  and then use the finished shards instead of preparing them again.
-* **`max_tokens`** stops after that many train tokens (the cut may fall inside a document).
+`<data_dir>/hf/<name>-<hash of everything that changes the tokens>/` holds `train_000000.bin ...`,
+`val_000000.bin` (all validation documents) and `meta.json` (written last). Each document is tokenized on
+its own (`encode_ordinary`) with the end-of-text token *prepended*, as llm.c does; document `i` is
+validation when a seeded hash of `i` falls below `val_fraction` (split.py). A pool of `num_proc` processes
+tokenizes ~2M-character tasks, written in task order, so the bytes are the same for any `num_proc`. After
+each complete train shard `.state.json` records where the next one starts: an interrupted run resumes there.
 """
 
 from __future__ import annotations
@@ -59,8 +36,6 @@ from mini_gpt.data.text import encoder
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import read_json, write_json_atomic
 from mini_gpt.tokenizer import CHAR_EOT, CharTokenizer, Tokenizer, build_tokenizer, tokenizer_from_dict
-
-__all__ = ["FORMAT", "ShardedCorpus", "find_shards", "prepare_shards", "shard_dir"]
 
 FORMAT = "mini-gpt shards 1"
 TASK_CHARS = 1 << 21  # characters of text per tokenizer task
@@ -161,16 +136,9 @@ def encode_task(task: Task) -> Encoded:
     eot, dtype = _WORKER["eot"], settings.dtype
     train_tokens, train_lens = _join([e for e, m in zip(encoded, mask) if not m], eot, dtype)
     val_tokens, val_lens = _join([e for e, m in zip(encoded, mask) if m], eot, dtype)
+    nbytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
     return Encoded(
-        first_doc,
-        len(texts),
-        sum(len(t.encode("utf-8", "surrogatepass")) for t in texts),
-        idx[~mask],
-        train_lens,
-        train_tokens,
-        idx[mask],
-        val_lens,
-        val_tokens,
+        first_doc, len(texts), nbytes, idx[~mask], train_lens, train_tokens, idx[mask], val_lens, val_tokens
     )
 
 
@@ -219,16 +187,13 @@ class EncoderPool:
         while pending:
             yield pending.popleft().result()
 
-    def close(self) -> None:
-        """Stop the workers: tasks not started are cancelled (after an early stop or an error)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
     def __enter__(self) -> EncoderPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        """Stop the workers: tasks not started are cancelled (after an early stop or an error)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ------------------------------------------------------------------------------------- shard writing
@@ -365,9 +330,6 @@ class CorpusWriter:
             self.val.suspend()
 
 
-# ------------------------------------------------------------------------------------------ helpers
-
-
 def _identity(cfg: HFDataConfig) -> dict[str, Any]:
     """Everything in the config that changes the tokens (the directory is named after its hash)."""
     dataset = cfg.dataset or ""
@@ -443,11 +405,8 @@ def prepare_shards(
     progress: bool | None = None,
     log: Callable[[str], None] | None = log_to_stderr,
 ) -> ShardedCorpus:
-    """Make sure the shards of `cfg` exist and match its source; return them.
-
-    Idempotent: valid shards are reused untouched. `build=False` only looks (raises if they are missing).
-    `progress=None` shows a bar on an interactive stderr; `log` gets the one-line summary (None: silent).
-    """
+    """The shards of `cfg`, prepared unless valid ones exist (`build=False`: raise if missing).
+    `progress=None` shows a bar on an interactive stderr; `log` gets the one-line summary (None: silent)."""
     say = log or (lambda _msg: None)
     out = shard_dir(cfg)
     # A hub dataset is recognised by its name (its revision is recorded, not compared), so shards prepared
@@ -463,29 +422,24 @@ def prepare_shards(
         "tokenizer": tokenizer_key(tok),
     }
     meta = _valid_meta(out, key)
-    if meta is None and build and source is None:
-        source = open_source(cfg)
     if meta is None:
         if not build:
             raise MiniGPTError(
                 f"no prepared shards in {out} for this data config; prepare them first: "
                 "python -m mini_gpt.data prepare data=hf data.dataset=..."
             )
+        source = source or open_source(cfg)
         with preparation_lock(out, out.name, say):
             meta = _valid_meta(out, key)  # another process may have finished it while we waited
             if meta is None:
-                assert source is not None
                 meta = _tokenize_into_shards(cfg, source, tok, out, key, progress, say)
     return _sharded_corpus(out, meta, tok)
 
 
 def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
-    """Existing llm.c-format shards (`data=shards`): train and val files by glob, headers checked.
-
-    Validation shards are `cfg.val_path`'s files, else the files of `cfg.path` whose name contains "val"
-    (llm.c and modded-nanogpt name them `*_val_*.bin`). The tokenizer is `cfg.tokenizer`, else the one
-    recorded in a meta.json beside the shards (ours), else GPT-2.
-    """
+    """Existing llm.c-format shards (`data=shards`), headers checked. Validation: `cfg.val_path`'s files,
+    else those of `cfg.path` named *val* (as llm.c and modded-nanogpt name them). The tokenizer:
+    `cfg.tokenizer`, else the one in a meta.json beside the shards (ours), else GPT-2."""
     assert cfg.path is not None
 
     files = glob_files(cfg.path)
@@ -625,10 +579,7 @@ def _meta(
         "truncated": writer.truncated,
         "train_tokens": writer.train_tokens,
         "val_tokens": writer.val_tokens,
-        "shards": {
-            "train": writer.train_shards,
-            "val": [{"file": VAL_SHARD, "tokens": writer.val_tokens}],
-        },
+        "shards": {"train": writer.train_shards, "val": [{"file": VAL_SHARD, "tokens": writer.val_tokens}]},
     }
 
 

@@ -9,10 +9,8 @@ A shard is a header of 256 little-endian int32 followed by the tokens:
     header[3:] zero
     then       tokens    header[2] x uint16 (or uint32), little-endian
 
-This is what llm.c's `dev/data/*.py` scripts write and what modded-nanogpt reads, so their published
-pre-tokenized shards (FineWeb-10B in GPT-2 tokens, ...) can be trained on as they are, and our shards can
-be read by their tools. Every reader here checks the magic, the version and that the file holds exactly
-the number of tokens its header announces: a truncated download is an error, never silently shorter data.
+llm.c's `dev/data/*.py` write this and modded-nanogpt reads it, so their published shards train as they
+are. Every reader checks the magic, the version and that the file holds exactly the announced tokens.
 """
 
 from __future__ import annotations
@@ -24,19 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from mini_gpt.errors import MiniGPTError
-
-__all__ = [
-    "HEADER_BYTES",
-    "HEADER_INTS",
-    "MAX_SHARD_TOKENS",
-    "ShardInfo",
-    "ShardWriter",
-    "format_for",
-    "open_shard",
-    "read_header",
-    "token_file",
-    "write_shard",
-]
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -137,11 +122,9 @@ def write_shard(path: str | Path, tokens: np.ndarray) -> ShardInfo:
 
 class ShardWriter:
     """Streams tokens into `.<name>.tmp` beside `path`, then (on `close`) fixes the header's count,
-    fsyncs and renames it to `path`: a shard under its final name is always complete.
-
-    `resume_tokens` reopens an existing temporary file, cut back to its first `resume_tokens` tokens.
-    `abort()` (or an exception inside `with`) removes the temporary file; `suspend()` keeps it to resume.
-    """
+    fsyncs and renames it to `path`: a shard under its final name is always complete. `resume_tokens`
+    reopens the temporary file, cut back to that many tokens. `abort()` (or an exception inside `with`)
+    removes the temporary file; `suspend()` keeps it to resume."""
 
     def __init__(self, path: str | Path, dtype: str, resume_tokens: int | None = None) -> None:
         self.path = Path(path)

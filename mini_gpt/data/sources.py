@@ -1,21 +1,10 @@
-"""Where text comes from: named corpora (shipped or downloaded, verified), local text files, and the
-documents of `data=hf` (a Hugging Face Hub dataset, streamed, or local files read by `datasets`).
+"""Where text comes from: named corpora (`named_corpus_file`: shipped in `data/`, else downloaded, verified
+by sha256), text files (`text_files`), and the documents of `data=hf`: `open_source(cfg)` resolves
+`data.dataset` once (local Parquet, JSON lines, Arrow or CSV files, or a Hub name, which fails at once
+offline), `iter_texts(source)` streams its text column in batches, in a fixed order.
 
-* **Named corpora** (`data=shakespeare_char`, `shakespeare`): `data.path`, else the repository's copy
-  (tiny Shakespeare ships in `data/`, so the default corpora never download), else a copy under the data
-  dir, else a download there, each verified by sha256.
-* **Text files** (`data=text`): one file, the `.txt` files under a directory, or a glob (sorted by path).
-* **Dataset documents** (`data=hf`): `open_source(cfg)` resolves `data.dataset` once (files, the
-  `datasets` builder, a fingerprint, the number of documents when it is cheap to know) and
-  `iter_texts(source)` streams the text column in batches, in a fixed order (local files sorted by
-  path), without materialising the dataset in the HF cache. Local files: a path, a directory (every
-  supported file below it) or a glob; Parquet, JSON lines (`.jsonl`, `.json`, `.ndjson`, optionally
-  `.gz` / `.zst` / `.bz2` / `.xz` compressed), Arrow, CSV. Hub names (`HuggingFaceFW/fineweb-edu`) need
-  the network: offline (`HF_HUB_OFFLINE=1`, `HF_DATASETS_OFFLINE=1`, or no answer from the Hub within a
-  few seconds) they fail at once with one line saying to pass local files instead.
-
-`datasets`, pyarrow and huggingface_hub are imported only when a `data=hf` corpus is actually read: they
-are the optional extra `pip install -e '.[datasets]'`, and `datasets` alone takes most of a second to import.
+`datasets`, pyarrow and huggingface_hub (the optional extra `.[datasets]`; `datasets` alone takes most of a
+second to import) are imported only when a `data=hf` corpus is actually read.
 """
 
 from __future__ import annotations
@@ -37,19 +26,6 @@ from mini_gpt.data.config import CORPORA, DataConfig, HFDataConfig
 from mini_gpt.data.preparation import byte_progress
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import atomic_write, sha256_file
-
-__all__ = [
-    "BUILDERS",
-    "Source",
-    "download",
-    "glob_files",
-    "hub_offline_reason",
-    "is_local",
-    "iter_texts",
-    "named_corpus_file",
-    "open_source",
-    "text_files",
-]
 
 DOWNLOAD_TIMEOUT_S = 15.0  # per socket operation; an offline machine fails in well under this
 # file suffix -> `datasets` builder
@@ -201,12 +177,10 @@ class Source:
 
 
 def _suffix_builder(path: str) -> str | None:
-    name = path.lower()
-    for comp in COMPRESSIONS:
-        if name.endswith(comp):
-            name = name[: -len(comp)]
-            break
-    return BUILDERS.get(os.path.splitext(name)[1])
+    stem, ext = os.path.splitext(path.lower())
+    if ext in COMPRESSIONS:
+        ext = os.path.splitext(stem)[1]
+    return BUILDERS.get(ext)
 
 
 def is_local(dataset: str) -> bool:
@@ -370,10 +344,8 @@ def _missing_column(source: Source, columns: list[str]) -> MiniGPTError:
 
 
 def _parquet_batches(source: Source, batch_size: int) -> Iterator[list[Any]]:
-    """The text column of local parquet files, read with pyarrow directly and without pre-buffering: a
-    row group's column is read in 1 MB pieces. (`datasets`' streaming reader reads ahead while the
-    tokenizer is busy, and its memory grows with the file: ~940 MB of RSS for one 275 MB file, ~200 MB
-    here; see README "Sharded preparation".)"""
+    """The text column of local parquet files, read by pyarrow in 1 MB pieces without pre-buffering
+    (`datasets`' streaming reader reads ahead while the tokenizer is busy: its memory grows with the file)."""
     import pyarrow.parquet as pq
 
     for path in source.files:

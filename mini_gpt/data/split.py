@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["GOLDEN_GAMMA", "SPLIT_RULE", "splitmix64", "val_mask"]
-
 GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment: 2**64 / the golden ratio
 # How `val_mask` decides, in words (recorded in the shards' meta.json).
 SPLIT_RULE = (
@@ -25,11 +23,8 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 def val_mask(first_doc: int, n: int, fraction: float, seed: int) -> np.ndarray:
-    """True for the validation documents among indices first_doc .. first_doc + n - 1.
-
-    splitmix64 of (index + (seed + 1) * golden gamma) mapped to [0, 1): a fixed pseudo-random subset
-    whose membership depends only on the document's index, never on how the documents were batched.
-    """
+    """True for the validation documents among indices first_doc .. first_doc + n - 1 (SPLIT_RULE): a
+    pseudo-random subset that depends only on the index, never on how the documents were batched."""
     with np.errstate(over="ignore"):
         x = np.arange(first_doc, first_doc + n, dtype=np.uint64) + (np.uint64(seed) + 1) * GOLDEN_GAMMA
     return (splitmix64(x) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)) < fraction

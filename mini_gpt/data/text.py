@@ -1,34 +1,11 @@
 """Text -> `train.bin` / `val.bin` + `meta.json`: the token files of `data=shakespeare_char | shakespeare |
-text`, tokenized once and memory-mapped by the training windows (windows.py).
+text`, tokenized once and memory-mapped by the training windows (windows.py). Entry point: `prepare_data`.
 
-Layout (under the data dir: `data.data_dir`, else `$MINI_GPT_DATA_DIR`, else `<repo>/data`):
-
-    <data_dir>/shakespeare_char/input.txt           named corpus text (downloaded or copied there)
-    <data_dir>/shakespeare_char/{train,val}.bin     token ids, flat, uint16 (uint32 for big vocabularies)
-    <data_dir>/shakespeare_char/meta.json           tokenizer dict, counts, source sha256, split, dtype
-    <data_dir>/text/<file-stem>-<hash of path>/...  token files of `name="text"` corpora
-
-Decisions worth knowing:
-
-* **Split** by characters of the concatenated text, like nanoGPT: the first `1 - val_fraction` of the
-  characters are train, the rest val, and each side is tokenized on its own (so tiny Shakespeare gives
-  the well-known 301,966 / 36,059 GPT-2 tokens).
-* **Documents** (`text` corpora: each file is a document, in sorted path order) are separated by the
-  tokenizer's end-of-text id when it has one (GPT-2's 50256); the char tokenizer has none, so files are
-  simply concatenated. Each document is tokenized on its own.
-* **Char vocabulary** = sorted distinct characters of the whole corpus (train and val).
-* **Bytes that are not UTF-8** are replaced with U+FFFD and reported once with a count (a warning, and
-  `replaced_bytes` in meta.json): one stray byte should not stop a run over gigabytes of scraped text.
-* **Streaming**: files are read in ~1 MB pieces cut where BPE pre-tokenization would cut anyway (after a
-  newline followed by a non-space character), so the ids equal a one-shot encode while memory stays flat;
-  pieces are encoded on a thread pool (tiktoken releases the GIL).
-* **Atomic cache**: the old meta.json is deleted first, bins are written to temporary names and renamed,
-  meta.json is written (atomically) last. A cache is used only if meta.json exists and matches the source
-  sha256, tokenizer, split fraction and dtype, and the bins have the recorded sizes; anything else,
-  including a preparation killed midway, is rebuilt.
-* **One preparer at a time**: building holds the folder's preparation lock (preparation.py); other processes
-  (a parallel sweep, a SLURM array on shared storage) wait, then reuse the finished cache. Checking a
-  valid cache takes no lock, so a read-only cache works.
+The split is by characters of the concatenated text, like nanoGPT (the last `val_fraction` is validation),
+each side tokenized on its own; `text` corpora's files are documents, preceded by the end-of-text id when
+the tokenizer has one. Files are streamed in ~1 MB pieces cut where BPE pre-tokenization cuts anyway
+(`safe_cut`), so the ids equal a one-shot encode while memory stays flat. meta.json is deleted first and
+written last; building holds the folder's preparation lock, checking a valid cache takes none.
 """
 
 from __future__ import annotations
@@ -48,13 +25,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mini_gpt.data.config import TEXT_CORPUS, DataConfig, token_dtype
-from mini_gpt.data.preparation import (
-    WRITE_ERRNOS,
-    byte_progress,
-    preparation_lock,
-    tokenizer_key,
-    unwritable,
-)
+from mini_gpt.data.preparation import WRITE_ERRNOS, byte_progress, preparation_lock, tokenizer_key, unwritable
 from mini_gpt.data.shard_format import ShardInfo, token_file
 from mini_gpt.data.sources import named_corpus_file, text_files
 from mini_gpt.errors import MiniGPTError
@@ -66,16 +37,6 @@ from mini_gpt.tokenizer import (
     build_tokenizer,
     tokenizer_from_dict,
 )
-
-__all__ = [
-    "PreparedData",
-    "cache_dir",
-    "check_split_length",
-    "encoder",
-    "load_prepared",
-    "prepare_data",
-    "safe_cut",
-]
 
 FORMAT_VERSION = 1
 PIECE_CHARS = 1 << 20  # characters per encoded piece: big enough to amortise calls, small for memory
@@ -161,7 +122,6 @@ def _decoded_chunks(files: list[Path], chunk_bytes: int) -> Iterator[tuple[int, 
 
 def safe_cut(text: str, limit: int) -> int:
     """Largest i in (0, len) where splitting text[:i] | text[i:] cannot change BPE ids, else 0.
-
     tiktoken's pre-tokenization regexes (gpt2, cl100k, o200k) never join a newline with a following
     non-space character, so a cut in "x\\n|y" (x, y not whitespace) is invisible to the encoder.
     Lacking one in a very long buffer, cut before " word" (also a pre-token boundary), then anywhere.
@@ -187,11 +147,9 @@ def safe_cut(text: str, limit: int) -> int:
 def _pieces(
     files: list[Path], split_at: int, piece_chars: int, exact_cuts: bool
 ) -> Iterator[tuple[int, int, str, int]]:
-    """(split 0/1, document, text, bytes consumed) pieces in corpus order.
-
-    A piece never straddles the train/val cut (character `split_at` of the concatenation) or a document
-    boundary; with `exact_cuts` (BPE) pieces end only where `safe_cut` allows.
-    """
+    """(split 0/1, document, text, bytes consumed) pieces in corpus order. A piece never straddles the
+    train/val cut (character `split_at` of the concatenation) or a document boundary; with `exact_cuts`
+    (BPE) pieces end only where `safe_cut` allows."""
     offset = 0  # characters of the concatenation seen so far
     key: tuple[int, int] | None = None
     carry, carry_bytes = "", 0
@@ -299,12 +257,9 @@ def prepare_data(
     progress: bool | None = None,
     piece_chars: int = PIECE_CHARS,
 ) -> PreparedData:
-    """Make sure `train.bin` / `val.bin` / `meta.json` exist for `cfg` and match its source; return them.
-
-    Idempotent: a valid cache is reused untouched. `build=False` only validates (what non-zero DDP ranks
-    do after rank 0 prepared) and raises if the cache is missing or stale. `block_size` additionally checks
-    that both splits hold at least one (block_size + 1)-token window. `progress=None` shows bars on a tty.
-    """
+    """`train.bin` / `val.bin` / `meta.json` of `cfg`, built unless a valid cache exists (`build=False`:
+    raise if missing or stale). `block_size` also checks that both splits hold one (block_size + 1)-token
+    window. `progress=None` shows bars on a tty."""
     files = text_files(cfg) if cfg.name == TEXT_CORPUS else [named_corpus_file(cfg, progress)]
     total_bytes = sum(f.stat().st_size for f in files)
     if total_bytes == 0:
@@ -313,9 +268,7 @@ def prepare_data(
         )
     source_sha = _sources_sha256(files)
     tok_name = cfg.resolved_tokenizer
-    tok: Tokenizer | None = None
-    if tok_name != "char":
-        tok = build_tokenizer(tok_name, bpe_file=cfg.bpe_file)
+    tok = None if tok_name == "char" else build_tokenizer(tok_name, bpe_file=cfg.bpe_file)
     out_dir = cache_dir(cfg)
     key = _cache_key(cfg, source_sha, tok)
     meta = _valid_cache(out_dir, key)  # a valid cache needs no lock (it may be on read-only storage)

@@ -1,27 +1,15 @@
-"""Training and validation windows: `(x, y)` batches of `block_size + 1` consecutive tokens drawn from
-memory-mapped token files (text.py's flat `train.bin` / `val.bin`, or llm.c shards), so all ranks of a
-node share the page cache. A window never straddles two files; x = its first block_size tokens, y = its
-last block_size.
+"""Training and validation windows: `(x, y)` batches of `block_size + 1` consecutive tokens (x the first
+block_size, y the last) inside one memory-mapped token file (train.bin / val.bin, or a shard).
 
-**Flat train** (`TrainBatches`): the windows of batch `i` of rank `r` start at uniformly random positions
-drawn from a generator seeded with `(seed, r, i)`, as nanoGPT draws them.
-
-**Shard train** (`ShardTrainBatches`): epoch `e` cuts every shard into windows starting at
-`o_e + k * block_size` (`o_e`, a seeded offset in [0, block_size), moves the cuts from epoch to epoch), or,
-with `align_to_documents`, at every document start (an end-of-text token) that has block_size tokens
-after it. All windows of all shards are then visited in one seeded random order (a Feistel permutation of
-the window numbers: a shuffle over shards *and* positions with O(1) memory), so no shard or region is
-read in sequence and the loss shows no periodicity. Within an epoch no window is repeated. Ranks share
-that one order: micro-batch `i` of rank `r` (of `world`) holds windows `(i * world + r) * batch_size ...`
-of it, so ranks never see the same window.
-
-Either way batch `i` is a pure function of the seed, the rank and `i`, so resuming at batch `k`
-reproduces the uninterrupted stream exactly; with worker processes each worker takes every
-`num_workers`-th batch, so the order is the same as with none.
-
-**Validation** (`ValWindows`): fixed, non-overlapping windows `[k * T, k * T + T]` of each file (evenly
-thinned to `max_windows`), the same in every run whatever the device count; `ValBatches` gives window `k`
-to rank `k % world`, so the ranks together evaluate every window exactly once.
+* `TrainBatches` (a flat file): windows at random positions seeded by `(seed, rank, batch index)`.
+* `ShardTrainBatches`: each epoch cuts every shard into windows (at a seeded offset, or at document starts
+  with `align_to_documents`) and visits all of them in one seeded Feistel permutation: a shuffle over
+  shards *and* positions in O(1) memory. Ranks take turns: micro-batch `i` of rank `r` holds windows
+  `(i * world + r) * batch_size ...` of that order.
+* Batch `i` is a pure function of the seed, the rank and `i`, so resuming at batch `k` reproduces the
+  uninterrupted stream; DataLoader worker `w` takes every `num_workers`-th batch from `w`.
+* `ValWindows`: fixed, non-overlapping windows of each file; `ValBatches` gives window `k` to rank
+  `k % world`, so the ranks together see each exactly once.
 """
 
 from __future__ import annotations
@@ -39,15 +27,6 @@ from mini_gpt.data.shard_format import ShardInfo, open_shard, token_file
 from mini_gpt.data.split import GOLDEN_GAMMA, splitmix64
 from mini_gpt.data.text import check_split_length
 from mini_gpt.errors import MiniGPTError
-
-__all__ = [
-    "ShardTrainBatches",
-    "TrainBatches",
-    "ValBatches",
-    "ValWindows",
-    "feistel_permute",
-    "val_window_starts",
-]
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each (batch_size, block_size) int64
 
@@ -295,9 +274,8 @@ class ValWindows(_Mapped, Dataset):
 
 
 class ValBatches(IterableDataset):
-    """The validation windows of this rank, in batches: window k goes to rank k % world, so the ranks
-    together evaluate every window exactly once (no padding, no duplicates) and the summed loss is the
-    same for any device count. Yields whole `(x, y)` batches (use `DataLoader(batch_size=None)`)."""
+    """This rank's validation windows (k goes to rank k % world: no padding, no duplicates, so the summed
+    loss is the same for any device count) as whole `(x, y)` batches (`DataLoader(batch_size=None)`)."""
 
     def __init__(self, windows: ValWindows, batch_size: int, rank: int = 0, world: int = 1) -> None:
         super().__init__()
