@@ -1,30 +1,12 @@
-"""Start a training run from pretrained weights (`python train.py init_from=...`), fully or with LoRA.
+"""Start a training run from pretrained weights (`init_from=...`), fully or with LoRA adapters.
 
-    init_from -> load_source -> (GPT, tokenizer) of the source
-              -> finetune_model_config: the source's shape + the changes a run may make
-              -> build_model: the weights in a model of that config (position table cropped)
-              -> prepare_model: freeze parts (full) or add LoRA adapters (lora)
-
-Sources (`mini_gpt.interop.checkpoint.load_source`): a hub name (`gpt2` ... `gpt2-xl`, needs network or
-the hub cache), a local `transformers` directory, a directory written by `mini-gpt export`, or one of
-our `.ckpt` files (weights only: the optimizer, schedule and step count start fresh; `ckpt_path=` resumes
-instead). A LoRA checkpoint is merged on load, so it can be the source of the next run too.
-
-The source fixes every key that shapes a weight. A run may change `dropout`, and shrink `block_size`
-(the learned position table keeps its first rows, as nanoGPT's `crop_block_size`); any other model key
-that differs from the source is refused in one line naming it. The data must be tokenized with the
-source's tokenizer (`check_tokenizer`).
-
-`FinetuneConfig` (conf/finetune/*.yaml) chooses what trains:
-- `method=full`: every parameter, except the token/position embeddings with `freeze_embeddings=true`
-  (with tied weights that is the output head too) and the blocks before the last
-  `train_last_n_blocks`.
-- `method=lora`: only LoRA adapters (rank `lora_rank`, scale `lora_alpha / lora_rank`, `lora_dropout`)
-  on the projections named in `lora_targets` (`c_attn`, `c_proj` = attention and MLP output, `c_fc`),
-  in every block or in the last `train_last_n_blocks`; everything else frozen (mini_gpt.train.lora).
-
-`finetune_meta` is what a checkpoint records (primitives): a resumed run rebuilds the same adapters and
-frozen parts from it, and `mini_gpt.interop.checkpoint.load_model` merges the adapters.
+`plan_finetune` gives the run's `FinetunePlan`: the source (`load_source`: a hub name, a transformers or
+`mini-gpt export` directory, or one of our `.ckpt` files, weights only) fixes every key that shapes a
+weight; a run may change `dropout` and shrink `block_size` (`finetune_model_config`). `FinetuneConfig`
+(conf/finetune/*.yaml) chooses what trains (`prepare_model`): `full` freezes the embeddings and early
+blocks it is asked to, `lora` adds adapters (mini_gpt.train.lora) and freezes the rest. `finetune_meta`
+is what a checkpoint records (primitives), so a resume rebuilds the same adapters and frozen parts.
+Guide: docs/fine-tuning.md.
 """
 
 from __future__ import annotations
@@ -97,9 +79,7 @@ class FinetuneConfig:
             raise MiniGPTError(f"finetune.lora_dropout={self.lora_dropout} must be in [0, 1)")
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["lora_targets"] = list(self.lora_targets)
-        return d
+        return {**dataclasses.asdict(self), "lora_targets": list(self.lora_targets)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> FinetuneConfig:
@@ -107,11 +87,8 @@ class FinetuneConfig:
 
 
 def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_from: str) -> GPTConfig:
-    """The model config of a run from `source`: its shape, with the `requested` dropout / smaller context.
-
-    `requested` holds the model keys the user set (command line or experiment). Any other key whose value
-    differs from the source's would change a weight's shape (or what the weights mean): refused.
-    """
+    """`source`'s config with the `requested` dropout / smaller context. `requested` (the model keys the
+    user set) may change no other key: that would change a weight's shape or meaning."""
     changes: dict[str, Any] = {}
     refused = []
     for key, value in requested.items():
@@ -223,12 +200,9 @@ def finetune_meta(init_from: str, config: GPTConfig, cfg: FinetuneConfig) -> dic
 
 @dataclass
 class FinetunePlan:
-    """How a fine-tuning run's model is made (a run that does not start from a fresh initialisation).
-
-    From `init_from` the source's weights are held until `build` (after the data is prepared, so the
-    tokenizer can be checked); when resuming a fine-tuning checkpoint only the structure is rebuilt and
-    Lightning loads the weights.
-    """
+    """How a fine-tuning run's model is made. From `init_from` the source's weights are held until `build`
+    (after data preparation, so the tokenizer can be checked); resuming a fine-tuning checkpoint rebuilds
+    only the structure, and Lightning loads the weights."""
 
     config: GPTConfig  # the run's model config: its block_size sizes the data windows
     record: dict[str, Any]  # the checkpoint's `finetune` entry
@@ -289,10 +263,9 @@ def plan_finetune(
 def describe(model: GPT, record: Mapping[str, Any]) -> str:
     """One line for the log: where the weights came from, how they train, trainable / total parameters."""
     trainable, total = count_parameters(model)
-    method = record["config"]["method"]
     return (
-        f"fine-tuning ({method}) from {record['init_from']}: {trainable:,} of {total:,} parameters "
-        f"trainable ({100 * trainable / total:.2f}%)"
+        f"fine-tuning ({record['config']['method']}) from {record['init_from']}: {trainable:,} of "
+        f"{total:,} parameters trainable ({100 * trainable / total:.2f}%)"
     )
 
 

@@ -1,21 +1,17 @@
 """Optimizers and the learning-rate schedule.
 
-Parameter groups. Weight decay pulls weights towards zero; that regularises the matrices that mix
-features (every 2-D weight a Linear multiplies by) but only hurts parameters that set a scale or an
-offset (biases, norm gains) and the embedding tables (a rare token's row would decay towards zero
-between the few steps that update it). So by default only 2-D matmul weights decay; embeddings can
-opt in with `decay_embeddings=True`.
+Parameter groups: weight decay regularises the matrices that mix features (2-D Linear weights) but only
+hurts parameters that set a scale or an offset (biases, norm gains) and embedding tables (a rare token's
+row would decay towards zero between the few steps that update it), so only 2-D matmul weights decay;
+embeddings opt in with `decay_embeddings=True`.
 
-Muon (`name="muon"`) orthogonalises the momentum of each 2-D *hidden* matrix (attention and MLP
-weights in the blocks). It is not meant for embeddings, the output head or 1-D parameters, which stay
-with AdamW -- the split modern speed runs use. Lightning's automatic optimisation wants one optimizer,
-so `CombinedOptimizer` presents AdamW + Muon as one `torch.optim.Optimizer` with one state dict.
+Muon (`name="muon"`) orthogonalises the momentum of the 2-D hidden matrices in the blocks; embeddings,
+the output head and 1-D parameters stay with AdamW. Lightning's automatic optimisation wants one
+optimizer, so `CombinedOptimizer` presents AdamW + Muon as one, with one state dict.
 
-The schedule is a pure function `lr_at(step, ...)`: linear warmup, then cosine (or linear) decay to
-`min_lr_ratio` times the peak, or constant. The floor is a ratio, not an absolute lr, so any peak lr
-(a sweep's draw, a command-line override) gives a valid schedule. `LambdaLR` applies it as a
-multiplier of each group's base lr, stepped once per optimizer step (Lightning `interval: "step"`),
-so Muon's larger base lr follows the same shape.
+The schedule is `lr_at` (warmup, then cosine / linear decay to `min_lr_ratio` x the peak, or constant),
+applied by `LambdaLR` as a multiplier of each group's base lr once per optimizer step: any peak lr (a
+sweep's draw, Muon's larger one) gets a valid schedule of the same shape.
 """
 
 from __future__ import annotations
@@ -94,12 +90,7 @@ class OptimConfig:
 
 
 def lr_at(
-    step: int,
-    lr: float,
-    min_lr: float,
-    warmup_steps: int,
-    decay_steps: int,
-    schedule: str = "cosine",
+    step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int, schedule: str = "cosine"
 ) -> float:
     """Learning rate for optimizer step `step` (0-based: the lr the first update uses is lr_at(0)).
 
@@ -129,14 +120,7 @@ def lr_multiplier(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
     if decay_steps is None or decay_steps < 1:
         raise MiniGPTError("optim.decay_steps is null and trainer.max_steps is not set; set one of them")
 
-    def factor(step: int) -> float:
-        return lr_at(step, 1.0, cfg.min_lr_ratio, cfg.warmup_steps, decay_steps, cfg.schedule)
-
-    return factor
-
-
-def _is_embedding_weight(module: nn.Module) -> bool:
-    return isinstance(module, nn.Embedding)
+    return lambda step: lr_at(step, 1.0, cfg.min_lr_ratio, cfg.warmup_steps, decay_steps, cfg.schedule)
 
 
 def param_groups(
@@ -150,7 +134,7 @@ def param_groups(
     taken out of "decay"; the output head and embeddings stay with AdamW. Tied parameters appear once.
     """
     embedding_params = {
-        id(p) for m in model.modules() if _is_embedding_weight(m) for p in m.parameters(recurse=False)
+        id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)
     }
     groups: dict[str, list[tuple[str, nn.Parameter]]] = {"decay": [], "no_decay": [], "muon": []}
     seen: set[int] = set()
@@ -209,15 +193,10 @@ class CombinedOptimizer(torch.optim.Optimizer):
 
 
 def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig, device_type: str) -> torch.optim.AdamW:
-    kwargs: dict[str, Any] = dict(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-    fused = cfg.fused
-    if fused is None:  # fused kernels exist for CUDA and (torch >= 2.4) CPU; foreach otherwise
-        fused = device_type in ("cuda", "cpu")
-    if fused:
-        kwargs["fused"] = True
-    else:
-        kwargs["foreach"] = True
-    return torch.optim.AdamW(groups, **kwargs)
+    # None: fused kernels exist for CUDA and (torch >= 2.4) CPU; foreach otherwise
+    fused = cfg.fused if cfg.fused is not None else device_type in ("cuda", "cpu")
+    kernels = {"fused": True} if fused else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **kernels)
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:

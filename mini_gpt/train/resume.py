@@ -1,21 +1,12 @@
 """A run's overrides, and the config of a resumed run: `python train.py ckpt_path=.../last.ckpt [key=value]`.
 
-Each checkpoint records the overrides that composed its run's config (`checkpoint["run_overrides"]`:
-Hydra's `hydra.overrides.task`, after those of the run it resumed) beside the config itself
-(`checkpoint["run_config"]`, unresolved). Resuming composes conf/ again from the saved overrides followed
-by the command line's, so the command line wins wherever both set a key, a group (`trainer=cpu`) or a
-recipe (`experiment=...`), and everything else continues as the run was started. What differs from the
-config the run trained with is printed, one line per key (`trainer.max_steps: 500 -> 900`), and the new
-run directory's `.hydra/config.yaml` is rewritten with the config that actually runs. The checkpoint,
-the run directory and `init_from` are always this process's (`_NEVER_RESTORED`).
-
-A checkpoint without overrides (written before they were recorded, or by `train()` called outside a
-Hydra run) resumes its saved config as it is (from the checkpoint, else `.hydra/config.yaml` of its run
-directory) with the command line's `key=value` overrides applied to it; a group choice needs the
-conf/ files and is refused there.
-
-Whether the checkpoint fits the config (model shape, tokenizer) is checked where checkpoints are read;
-here only the config is decided.
+Each checkpoint records the overrides that composed its run's config (`run_overrides`) beside the config
+itself (`run_config`, unresolved). Resuming composes conf/ again from the saved overrides followed by the
+command line's, so the command line wins and everything else continues as the run was started; what
+differs from the trained config is printed (`trainer.max_steps: 500 -> 900`) and the new run directory's
+`.hydra/config.yaml` records the config that runs. A checkpoint without overrides resumes its saved config
+with the command line's `key=value` changes applied (no group choices). The checkpoint, the run
+directory and `init_from` are always this process's (`_NEVER_RESTORED`).
 """
 
 from __future__ import annotations
@@ -99,11 +90,9 @@ def run_overrides(cfg: DictConfig) -> list[str] | None:
 
 
 def explicit_model_keys(cfg: DictConfig) -> dict[str, Any]:
-    """The model keys this run sets on purpose; with init_from they must fit the source. Every key when
-    the model config is chosen (`model=NAME` on the command line or an experiment's `override /model`),
-    else the keys named on the command line (`model.KEY=...`) or set to another value than the default
-    composition's (an experiment's `model:` section). None without init_from, or outside a Hydra run
-    (library use)."""
+    """The model keys this run sets on purpose (with init_from they must fit the source): all of them when
+    the model config is chosen (`model=NAME`, an experiment's `override /model`), else those named on the
+    command line or differing from the default composition's. Empty without init_from or outside Hydra."""
     if not HydraConfig.initialized() or not cfg.get("init_from"):
         return {}
     model = OmegaConf.to_container(cfg.model, resolve=True)
