@@ -51,13 +51,10 @@ def nonfinite_advice(precision: Any, gradient_clip_val: float | None) -> str:
 
 
 class NaNGuard(StepCallback):
-    """Stops training with a one-line error once the loss has been NaN/inf.
-
-    Checked at every log interval and before every checkpoint that validation triggers (Lightning runs
-    ModelCheckpoint after the other callbacks), by reading the module's sticky on-device flag
-    (`pl_module.saw_nonfinite_loss()`). It raises NonFiniteLossError, so neither ModelCheckpoint nor
-    Ctrl-C saving writes the broken state: last.ckpt stays the last good one.
-    """
+    """Stops training with a one-line error once the loss has been NaN/inf (`pl_module.saw_nonfinite_loss()`),
+    checked at every log interval and before every checkpoint validation triggers (Lightning runs
+    ModelCheckpoint after the other callbacks). Its NonFiniteLossError keeps ModelCheckpoint and Ctrl-C
+    saving from writing the broken state: last.ckpt stays the last good one."""
 
     def __init__(self, check_every_n_steps: int | None = None) -> None:
         self.check_every_n_steps = check_every_n_steps  # None = trainer.log_every_n_steps
@@ -133,17 +130,12 @@ def peak_flops(device: torch.device, precision: str = "32-true", override: float
 
 # ---- throughput / MFU -----------------------------------------------------------------------------
 class Throughput(StepCallback):
-    """Measures training throughput; the one owner of the run's tokens/s and MFU.
-
-    Every log interval it logs `tokens_per_sec` and `mfu` of that interval to the loggers (at that
-    optimizer step) and puts them in `latest`; when training ends `latest` holds the run's averages,
-    `tokens_per_sec` being the figure summary.json reports. Readers (the progress bar, the run summary)
-    find this callback with `Throughput.of(trainer)`.
-
-    Time counted is training wall time: validation is left out, and so is any work done inside
-    `not_training(trainer)` (text samples, attention maps, evaluations). Tokens are counted from the
-    batches themselves (x tokens x world size), so accumulation and DDP need no configuration.
-    MFU = flops_per_token (model, forward + backward) x tokens/s / peak FLOP/s of one device x devices.
+    """The one owner of the run's tokens/s and MFU; readers (progress bar, run summary) find it with
+    `Throughput.of(trainer)`. Every log interval it logs `tokens_per_sec` and `mfu` of that interval and
+    keeps them in `latest`; when training ends `latest` holds the run's averages (summary.json's
+    tokens_per_sec). Time is training wall time: validation and work inside `not_training(trainer)` are
+    left out. Tokens are counted from the batches (x world size): accumulation and DDP need no setup.
+    MFU = flops_per_token (forward + backward) x tokens/s / (peak FLOP/s of one device x devices).
     """
 
     def __init__(self, peak_flops: float | None = None) -> None:
