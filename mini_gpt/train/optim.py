@@ -1,17 +1,11 @@
 """Optimizers and the learning-rate schedule.
 
-Parameter groups: weight decay regularises the matrices that mix features (2-D Linear weights) but only
-hurts parameters that set a scale or an offset (biases, norm gains) and embedding tables (a rare token's
-row would decay towards zero between the few steps that update it), so only 2-D matmul weights decay;
-embeddings opt in with `decay_embeddings=True`.
-
-Muon (`name="muon"`) orthogonalises the momentum of the 2-D hidden matrices in the blocks; embeddings,
-the output head and 1-D parameters stay with AdamW. Lightning's automatic optimisation wants one
-optimizer, so `CombinedOptimizer` presents AdamW + Muon as one, with one state dict.
-
-The schedule is `lr_at` (warmup, then cosine / linear decay to `min_lr_ratio` x the peak, or constant),
-applied by `LambdaLR` as a multiplier of each group's base lr once per optimizer step: any peak lr (a
-sweep's draw, Muon's larger one) gets a valid schedule of the same shape.
+Only 2-D matmul weights decay: decay regularises the matrices that mix features but hurts biases, norm
+gains and embedding tables (a rare token's row would shrink between the few steps that update it);
+embeddings opt in with `decay_embeddings=True`. Muon (`name="muon"`) takes the 2-D hidden matrices of
+the blocks, everything else stays with AdamW; `CombinedOptimizer` presents both as the one optimizer
+Lightning wants. The schedule `lr_at` is applied by `LambdaLR` as a multiplier of each group's base lr,
+once per optimizer step, so any peak lr (a sweep's draw, Muon's) gets the same shape.
 """
 
 from __future__ import annotations
@@ -92,12 +86,8 @@ class OptimConfig:
 def lr_at(
     step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int, schedule: str = "cosine"
 ) -> float:
-    """Learning rate for optimizer step `step` (0-based: the lr the first update uses is lr_at(0)).
-
-    Warmup rises linearly to `lr` at step `warmup_steps` (first step lr/warmup_steps, never 0);
-    then cosine or linear decay reaches `min_lr` at `decay_steps` and stays there. `constant` keeps
-    `lr` after the warmup.
-    """
+    """The lr of optimizer step `step` (0-based): a linear warmup to `lr` (never 0), then cosine or linear
+    decay to `min_lr` at `decay_steps` and flat after; `constant` keeps `lr` after the warmup."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     if schedule == "constant":
@@ -119,20 +109,15 @@ def lr_multiplier(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
     decay_steps = cfg.decay_steps or max_steps
     if decay_steps is None or decay_steps < 1:
         raise MiniGPTError("optim.decay_steps is null and trainer.max_steps is not set; set one of them")
-
     return lambda step: lr_at(step, 1.0, cfg.min_lr_ratio, cfg.warmup_steps, decay_steps, cfg.schedule)
 
 
 def param_groups(
     model: nn.Module, weight_decay: float, decay_embeddings: bool = False, split_muon: bool = False
 ) -> dict[str, list[tuple[str, nn.Parameter]]]:
-    """Named parameters sorted into groups: "decay", "no_decay" and, with split_muon, "muon".
-
-    decay: 2-D weights of Linear layers (and embedding tables when decay_embeddings).
-    no_decay: biases, norm weights, embeddings (unless decay_embeddings).
-    muon: with split_muon, the 2-D Linear weights inside the transformer blocks (`transformer.h`),
-    taken out of "decay"; the output head and embeddings stay with AdamW. Tied parameters appear once.
-    """
+    """Named parameters in groups "decay" (2-D weights; embeddings only with decay_embeddings), "no_decay"
+    and, with split_muon, "muon" (the 2-D weights inside `transformer.h`, out of "decay"). Tied
+    parameters appear once."""
     embedding_params = {
         id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)
     }
@@ -153,12 +138,9 @@ def param_groups(
 
 
 class CombinedOptimizer(torch.optim.Optimizer):
-    """Several optimizers over disjoint parameters, presented as one.
-
-    All param groups live here (so LR schedulers, gradient clipping and checkpoints see every group),
-    and the children share those group dicts and this object's `state`; `step` evaluates the
-    closure once and steps every child.
-    """
+    """Several optimizers over disjoint parameters, presented as one: all param groups live here (LR
+    schedulers, gradient clipping and checkpoints see every group) and the children share those group
+    dicts and this object's `state`; `step` evaluates the closure once and steps every child."""
 
     def __init__(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         self.optimizers = list(optimizers)

@@ -1,11 +1,8 @@
 """Hydra multirun (`python train.py -m ...`): checks before the first trial, the table of trials at the end.
 
-`SweepReport` is a Hydra callback (conf/hydra/default.yaml). Before the first trial it refuses, once and
-in one line, a multi-device strategy the trials could not run (`trainer=ddp` with several devices: see
-`mini_gpt.train.run.check_multirun_strategy`). After the last trial it prints a table of the trials
-(the overrides that differ between them, status, best val loss, wall seconds) and writes it to
-`<sweep dir>/trials.csv`, beside Optuna's `optimization_results.yaml`, from each trial's directory
-(`summary.json`, `.hydra/overrides.yaml`, the `error:` line of `train.log`).
+`SweepReport` (a Hydra callback, conf/hydra/default.yaml) refuses in one line a multi-device strategy the
+trials could not run, before the first trial; after the last it prints the trials' table (varying
+overrides, status, best val loss, wall seconds) and writes it to `<sweep dir>/trials.csv`.
 """
 
 from __future__ import annotations
@@ -29,9 +26,8 @@ TABLE_FILE = "trials.csv"
 
 
 def check_sweep_strategy(config: DictConfig) -> None:
-    """Raise MiniGPTError if the trials of this multirun would each start a multi-device strategy from
-    inside the trial (refused by every trial anyway). A cluster launcher (SLURM) starts the ranks itself
-    and is allowed."""
+    """Refuse trials that would each start a multi-device strategy from inside the trial (every trial would
+    fail); a cluster launcher (SLURM) starts the ranks itself and is allowed."""
     launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
     if "submitit" in launcher.lower():
         return

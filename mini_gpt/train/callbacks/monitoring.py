@@ -1,7 +1,5 @@
 """Watching a run's health and speed: the NaN guard, and throughput / MFU (with the peak FLOP/s it needs).
-
-Both read the device only at log intervals (`trainer.log_every_n_steps` optimizer steps) or at events
-that sync anyway (validation), so they add no per-step host-device syncs.
+Both read the device only at log intervals or at events that sync anyway (validation): no per-step syncs.
 """
 
 from __future__ import annotations
