@@ -101,11 +101,8 @@ class _Tee:
 
 
 @contextmanager
-def record_console(path: str | Path | None) -> Iterator[None]:
-    """Copy stdout and stderr into `path` (appended) during the block; `None` records nothing."""
-    if path is None:
-        yield
-        return
+def record_console(path: str | Path) -> Iterator[None]:
+    """Copy stdout and stderr into `path` (appended) during the block."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as log:

@@ -271,7 +271,5 @@ def describe(model: GPT, record: Mapping[str, Any]) -> str:
 
 def count_parameters(model: nn.Module) -> tuple[int, int]:
     """(trainable, total) parameter counts, shared (tied) tensors counted once."""
-    seen: dict[int, nn.Parameter] = {id(p): p for p in model.parameters()}
-    total = sum(p.numel() for p in seen.values())
-    trainable = sum(p.numel() for p in seen.values() if p.requires_grad)
-    return trainable, total
+    params = list(model.parameters())  # parameters() lists a shared tensor once
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)

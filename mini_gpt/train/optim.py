@@ -122,11 +122,9 @@ def param_groups(
         id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)
     }
     groups: dict[str, list[tuple[str, nn.Parameter]]] = {"decay": [], "no_decay": [], "muon": []}
-    seen: set[int] = set()
     for name, p in model.named_parameters():  # shared (tied) tensors are listed once
-        if not p.requires_grad or id(p) in seen:
+        if not p.requires_grad:
             continue
-        seen.add(id(p))
         is_embedding = id(p) in embedding_params
         if split_muon and p.ndim == 2 and not is_embedding and ".h." in f".{name}":
             groups["muon"].append((name, p))

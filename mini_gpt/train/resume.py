@@ -28,19 +28,10 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.checkpoint import read_checkpoint
 from mini_gpt.train.run import launcher_rank
 
-__all__ = [
-    "RUN_CONFIG_KEY",
-    "RUN_OVERRIDES_KEY",
-    "compose_run",
-    "config_changes",
-    "explicit_model_keys",
-    "resumed_config",
-    "run_overrides",
-    "saved_run_config",
-]
+__all__ = ["explicit_model_keys", "resumed_config", "run_overrides", "saved_run_config"]
 
-RUN_CONFIG_KEY = "run_config"  # the checkpoint entry holding the run's unresolved config
-RUN_OVERRIDES_KEY = "run_overrides"  # ... and the overrides that composed it (a list of strings)
+_RUN_CONFIG_KEY = "run_config"  # the checkpoint entry holding the run's unresolved config
+_RUN_OVERRIDES_KEY = "run_overrides"  # ... and the overrides that composed it (a list of strings)
 # Always this process's: the checkpoint, the new run dir, and init_from (a resumed run's weights come from
 # the checkpoint; a fine-tuning run's adapters and frozen parts are rebuilt from its record there).
 _NEVER_RESTORED = ("ckpt_path", "paths.run_dir", "init_from")
@@ -48,7 +39,9 @@ _SAVED_CONFIG = "_resumed_run"  # ConfigStore name of a saved config that has no
 _MISSING = object()
 
 
-def compose_run(overrides: Sequence[str], config_name: str = "train", hydra_node: bool = False) -> DictConfig:
+def _compose_run(
+    overrides: Sequence[str], config_name: str = "train", hydra_node: bool = False
+) -> DictConfig:
     """Compose `config_name` with `overrides`; inside train.py's Hydra job through that job's Hydra (which
     refuses a second initialization), elsewhere as the tools do. A refused override is one line."""
     try:
@@ -85,7 +78,7 @@ def run_overrides(cfg: DictConfig) -> list[str] | None:
     task = list(HydraConfig.get().overrides.task)
     if cfg.get("ckpt_path") is None:
         return task
-    saved = read_checkpoint(Path(cfg.ckpt_path).expanduser().resolve()).get(RUN_OVERRIDES_KEY)
+    saved = read_checkpoint(Path(cfg.ckpt_path).expanduser().resolve()).get(_RUN_OVERRIDES_KEY)
     return None if saved is None else [*_restorable(saved), *task]
 
 
@@ -97,7 +90,7 @@ def explicit_model_keys(cfg: DictConfig) -> dict[str, Any]:
         return {}
     model = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(model, dict)
-    default = compose_run((), hydra_node=True)
+    default = _compose_run((), hydra_node=True)
     if HydraConfig.get().runtime.choices.get("model") != default.hydra.runtime.choices.get("model"):
         return model
     keys = set(_keys(HydraConfig.get().overrides.task))
@@ -109,7 +102,7 @@ def explicit_model_keys(cfg: DictConfig) -> dict[str, Any]:
 def saved_run_config(ckpt_path: Path) -> tuple[dict[str, Any] | None, str]:
     """(the run's config, where it was found) from the checkpoint, else `.hydra/config.yaml` of the run
     directory holding `checkpoints/<ckpt>`; (None, "") when neither exists (a checkpoint from elsewhere)."""
-    saved = read_checkpoint(ckpt_path).get(RUN_CONFIG_KEY)  # memory-mapped: the weights stay on disk
+    saved = read_checkpoint(ckpt_path).get(_RUN_CONFIG_KEY)  # memory-mapped: the weights stay on disk
     if isinstance(saved, dict):
         return saved, "the checkpoint"
     beside = ckpt_path.parent.parent / ".hydra" / "config.yaml"
@@ -126,7 +119,7 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, node
 
 
-def config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+def _config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """`key: old -> new` for every leaf that differs (added: `(unset)`), ckpt_path and the run dir aside."""
     old, new = dict(_leaves(before)), dict(_leaves(after))
     lines = []
@@ -144,7 +137,7 @@ def _on_saved_config(saved: Mapping[str, Any], overrides: Sequence[str]) -> Dict
     no overrides): the saved config is composed as a config of its own."""
     ConfigStore.instance().store(name=_SAVED_CONFIG, node=dict(saved))
     try:
-        return compose_run(overrides, _SAVED_CONFIG)
+        return _compose_run(overrides, _SAVED_CONFIG)
     except MiniGPTError as err:
         raise MiniGPTError(
             f"{err} (this checkpoint records no overrides: resuming it takes key=value changes only)"
@@ -166,10 +159,10 @@ def resumed_config(cfg: DictConfig, overrides: Sequence[str] | None = None) -> D
         overrides = list(HydraConfig.get().overrides.task) if in_hydra else []
     new = [o for o, key in zip(overrides, _keys(overrides)) if not _is_hydra(key)]
     announce = launcher_rank() == 0
-    saved_overrides = read_checkpoint(ckpt_path).get(RUN_OVERRIDES_KEY)
+    saved_overrides = read_checkpoint(ckpt_path).get(_RUN_OVERRIDES_KEY)
     saved, source = saved_run_config(ckpt_path)
     if saved_overrides is not None:
-        restored = compose_run([*_restorable(saved_overrides), *new])
+        restored = _compose_run([*_restorable(saved_overrides), *new])
         how = "its run's overrides and the command line's"
     elif saved is not None:
         restored = _on_saved_config(saved, new)
@@ -185,7 +178,7 @@ def resumed_config(cfg: DictConfig, overrides: Sequence[str] | None = None) -> D
         OmegaConf.update(restored, key, (now.get(section, {}) if section else now).get(leaf), merge=False)
     if announce:
         after = OmegaConf.to_container(restored, resolve=False)
-        changes = config_changes(saved if saved is not None else {}, after)  # type: ignore[arg-type]
+        changes = _config_changes(saved if saved is not None else {}, after)  # type: ignore[arg-type]
         what = "\n".join(f"  {line}" for line in changes) or "  (none: the run continues as it was started)"
         print(f"resuming {ckpt_path} with {how}; changes from the run's config:\n{what}")
         subdir = HydraConfig.get().output_subdir if in_hydra else None

@@ -118,20 +118,18 @@ def trials_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
     wall seconds, steps, and the error of trials that did not complete."""
     keys = _varying_keys(rows)
     header = ["trial", *keys, "status", "best_val_loss", "wall_seconds", "steps", "error"]
-    body = []
-    for row in rows:
-        wall = row["wall_seconds"]
-        body.append(
-            [
-                str(row["trial"]),
-                *(row["overrides"].get(k, "-") for k in keys),
-                row["status"],
-                _fmt(row["best_val_loss"]),
-                "-" if wall is None else f"{wall:.1f}",
-                _fmt(row["steps"]),
-                row["error"],
-            ]
-        )
+    body = [
+        [
+            str(row["trial"]),
+            *(row["overrides"].get(k, "-") for k in keys),
+            row["status"],
+            _fmt(row["best_val_loss"]),
+            "-" if row["wall_seconds"] is None else f"{row['wall_seconds']:.1f}",
+            _fmt(row["steps"]),
+            row["error"],
+        ]
+        for row in rows
+    ]
     return header, body
 
 
