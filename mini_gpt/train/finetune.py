@@ -27,9 +27,6 @@ from mini_gpt.tokenizer import CharTokenizer, Tokenizer
 from mini_gpt.train.lora import LoraSpec, add_lora
 
 __all__ = [
-    "LORA_TARGETS",
-    "METHODS",
-    "MUTABLE_MODEL_KEYS",
     "FinetuneConfig",
     "FinetunePlan",
     "build_model",
@@ -39,14 +36,13 @@ __all__ = [
     "finetune_meta",
     "finetune_model_config",
     "load_source",
-    "lora_spec",
     "plan_finetune",
     "prepare_model",
 ]
 
-METHODS = ("full", "lora")
-LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
-MUTABLE_MODEL_KEYS = ("dropout", "block_size")  # the model keys a fine-tuning run may change
+_METHODS = ("full", "lora")
+_LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
+_MUTABLE_MODEL_KEYS = ("dropout", "block_size")  # the model keys a fine-tuning run may change
 
 
 @dataclass
@@ -59,18 +55,18 @@ class FinetuneConfig:
     lora_rank: int = 8
     lora_alpha: float = 16.0  # the update is scaled by lora_alpha / lora_rank
     lora_dropout: float = 0.05  # dropout on the adapters' input
-    lora_targets: tuple[str, ...] = LORA_TARGETS  # projections that get adapters
+    lora_targets: tuple[str, ...] = _LORA_TARGETS  # projections that get adapters
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise MiniGPTError(f"finetune.method={self.method!r} must be one of {METHODS}")
+        if self.method not in _METHODS:
+            raise MiniGPTError(f"finetune.method={self.method!r} must be one of {_METHODS}")
         check_ints(allow_none=True, **{"finetune.train_last_n_blocks": self.train_last_n_blocks})
         self.lora_targets = tuple(self.lora_targets)
-        bad = sorted(set(self.lora_targets) - set(LORA_TARGETS))
+        bad = sorted(set(self.lora_targets) - set(_LORA_TARGETS))
         if bad or not self.lora_targets:
             raise MiniGPTError(
                 f"finetune.lora_targets={list(self.lora_targets)} must be a non-empty subset of "
-                f"{list(LORA_TARGETS)}"
+                f"{list(_LORA_TARGETS)}"
             )
         check_ints(**{"finetune.lora_rank": self.lora_rank})
         if not self.lora_alpha > 0:
@@ -110,7 +106,7 @@ def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_
     if refused:
         raise MiniGPTError(
             f"init_from={init_from} fixes the model's shape; remove {', '.join(refused)} "
-            f"(only {' and '.join('model.' + k for k in MUTABLE_MODEL_KEYS)} may change, the context "
+            f"(only {' and '.join('model.' + k for k in _MUTABLE_MODEL_KEYS)} may change, the context "
             "only shrink)"
         )
     return dataclasses.replace(source, **changes)
@@ -152,7 +148,6 @@ def _describe(tok: Tokenizer) -> str:
     return f"the {tok.to_dict().get('name')} BPE ({tok.vocab_size:,} tokens)"
 
 
-# ---- what trains ---------------------------------------------------------------------------------
 _PROJECTIONS = {"c_attn": ("attn.c_attn",), "c_proj": ("attn.c_proj", "mlp.c_proj"), "c_fc": ("mlp.c_fc",)}
 
 
@@ -165,7 +160,7 @@ def _first_trained_block(config: GPTConfig, cfg: FinetuneConfig) -> int:
     return config.n_layer - n
 
 
-def lora_spec(config: GPTConfig, cfg: FinetuneConfig) -> LoraSpec:
+def _lora_spec(config: GPTConfig, cfg: FinetuneConfig) -> LoraSpec:
     """The adapters `cfg` asks for: every target projection of every trained block, by full name."""
     targets = tuple(
         f"transformer.h.{i}.{name}"
@@ -179,7 +174,7 @@ def lora_spec(config: GPTConfig, cfg: FinetuneConfig) -> LoraSpec:
 def prepare_model(model: GPT, cfg: FinetuneConfig) -> GPT:
     """Freeze what `cfg` keeps fixed, or add LoRA adapters (all else frozen); returns the model."""
     if cfg.method == "lora":
-        return add_lora(model, lora_spec(model.config, cfg))
+        return add_lora(model, _lora_spec(model.config, cfg))
     first = _first_trained_block(model.config, cfg)
     for block in model.transformer.h[:first]:
         block.requires_grad_(False)
@@ -194,7 +189,7 @@ def finetune_meta(init_from: str, config: GPTConfig, cfg: FinetuneConfig) -> dic
     """What a checkpoint records about how this run was set up (primitives only)."""
     meta: dict[str, Any] = {"init_from": str(init_from), "config": cfg.to_dict()}
     if cfg.method == "lora":
-        meta["lora"] = lora_spec(config, cfg).to_dict()
+        meta["lora"] = _lora_spec(config, cfg).to_dict()
     return meta
 
 

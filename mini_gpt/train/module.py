@@ -84,7 +84,6 @@ class GPTLitModule(L.LightningModule):
         self._val_count: Tensor | None = None
         self._resume_rng: dict[str, Tensor] | None = None  # applied at the first batch after a resume
 
-    # ---- forward / loss -------------------------------------------------------------------------
     @property
     def net(self) -> torch.nn.Module:
         """The module that runs forward passes: compiled wrapper if enabled, else the GPT itself."""
@@ -143,7 +142,6 @@ class GPTLitModule(L.LightningModule):
     def on_train_start(self) -> None:
         self.stats.start_step = self.global_step
 
-    # ---- gradients --------------------------------------------------------------------------------
     def configure_gradient_clipping(
         self,
         optimizer: torch.optim.Optimizer,
@@ -175,7 +173,6 @@ class GPTLitModule(L.LightningModule):
         if gradient_clip_val:  # "value"
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
-    # ---- validation -------------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
         self._val_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         self._val_count = torch.zeros((), device=self.device, dtype=torch.float64)
@@ -203,7 +200,6 @@ class GPTLitModule(L.LightningModule):
         self.stats.val_history.append((self.global_step, time.time(), val_loss))
         self.stats.latest["val_loss"] = val_loss
 
-    # ---- optimizers -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         if stage == "fit" and isinstance(self.trainer.strategy, FSDPStrategy):
             # FSDP (use_orig_params) keeps these Parameter objects but turns them into flat 1-D shard views
@@ -220,7 +216,6 @@ class GPTLitModule(L.LightningModule):
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
         }
 
-    # ---- checkpoints ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["mini_gpt"] = {
             **metadata(self.model, self.tokenizer),  # what mini_gpt.interop.checkpoint.load_model reads

@@ -19,18 +19,15 @@ from mini_gpt.train.callbacks.base import StepCallback
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
 
 __all__ = [
-    "DEFAULT_CPU_PEAK_FLOPS",
     "NaNGuard",
     "NonFiniteLossError",
     "Throughput",
     "measure_cpu_matmul_flops",
-    "nonfinite_advice",
     "not_training",
     "peak_flops",
 ]
 
 
-# ---- NaN guard ------------------------------------------------------------------------------------
 class NonFiniteLossError(MiniGPTError):
     """Training produced a NaN/inf loss; raised (so nothing more is saved) by NaNGuard."""
 
@@ -38,7 +35,7 @@ class NonFiniteLossError(MiniGPTError):
 FULL_PRECISION = ("32-true", "32", "64-true", "64")
 
 
-def nonfinite_advice(precision: Any, gradient_clip_val: float | None) -> str:
+def _nonfinite_advice(precision: Any, gradient_clip_val: float | None) -> str:
     """What to try after a NaN/inf loss: only the remedies this run has not already applied."""
     tips = ["lower optim.lr"]
     if not gradient_clip_val:
@@ -65,7 +62,7 @@ class NaNGuard(StepCallback):
         kept = f"last good checkpoint: {last}" if last and last.exists() else "no checkpoint was saved yet"
         raise NonFiniteLossError(
             f"training loss became NaN/inf by step {trainer.global_step}; stopped without saving this state "
-            f"({kept}); {nonfinite_advice(trainer.precision, trainer.gradient_clip_val)}"
+            f"({kept}); {_nonfinite_advice(trainer.precision, trainer.gradient_clip_val)}"
         )
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -78,9 +75,8 @@ class NaNGuard(StepCallback):
             self.check(trainer, pl_module)
 
 
-# ---- peak FLOP/s ----------------------------------------------------------------------------------
 # The fp32 matmul peak assumed when the CPU probe fails (a small 2-core machine's order of magnitude).
-DEFAULT_CPU_PEAK_FLOPS = 185e9
+_DEFAULT_CPU_PEAK_FLOPS = 185e9
 
 
 @functools.cache
@@ -101,7 +97,7 @@ def measure_cpu_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 512, r
             best = min(best, time.perf_counter() - t0)
         return 2 * n**3 * reps / best
     except (RuntimeError, TypeError):
-        return DEFAULT_CPU_PEAK_FLOPS
+        return _DEFAULT_CPU_PEAK_FLOPS
 
 
 def _precision_dtype(precision: str) -> torch.dtype:
@@ -126,7 +122,6 @@ def peak_flops(device: torch.device, precision: str = "32-true", override: float
     return 0.0
 
 
-# ---- throughput / MFU -----------------------------------------------------------------------------
 class Throughput(StepCallback):
     """The one owner of the run's tokens/s and MFU; readers (progress bar, run summary) find it with
     `Throughput.of(trainer)`. Every log interval it logs `tokens_per_sec` and `mfu` of that interval and
