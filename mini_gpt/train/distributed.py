@@ -1,14 +1,12 @@
 """Multi-device helpers: the batch arithmetic of data-parallel training, and the FSDP strategy factory.
 
 Each of the `devices x num_nodes` processes draws micro-batches of `micro_batch` sequences of
-`block_size` tokens, and gradients are averaged over processes and accumulated over `accumulate`
-micro-batches before one optimizer step, so
+`block_size` tokens and accumulates `accumulate` of them per optimizer step, so
 
     tokens per optimizer step = micro_batch x accumulate x devices x num_nodes x block_size
 
-lr, warmup and max_steps keep their meaning only if that product stays fixed when the hardware changes:
-`accumulation_for` derives `accumulate` from a global batch in tokens. The arithmetic is pure (no torch
-or Lightning), as mini_gpt.train.run imports it before the heavy imports.
+and lr, warmup and max_steps keep their meaning only while that product stays fixed (`accumulation_for`
+derives `accumulate` from a global batch in tokens). Pure arithmetic: run.py imports it before torch.
 """
 
 from __future__ import annotations

@@ -4,12 +4,9 @@ LoRA (Hu et al., 2021) leaves a pretrained weight W frozen and learns a low-rank
 
     y = x Wᵀ + (alpha / r) · dropout(x) Aᵀ Bᵀ        A: (r, in), B: (out, r), B starts at zero
 
-so a run starts exactly at the pretrained model. `add_lora` injects the adapters in place (peft's
-`inject_adapter_in_model`: the model stays a `GPT`; targets are full module names such as
-`transformer.h.11.attn.c_attn`), so the state dict holds `<module>.base_layer.weight` beside
-`<module>.lora_A.default.weight` / `lora_B`. `merge_lora` folds the update into W (`merge_and_unload`):
-a plain GPT whose tied output head is still tied. `LoraSpec.to_dict()` is primitives only, so it fits
-in `weights_only` checkpoints.
+`add_lora` injects the adapters in place (the model stays a `GPT`; its state dict holds
+`<module>.base_layer.weight` beside `<module>.lora_A.default.weight` / `lora_B`); `merge_lora` folds the
+update into W, giving a plain GPT whose tied head is still tied. `LoraSpec.to_dict()` is primitives only.
 """
 
 from __future__ import annotations

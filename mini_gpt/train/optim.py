@@ -115,9 +115,8 @@ def lr_multiplier(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
 def param_groups(
     model: nn.Module, weight_decay: float, decay_embeddings: bool = False, split_muon: bool = False
 ) -> dict[str, list[tuple[str, nn.Parameter]]]:
-    """Named parameters in groups "decay" (2-D weights; embeddings only with decay_embeddings), "no_decay"
-    and, with split_muon, "muon" (the 2-D weights inside `transformer.h`, out of "decay"). Tied
-    parameters appear once."""
+    """Named trainable parameters in groups "decay" (2-D; embeddings only with decay_embeddings), "no_decay"
+    and, with split_muon, "muon" (the 2-D weights inside `transformer.h`, out of "decay")."""
     embedding_params = {
         id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)
     }

@@ -63,8 +63,7 @@ def _is_hydra(key: str) -> bool:
 
 
 def _restorable(overrides: Sequence[str]) -> list[str]:
-    """The saved overrides a resume re-applies: not hydra.* (the old run's directories, sweep settings)
-    and not the keys that are always this process's."""
+    """The saved overrides a resume re-applies: no hydra.* ones and none of `_NEVER_RESTORED`."""
     return [
         o for o, key in zip(overrides, _keys(overrides)) if not (_is_hydra(key) or key in _NEVER_RESTORED)
     ]
@@ -133,8 +132,7 @@ def _config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list
 
 
 def _on_saved_config(saved: Mapping[str, Any], overrides: Sequence[str]) -> DictConfig:
-    """`saved` with the `key=value` overrides applied by Hydra (the fallback for a checkpoint that records
-    no overrides): the saved config is composed as a config of its own."""
+    """`saved` with the `key=value` overrides applied by Hydra (a checkpoint that records no overrides)."""
     ConfigStore.instance().store(name=_SAVED_CONFIG, node=dict(saved))
     try:
         return _compose_run(overrides, _SAVED_CONFIG)

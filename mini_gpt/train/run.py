@@ -59,8 +59,7 @@ _runs_in_process = 0  # train() calls so far: the first run's clock starts at pr
 
 
 def launcher_rank() -> int:
-    """This process's global rank as set by whoever started it (Lightning's DDP re-launch, torchrun,
-    SLURM); 0 for a process started by the user. Known before any Trainer exists."""
+    """This process's global rank as its launcher set it (DDP re-launch, torchrun, SLURM), else 0."""
     for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
         if os.environ.get(key, "").isdigit():
             return int(os.environ[key])

@@ -69,8 +69,7 @@ def _error_line(trial_dir: Path) -> str:
 
 
 def read_trials(sweep_dir: str | Path) -> list[dict[str, Any]]:
-    """One row per trial directory (`<sweep dir>/<n>/`), in trial order: trial, overrides (a dict of the
-    trial's command-line overrides), status, best_val_loss, wall_seconds, steps, error."""
+    """One row (a dict) per trial directory `<sweep dir>/<n>/`, in trial order."""
     rows = []
     trial_dirs = [d for d in Path(sweep_dir).iterdir() if d.is_dir() and d.name.isdigit()]
     for trial_dir in sorted(trial_dirs, key=lambda d: int(d.name)):
@@ -114,8 +113,7 @@ def _fmt(value: Any) -> str:
 
 
 def trials_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """(header, rows of strings) of the sweep's table: trial, varying overrides, status, best val loss,
-    wall seconds, steps, and the error of trials that did not complete."""
+    """(header, rows of strings) of the sweep's table; only the overrides that vary get a column."""
     keys = _varying_keys(rows)
     header = ["trial", *keys, "status", "best_val_loss", "wall_seconds", "steps", "error"]
     body = [

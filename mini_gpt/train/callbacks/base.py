@@ -11,9 +11,8 @@ __all__ = ["StepCallback"]
 
 
 class StepCallback(Callback):
-    """A callback with `on_optimizer_step`, called once after each optimizer step (Lightning's
-    `on_train_batch_end` fires per micro-batch). Overrides of `on_train_start` or `on_train_batch_end`
-    call `super()`."""
+    """A callback with `on_optimizer_step`, once per optimizer step (`on_train_batch_end` fires per
+    micro-batch). Overrides of `on_train_start` or `on_train_batch_end` call `super()`."""
 
     _last_step = -1
 

@@ -1,9 +1,6 @@
 """Checkpoints: written atomically (`AtomicCheckpointIO`), last.ckpt at every evaluation (`EvalCheckpoint`),
-and one saved on Ctrl-C between two optimizer steps (`SaveOnInterrupt`).
-
-The two uses of Lightning internals (checked on Lightning 2.6.6, the version pyproject pins) are here,
-each in one place with the reason beside it: `EvalCheckpoint` calls ModelCheckpoint's own helpers to
-write last.ckpt now, and `SaveOnInterrupt.save` dumps the checkpoint through the checkpoint connector.
+and one saved on Ctrl-C between two optimizer steps (`SaveOnInterrupt`). The two uses of Lightning internals
+(checked on Lightning 2.6.6, the version pyproject pins) are here, each with its reason beside it.
 """
 
 from __future__ import annotations
@@ -128,9 +125,8 @@ class EvalCheckpoint(ModelCheckpoint):
 
 
 def resume_command(ckpt: Path) -> str:
-    """The command that resumes from `ckpt`: this script or `mini-gpt train` with `ckpt_path=` alone, as a
-    resumed run restores the rest of its config from the checkpoint (mini_gpt.train.resume). `python` when
-    that is this interpreter on PATH, else the interpreter's full path."""
+    """The command that resumes from `ckpt`: this script or `mini-gpt train` with `ckpt_path=` alone (the
+    rest of the config comes from the checkpoint), run by `python` if that is this interpreter."""
     on_path = shutil.which("python")
     same = on_path is not None and Path(on_path).resolve() == Path(sys.executable).resolve()
     python = "python" if same else sys.executable

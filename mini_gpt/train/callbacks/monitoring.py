@@ -234,8 +234,7 @@ class Throughput(StepCallback):
 
 @contextmanager
 def not_training(trainer: Any) -> Iterator[None]:
-    """Work in the block (sampling, drawing, evaluating) is not training: its seconds are left out of
-    the Throughput callback's tokens/s (if the trainer has one)."""
+    """Leave the seconds of the block's work (sampling, drawing, evaluating) out of tokens/s."""
     t0 = time.perf_counter()
     try:
         yield

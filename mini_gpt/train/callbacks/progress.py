@@ -39,8 +39,7 @@ class _TimeColumn(ProgressColumn):
 
 
 class _NameColumn(ProgressColumn):
-    """The task's description, except for the training task: `train` ("Epoch 0/-2" would only confuse
-    in one endless epoch)."""
+    """The task's description; `train` for the training task ("Epoch 0/-2" would only confuse)."""
 
     def __init__(self, bar: ProgressBar) -> None:
         super().__init__(table_column=Column(no_wrap=True))
