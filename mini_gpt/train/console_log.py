@@ -1,10 +1,8 @@
 """`train.log`: a copy of what the console showed during a run, as plain text.
 
-`record_console(path)` tees `sys.stdout` and `sys.stderr` into `path` while the console keeps getting
-every byte unchanged. The copy is what a terminal would end up displaying: a live progress bar redraws
-itself in place (carriage returns, "erase line", "cursor up"), so the file gets its final state once
-instead of every redraw, and colour codes are dropped. A traceback that escapes the block is written to
-the file too (the entry point prints it to the console only after the block has exited).
+`record_console(path)` tees stdout and stderr into `path`, the console still getting every byte. The
+file gets what a terminal would end up displaying: a progress bar's in-place redraws (carriage returns,
+erase line, cursor up) once in their final state, no colour codes, and a traceback that escapes the block.
 """
 
 from __future__ import annotations
@@ -103,11 +101,8 @@ class _Tee:
 
 
 @contextmanager
-def record_console(path: str | Path | None) -> Iterator[None]:
-    """Copy stdout and stderr into `path` (appended) during the block; `None` records nothing."""
-    if path is None:
-        yield
-        return
+def record_console(path: str | Path) -> Iterator[None]:
+    """Copy stdout and stderr into `path` (appended) during the block."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as log:

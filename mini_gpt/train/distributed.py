@@ -1,17 +1,12 @@
 """Multi-device helpers: the batch arithmetic of data-parallel training, and the FSDP strategy factory.
 
-Batch semantics (data parallel: DDP, FSDP, any number of devices and nodes). Every process ("device")
-draws its own micro-batches of `micro_batch` sequences of `block_size` tokens; gradients are averaged
-across the `devices x num_nodes` processes and accumulated over `accumulate` micro-batches before one
-optimizer step, so one step sees
+Each of the `devices x num_nodes` processes draws micro-batches of `micro_batch` sequences of
+`block_size` tokens and accumulates `accumulate` of them per optimizer step, so
 
     tokens per optimizer step = micro_batch x accumulate x devices x num_nodes x block_size
 
-and the learning rate, warmup and max_steps keep their meaning only if that product stays fixed when
-the hardware changes. `accumulation_for` derives `accumulate` from a global batch given in tokens.
-
-The arithmetic is pure (no torch or Lightning: mini_gpt.train.run imports it before the heavy imports);
-`fsdp_strategy` imports Lightning when Hydra instantiates it.
+and lr, warmup and max_steps keep their meaning only while that product stays fixed (`accumulation_for`
+derives `accumulate` from a global batch in tokens). Pure arithmetic: run.py imports it before torch.
 """
 
 from __future__ import annotations
@@ -71,12 +66,9 @@ class BatchLayout:
 
 
 def accumulation_for(global_batch_tokens: int, micro_batch: int, block_size: int, world_size: int) -> int:
-    """Micro-batches to accumulate per device so one optimizer step sees exactly `global_batch_tokens`.
-
-    Raises MiniGPTError unless the global batch is a positive multiple of the tokens one forward pass
-    on every device processes (micro_batch x block_size x world_size): rounding would silently train
-    with a different batch than asked for.
-    """
+    """Micro-batches to accumulate per device so one optimizer step sees exactly `global_batch_tokens`;
+    anything but a positive multiple of micro_batch x block_size x world_size is refused (rounding would
+    silently train with another batch than asked for)."""
     check_ints(
         global_batch_tokens=global_batch_tokens,
         micro_batch=micro_batch,
@@ -113,12 +105,10 @@ def fsdp_strategy(
     state_dict_type: str = "full",
     **kwargs: Any,
 ) -> Any:
-    """Lightning's FSDPStrategy with our wrap policy: each module of a `wrap` class (dotted paths; the
-    transformer Block by default) becomes one FSDP unit, i.e. its parameters are gathered just before
-    its forward/backward and freed after. `activation_checkpointing=True` recomputes those modules'
-    activations in the backward pass (less memory, ~1/3 more compute). `kwargs` go to FSDPStrategy.
-    """
-    from lightning.pytorch.strategies import FSDPStrategy  # see the module docstring
+    """Lightning's FSDPStrategy, each module of a `wrap` class (dotted paths) one FSDP unit: its parameters
+    are gathered just before its forward/backward and freed after. `activation_checkpointing=True`
+    recomputes those modules' activations in the backward pass (less memory, ~1/3 more compute)."""
+    from lightning.pytorch.strategies import FSDPStrategy  # here: this module is imported before Lightning
 
     classes = {_module_class(name) for name in wrap}
     if not classes:

@@ -1,30 +1,12 @@
-"""Start a training run from pretrained weights (`python train.py init_from=...`), fully or with LoRA.
+"""Start a training run from pretrained weights (`init_from=...`), fully or with LoRA adapters.
 
-    init_from -> load_source -> (GPT, tokenizer) of the source
-              -> finetune_model_config: the source's shape + the changes a run may make
-              -> build_model: the weights in a model of that config (position table cropped)
-              -> prepare_model: freeze parts (full) or add LoRA adapters (lora)
-
-Sources (`mini_gpt.interop.checkpoint.load_source`): a hub name (`gpt2` ... `gpt2-xl`, needs network or
-the hub cache), a local `transformers` directory, a directory written by `mini-gpt export`, or one of
-our `.ckpt` files (weights only: the optimizer, schedule and step count start fresh; `ckpt_path=` resumes
-instead). A LoRA checkpoint is merged on load, so it can be the source of the next run too.
-
-The source fixes every key that shapes a weight. A run may change `dropout`, and shrink `block_size`
-(the learned position table keeps its first rows, as nanoGPT's `crop_block_size`); any other model key
-that differs from the source is refused in one line naming it. The data must be tokenized with the
-source's tokenizer (`check_tokenizer`).
-
-`FinetuneConfig` (conf/finetune/*.yaml) chooses what trains:
-- `method=full`: every parameter, except the token/position embeddings with `freeze_embeddings=true`
-  (with tied weights that is the output head too) and the blocks before the last
-  `train_last_n_blocks`.
-- `method=lora`: only LoRA adapters (rank `lora_rank`, scale `lora_alpha / lora_rank`, `lora_dropout`)
-  on the projections named in `lora_targets` (`c_attn`, `c_proj` = attention and MLP output, `c_fc`),
-  in every block or in the last `train_last_n_blocks`; everything else frozen (mini_gpt.train.lora).
-
-`finetune_meta` is what a checkpoint records (primitives): a resumed run rebuilds the same adapters and
-frozen parts from it, and `mini_gpt.interop.checkpoint.load_model` merges the adapters.
+`plan_finetune` gives the run's `FinetunePlan`: the source (`load_source`: a hub name, a transformers or
+`mini-gpt export` directory, or one of our `.ckpt` files, weights only) fixes every key that shapes a
+weight; a run may change `dropout` and shrink `block_size` (`finetune_model_config`). `FinetuneConfig`
+(conf/finetune/*.yaml) chooses what trains (`prepare_model`): `full` freezes the embeddings and early
+blocks it is asked to, `lora` adds adapters (mini_gpt.train.lora) and freezes the rest. `finetune_meta`
+is what a checkpoint records (primitives), so a resume rebuilds the same adapters and frozen parts.
+Guide: docs/fine-tuning.md.
 """
 
 from __future__ import annotations
@@ -45,9 +27,6 @@ from mini_gpt.tokenizer import CharTokenizer, Tokenizer
 from mini_gpt.train.lora import LoraSpec, add_lora
 
 __all__ = [
-    "LORA_TARGETS",
-    "METHODS",
-    "MUTABLE_MODEL_KEYS",
     "FinetuneConfig",
     "FinetunePlan",
     "build_model",
@@ -57,14 +36,13 @@ __all__ = [
     "finetune_meta",
     "finetune_model_config",
     "load_source",
-    "lora_spec",
     "plan_finetune",
     "prepare_model",
 ]
 
-METHODS = ("full", "lora")
-LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
-MUTABLE_MODEL_KEYS = ("dropout", "block_size")  # the model keys a fine-tuning run may change
+_METHODS = ("full", "lora")
+_LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
+_MUTABLE_MODEL_KEYS = ("dropout", "block_size")  # the model keys a fine-tuning run may change
 
 
 @dataclass
@@ -77,18 +55,18 @@ class FinetuneConfig:
     lora_rank: int = 8
     lora_alpha: float = 16.0  # the update is scaled by lora_alpha / lora_rank
     lora_dropout: float = 0.05  # dropout on the adapters' input
-    lora_targets: tuple[str, ...] = LORA_TARGETS  # projections that get adapters
+    lora_targets: tuple[str, ...] = _LORA_TARGETS  # projections that get adapters
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise MiniGPTError(f"finetune.method={self.method!r} must be one of {METHODS}")
+        if self.method not in _METHODS:
+            raise MiniGPTError(f"finetune.method={self.method!r} must be one of {_METHODS}")
         check_ints(allow_none=True, **{"finetune.train_last_n_blocks": self.train_last_n_blocks})
         self.lora_targets = tuple(self.lora_targets)
-        bad = sorted(set(self.lora_targets) - set(LORA_TARGETS))
+        bad = sorted(set(self.lora_targets) - set(_LORA_TARGETS))
         if bad or not self.lora_targets:
             raise MiniGPTError(
                 f"finetune.lora_targets={list(self.lora_targets)} must be a non-empty subset of "
-                f"{list(LORA_TARGETS)}"
+                f"{list(_LORA_TARGETS)}"
             )
         check_ints(**{"finetune.lora_rank": self.lora_rank})
         if not self.lora_alpha > 0:
@@ -97,9 +75,7 @@ class FinetuneConfig:
             raise MiniGPTError(f"finetune.lora_dropout={self.lora_dropout} must be in [0, 1)")
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["lora_targets"] = list(self.lora_targets)
-        return d
+        return {**dataclasses.asdict(self), "lora_targets": list(self.lora_targets)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> FinetuneConfig:
@@ -107,11 +83,8 @@ class FinetuneConfig:
 
 
 def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_from: str) -> GPTConfig:
-    """The model config of a run from `source`: its shape, with the `requested` dropout / smaller context.
-
-    `requested` holds the model keys the user set (command line or experiment). Any other key whose value
-    differs from the source's would change a weight's shape (or what the weights mean): refused.
-    """
+    """`source`'s config with the `requested` dropout / smaller context. `requested` (the model keys the
+    user set) may change no other key: that would change a weight's shape or meaning."""
     changes: dict[str, Any] = {}
     refused = []
     for key, value in requested.items():
@@ -133,7 +106,7 @@ def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_
     if refused:
         raise MiniGPTError(
             f"init_from={init_from} fixes the model's shape; remove {', '.join(refused)} "
-            f"(only {' and '.join('model.' + k for k in MUTABLE_MODEL_KEYS)} may change, the context "
+            f"(only {' and '.join('model.' + k for k in _MUTABLE_MODEL_KEYS)} may change, the context "
             "only shrink)"
         )
     return dataclasses.replace(source, **changes)
@@ -175,7 +148,6 @@ def _describe(tok: Tokenizer) -> str:
     return f"the {tok.to_dict().get('name')} BPE ({tok.vocab_size:,} tokens)"
 
 
-# ---- what trains ---------------------------------------------------------------------------------
 _PROJECTIONS = {"c_attn": ("attn.c_attn",), "c_proj": ("attn.c_proj", "mlp.c_proj"), "c_fc": ("mlp.c_fc",)}
 
 
@@ -188,7 +160,7 @@ def _first_trained_block(config: GPTConfig, cfg: FinetuneConfig) -> int:
     return config.n_layer - n
 
 
-def lora_spec(config: GPTConfig, cfg: FinetuneConfig) -> LoraSpec:
+def _lora_spec(config: GPTConfig, cfg: FinetuneConfig) -> LoraSpec:
     """The adapters `cfg` asks for: every target projection of every trained block, by full name."""
     targets = tuple(
         f"transformer.h.{i}.{name}"
@@ -202,7 +174,7 @@ def lora_spec(config: GPTConfig, cfg: FinetuneConfig) -> LoraSpec:
 def prepare_model(model: GPT, cfg: FinetuneConfig) -> GPT:
     """Freeze what `cfg` keeps fixed, or add LoRA adapters (all else frozen); returns the model."""
     if cfg.method == "lora":
-        return add_lora(model, lora_spec(model.config, cfg))
+        return add_lora(model, _lora_spec(model.config, cfg))
     first = _first_trained_block(model.config, cfg)
     for block in model.transformer.h[:first]:
         block.requires_grad_(False)
@@ -217,18 +189,15 @@ def finetune_meta(init_from: str, config: GPTConfig, cfg: FinetuneConfig) -> dic
     """What a checkpoint records about how this run was set up (primitives only)."""
     meta: dict[str, Any] = {"init_from": str(init_from), "config": cfg.to_dict()}
     if cfg.method == "lora":
-        meta["lora"] = lora_spec(config, cfg).to_dict()
+        meta["lora"] = _lora_spec(config, cfg).to_dict()
     return meta
 
 
 @dataclass
 class FinetunePlan:
-    """How a fine-tuning run's model is made (a run that does not start from a fresh initialisation).
-
-    From `init_from` the source's weights are held until `build` (after the data is prepared, so the
-    tokenizer can be checked); when resuming a fine-tuning checkpoint only the structure is rebuilt and
-    Lightning loads the weights.
-    """
+    """How a fine-tuning run's model is made. From `init_from` the source's weights are held until `build`
+    (after data preparation, so the tokenizer can be checked); resuming a fine-tuning checkpoint rebuilds
+    only the structure, and Lightning loads the weights."""
 
     config: GPTConfig  # the run's model config: its block_size sizes the data windows
     record: dict[str, Any]  # the checkpoint's `finetune` entry
@@ -289,16 +258,13 @@ def plan_finetune(
 def describe(model: GPT, record: Mapping[str, Any]) -> str:
     """One line for the log: where the weights came from, how they train, trainable / total parameters."""
     trainable, total = count_parameters(model)
-    method = record["config"]["method"]
     return (
-        f"fine-tuning ({method}) from {record['init_from']}: {trainable:,} of {total:,} parameters "
-        f"trainable ({100 * trainable / total:.2f}%)"
+        f"fine-tuning ({record['config']['method']}) from {record['init_from']}: {trainable:,} of "
+        f"{total:,} parameters trainable ({100 * trainable / total:.2f}%)"
     )
 
 
 def count_parameters(model: nn.Module) -> tuple[int, int]:
     """(trainable, total) parameter counts, shared (tied) tensors counted once."""
-    seen: dict[int, nn.Parameter] = {id(p): p for p in model.parameters()}
-    total = sum(p.numel() for p in seen.values())
-    trainable = sum(p.numel() for p in seen.values() if p.requires_grad)
-    return trainable, total
+    params = list(model.parameters())  # parameters() lists a shared tensor once
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)

@@ -1,9 +1,8 @@
 """Experiment loggers of a training run: built from `cfg.logger`, W&B set up so it never blocks.
 
-W&B runs online only with credentials and a reachable server, else offline (no login prompt) and silent
-(wandb's own banner and footer would only repeat where the files are); runs of one sweep share a group;
-at the end the checkpoint is uploaded if asked and the run is finished (one run per sweep trial),
-printing once how to upload an offline run (`wandb login`, then `wandb sync DIR`).
+W&B runs online only with credentials and a reachable server, else offline and silent (no login prompt,
+no banner); the runs of one sweep share a group; `finish_wandb` uploads the checkpoint if asked, finishes
+the run and prints once how to upload an offline run.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Any
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import WandbLogger
 
-__all__ = ["build_loggers", "default_wandb_group", "finish_wandb", "sync_hint", "wandb_mode"]
+__all__ = ["build_loggers", "default_wandb_group", "finish_wandb", "wandb_mode"]
 
 
 def wandb_mode() -> str:
@@ -50,10 +49,8 @@ def default_wandb_group(env: Mapping[str, str], sweep_dir: str | None) -> str | 
 
 
 def build_loggers(logger_cfgs: Mapping[str, Any], trial: tuple[str, int] | None) -> tuple[list[Any], bool]:
-    """Instantiate the `_target_` entries of `cfg.logger` (plain dicts); returns (loggers, log_model).
-
-    `trial` is (sweep dir, job number) inside a Hydra multirun: one W&B run per trial, grouped per sweep.
-    """
+    """(loggers, log_model) from the `_target_` entries of `cfg.logger` (plain dicts). `trial`: (sweep dir,
+    job number) inside a Hydra multirun, one W&B run per trial, grouped per sweep."""
     loggers, log_model = [], False
     for lcfg in logger_cfgs.values():
         if lcfg is None:
@@ -107,9 +104,5 @@ def finish_wandb(loggers: list[Any], log_model: bool, ckpt_path: str | None) -> 
     finally:
         wandb.finish()
     if offline_dir is not None:
-        print(sync_hint(offline_dir))
-
-
-def sync_hint(offline_dir: Path) -> str:
-    """The one line printed after an offline W&B run: where it is and how to upload it."""
-    return f"W&B run saved offline in {offline_dir}; to upload it: wandb login, then wandb sync {offline_dir}"
+        upload = f"wandb login, then wandb sync {offline_dir}"
+        print(f"W&B run saved offline in {offline_dir}; to upload it: {upload}")

@@ -4,17 +4,9 @@ LoRA (Hu et al., 2021) leaves a pretrained weight W frozen and learns a low-rank
 
     y = x Wᵀ + (alpha / r) · dropout(x) Aᵀ Bᵀ        A: (r, in), B: (out, r), B starts at zero
 
-so a run starts exactly at the pretrained model and trains r·(in + out) numbers per adapted matrix.
-
-`peft` matches our modules by name: `target_modules` are full module names such as
-`transformer.h.11.attn.c_attn` (peft also accepts suffixes). `add_lora` injects the adapters into the
-GPT in place with peft's low-level `inject_adapter_in_model`: the model stays a `GPT` (same forward,
-same generation code), every other parameter gets `requires_grad=False`, and the state dict holds the
-frozen weight as `<module>.base_layer.weight` beside `<module>.lora_A.default.weight` / `lora_B`.
-`merge_lora` rebuilds such a model from its state dict and folds the update into W
-(`merge_and_unload`), giving a plain GPT whose tied output head is still tied.
-
-Only primitives describe the adapters (`LoraSpec.to_dict()`), so they fit in `weights_only` checkpoints.
+`add_lora` injects the adapters in place (the model stays a `GPT`; its state dict holds
+`<module>.base_layer.weight` beside `<module>.lora_A.default.weight` / `lora_B`); `merge_lora` folds the
+update into W, giving a plain GPT whose tied head is still tied. `LoraSpec.to_dict()` is primitives only.
 """
 
 from __future__ import annotations
@@ -43,9 +35,7 @@ class LoraSpec:
     dropout: float = 0.05
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["target_modules"] = list(self.target_modules)
-        return d
+        return {**dataclasses.asdict(self), "target_modules": list(self.target_modules)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LoraSpec:

@@ -1,14 +1,12 @@
 """The LightningModule: next-token cross-entropy on a GPT, AdamW/Muon, a per-step LR schedule.
 
-The GPT lives at `self.model` so checkpoint keys are `model.<...>` (SPEC); with `compile=True` a
-compiled wrapper runs the forward passes but the uncompiled module still owns the weights, so no
-`_orig_mod.` keys appear. `on_save_checkpoint` adds `checkpoint["mini_gpt"]` (model config and
-tokenizer as primitives): a checkpoint alone rebuilds model + tokenizer (mini_gpt.interop.checkpoint).
+The GPT lives at `self.model` (checkpoint keys `model.<...>`); with `compile=True` a compiled wrapper runs
+the forward passes but owns no weights, so no `_orig_mod.` keys appear. `checkpoint["mini_gpt"]` holds the
+model config and tokenizer as primitives: a checkpoint alone rebuilds both (mini_gpt.interop.checkpoint).
 
-The hot loop does no host-device syncs: scalars are read (`.item()`) only every
-`trainer.log_every_n_steps` optimizer steps, and then written straight to the loggers and to
-`self.stats` (a `RunStats`: the loss curve of the fit, which the progress bar, the summary callback and
-`train()`'s result read). Validation sums token losses on the device and syncs once per evaluation.
+The hot loop never syncs with the device: scalars are read only every `trainer.log_every_n_steps`
+optimizer steps, straight into the loggers and `self.stats` (a `RunStats`); validation sums token losses
+on the device and syncs once per evaluation.
 """
 
 from __future__ import annotations
@@ -58,12 +56,10 @@ class GPTLitModule(L.LightningModule):
         run_config: dict[str, Any] | None = None,
         run_overrides: list[str] | None = None,
     ) -> None:
-        """`model`: a prepared GPT of `model_config` (pretrained weights, frozen parts or LoRA adapters;
-        mini_gpt.train.finetune) instead of a freshly initialised one; `finetune` (primitives) says how it was
-        prepared and goes into every checkpoint, so resume and loading can rebuild it. `tokens_per_step`:
-        over all devices (the batch layout; 0 = unknown), for the token counts of checkpoints and
-        summary.json. `run_config`: the run's whole config (plain, unresolved), saved into checkpoints so
-        a resume can restore it; `run_overrides`: the overrides that composed it (Hydra runs)."""
+        """`model`: a GPT prepared by mini_gpt.train.finetune instead of a fresh one; `finetune` (primitives,
+        saved in checkpoints) says how, so resume and loading can rebuild it. `tokens_per_step`: over all
+        devices (0 = unknown). `run_config` (plain, unresolved) and `run_overrides` (Hydra runs) go into
+        checkpoints so a resume can restore the run's config."""
         super().__init__()
         self.model_config = model_config
         self.optim_config = optim
@@ -88,7 +84,6 @@ class GPTLitModule(L.LightningModule):
         self._val_count: Tensor | None = None
         self._resume_rng: dict[str, Tensor] | None = None  # applied at the first batch after a resume
 
-    # ---- forward / loss -------------------------------------------------------------------------
     @property
     def net(self) -> torch.nn.Module:
         """The module that runs forward passes: compiled wrapper if enabled, else the GPT itself."""
@@ -147,7 +142,6 @@ class GPTLitModule(L.LightningModule):
     def on_train_start(self) -> None:
         self.stats.start_step = self.global_step
 
-    # ---- gradients --------------------------------------------------------------------------------
     def configure_gradient_clipping(
         self,
         optimizer: torch.optim.Optimizer,
@@ -179,7 +173,6 @@ class GPTLitModule(L.LightningModule):
         if gradient_clip_val:  # "value"
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
-    # ---- validation -------------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
         self._val_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         self._val_count = torch.zeros((), device=self.device, dtype=torch.float64)
@@ -207,7 +200,6 @@ class GPTLitModule(L.LightningModule):
         self.stats.val_history.append((self.global_step, time.time(), val_loss))
         self.stats.latest["val_loss"] = val_loss
 
-    # ---- optimizers -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         if stage == "fit" and isinstance(self.trainer.strategy, FSDPStrategy):
             # FSDP (use_orig_params) keeps these Parameter objects but turns them into flat 1-D shard views
@@ -216,9 +208,7 @@ class GPTLitModule(L.LightningModule):
             self._prebuilt_optimizer = build_optimizer(self.model, self.optim_config)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        max_steps = self.max_steps
-        if max_steps is None:
-            max_steps = self.trainer.max_steps
+        max_steps = self.max_steps if self.max_steps is not None else self.trainer.max_steps
         optimizer = self._prebuilt_optimizer or build_optimizer(self.model, self.optim_config)
         scheduler = build_scheduler(optimizer, self.optim_config, max_steps or -1)
         return {
@@ -226,7 +216,6 @@ class GPTLitModule(L.LightningModule):
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
         }
 
-    # ---- checkpoints ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["mini_gpt"] = {
             **metadata(self.model, self.tokenizer),  # what mini_gpt.interop.checkpoint.load_model reads

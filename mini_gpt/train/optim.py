@@ -1,21 +1,11 @@
 """Optimizers and the learning-rate schedule.
 
-Parameter groups. Weight decay pulls weights towards zero; that regularises the matrices that mix
-features (every 2-D weight a Linear multiplies by) but only hurts parameters that set a scale or an
-offset (biases, norm gains) and the embedding tables (a rare token's row would decay towards zero
-between the few steps that update it). So by default only 2-D matmul weights decay; embeddings can
-opt in with `decay_embeddings=True`.
-
-Muon (`name="muon"`) orthogonalises the momentum of each 2-D *hidden* matrix (attention and MLP
-weights in the blocks). It is not meant for embeddings, the output head or 1-D parameters, which stay
-with AdamW -- the split modern speed runs use. Lightning's automatic optimisation wants one optimizer,
-so `CombinedOptimizer` presents AdamW + Muon as one `torch.optim.Optimizer` with one state dict.
-
-The schedule is a pure function `lr_at(step, ...)`: linear warmup, then cosine (or linear) decay to
-`min_lr_ratio` times the peak, or constant. The floor is a ratio, not an absolute lr, so any peak lr
-(a sweep's draw, a command-line override) gives a valid schedule. `LambdaLR` applies it as a
-multiplier of each group's base lr, stepped once per optimizer step (Lightning `interval: "step"`),
-so Muon's larger base lr follows the same shape.
+Only 2-D matmul weights decay: decay regularises the matrices that mix features but hurts biases, norm
+gains and embedding tables (a rare token's row would shrink between the few steps that update it);
+embeddings opt in with `decay_embeddings=True`. Muon (`name="muon"`) takes the 2-D hidden matrices of
+the blocks, everything else stays with AdamW; `CombinedOptimizer` presents both as the one optimizer
+Lightning wants. The schedule `lr_at` is applied by `LambdaLR` as a multiplier of each group's base lr,
+once per optimizer step, so any peak lr (a sweep's draw, Muon's) gets the same shape.
 """
 
 from __future__ import annotations
@@ -94,19 +84,10 @@ class OptimConfig:
 
 
 def lr_at(
-    step: int,
-    lr: float,
-    min_lr: float,
-    warmup_steps: int,
-    decay_steps: int,
-    schedule: str = "cosine",
+    step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int, schedule: str = "cosine"
 ) -> float:
-    """Learning rate for optimizer step `step` (0-based: the lr the first update uses is lr_at(0)).
-
-    Warmup rises linearly to `lr` at step `warmup_steps` (first step lr/warmup_steps, never 0);
-    then cosine or linear decay reaches `min_lr` at `decay_steps` and stays there. `constant` keeps
-    `lr` after the warmup.
-    """
+    """The lr of optimizer step `step` (0-based): a linear warmup to `lr` (never 0), then cosine or linear
+    decay to `min_lr` at `decay_steps` and flat after; `constant` keeps `lr` after the warmup."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     if schedule == "constant":
@@ -128,36 +109,21 @@ def lr_multiplier(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
     decay_steps = cfg.decay_steps or max_steps
     if decay_steps is None or decay_steps < 1:
         raise MiniGPTError("optim.decay_steps is null and trainer.max_steps is not set; set one of them")
-
-    def factor(step: int) -> float:
-        return lr_at(step, 1.0, cfg.min_lr_ratio, cfg.warmup_steps, decay_steps, cfg.schedule)
-
-    return factor
-
-
-def _is_embedding_weight(module: nn.Module) -> bool:
-    return isinstance(module, nn.Embedding)
+    return lambda step: lr_at(step, 1.0, cfg.min_lr_ratio, cfg.warmup_steps, decay_steps, cfg.schedule)
 
 
 def param_groups(
     model: nn.Module, weight_decay: float, decay_embeddings: bool = False, split_muon: bool = False
 ) -> dict[str, list[tuple[str, nn.Parameter]]]:
-    """Named parameters sorted into groups: "decay", "no_decay" and, with split_muon, "muon".
-
-    decay: 2-D weights of Linear layers (and embedding tables when decay_embeddings).
-    no_decay: biases, norm weights, embeddings (unless decay_embeddings).
-    muon: with split_muon, the 2-D Linear weights inside the transformer blocks (`transformer.h`),
-    taken out of "decay"; the output head and embeddings stay with AdamW. Tied parameters appear once.
-    """
+    """Named trainable parameters in groups "decay" (2-D; embeddings only with decay_embeddings), "no_decay"
+    and, with split_muon, "muon" (the 2-D weights inside `transformer.h`, out of "decay")."""
     embedding_params = {
-        id(p) for m in model.modules() if _is_embedding_weight(m) for p in m.parameters(recurse=False)
+        id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)
     }
     groups: dict[str, list[tuple[str, nn.Parameter]]] = {"decay": [], "no_decay": [], "muon": []}
-    seen: set[int] = set()
     for name, p in model.named_parameters():  # shared (tied) tensors are listed once
-        if not p.requires_grad or id(p) in seen:
+        if not p.requires_grad:
             continue
-        seen.add(id(p))
         is_embedding = id(p) in embedding_params
         if split_muon and p.ndim == 2 and not is_embedding and ".h." in f".{name}":
             groups["muon"].append((name, p))
@@ -169,12 +135,9 @@ def param_groups(
 
 
 class CombinedOptimizer(torch.optim.Optimizer):
-    """Several optimizers over disjoint parameters, presented as one.
-
-    All param groups live here (so LR schedulers, gradient clipping and checkpoints see every group),
-    and the children share those group dicts and this object's `state`; `step` evaluates the
-    closure once and steps every child.
-    """
+    """Several optimizers over disjoint parameters, presented as one: all param groups live here (LR
+    schedulers, gradient clipping and checkpoints see every group) and the children share those group
+    dicts and this object's `state`; `step` evaluates the closure once and steps every child."""
 
     def __init__(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         self.optimizers = list(optimizers)
@@ -209,15 +172,10 @@ class CombinedOptimizer(torch.optim.Optimizer):
 
 
 def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig, device_type: str) -> torch.optim.AdamW:
-    kwargs: dict[str, Any] = dict(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-    fused = cfg.fused
-    if fused is None:  # fused kernels exist for CUDA and (torch >= 2.4) CPU; foreach otherwise
-        fused = device_type in ("cuda", "cpu")
-    if fused:
-        kwargs["fused"] = True
-    else:
-        kwargs["foreach"] = True
-    return torch.optim.AdamW(groups, **kwargs)
+    # None: fused kernels exist for CUDA and (torch >= 2.4) CPU; foreach otherwise
+    fused = cfg.fused if cfg.fused is not None else device_type in ("cuda", "cpu")
+    kernels = {"fused": True} if fused else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **kernels)
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:

@@ -1,21 +1,12 @@
 """A run's overrides, and the config of a resumed run: `python train.py ckpt_path=.../last.ckpt [key=value]`.
 
-Each checkpoint records the overrides that composed its run's config (`checkpoint["run_overrides"]`:
-Hydra's `hydra.overrides.task`, after those of the run it resumed) beside the config itself
-(`checkpoint["run_config"]`, unresolved). Resuming composes conf/ again from the saved overrides followed
-by the command line's, so the command line wins wherever both set a key, a group (`trainer=cpu`) or a
-recipe (`experiment=...`), and everything else continues as the run was started. What differs from the
-config the run trained with is printed, one line per key (`trainer.max_steps: 500 -> 900`), and the new
-run directory's `.hydra/config.yaml` is rewritten with the config that actually runs. The checkpoint,
-the run directory and `init_from` are always this process's (`_NEVER_RESTORED`).
-
-A checkpoint without overrides (written before they were recorded, or by `train()` called outside a
-Hydra run) resumes its saved config as it is (from the checkpoint, else `.hydra/config.yaml` of its run
-directory) with the command line's `key=value` overrides applied to it; a group choice needs the
-conf/ files and is refused there.
-
-Whether the checkpoint fits the config (model shape, tokenizer) is checked where checkpoints are read;
-here only the config is decided.
+Each checkpoint records the overrides that composed its run's config (`run_overrides`) beside the config
+itself (`run_config`, unresolved). Resuming composes conf/ again from the saved overrides followed by the
+command line's, so the command line wins and everything else continues as the run was started; what
+differs from the trained config is printed (`trainer.max_steps: 500 -> 900`) and the new run directory's
+`.hydra/config.yaml` records the config that runs. A checkpoint without overrides resumes its saved config
+with the command line's `key=value` changes applied (no group choices). The checkpoint, the run
+directory and `init_from` are always this process's (`_NEVER_RESTORED`).
 """
 
 from __future__ import annotations
@@ -37,19 +28,10 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.checkpoint import read_checkpoint
 from mini_gpt.train.run import launcher_rank
 
-__all__ = [
-    "RUN_CONFIG_KEY",
-    "RUN_OVERRIDES_KEY",
-    "compose_run",
-    "config_changes",
-    "explicit_model_keys",
-    "resumed_config",
-    "run_overrides",
-    "saved_run_config",
-]
+__all__ = ["explicit_model_keys", "resumed_config", "run_overrides", "saved_run_config"]
 
-RUN_CONFIG_KEY = "run_config"  # the checkpoint entry holding the run's unresolved config
-RUN_OVERRIDES_KEY = "run_overrides"  # ... and the overrides that composed it (a list of strings)
+_RUN_CONFIG_KEY = "run_config"  # the checkpoint entry holding the run's unresolved config
+_RUN_OVERRIDES_KEY = "run_overrides"  # ... and the overrides that composed it (a list of strings)
 # Always this process's: the checkpoint, the new run dir, and init_from (a resumed run's weights come from
 # the checkpoint; a fine-tuning run's adapters and frozen parts are rebuilt from its record there).
 _NEVER_RESTORED = ("ckpt_path", "paths.run_dir", "init_from")
@@ -57,7 +39,9 @@ _SAVED_CONFIG = "_resumed_run"  # ConfigStore name of a saved config that has no
 _MISSING = object()
 
 
-def compose_run(overrides: Sequence[str], config_name: str = "train", hydra_node: bool = False) -> DictConfig:
+def _compose_run(
+    overrides: Sequence[str], config_name: str = "train", hydra_node: bool = False
+) -> DictConfig:
     """Compose `config_name` with `overrides`; inside train.py's Hydra job through that job's Hydra (which
     refuses a second initialization), elsewhere as the tools do. A refused override is one line."""
     try:
@@ -79,8 +63,7 @@ def _is_hydra(key: str) -> bool:
 
 
 def _restorable(overrides: Sequence[str]) -> list[str]:
-    """The saved overrides a resume re-applies: not hydra.* (the old run's directories, sweep settings)
-    and not the keys that are always this process's."""
+    """The saved overrides a resume re-applies: no hydra.* ones and none of `_NEVER_RESTORED`."""
     return [
         o for o, key in zip(overrides, _keys(overrides)) if not (_is_hydra(key) or key in _NEVER_RESTORED)
     ]
@@ -94,21 +77,19 @@ def run_overrides(cfg: DictConfig) -> list[str] | None:
     task = list(HydraConfig.get().overrides.task)
     if cfg.get("ckpt_path") is None:
         return task
-    saved = read_checkpoint(Path(cfg.ckpt_path).expanduser().resolve()).get(RUN_OVERRIDES_KEY)
+    saved = read_checkpoint(Path(cfg.ckpt_path).expanduser().resolve()).get(_RUN_OVERRIDES_KEY)
     return None if saved is None else [*_restorable(saved), *task]
 
 
 def explicit_model_keys(cfg: DictConfig) -> dict[str, Any]:
-    """The model keys this run sets on purpose; with init_from they must fit the source. Every key when
-    the model config is chosen (`model=NAME` on the command line or an experiment's `override /model`),
-    else the keys named on the command line (`model.KEY=...`) or set to another value than the default
-    composition's (an experiment's `model:` section). None without init_from, or outside a Hydra run
-    (library use)."""
+    """The model keys this run sets on purpose (with init_from they must fit the source): all of them when
+    the model config is chosen (`model=NAME`, an experiment's `override /model`), else those named on the
+    command line or differing from the default composition's. Empty without init_from or outside Hydra."""
     if not HydraConfig.initialized() or not cfg.get("init_from"):
         return {}
     model = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(model, dict)
-    default = compose_run((), hydra_node=True)
+    default = _compose_run((), hydra_node=True)
     if HydraConfig.get().runtime.choices.get("model") != default.hydra.runtime.choices.get("model"):
         return model
     keys = set(_keys(HydraConfig.get().overrides.task))
@@ -120,7 +101,7 @@ def explicit_model_keys(cfg: DictConfig) -> dict[str, Any]:
 def saved_run_config(ckpt_path: Path) -> tuple[dict[str, Any] | None, str]:
     """(the run's config, where it was found) from the checkpoint, else `.hydra/config.yaml` of the run
     directory holding `checkpoints/<ckpt>`; (None, "") when neither exists (a checkpoint from elsewhere)."""
-    saved = read_checkpoint(ckpt_path).get(RUN_CONFIG_KEY)  # memory-mapped: the weights stay on disk
+    saved = read_checkpoint(ckpt_path).get(_RUN_CONFIG_KEY)  # memory-mapped: the weights stay on disk
     if isinstance(saved, dict):
         return saved, "the checkpoint"
     beside = ckpt_path.parent.parent / ".hydra" / "config.yaml"
@@ -137,7 +118,7 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, node
 
 
-def config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+def _config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """`key: old -> new` for every leaf that differs (added: `(unset)`), ckpt_path and the run dir aside."""
     old, new = dict(_leaves(before)), dict(_leaves(after))
     lines = []
@@ -151,11 +132,10 @@ def config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[
 
 
 def _on_saved_config(saved: Mapping[str, Any], overrides: Sequence[str]) -> DictConfig:
-    """`saved` with the `key=value` overrides applied by Hydra (the fallback for a checkpoint that records
-    no overrides): the saved config is composed as a config of its own."""
+    """`saved` with the `key=value` overrides applied by Hydra (a checkpoint that records no overrides)."""
     ConfigStore.instance().store(name=_SAVED_CONFIG, node=dict(saved))
     try:
-        return compose_run(overrides, _SAVED_CONFIG)
+        return _compose_run(overrides, _SAVED_CONFIG)
     except MiniGPTError as err:
         raise MiniGPTError(
             f"{err} (this checkpoint records no overrides: resuming it takes key=value changes only)"
@@ -177,10 +157,10 @@ def resumed_config(cfg: DictConfig, overrides: Sequence[str] | None = None) -> D
         overrides = list(HydraConfig.get().overrides.task) if in_hydra else []
     new = [o for o, key in zip(overrides, _keys(overrides)) if not _is_hydra(key)]
     announce = launcher_rank() == 0
-    saved_overrides = read_checkpoint(ckpt_path).get(RUN_OVERRIDES_KEY)
+    saved_overrides = read_checkpoint(ckpt_path).get(_RUN_OVERRIDES_KEY)
     saved, source = saved_run_config(ckpt_path)
     if saved_overrides is not None:
-        restored = compose_run([*_restorable(saved_overrides), *new])
+        restored = _compose_run([*_restorable(saved_overrides), *new])
         how = "its run's overrides and the command line's"
     elif saved is not None:
         restored = _on_saved_config(saved, new)
@@ -196,7 +176,7 @@ def resumed_config(cfg: DictConfig, overrides: Sequence[str] | None = None) -> D
         OmegaConf.update(restored, key, (now.get(section, {}) if section else now).get(leaf), merge=False)
     if announce:
         after = OmegaConf.to_container(restored, resolve=False)
-        changes = config_changes(saved if saved is not None else {}, after)  # type: ignore[arg-type]
+        changes = _config_changes(saved if saved is not None else {}, after)  # type: ignore[arg-type]
         what = "\n".join(f"  {line}" for line in changes) or "  (none: the run continues as it was started)"
         print(f"resuming {ckpt_path} with {how}; changes from the run's config:\n{what}")
         subdir = HydraConfig.get().output_subdir if in_hydra else None

@@ -3,17 +3,11 @@
     config -> GPTDataModule (token files, tokenizer) -> GPTConfig (vocabulary from the tokenizer)
            -> GPTLitModule -> Trainer (+ callbacks, loggers) -> fit -> checkpoints, summary.json
 
-With `init_from=...` the model (config and weights) comes from a pretrained source instead, prepared by
-mini_gpt.train.finetune (frozen parts or LoRA adapters); it is evaluated once before the first step (the
-curve's step 0). Resuming a fine-tuning checkpoint rebuilds the same adapters / frozen parts.
-
-`train.py` is its Hydra entry point. Multi-device (trainer=ddp / fsdp): Lightning re-runs the entry point
-once per extra device, so everything before `trainer.fit` runs on every rank; data preparation,
-printing, summary.json and W&B are guarded by rank.
-
-Torch, Lightning and the data and model code are imported inside `train()`, after the checks that need
-none of them: a wrong `ckpt_path=` fails in a second, and `import mini_gpt.train.run` (train.py, the
-sweep callback, resume) stays light.
+With `init_from=...` the model comes from mini_gpt.train.finetune and is evaluated once before the first
+step (the curve's step 0). Multi-device: Lightning re-runs the entry point once per extra device, so all
+before `trainer.fit` runs on every rank; data preparation, printing, summary.json and W&B are guarded by
+rank. Torch, Lightning and the model code are imported inside `train()`, after the checks that need none
+of them: a wrong `ckpt_path=` fails in a second, and importing this module stays light.
 """
 
 from __future__ import annotations
@@ -65,8 +59,7 @@ _runs_in_process = 0  # train() calls so far: the first run's clock starts at pr
 
 
 def launcher_rank() -> int:
-    """This process's global rank as set by whoever started it (Lightning's DDP re-launch, torchrun,
-    SLURM); 0 for a process started by the user. Known before any Trainer exists."""
+    """This process's global rank as its launcher set it (DDP re-launch, torchrun, SLURM), else 0."""
     for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
         if os.environ.get(key, "").isdigit():
             return int(os.environ[key])
@@ -77,14 +70,10 @@ def launcher_rank() -> int:
 def run_directory(
     run_dir: str | Path, keep_unstarted: bool = False, output_dir: str | Path | None = None
 ) -> Iterator[None]:
-    """The run directory's life around one run (rank 0 only; other ranks just run the block).
-
-    `train.log` receives what the console shows (an error line or traceback included, so a failed run's
-    folder says why). A run that fails before training started (no summary.json: a bad config, a missing
-    checkpoint) leaves no folder behind, unless `keep_unstarted` (a sweep trial: its folder holds its
-    error for the sweep's table). Only what Hydra and the run write is removed, then the folder and its
-    emptied parents below `output_dir` (e.g. the date folder of outputs/train/runs/<date>/<time>).
-    """
+    """The run directory around one run (rank 0; other ranks just run the block). `train.log` records the
+    console, a failure's traceback included. A run that fails before training started (no summary.json)
+    leaves no folder, unless `keep_unstarted` (a sweep trial's folder holds its error for the table): what
+    Hydra and the run wrote is removed, then the folder and its emptied parents below `output_dir`."""
     if launcher_rank() != 0:
         yield
         return
@@ -140,9 +129,8 @@ def sweep_objective(value: float | None) -> float:
 def apply_batch_layout(
     trainer: L.Trainer, micro_batch: int, block_size: int, global_batch_tokens: int | None
 ) -> BatchLayout:
-    """The batch layout of this run. Sets the trainer's gradient accumulation (derived from
-    `global_batch_tokens` when set: devices and nodes are known only once Lightning resolved them)
-    and converts its `val_check_interval` from optimizer steps (the config) to micro-batches (Lightning)."""
+    """Set the trainer's gradient accumulation (from `global_batch_tokens` when set, now that devices are
+    resolved) and convert `val_check_interval` from optimizer steps (config) to micro-batches (Lightning)."""
     world = trainer.world_size
     accumulate = trainer.accumulate_grad_batches
     if global_batch_tokens is not None:
@@ -155,10 +143,9 @@ def apply_batch_layout(
 
 
 def check_multirun_strategy(trainer: L.Trainer, multirun: bool) -> None:
-    """Refuse what cannot work: in a Hydra multirun (a sweep trial) this process must train alone, or
-    be one of the ranks a cluster launcher (SLURM, torchrun) started. DDP that re-runs the script per
-    device makes every extra rank run the whole sweep (upstream limitation), and ddp_spawn trains in
-    child processes, leaving this one without the step count and val losses the trial must return."""
+    """A sweep trial must train alone or be a rank a cluster launcher (SLURM, torchrun) started: DDP that
+    re-runs the script per device makes every extra rank run the whole sweep, and ddp_spawn trains in
+    child processes, leaving this one without the val losses the trial must return."""
     if (
         multirun
         and trainer.world_size > 1
@@ -249,8 +236,6 @@ def _model_dict(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class RunResult:
-    """What one `train()` call produced."""
-
     run_dir: Path
     module: GPTLitModule  # the trained model (`.model`) and its loss curve (`.stats`)
     summary: dict[str, Any] | None  # what summary.json holds; None on ranks other than 0

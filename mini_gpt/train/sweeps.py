@@ -1,11 +1,8 @@
 """Hydra multirun (`python train.py -m ...`): checks before the first trial, the table of trials at the end.
 
-`SweepReport` is a Hydra callback (conf/hydra/default.yaml). Before the first trial it refuses, once and
-in one line, a multi-device strategy the trials could not run (`trainer=ddp` with several devices: see
-`mini_gpt.train.run.check_multirun_strategy`). After the last trial it prints a table of the trials
-(the overrides that differ between them, status, best val loss, wall seconds) and writes it to
-`<sweep dir>/trials.csv`, beside Optuna's `optimization_results.yaml`, from each trial's directory
-(`summary.json`, `.hydra/overrides.yaml`, the `error:` line of `train.log`).
+`SweepReport` (a Hydra callback, conf/hydra/default.yaml) refuses in one line a multi-device strategy the
+trials could not run, before the first trial; after the last it prints the trials' table (varying
+overrides, status, best val loss, wall seconds) and writes it to `<sweep dir>/trials.csv`.
 """
 
 from __future__ import annotations
@@ -29,9 +26,8 @@ TABLE_FILE = "trials.csv"
 
 
 def check_sweep_strategy(config: DictConfig) -> None:
-    """Raise MiniGPTError if the trials of this multirun would each start a multi-device strategy from
-    inside the trial (refused by every trial anyway). A cluster launcher (SLURM) starts the ranks itself
-    and is allowed."""
+    """Refuse trials that would each start a multi-device strategy from inside the trial (every trial would
+    fail); a cluster launcher (SLURM) starts the ranks itself and is allowed."""
     launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
     if "submitit" in launcher.lower():
         return
@@ -73,8 +69,7 @@ def _error_line(trial_dir: Path) -> str:
 
 
 def read_trials(sweep_dir: str | Path) -> list[dict[str, Any]]:
-    """One row per trial directory (`<sweep dir>/<n>/`), in trial order: trial, overrides (a dict of the
-    trial's command-line overrides), status, best_val_loss, wall_seconds, steps, error."""
+    """One row (a dict) per trial directory `<sweep dir>/<n>/`, in trial order."""
     rows = []
     trial_dirs = [d for d in Path(sweep_dir).iterdir() if d.is_dir() and d.name.isdigit()]
     for trial_dir in sorted(trial_dirs, key=lambda d: int(d.name)):
@@ -118,24 +113,21 @@ def _fmt(value: Any) -> str:
 
 
 def trials_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """(header, rows of strings) of the sweep's table: trial, varying overrides, status, best val loss,
-    wall seconds, steps, and the error of trials that did not complete."""
+    """(header, rows of strings) of the sweep's table; only the overrides that vary get a column."""
     keys = _varying_keys(rows)
     header = ["trial", *keys, "status", "best_val_loss", "wall_seconds", "steps", "error"]
-    body = []
-    for row in rows:
-        wall = row["wall_seconds"]
-        body.append(
-            [
-                str(row["trial"]),
-                *(row["overrides"].get(k, "-") for k in keys),
-                row["status"],
-                _fmt(row["best_val_loss"]),
-                "-" if wall is None else f"{wall:.1f}",
-                _fmt(row["steps"]),
-                row["error"],
-            ]
-        )
+    body = [
+        [
+            str(row["trial"]),
+            *(row["overrides"].get(k, "-") for k in keys),
+            row["status"],
+            _fmt(row["best_val_loss"]),
+            "-" if row["wall_seconds"] is None else f"{row['wall_seconds']:.1f}",
+            _fmt(row["steps"]),
+            row["error"],
+        ]
+        for row in rows
+    ]
     return header, body
 
 

@@ -1,15 +1,10 @@
 """Watch the heads form during training: attention heatmaps + entropy/distance summaries.
 
-Off by default. With `callbacks.attention_maps.every_n_steps=N` (N > 0), every N optimizer steps it runs
-the model on a fixed prompt through the exact attention path and logs the figures
-of `mini_gpt.viz.attention_maps` to W&B as images (keys `attention/maps`, `attention/summary`).
-When no W&B run is active (no WandbLogger, or WANDB_MODE=disabled) it writes PNGs instead, under
-`<run dir>/attention_maps/step<NNNNNN>_{maps,summary}.png`.
-
-Cost: one forward pass through the exact path serves both figures, and the figures are built once and
-then reused (new weights into the same images and bars, the layout computed once), so a render after
-the first is mostly the PNG encoding (`python -m mini_gpt.bench attention_maps` measures it). The time
-is left out of tokens/s.
+Off by default. With `callbacks.attention_maps.every_n_steps=N` (N > 0), every N optimizer steps it draws
+the figures of `mini_gpt.viz.attention_maps` for a fixed prompt and logs them to W&B as images
+(`attention/maps`, `attention/summary`), or, without an active W&B run, writes
+`<run dir>/attention_maps/step<NNNNNN>_{maps,summary}.png`. The figures are built once and updated in
+place (one forward pass per render); the time is left out of tokens/s.
 """
 
 from __future__ import annotations
@@ -62,19 +57,11 @@ def _png_image(fig: Any, dpi: int) -> Any:
 
 
 class AttentionMaps(StepCallback):
-    """Every `every_n_steps` optimizer steps, draw the attention of `pl_module.model` on `prompt`.
-
-    Args:
-        every_n_steps: 0 = off (the default).
-        prompt: fixed text to look at; None = a short Shakespeare line, minus characters the
-            tokenizer does not know. A user prompt the tokenizer cannot encode fails at fit start.
-        layers, heads: as in `python -m mini_gpt.attention_maps` (int, list or "all").
-        summary: also draw the entropy / mean-distance bar chart.
-        max_tokens: keep the last N prompt tokens (default: block_size); long prompts give huge grids.
-        out_dir: where PNGs go when W&B is off (default `<trainer.default_root_dir>/attention_maps`).
-        dpi: resolution of the PNGs / W&B images.
-        max_inches: cap on the heatmap grid's sides (12 in at dpi 100 = 1200 px); zoom in with `layers`.
-    """
+    """Every `every_n_steps` optimizer steps (0 = off), draw the attention of `pl_module.model` on `prompt`
+    (None: a short Shakespeare line, minus characters the tokenizer lacks; a user prompt it cannot encode
+    fails at fit start). `layers` / `heads` as in `python -m mini_gpt.attention_maps`; `summary` adds the
+    entropy / mean-distance chart; PNGs go to `out_dir` (default `<trainer.default_root_dir>/attention_maps`)
+    when W&B is off; `max_inches` caps the heatmap grid's sides. The keys: conf/callbacks/default.yaml."""
 
     def __init__(
         self,

@@ -11,12 +11,8 @@ __all__ = ["StepCallback"]
 
 
 class StepCallback(Callback):
-    """A callback with `on_optimizer_step`: called once after each optimizer step.
-
-    Lightning's `on_train_batch_end` fires per micro-batch; with gradient accumulation `global_step`
-    moves only on the micro-batch that stepped the optimizer. Subclasses that override
-    `on_train_start` or `on_train_batch_end` call `super()`.
-    """
+    """A callback with `on_optimizer_step`, once per optimizer step (`on_train_batch_end` fires per
+    micro-batch). Overrides of `on_train_start` or `on_train_batch_end` call `super()`."""
 
     _last_step = -1
 
@@ -29,4 +25,4 @@ class StepCallback(Callback):
             self.on_optimizer_step(trainer, pl_module)
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Override: runs once per optimizer step, after it (`trainer.global_step` counts it)."""
+        """Runs once per optimizer step, after it (`trainer.global_step` counts it)."""

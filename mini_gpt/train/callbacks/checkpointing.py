@@ -1,10 +1,6 @@
 """Checkpoints: written atomically (`AtomicCheckpointIO`), last.ckpt at every evaluation (`EvalCheckpoint`),
-and one saved on Ctrl-C between two optimizer steps (`SaveOnInterrupt`).
-
-Lightning has no public call for two things done here; each is used in exactly one place, with the
-reason beside it (checked on Lightning 2.6.6, the version pyproject pins): `EvalCheckpoint` calls its
-parent ModelCheckpoint's own helpers to write last.ckpt now, and `SaveOnInterrupt.save` dumps the
-checkpoint dict through the trainer's checkpoint connector.
+and one saved on Ctrl-C between two optimizer steps (`SaveOnInterrupt`). The two uses of Lightning internals
+(checked on Lightning 2.6.6, the version pyproject pins) are here, each with its reason beside it.
 """
 
 from __future__ import annotations
@@ -47,16 +43,11 @@ def last_checkpoint_path(trainer: L.Trainer) -> Path | None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes every checkpoint so that a crash, a hard kill or a full disk at any moment leaves the
-    previous file (e.g. last.ckpt) intact, and reads them with one-line errors.
-
-    Saving streams `torch.save` into `.<name>.<pid>.tmp` beside the target (same file system, no
-    in-memory copy of the whole checkpoint), fsyncs it, renames it over the target (`atomic_write`) and
-    fsyncs the folder.
-    Such temporaries that a killed process left (its pid is gone) are removed by the next save there.
-    Lightning's own writer stages the file in the system temp dir and moves it, which is a copy, not a
-    rename, when that dir is on another file system. Remote URLs (s3://...) still go through Lightning.
-    """
+    """Writes every checkpoint so that a crash, a hard kill or a full disk leaves the previous file (e.g.
+    last.ckpt) intact, and reads them with one-line errors. `torch.save` streams into `.<name>.<pid>.tmp`
+    beside the target (same file system), which is fsynced and renamed over it (`atomic_write`); the next
+    save there removes the temporaries of killed processes. (Lightning's own writer moves the file from
+    the system temp dir: a copy when that is another file system.) Remote URLs go through Lightning."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         if storage_options is not None or "://" in str(path):
@@ -109,15 +100,10 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class EvalCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint that writes last.ckpt after *every* evaluation.
-
-    Lightning (2.6) refreshes last.ckpt only when a top-k checkpoint was written at the same step, i.e.
-    when val/loss improved; a run whose val loss plateaus would resume from an old step.
-
-    A resumed run writes into its own new directory: its best.ckpt / last.ckpt track that run, so the
-    state saved by the previous directory's callback is restored only when the directory is the same
-    (Lightning would restore part of it and warn "The dirpath has changed" on every resume).
-    """
+    """ModelCheckpoint that writes last.ckpt after *every* evaluation: Lightning (2.6) refreshes it only
+    when val/loss improved, so a run whose val loss plateaus would resume from an old step. A resumed run
+    writes into its own new directory, so the previous directory's callback state is restored only for
+    the same directory (Lightning would restore part of it and warn "The dirpath has changed")."""
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
@@ -139,9 +125,8 @@ class EvalCheckpoint(ModelCheckpoint):
 
 
 def resume_command(ckpt: Path) -> str:
-    """The command that resumes from `ckpt`: this script or `mini-gpt train` with `ckpt_path=` alone, as a
-    resumed run restores the rest of its config from the checkpoint (mini_gpt.train.resume). `python` when
-    that is this interpreter on PATH, else the interpreter's full path."""
+    """The command that resumes from `ckpt`: this script or `mini-gpt train` with `ckpt_path=` alone (the
+    rest of the config comes from the checkpoint), run by `python` if that is this interpreter."""
     on_path = shutil.which("python")
     same = on_path is not None and Path(on_path).resolve() == Path(sys.executable).resolve()
     python = "python" if same else sys.executable

@@ -1,14 +1,10 @@
 """Evaluations during training, logged as `eval/<task>/<metric>` at the step measured.
 
-Off by default. With `callbacks.evaluate.every_n_steps=N` (N > 0), every N optimizer steps (and after the
-last one) it runs the chosen tasks on the current weights, as build-nanogpt does for HellaSwag:
-
-- `bpb`: bits per byte of the validation split (`eval/bpb/bits_per_byte`, `eval/bpb/loss`), scored by
-  sliding windows like `python -m mini_gpt.evaluate` (the same number for the same weights);
-- `hellaswag`: acc / acc_norm on the first `hellaswag_limit` items (`eval/hellaswag/acc`, `.../acc_norm`).
-
-Work is split across ranks (rank r takes windows / items r, r + world, ...) and the sums are reduced, so
-the devices share the work and log one number. The seconds spent are kept out of tokens/s.
+Off by default. With `callbacks.evaluate.every_n_steps=N` (N > 0), every N optimizer steps and after the
+last, it runs the chosen tasks on the current weights: `bpb` (bits per byte of the validation split,
+scored like `python -m mini_gpt.evaluate`) and `hellaswag` (acc / acc_norm on the first `hellaswag_limit`
+items). Rank r takes windows / items r, r + world, ... and the sums are reduced, so the devices share the
+work and log one number. The seconds spent are kept out of tokens/s.
 """
 
 from __future__ import annotations
@@ -31,16 +27,9 @@ TASKS = ("bpb", "hellaswag")
 
 
 class EvaluateCallback(StepCallback):
-    """Every `every_n_steps` optimizer steps, evaluate `tasks` and log `eval/<task>/<metric>`.
-
-    Args:
-        every_n_steps: 0 = off (the default).
-        tasks: any of "bpb", "hellaswag".
-        stride: bpb sliding-window step in tokens (None = block_size // 2).
-        batch_size: windows (bpb) or items (hellaswag) per forward pass.
-        hellaswag_path: hellaswag_val.jsonl (None = the cached copy, downloaded once when online).
-        hellaswag_limit: evaluate the first K items.
-    """
+    """Every `every_n_steps` optimizer steps (0 = off), evaluate `tasks` and log `eval/<task>/<metric>`.
+    `stride`: the bpb window step in tokens (None = block_size // 2); `batch_size`: windows or items per
+    forward pass; `hellaswag_path` None = the cached copy. The keys: conf/callbacks/default.yaml."""
 
     def __init__(
         self,

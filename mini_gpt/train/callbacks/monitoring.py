@@ -1,7 +1,5 @@
 """Watching a run's health and speed: the NaN guard, and throughput / MFU (with the peak FLOP/s it needs).
-
-Both read the device only at log intervals (`trainer.log_every_n_steps` optimizer steps) or at events
-that sync anyway (validation), so they add no per-step host-device syncs.
+Both read the device only at log intervals or at events that sync anyway (validation): no per-step syncs.
 """
 
 from __future__ import annotations
@@ -21,18 +19,15 @@ from mini_gpt.train.callbacks.base import StepCallback
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
 
 __all__ = [
-    "DEFAULT_CPU_PEAK_FLOPS",
     "NaNGuard",
     "NonFiniteLossError",
     "Throughput",
     "measure_cpu_matmul_flops",
-    "nonfinite_advice",
     "not_training",
     "peak_flops",
 ]
 
 
-# ---- NaN guard ------------------------------------------------------------------------------------
 class NonFiniteLossError(MiniGPTError):
     """Training produced a NaN/inf loss; raised (so nothing more is saved) by NaNGuard."""
 
@@ -40,7 +35,7 @@ class NonFiniteLossError(MiniGPTError):
 FULL_PRECISION = ("32-true", "32", "64-true", "64")
 
 
-def nonfinite_advice(precision: Any, gradient_clip_val: float | None) -> str:
+def _nonfinite_advice(precision: Any, gradient_clip_val: float | None) -> str:
     """What to try after a NaN/inf loss: only the remedies this run has not already applied."""
     tips = ["lower optim.lr"]
     if not gradient_clip_val:
@@ -51,13 +46,10 @@ def nonfinite_advice(precision: Any, gradient_clip_val: float | None) -> str:
 
 
 class NaNGuard(StepCallback):
-    """Stops training with a one-line error once the loss has been NaN/inf.
-
-    Checked at every log interval and before every checkpoint that validation triggers (Lightning runs
-    ModelCheckpoint after the other callbacks), by reading the module's sticky on-device flag
-    (`pl_module.saw_nonfinite_loss()`). It raises NonFiniteLossError, so neither ModelCheckpoint nor
-    Ctrl-C saving writes the broken state: last.ckpt stays the last good one.
-    """
+    """Stops training with a one-line error once the loss has been NaN/inf (`pl_module.saw_nonfinite_loss()`),
+    checked at every log interval and before every checkpoint validation triggers (Lightning runs
+    ModelCheckpoint after the other callbacks). Its NonFiniteLossError keeps ModelCheckpoint and Ctrl-C
+    saving from writing the broken state: last.ckpt stays the last good one."""
 
     def __init__(self, check_every_n_steps: int | None = None) -> None:
         self.check_every_n_steps = check_every_n_steps  # None = trainer.log_every_n_steps
@@ -70,7 +62,7 @@ class NaNGuard(StepCallback):
         kept = f"last good checkpoint: {last}" if last and last.exists() else "no checkpoint was saved yet"
         raise NonFiniteLossError(
             f"training loss became NaN/inf by step {trainer.global_step}; stopped without saving this state "
-            f"({kept}); {nonfinite_advice(trainer.precision, trainer.gradient_clip_val)}"
+            f"({kept}); {_nonfinite_advice(trainer.precision, trainer.gradient_clip_val)}"
         )
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -83,9 +75,8 @@ class NaNGuard(StepCallback):
             self.check(trainer, pl_module)
 
 
-# ---- peak FLOP/s ----------------------------------------------------------------------------------
 # The fp32 matmul peak assumed when the CPU probe fails (a small 2-core machine's order of magnitude).
-DEFAULT_CPU_PEAK_FLOPS = 185e9
+_DEFAULT_CPU_PEAK_FLOPS = 185e9
 
 
 @functools.cache
@@ -106,7 +97,7 @@ def measure_cpu_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 512, r
             best = min(best, time.perf_counter() - t0)
         return 2 * n**3 * reps / best
     except (RuntimeError, TypeError):
-        return DEFAULT_CPU_PEAK_FLOPS
+        return _DEFAULT_CPU_PEAK_FLOPS
 
 
 def _precision_dtype(precision: str) -> torch.dtype:
@@ -131,19 +122,13 @@ def peak_flops(device: torch.device, precision: str = "32-true", override: float
     return 0.0
 
 
-# ---- throughput / MFU -----------------------------------------------------------------------------
 class Throughput(StepCallback):
-    """Measures training throughput; the one owner of the run's tokens/s and MFU.
-
-    Every log interval it logs `tokens_per_sec` and `mfu` of that interval to the loggers (at that
-    optimizer step) and puts them in `latest`; when training ends `latest` holds the run's averages,
-    `tokens_per_sec` being the figure summary.json reports. Readers (the progress bar, the run summary)
-    find this callback with `Throughput.of(trainer)`.
-
-    Time counted is training wall time: validation is left out, and so is any work done inside
-    `not_training(trainer)` (text samples, attention maps, evaluations). Tokens are counted from the
-    batches themselves (x tokens x world size), so accumulation and DDP need no configuration.
-    MFU = flops_per_token (model, forward + backward) x tokens/s / peak FLOP/s of one device x devices.
+    """The one owner of the run's tokens/s and MFU; readers (progress bar, run summary) find it with
+    `Throughput.of(trainer)`. Every log interval it logs `tokens_per_sec` and `mfu` of that interval and
+    keeps them in `latest`; when training ends `latest` holds the run's averages (summary.json's
+    tokens_per_sec). Time is training wall time: validation and work inside `not_training(trainer)` are
+    left out. Tokens are counted from the batches (x world size): accumulation and DDP need no setup.
+    MFU = flops_per_token (forward + backward) x tokens/s / (peak FLOP/s of one device x devices).
     """
 
     def __init__(self, peak_flops: float | None = None) -> None:
@@ -249,8 +234,7 @@ class Throughput(StepCallback):
 
 @contextmanager
 def not_training(trainer: Any) -> Iterator[None]:
-    """Work in the block (sampling, drawing, evaluating) is not training: its seconds are left out of
-    the Throughput callback's tokens/s (if the trainer has one)."""
+    """Leave the seconds of the block's work (sampling, drawing, evaluating) out of tokens/s."""
     t0 = time.perf_counter()
     try:
         yield

@@ -39,8 +39,7 @@ class _TimeColumn(ProgressColumn):
 
 
 class _NameColumn(ProgressColumn):
-    """The task's description, except for the training task: `train` ("Epoch 0/-2" would only confuse
-    in one endless epoch)."""
+    """The task's description; `train` for the training task ("Epoch 0/-2" would only confuse)."""
 
     def __init__(self, bar: ProgressBar) -> None:
         super().__init__(table_column=Column(no_wrap=True))
@@ -67,12 +66,8 @@ class _StatsColumn(ProgressColumn):
 class ProgressBar(RichProgressBar):
     """Rich bar, one line within 80 columns:
     `train ━━━━━━━━━━ <done>/<total> <elapsed><<left> loss <train> val <val> <rate> tok/s <mfu>% mfu`.
-
-    Loss and val loss come from the module's `stats.latest`, tokens/s and MFU from the Throughput
-    callback's `latest`: python numbers updated at log intervals, so refreshing never syncs with the
-    device. tok/s is the last log interval's rate while training; at the end the bar shows the run's
-    average, the figure summary.json calls tokens_per_sec.
-    """
+    Losses come from the module's `stats.latest`, tokens/s and MFU from the Throughput callback's `latest`
+    (host numbers: refreshing never syncs); at the end tok/s is the run's average (summary.json's)."""
 
     TRAIN = "train"
 
@@ -122,9 +117,8 @@ class ProgressBar(RichProgressBar):
 
     @property
     def total_train_batches(self) -> int | float:
-        # The bar counts micro-batches from the start of training, also after a resume (Lightning
-        # restores the count), so its total is the whole run: max_steps x accumulation. Lightning's own
-        # total is the steps *remaining*, which showed `8/3` after resuming at step 5 of 8.
+        # The bar counts micro-batches from the start of training, also after a resume, so its total is
+        # the whole run (max_steps x accumulation), not Lightning's steps *remaining*.
         trainer = self.trainer
         if trainer.max_steps > 0:
             return trainer.max_steps * trainer.accumulate_grad_batches

@@ -32,15 +32,12 @@ def process_start_time() -> float:
 
 
 class RunSummary(Callback):
-    """Writes `summary.json` (rank 0) when the fit ends or stops; `summary` holds what was written.
+    """Writes `summary.json` (rank 0, atomically) when the fit ends or stops; `summary` is what was written.
 
-    It reads, and never writes, the run's numbers: the val curve and tokens per step from the module
-    (`pl_module.stats`, `pl_module.tokens_per_step`), tokens/s from the Throughput callback (None
-    without one), the checkpoint paths from the checkpoint callback. `status` is completed, interrupted
-    (Ctrl-C), nonfinite (NaN guard) or failed (any other exception); times (`wall_seconds`, the
-    `val_curve` rows) count from `start` (unix time; default: process start; each trial of a multirun
-    passes its own). The file is replaced atomically: never half-written. Listed after SaveOnInterrupt,
-    it reports the checkpoint a Ctrl-C saved.
+    It only reads the run's numbers: the val curve and tokens per step from the module (`pl_module.stats`),
+    tokens/s from the Throughput callback (None without one), checkpoint paths from the checkpoint
+    callback (listed after SaveOnInterrupt, it sees a Ctrl-C save). `status`: completed, interrupted,
+    nonfinite (NaN guard) or failed. Times count from `start` (unix time; default: process start).
     """
 
     def __init__(self, path: str | Path, start: float | None = None) -> None:
