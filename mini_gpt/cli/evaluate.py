@@ -1,18 +1,9 @@
 """Evaluate a model: `mini-gpt evaluate ckpt=PATH tasks=[bpb,hellaswag] output=results.json`.
 
-Every key lives in `conf/evaluate.yaml` (`python -m mini_gpt.evaluate` is the same command):
-
-    mini-gpt evaluate ckpt=out/last.ckpt                     # bits per byte on the val split
-    mini-gpt evaluate ckpt=out/last.ckpt bpb.path=notes.txt  # ... on any file / dir / glob
-    mini-gpt evaluate ckpt=out/last.ckpt tasks=[bpb,hellaswag] hellaswag.path=hellaswag_val.jsonl
-    mini-gpt evaluate init_from=gpt2 data=shakespeare        # GPT-2 (hub or a local HF dir)
-    mini-gpt evaluate ckpt=out/last.ckpt tasks=[] harness_tasks=[arc_easy] harness.limit=100
-
-Tasks: `bpb` (bits per byte, loss per token and perplexity of a text, by sliding windows:
-`mini_gpt.eval.bpb`),
-`hellaswag` (completion-style acc / acc_norm: `mini_gpt.eval.hellaswag`), and any lm-evaluation-harness task
-through `harness_tasks` (`mini_gpt.eval.harness`; needs the `eval` extra). Prints a markdown table; with
-`output=FILE` also writes one JSON object per task plus the checkpoint's step and tokens.
+Every key lives in conf/evaluate.yaml. Tasks: `bpb` (bits per byte by sliding windows, mini_gpt.eval.bpb),
+`hellaswag` (acc / acc_norm, mini_gpt.eval.hellaswag) and any lm-evaluation-harness task through
+`harness_tasks` (mini_gpt.eval.harness; the `eval` extra). Prints a markdown table; `output=FILE` also
+writes the results and the checkpoint's step and tokens as JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +17,7 @@ from typing import Any, TextIO
 
 import torch
 
+from mini_gpt.conf import hydra_main
 from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.files import write_json_atomic
 from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device
@@ -207,10 +199,7 @@ def config_from_dict(d: dict[str, Any]) -> EvaluateConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`mini-gpt evaluate key=value ...` (Hydra overrides of conf/evaluate.yaml); `argv` default: the
-    command line."""
-    from mini_gpt.conf import hydra_main
-
+    """`mini-gpt evaluate key=value ...`; `argv` default: the command line."""
     hydra_main("evaluate", lambda cfg: run(config_from_dict(cfg)), argv)
 
 
