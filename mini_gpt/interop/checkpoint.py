@@ -1,20 +1,10 @@
-"""Load a trained model and its tokenizer from whatever training or export wrote: no Lightning, no Hydra.
+"""Load a model and its tokenizer from whatever training or export wrote: no Lightning, no Hydra.
 
-Accepted sources (`load_model(path)`):
-- a Lightning `.ckpt` from training: `checkpoint["mini_gpt"]` holds the model config and the tokenizer,
-  `checkpoint["state_dict"]` the weights under `model.` (a `_orig_mod.` left by torch.compile is
-  dropped). Read with `torch.load(weights_only=True)`: a checkpoint cannot run code.
-- a `.ckpt` of a LoRA fine-tuning run (`finetune=lora`): `checkpoint["mini_gpt"]["finetune"]["lora"]`
-  names the adapters, which are merged into the weights (mini_gpt.train.lora); the model is a plain GPT.
-- an export directory with `format=safetensors` (`model.safetensors` + `config.json`, whose
-  `mini_gpt` entry has the same content as the checkpoint's), or the `model.safetensors` file in it;
-- an export directory with `format=hf` (or any local GPT-2 directory `transformers` can load): weights
-  through `mini_gpt.interop.hf`, tokenizer through `mini_gpt.interop.hf_tokenizer` (`mini_gpt_tokenizer.json`,
-  or else GPT-2's `vocab.json`).
-
-`load_source(init_from)` also takes a hub name (`gpt2` ... `gpt2-xl`); `open_model` is what the tools'
-`ckpt=` / `init_from=` keys load. Every failure (missing file, corrupt file, foreign checkpoint, shape
-mismatch) is one `MiniGPTError` line.
+`load_model(path)` reads a Lightning `.ckpt` (`torch.load(weights_only=True)`: a checkpoint cannot run
+code; the `mini_gpt` entry holds model config and tokenizer; LoRA adapters are merged in), a
+`format=safetensors` export (or its `model.safetensors`), or a `format=hf` / local `transformers`
+directory. `load_source` also takes a hub name; `open_model` is what the tools' `ckpt=` / `init_from=`
+load. Every failure is one `MiniGPTError` line.
 """
 
 from __future__ import annotations
@@ -237,7 +227,6 @@ def _read_config(config_path: Path) -> Any:
 
 
 def _load_safetensors_dir(directory: Path) -> tuple[GPT, Tokenizer]:
-
     config_path = directory / CONFIG_FILE
     config = _read_config(config_path)
     meta = _check_meta(config.get("mini_gpt") if isinstance(config, dict) else None, config_path)

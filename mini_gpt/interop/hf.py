@@ -1,27 +1,16 @@
 """Our GPT as a `transformers` model and back (GPT-2, GPT-NeoX, Llama), and the `format=hf` directory.
 
-Each of our architecture choices has one `transformers` counterpart, picked by three options:
+Each combination of three options has one `transformers` counterpart:
 
     norm       pos_embedding  mlp                transformers class
     layernorm  learned        gelu | gelu_exact  GPT2LMHeadModel     (same module names; Conv1D transposed)
-    layernorm  rope           gelu | gelu_exact  GPTNeoXForCausalLM  (sequential residual, full rotary,
-                                                                      per-head QKV)
+    layernorm  rope           gelu | gelu_exact  GPTNeoXForCausalLM  (sequential residual, per-head QKV)
     rmsnorm    rope           swiglu             LlamaForCausalLM    (q/k/v and gate/up as separate matrices)
 
-The maths is the same on both sides: pre-norm blocks, GELU as tanh approximation (`gelu`, GPT-2's
-"gelu_new") or exact (`gelu_exact`, transformers' "gelu"), rotary tables
-with base 10000 rotating the two halves of each head (`mini_gpt.model.rope`), eps 1e-5. Only the storage
-differs, which the tables below spell out. A model without biases (`bias=false`) maps onto the biased
-layers of GPT-2 / GPT-NeoX with zero biases, so the logits are the same. The other combinations exist
-in no `transformers` architecture: `hf_architecture` says which option to change.
-
-- `gpt_from_hf(source)` / `to_hf(model)` (`gpt_to_hf` for GPT-2 only): our GPT <-> `transformers`.
-- `check_hub_available(name)`: one line, in a second, when a hub model is neither cached nor reachable.
-- `write_hf(model, tokenizer, dir)` / `load_hf_dir(dir)`: a directory `from_pretrained` loads, with the
-  tokenizer files of `mini_gpt.interop.hf_tokenizer` beside the weights.
-
-`transformers` is imported on first use (`require_transformers`): it is an optional extra
-(`pip install "mini-gpt[hf]"`).
+The maths is the same on both sides; only the storage differs (ARCHITECTURES). A model without biases
+maps onto GPT-2 / GPT-NeoX with zero biases. Entry points: `gpt_from_hf` / `to_hf`, and `write_hf` /
+`load_hf_dir` for a directory `from_pretrained` loads. `transformers` is an optional extra, imported on
+first use (`require_transformers`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Our tokenizers in `transformers`' files and back (the tokenizer half of a `format=hf` directory).
 
-- `save_hf_tokenizer(tokenizer, dir, model_max_length)`: our tokenizer as `mini_gpt_tokenizer.json` (exact,
-  read back by `load_hf_tokenizer`), and in `transformers`' own files so that
-  `AutoTokenizer.from_pretrained(dir)` gives the same ids: `vocab.json` + `merges.txt` +
-  `tokenizer_config.json` for GPT-2's byte-level BPE, a `tokenizers` character vocabulary
-  (`tokenizer.json`) for characters.
-- `load_hf_tokenizer(dir)`: ours when the directory has it, else GPT-2's from `vocab.json` (any local
-  GPT-2 model directory).
-
-`transformers` is an optional extra (`pip install "mini-gpt[hf]"`): `require_transformers` imports it
-on first use, for this module and for `mini_gpt.interop.hf`.
+`save_hf_tokenizer` writes ours as `mini_gpt_tokenizer.json` (exact) plus `transformers`' own files, so
+`AutoTokenizer.from_pretrained(dir)` gives the same ids (GPT-2's BPE files, or a `tokenizers` character
+vocabulary); `load_hf_tokenizer` reads ours, else GPT-2's `vocab.json`.
 """
 
 from __future__ import annotations
