@@ -1,27 +1,17 @@
-"""Look at what the heads attend to: per-head heatmaps and a per-layer summary.
+"""Look at what the heads attend to: per-head heatmaps (`attention_maps`) and a per-layer summary
+(`attention_summary`), drawn for `mini-gpt attention-maps` and the training callback.
 
-    python -m mini_gpt.attention_maps ckpt=out/last.ckpt prompt="ROMEO:" layer=all head=all out=attn.png
-    python -m mini_gpt.attention_maps ckpt=... prompt="..." view=summary out=summary.png
-    python -m mini_gpt.attention_maps ckpt=... prompt="..." layer=[0,2] head=1 view=both out=attn.png
-    python -m mini_gpt.attention_maps ckpt=... prompt=@speech.txt layer=2 out=layer2.png  # prompt from a file
-
-`prompt=` takes any text, commas included (no Hydra quoting needed). A prompt longer than the window
-keeps its last `max_tokens` (default block_size) tokens, and the titles quote that kept window. The
-grid is capped at MAX_FIGURE_INCHES a side: with many layers x heads the panels shrink and the tool
-prints how to zoom in on one layer (`layer=N`) or one panel (`layer=N head=M`).
-
-The weights come from the exact attention path (`model(idx, return_attention=True)`), in eval mode
-(no dropout): row t of a panel is the distribution query token t puts over the keys s <= t.
+The weights come from the exact attention path (`model(idx, return_attention=True)`) in eval mode: row t
+of a panel is the distribution query t puts over the keys s <= t. A prompt longer than the window keeps
+its last `max_tokens` (default block_size) tokens. The grid is capped at MAX_FIGURE_INCHES a side.
 
 The summary condenses each head to two numbers, averaged over query positions:
-- entropy (nats): -sum_s p_ts log p_ts. 0 = every query looks at exactly one token; a head that
-  spreads uniformly over its t+1 visible keys gets log(t+1) (drawn as a dashed reference line);
-- mean distance (tokens): sum_s p_ts (t - s). 0 = attends to itself; "previous token" heads give ~1;
-  uniform attention gives t/2 on average.
+- entropy (nats): -sum_s p_ts log p_ts. 0 = every query looks at one token; spreading uniformly over
+  the t+1 visible keys gives log(t+1) (the dashed reference line);
+- mean distance (tokens): sum_s p_ts (t - s). 0 = attends to itself; "previous token" heads give ~1.
 
-Library functions return the matplotlib Figure and the arrays they drew, so callers (the training
-callback, tests) can log or check exactly what is on the picture. Only matplotlib (Agg) and torch are
-imported here: no Lightning.
+The functions return the Figure and the arrays they drew, so callers can log or check exactly what is
+on the picture; `update_attention_maps` / `update_attention_summary` redraw them with new weights.
 """
 
 from __future__ import annotations
@@ -211,16 +201,9 @@ def attention_maps(
     fig = plt.figure(figsize=(panel * ncols + 1.2, panel * nrows + 0.6), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     ticks = list(range(0, T, step))
-    data: dict[str, Any] = {
-        "shrunk": panel < wanted,  # the cap made panels smaller than the prompt asks for
-        "tokens": labels,
-        "ids": ids,
-        "layers": layer_idx,
-        "heads": head_idx,
-        "weights": {},
-        "axes": {},
-        "images": {},
-    }
+    shrunk = panel < wanted  # the cap made panels smaller than the prompt asks for
+    data: dict[str, Any] = dict(shrunk=shrunk, tokens=labels, ids=ids, layers=layer_idx, heads=head_idx)
+    data.update(weights={}, axes={}, images={})
     # Square-root colour scale: diffuse heads (weights ~1/t) stay visible next to sharp ones; the
     # plotted array is still the raw weights.
     norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
@@ -234,16 +217,12 @@ def attention_maps(
             # Token ticks on the outer panels only (keys under the bottom row, queries left of the first
             # column): the panels share both axes, and every tick and label costs drawing time.
             bottom, left = r == nrows - 1, c == 0
-            ax.set_xticks(
-                ticks if bottom else [],
-                [labels[i] for i in ticks] if bottom else [],
-                rotation=90,
-                fontsize=font,
-            )
-            ax.set_yticks(ticks if left else [], [labels[i] for i in ticks] if left else [], fontsize=font)
-            if r == nrows - 1:
+            ax.set_xticks(ticks if bottom else [], [labels[i] for i in ticks] if bottom else [], rotation=90)
+            ax.set_yticks(ticks if left else [], [labels[i] for i in ticks] if left else [])
+            ax.tick_params(labelsize=font)
+            if bottom:
                 ax.set_xlabel("key (attended to)", fontsize=8)
-            if c == 0:
+            if left:
                 ax.set_ylabel("query", fontsize=8)
             data["weights"][(layer, head)] = w
             data["axes"][(layer, head)] = ax
@@ -309,17 +288,8 @@ def attention_summary(
     ax_d.legend(fontsize=7, ncols=max(1, n_head // 6), loc="upper left", bbox_to_anchor=(1.01, 1.0))
     title = f"per-head summary for {window_title(tokenizer, prompt, ids)}"
     fig.suptitle(title, fontsize=10)
-    data = {
-        "title": title,
-        "layers": layer_idx,
-        "entropy": entropy,
-        "distance": distance,
-        "uniform_entropy": u_ent,
-        "uniform_distance": u_dist,
-        "tokens": labels,
-        "axes": (ax_e, ax_d),
-        "bars": bars,
-    }
+    data = dict(title=title, layers=layer_idx, entropy=entropy, distance=distance, tokens=labels)
+    data.update(uniform_entropy=u_ent, uniform_distance=u_dist, axes=(ax_e, ax_d), bars=bars)
     return fig, data
 
 
