@@ -1,25 +1,16 @@
 """Our GPT as an lm-evaluation-harness model named `mini-gpt` (needs the `eval` extra: lm-eval).
 
     mini-gpt harness --model mini-gpt --model_args ckpt=out/last.ckpt --tasks arc_easy --limit 100
-    python -m mini_gpt.harness --model mini-gpt --model_args ckpt=out/last.ckpt --tasks arc_easy
-    python -m mini_gpt.evaluate ckpt=out/last.ckpt tasks=[] harness_tasks=[arc_easy] harness.limit=100
+    mini-gpt evaluate ckpt=out/last.ckpt tasks=[] harness_tasks=[arc_easy] harness.limit=100
 
-`MiniGPTLM` implements the three request types with our own code: `loglikelihood` (the harness splits
-context/continuation; `mini_gpt.eval.scoring.continuation_logprobs` scores them in padded batches, longest
-first), `loglikelihood_rolling` (sliding windows of `block_size`, `stride` tokens apart; default
-`block_size`, the harness's own disjoint windows), and `generate_until` (`mini_gpt.infer.sampling.generate`,
-the KV-cache sampler: greedy unless the task asks for sampling, stopped at the task's stop strings).
-A character model drops characters its vocabulary lacks (tiny Shakespeare has no digits).
+`MiniGPTLM` answers the three request types with our own code: `loglikelihood` (scoring's
+`continuation_logprobs`), `loglikelihood_rolling` (sliding windows `stride` tokens apart, default
+`block_size`) and `generate_until` (the KV-cache sampler, greedy unless the task asks for sampling).
 
-Registering: importing this module makes `mini-gpt` a harness model name (`register`, idempotent). The
-`lm_eval` command itself cannot find it: lm-eval 0.4.13 has no model plugins (its registry is filled by
-`lm_eval/models/__init__.py` and by modules someone imports; `--include_path` loads task YAMLs only;
-lm-evaluation-harness issues 1457, 1621 and 3282 ask for plugins). So `mini-gpt harness ARGS` /
-`python -m mini_gpt.harness ARGS` (`mini_gpt.cli.harness`) is the harness's own command line, run
-after importing this module.
-
-Trap: `get_model` imports the harness's own models only while the registry is *empty*, so registering
-before `lm_eval.models` is imported would hide `hf` and all the others: this module imports it first.
+Importing this module registers `mini-gpt` (`register`, idempotent). The `lm_eval` command itself cannot
+find it (lm-eval has no model plugins), hence `mini-gpt harness` (mini_gpt.cli.harness). Trap:
+`get_model` imports the harness's own models only while the registry is *empty*, so registering before
+`lm_eval.models` is imported would hide `hf` and all the others: this module imports it first.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Log-likelihoods of text under a GPT: the two primitives every evaluation is built from.
 
 - `continuation_logprobs(model, pairs)`: for (context ids, continuation ids) pairs, the summed
-  log-probability of the continuation given the context, its token count and whether greedy decoding
-  would have produced it. Pairs are packed into right-padded batches (a causal model cannot see the
-  padding at the end of a row, so padding changes nothing). HellaSwag and the harness's
-  `loglikelihood` use it.
-- `rolling_nll(model, ids, stride)`: the summed negative log-likelihood of every token of a sequence of
-  any length, scored by a sliding window of `block_size` tokens that moves `stride` tokens at a time; each
-  window scores only the tokens the previous one did not (the transformers perplexity guide), so every
-  token is predicted once, from at least `block_size - stride` tokens of context once the first window is
-  full (the last window is right-aligned to the end, as lm-evaluation-harness does). Windows of all
-  documents are batched together. Bits per byte and the harness's `loglikelihood_rolling` use it.
+  log-probability of the continuation, its token count and whether greedy decoding gives it. Pairs are
+  right-padded into batches (a causal model cannot see padding at the end of a row).
+- `rolling_nll(model, ids, stride)` / `score_windows`: the NLL of every token of a sequence of any length,
+  by windows of `block_size` tokens moving `stride` at a time, each scoring only the tokens the previous
+  one did not (every token is predicted once, the last window right-aligned as lm-evaluation-harness does).
 
 Everything runs under `torch.inference_mode()` in float32 log-softmax, whatever the model's dtype.
 """

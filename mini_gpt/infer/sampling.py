@@ -1,22 +1,15 @@
-"""Text generation: one decoding loop for the CLI, the training sample callback and the benchmarks.
+"""Text generation: one decoding loop (`generate`) for the CLI, the training sample callback and the bench.
 
     logits of the last position -> repetition penalty -> / temperature -> top-k -> top-p -> sample
 
-Two ways to get the logits, chosen by `use_cache`:
-- KV cache (default): the prompt is run through the model once (prefill) and every later step feeds
-  only the newest token; each layer's `KVCache` supplies the keys/values of everything before it.
-- full recompute (`use_cache=False`): every step runs the whole current context again. Slower, kept as
-  the reference the cache is tested against.
+`use_cache=True` (default) runs the prompt once (prefill) and then feeds only the newest token, each
+layer's `KVCache` holding the keys/values before it; `use_cache=False` recomputes the whole context every
+step (the reference the cache is tested against).
 
-Sliding window, the one policy both paths share (`context_start`): the model sees at most
-`block_size` tokens. While the sequence fits, the context is all of it. When one more token would make
-the context longer than `block_size`, the context jumps forward to the last `window` tokens
-(default `block_size // 2`) and grows again from there. A cache cannot drop its oldest entry (with
-learned positions every cached key would need a new position), so at each jump the cache path
-re-prefills the `window` tokens; the recompute path crops its input by exactly the same rule. Both
-paths therefore see the same context at every step, and greedy decoding gives the same tokens.
-Halving the window means one re-prefill of block_size/2 tokens every block_size/2 + 1 steps (cheap,
-batched) while the model never sees fewer than block_size/2 tokens of context.
+Sliding window (`context_start`), the same on both paths: the model sees at most `block_size` tokens.
+When one more token would not fit, the context jumps forward to the last `window` tokens (default
+`block_size // 2`) and grows again. A cache cannot drop its oldest entry (learned positions would shift),
+so at each jump the cache path re-prefills the window; greedy decoding gives the same tokens either way.
 """
 
 from __future__ import annotations

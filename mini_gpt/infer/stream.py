@@ -1,5 +1,5 @@
-"""Prompts in, printable text out: reading a prompt, encoding it, and streaming a sample's tokens as text
-(whole UTF-8 characters only, cut at stop strings)."""
+"""Prompts in, printable text out: reading and encoding a prompt, and streaming a sample's tokens as
+text (whole UTF-8 characters only, cut at stop strings)."""
 
 from __future__ import annotations
 
