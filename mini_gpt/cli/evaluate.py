@@ -119,15 +119,6 @@ def checkpoint_info(path: str | None) -> dict[str, Any]:
     return {"step": ckpt.get("global_step"), "tokens": (ckpt.get("mini_gpt") or {}).get("tokens")}
 
 
-def bpb_documents(cfg: EvaluateConfig) -> tuple[list[str], str]:
-    """(documents to score, a description of where they came from)."""
-    from mini_gpt.eval.bpb import prepare_split, read_documents
-
-    if cfg.bpb.path:
-        return read_documents(cfg.bpb.path), str(cfg.bpb.path)
-    return prepare_split(cfg.data, cfg.bpb.split, cfg.progress)
-
-
 def markdown_table(results: dict[str, Any]) -> str:
     """The metrics as a markdown table: task | metric | value."""
     lines = ["| task | metric | value |", "| --- | --- | ---: |"]
@@ -152,7 +143,14 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
     model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device)
     results: dict[str, Any] = {"checkpoint": str(cfg.ckpt or cfg.init_from), **checkpoint_info(cfg.ckpt)}
     # Read every input before the first (possibly long) task, so a wrong path fails in a second.
-    documents = bpb_documents(cfg) if "bpb" in cfg.tasks else None
+    documents = None  # (the texts, where they came from)
+    if "bpb" in cfg.tasks:
+        from mini_gpt.eval.bpb import prepare_split, read_documents
+
+        if cfg.bpb.path:
+            documents = read_documents(cfg.bpb.path), str(cfg.bpb.path)
+        else:
+            documents = prepare_split(cfg.data, cfg.bpb.split, cfg.progress)
     items = None
     if "hellaswag" in cfg.tasks:
         from mini_gpt.data.config import data_root

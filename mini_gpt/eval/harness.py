@@ -254,12 +254,8 @@ def run_harness(
 
 
 def register() -> None:
-    """Make `mini-gpt` name MiniGPTLM in lm-eval's model registry; a no-op when the name is taken.
-
-    Idempotent on purpose: this file can run twice in one process (once as `__main__` or reloaded, once
-    imported), and a name already registered (by that first run, or as the lazy target
-    `mini_gpt.eval.harness:MiniGPTLM`) must not make the second run fail with "already registered".
-    """
+    """Make `mini-gpt` name MiniGPTLM in lm-eval's model registry; a no-op when the name is taken (this
+    file can run twice in one process, and the second run must not fail with "already registered")."""
     if MODEL_NAME not in model_registry:
         model_registry.register(MODEL_NAME)(MiniGPTLM)
 

@@ -88,10 +88,7 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
 
 
 def next_token_probs(
-    logits: Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
 ) -> Tensor:
     """Distribution of the next token: logits (B, V) -> probabilities (B, V); temperature > 0."""
     return torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)

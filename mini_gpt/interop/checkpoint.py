@@ -70,10 +70,8 @@ def unreadable_checkpoint(path: str | Path, err: BaseException) -> MiniGPTError:
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """torch.load a `.ckpt` safely (weights_only), turning every failure into one line.
-
-    Memory-mapped: reading the small entries (`mini_gpt`, `run_config`, `global_step`) leaves the weights
-    on disk, so resuming and evaluating can look into a multi-GB checkpoint in milliseconds."""
+    """torch.load a `.ckpt` safely (weights_only), every failure one line. Memory-mapped: reading the
+    small entries (`mini_gpt`, `global_step`) leaves the weights on disk."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise MiniGPTError(
@@ -138,13 +136,10 @@ def _tokenizer_difference(saved: dict[str, Any], current: dict[str, Any]) -> str
 def check_resume(
     checkpoint: dict[str, Any], model_config: dict[str, Any], tokenizer: Tokenizer, source: str | Path
 ) -> None:
-    """Refuse to resume training from `checkpoint` (a loaded Lightning checkpoint dict) into a run whose
-    model config or tokenizer differ, or from a checkpoint that cannot resume; one line each.
-
-    Called before Lightning loads any state: a different shape would otherwise end in a `size mismatch`
-    traceback, and a same-size character vocabulary with other characters would silently train on ids
-    that now mean other characters.
-    """
+    """Refuse to resume from `checkpoint` (a loaded Lightning checkpoint dict) into a run whose model config
+    or tokenizer differ, or from one that cannot resume; one line each. Called before Lightning loads any
+    state: a same-size character vocabulary with other characters would otherwise silently train on ids
+    that now mean other characters."""
     meta = _check_meta(checkpoint.get("mini_gpt"), Path(source))
     if not isinstance(checkpoint.get("optimizer_states"), list) or "loops" not in checkpoint:
         raise MiniGPTError(
