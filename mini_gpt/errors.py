@@ -36,9 +36,8 @@ def exit_on_user_error(fn: F) -> F:
 def check_ints(
     allow_none: bool = False, error: type[MiniGPTError] = MiniGPTError, minimum: int = 1, **values: Any
 ) -> None:
-    """One `error` line for the first value that is not an integer >= `minimum` (default: a positive
-    integer; True/False are not integers here); with `allow_none`, None passes (a key whose null means
-    "off" or "the default")."""
+    """One `error` line for the first value that is not an integer >= `minimum` (True/False are not
+    integers here); with `allow_none`, None passes (a key whose null means "off" or "the default")."""
     for name, value in values.items():
         if value is None and allow_none:
             continue

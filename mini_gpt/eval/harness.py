@@ -152,16 +152,13 @@ class MiniGPTLM(TemplateLM):
         generator = torch.Generator(device=self._device).manual_seed(self.seed)
         for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="generate_until"):
             context, gen_kwargs = req.args
-            kwargs = dict(gen_kwargs or {})
-            until = kwargs.pop("until", None) or []
+            kwargs = gen_kwargs or {}
+            until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            max_new = _as_int(kwargs.pop("max_gen_toks", None), self.max_gen_toks)
-            sample = bool(kwargs.pop("do_sample", False))
-            temperature = float(kwargs.pop("temperature", 0.0) or 0.0) if sample else 0.0
-            top_k = kwargs.pop("top_k", None)
-            top_p = kwargs.pop("top_p", None)
+            max_new = _as_int(kwargs.get("max_gen_toks"), self.max_gen_toks)
+            top_k, top_p = kwargs.get("top_k"), kwargs.get("top_p")
             sampling = {
-                "temperature": temperature,
+                "temperature": float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0,
                 "top_k": int(top_k) if top_k else None,
                 "top_p": float(top_p) if top_p else None,
                 "generator": generator,
@@ -196,10 +193,9 @@ class MiniGPTLM(TemplateLM):
         return text
 
     def get_model_info(self) -> dict[str, Any]:
-        c = self.model.config
         return {
             "model_num_parameters": self.model.num_params(non_embedding=False),
-            "block_size": c.block_size,
+            "block_size": self.block_size,
         }
 
 

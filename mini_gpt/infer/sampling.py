@@ -47,11 +47,8 @@ def check_sampling_args(
 
 
 def context_start(start: int, length: int, block_size: int, window: int) -> int:
-    """Where the model's context begins, given the previous start and the current sequence length.
-
-    The sliding-window rule shared by the cache and the recompute paths (see the module docstring):
-    keep the start while the context fits in block_size, otherwise jump to the last `window` tokens.
-    """
+    """Where the model's context begins, given the previous start and the current sequence length: the
+    same start while the context fits in block_size, otherwise the last `window` tokens (module docstring)."""
     return start if length - start <= block_size else length - window
 
 
@@ -145,10 +142,8 @@ def generate(
 
     Args:
         temperature: divides the logits; 0 = greedy (argmax; top_k/top_p are then irrelevant).
-        top_k: sample only among the k most likely tokens.
-        top_p: sample only from the nucleus, the smallest set of tokens with probability mass >= p.
-        use_cache: KV-cache decoding (prefill once, then one token per step); False recomputes the
-            whole context every step. Both follow the same sliding window (module docstring).
+        top_k / top_p: sample only among the k most likely tokens / from the nucleus of mass >= p.
+        use_cache: KV-cache decoding; False recomputes the whole context every step (module docstring).
         generator: a seeded `torch.Generator` on the model's device makes sampling reproducible.
         repetition_penalty: > 1 discourages tokens already in the sequence (None or 1 = off).
         num_samples: with a single prompt row, B' = num_samples samples that share one prefill.

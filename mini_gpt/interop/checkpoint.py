@@ -177,11 +177,9 @@ def _build(meta: dict[str, Any], weights: dict[str, torch.Tensor], source: Path)
             raise MiniGPTError(f"{source}: has LoRA weights but no record of its adapters (finetune.lora)")
         return merge_lora(config, LoraSpec.from_dict(lora), weights), tokenizer
     model = GPT(config)
-    if config.tie_weights:
-        # Tied exports store the shared matrix once (as the token embedding).
-        weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
     expected = set(model.state_dict())
-    if config.tie_weights:
+    if config.tie_weights:  # tied exports store the shared matrix once (as the token embedding)
+        weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
         expected.discard("lm_head.weight")
     missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or unexpected:

@@ -337,13 +337,8 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
     model_type = getattr(hf_config, "model_type", "gpt2")
     if model_type == "gpt2":
         act, eps = hf_config.activation_function, hf_config.layer_norm_epsilon
-        _check(
-            "GPT-2",
-            [
-                (act in MLP_OF_ACTIVATION, f"activation {act!r}"),
-                (_close(eps, NORM_EPS), f"layer_norm_epsilon={eps}"),
-            ],
-        )
+        _check("GPT-2", [(act in MLP_OF_ACTIVATION, f"activation {act!r}")])
+        _check("GPT-2", [(_close(eps, NORM_EPS), f"layer_norm_epsilon={eps}")])
         return GPTConfig(
             vocab_size=hf_config.vocab_size,
             block_size=hf_config.n_positions,
@@ -378,14 +373,11 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
         pos_embedding="rope",
         mlp=MLP_OF_ACTIVATION.get(hf_config.hidden_act, "gelu") if model_type == "gpt_neox" else "swiglu",
     )
-    hidden = MLP(config).c_proj.in_features
+    hidden, inter = MLP(config).c_proj.in_features, hf_config.intermediate_size
     checks = [
         (rope.get("rope_type", "default") == "default", f"rope_type={rope.get('rope_type')!r}"),
         (float(rope.get("rope_theta", ROPE_BASE)) == ROPE_BASE, f"rope_theta={rope.get('rope_theta')}"),
-        (
-            hf_config.intermediate_size == hidden,
-            f"intermediate_size={hf_config.intermediate_size} (not {hidden})",
-        ),
+        (inter == hidden, f"intermediate_size={inter} (not {hidden})"),
     ]
     if model_type == "gpt_neox":
         checks += [

@@ -17,7 +17,6 @@ on the picture; `update_attention_maps` / `update_attention_summary` redraw them
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,12 +60,9 @@ def token_label(text: str) -> str:
     """A tick label for one token: spaces as '␣', newlines/tabs as '\\n'/'\\t', other controls as \\xNN."""
     out = []
     for ch in text:
-        if ch in _ESCAPES:
-            out.append(_ESCAPES[ch])
-        elif not ch.isprintable():
-            out.append(ch.encode("unicode_escape").decode("ascii"))
-        else:
-            out.append(ch)
+        if ch not in _ESCAPES and not ch.isprintable():
+            ch = ch.encode("unicode_escape").decode("ascii")
+        out.append(_ESCAPES.get(ch, ch))
     return "".join(out) or "∅"
 
 
@@ -85,7 +81,7 @@ def parse_selection(value: Any, n: int, name: str) -> list[int]:
         return list(range(n))
     if isinstance(value, str):
         items: list[Any] = [v for v in value.strip("[] ").split(",") if v.strip()]
-    elif isinstance(value, Sequence) or hasattr(value, "__iter__"):
+    elif hasattr(value, "__iter__"):
         items = list(value)
     else:
         items = [value]
@@ -161,10 +157,6 @@ def uniform_reference(T: int) -> tuple[float, float]:
 
 
 # ---- figures --------------------------------------------------------------------------------------
-def _tick_step(T: int) -> int:
-    return max(1, math.ceil(T / MAX_TICK_LABELS))
-
-
 def attention_maps(
     model: GPT,
     tokenizer: Any,
@@ -194,7 +186,7 @@ def attention_maps(
     wanted = min(12.0, max(2.6, 0.16 * T + 1.0))
     cap = max_inches or MAX_FIGURE_INCHES
     panel = min(wanted, (cap - 1.2) / ncols, (cap - 0.6) / nrows)
-    step = _tick_step(T)
+    step = max(1, math.ceil(T / MAX_TICK_LABELS))
     while step < T and (panel - 1.0) / T * step * 72 * 0.75 < MIN_TICK_FONT:
         step += 1  # too little room per label: label fewer tokens
     font = max(MIN_TICK_FONT, min(9.0, (panel - 1.0) / T * step * 72 * 0.75))
@@ -259,9 +251,7 @@ def attention_summary(
     ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
     layer_idx = parse_selection(layers, model.config.n_layer, "layer")
     n_head = model.config.n_head
-    stats = [attention_stats(weights[layer]) for layer in layer_idx]
-    entropy = np.stack([s[0] for s in stats])  # (L, n_head)
-    distance = np.stack([s[1] for s in stats])
+    entropy, distance = map(np.stack, zip(*(attention_stats(weights[i]) for i in layer_idx)))  # (L, n_head)
     u_ent, u_dist = uniform_reference(len(ids))
 
     fig, (ax_e, ax_d) = plt.subplots(
@@ -295,9 +285,8 @@ def attention_summary(
 
 def update_attention_summary(data: dict[str, Any], weights: list[np.ndarray]) -> None:
     """Put the statistics of new weights (same prompt) into the bars of `attention_summary`."""
-    stats = [attention_stats(weights[layer]) for layer in data["layers"]]
-    data["entropy"] = np.stack([s[0] for s in stats])  # (L, n_head)
-    data["distance"] = np.stack([s[1] for s in stats])
+    stats = zip(*(attention_stats(weights[i]) for i in data["layers"]))
+    data["entropy"], data["distance"] = map(np.stack, stats)  # (L, n_head) each
     for name, ax in zip(("entropy", "distance"), data["axes"], strict=True):
         for h, bars in enumerate(data["bars"][name]):
             for rect, height in zip(bars.patches, data[name][:, h], strict=True):
