@@ -68,7 +68,6 @@ class MiniGPTLM(TemplateLM):
         tokenizer: Tokenizer | None = None,
         device: str | None = None,
         batch_size: Any = 16,
-        max_batch_size: Any = None,
         stride: Any = None,
         max_gen_toks: Any = 256,
         seed: Any = 1234,

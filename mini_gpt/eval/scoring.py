@@ -52,10 +52,8 @@ def continuation_logprobs(
 ) -> list[Continuation]:
     """Score `continuation` after `context` for every pair, `batch_size` rows per forward pass.
 
-    The context must not be empty (something has to predict the first continuation token: pass the
-    end-of-text id when there is no context). When context + continuation is longer than block_size the
-    context is cut from the left. A continuation longer than block_size (a character model's long
-    HellaSwag ending) is scored on its own by sliding windows that keep half a block of context.
+    The context must not be empty (pass [eot_id] for none); a too-long context is cut from the left. A
+    continuation longer than block_size is scored by sliding windows keeping half a block of context.
     """
     block_size = model.config.block_size
     device = _device(model)
@@ -131,9 +129,8 @@ def windows(ids: Sequence[int], block_size: int, stride: int, doc: int = 0) -> I
     """Sliding windows over `ids`: every token but the first is a target exactly once.
 
     Window k starts at k * stride and holds block_size inputs; it scores the targets after the last
-    one the previous window scored. The last window ends at the last token and is block_size long (as
-    lm-evaluation-harness does), so it gives its targets more context, never less. With stride <
-    block_size every target after the first window has at least block_size - stride tokens of context.
+    one the previous window scored. The last window is right-aligned to the last token (as
+    lm-evaluation-harness does), so its targets get more context, never less.
     """
     if not 1 <= stride <= block_size:
         raise MiniGPTError(f"stride={stride} must be between 1 and block_size={block_size}")

@@ -20,15 +20,11 @@ def unescape(text: str) -> str:
 def prompt_text(prompt: str | None, prompt_file: str | None = None) -> str:
     """`prompt` as given, the contents of FILE for `@FILE` (`@@...` for a literal `@...`) or `prompt_file`."""
     prompt = "" if prompt is None else str(prompt)
-    path = None
-    if prompt_file:
-        if prompt:
-            raise MiniGPTError("set either prompt or prompt_file, not both")
-        path = prompt_file
-    elif prompt.startswith("@@"):
+    if prompt_file and prompt:
+        raise MiniGPTError("set either prompt or prompt_file, not both")
+    if prompt.startswith("@@"):
         return prompt[1:]
-    elif prompt.startswith("@"):
-        path = prompt[1:]
+    path = prompt_file or (prompt[1:] if prompt.startswith("@") else None)
     if path is None:
         return prompt
     try:

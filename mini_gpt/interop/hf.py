@@ -16,7 +16,7 @@ first use (`require_transformers`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,6 @@ class Architecture:
     layer: dict[str, str | tuple[str, ...]]
     transposed: tuple[str, ...] = ()  # modules stored as Conv1D (in, out): GPT-2
     per_head_qkv: bool = False  # c_attn rows grouped per head, [q0 k0 v0 | q1 k1 v1 | ...]: GPT-NeoX
-    hf_options: dict[str, Any] = field(default_factory=dict)
 
 
 _BLOCK = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
@@ -240,11 +239,8 @@ def _hf_config(arch_name: str, c: GPTConfig) -> Any:
 
 
 def to_hf(model: GPT, architecture: str | None = None) -> Any:
-    """Our GPT as the `transformers` model of its architecture (GPT-2, GPT-NeoX or Llama), in eval mode.
-
-    `architecture` (a key of ARCHITECTURES) insists on one; None picks the one the config matches.
-    Raises MiniGPTError naming the option to change when no architecture matches.
-    """
+    """Our GPT as the `transformers` model of its architecture (GPT-2, GPT-NeoX or Llama), in eval mode;
+    `architecture` (a key of ARCHITECTURES) insists on one. No match: a MiniGPTError naming the fix."""
     name = hf_architecture(model.config)
     if architecture is not None and name != architecture:
         wanted = ARCHITECTURES[architecture]
@@ -400,11 +396,8 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
 
 
 def gpt_from_hf(source: Any) -> GPT:
-    """Our GPT from a GPT-2, GPT-NeoX or Llama `transformers` model, a local directory, or a hub name.
-
-    A hub name needs network (GPT-2 only); a directory written by `mini-gpt export format=hf` works
-    offline.
-    """
+    """Our GPT from a GPT-2, GPT-NeoX or Llama `transformers` model, a local directory, or a hub name
+    (GPT-2 only; needs network or the hub cache)."""
     hf_model = _load_hf_model(source)
     config = config_from_hf(hf_model.config)
     name = hf_architecture(config)

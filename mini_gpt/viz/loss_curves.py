@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import yaml
 
 matplotlib.use("Agg")
 
@@ -73,8 +74,6 @@ def read_summary_val_curve(path: Path) -> Series:
 
 def resumed_from(run_dir: Path) -> Path | None:
     """The run directory whose checkpoint `run_dir` resumed from (its `.hydra/config.yaml` ckpt_path)."""
-    import yaml
-
     config = run_dir / ".hydra" / "config.yaml"
     try:
         ckpt = (yaml.safe_load(config.read_text()) or {}).get("ckpt_path") if config.is_file() else None
