@@ -56,10 +56,8 @@ def register_resolvers() -> None:
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "train", hydra: bool = False) -> Any:
-    """The config `python train.py OVERRIDES` (or another tool) would run with, without running it.
-
-    `hydra=True` also returns the `hydra` node (sweeper, launcher, run dirs).
-    """
+    """The config `python train.py OVERRIDES` (or another tool) would run with, without running it;
+    `hydra=True` also returns the `hydra` node (sweeper, launcher, run dirs)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -172,8 +170,7 @@ def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
 def exit_on_bad_overrides(config_name: str) -> None:
     """Before `hydra.main` runs: an override on the command line that Hydra would refuse becomes one
     `error: ...` line and exit status 2 instead of Hydra's multi-line report. Left to Hydra: command lines
-    with its own flags (`-m`, `--cfg job`, ...), whose overrides may be sweep syntax.
-    """
+    with its own flags (`-m`, `--cfg job`, ...), whose overrides may be sweep syntax."""
     overrides = sys.argv[1:]
     if not any(arg.startswith("-") for arg in overrides):
         exit_on_user_error(compose_command_line)(config_name, overrides)
@@ -189,8 +186,7 @@ def hydra_main(
     the command line), `cfg` a resolved plain dict: the whole config, or only its `node` (prepare: data;
     the rest of train.yaml has keys only a Hydra run can resolve). Hydra's compose API, not hydra.main: a
     one-shot tool needs no run directory. A refused override or a `MiniGPTError` becomes one `error:` line
-    and exit status 2; `--help` / `-h` prints `tool_help(config_name)`.
-    """
+    and exit status 2; `--help` / `-h` prints `tool_help(config_name)`."""
     from omegaconf import OmegaConf
 
     overrides = sys.argv[1:] if argv is None else list(argv)

@@ -35,10 +35,8 @@ def _what(hint: Any) -> str:
 def checked_config(
     cls: type[T], d: Mapping[str, Any], section: str, error: type[MiniGPTError] = MiniGPTError
 ) -> T:
-    """`cls(**d)`, with `d`'s keys and value types checked (and converted) by OmegaConf first.
-
-    `section` prefixes the keys in the error line (`optim`, `model`; "" for top-level keys).
-    """
+    """`cls(**d)`, with `d`'s keys and value types checked (and converted) by OmegaConf first; `section`
+    prefixes the keys in the error line (`optim`, `model`; "" for top-level keys)."""
     try:
         typed = OmegaConf.merge(OmegaConf.structured(cls), dict(d))
     except ConfigKeyError:

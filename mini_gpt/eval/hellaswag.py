@@ -132,10 +132,8 @@ def load_hellaswag(path: str | None, cache_dir: Path, limit: int | None = None) 
 
 
 def encode_item(tokenizer: Tokenizer, item: HellaSwagItem) -> tuple[list[int], list[list[int]]]:
-    """(context ids, the 4 endings' ids): encode(ctx), encode(" " + ending); no BOS.
-
-    With a character tokenizer, characters outside its vocabulary are dropped first.
-    """
+    """(context ids, the 4 endings' ids): encode(ctx), encode(" " + ending); no BOS. Characters outside
+    a character tokenizer's vocabulary are dropped first."""
     ctx = tokenizer.encode(tokenizer.known_text(item.ctx))
     return ctx, [tokenizer.encode(tokenizer.known_text(" " + e)) for e in item.endings]
 

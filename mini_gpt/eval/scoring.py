@@ -50,11 +50,9 @@ def _pack(rows: Sequence[Sequence[int]], device: torch.device) -> Tensor:
 def continuation_logprobs(
     model: nn.Module, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 16
 ) -> list[Continuation]:
-    """Score `continuation` after `context` for every pair, `batch_size` rows per forward pass.
-
-    The context must not be empty (pass [eot_id] for none); a too-long context is cut from the left. A
-    continuation longer than block_size is scored by sliding windows keeping half a block of context.
-    """
+    """Score `continuation` after `context` for every pair, `batch_size` rows per forward pass. The context
+    must not be empty (pass [eot_id] for none); a too-long context is cut from the left; a continuation
+    longer than block_size is scored by sliding windows keeping half a block of context."""
     block_size = model.config.block_size
     device = _device(model)
     short = []  # indices of the pairs that fit one forward pass
@@ -113,11 +111,8 @@ def _score_long(model: nn.Module, context: Sequence[int], continuation: Sequence
 
 @dataclass(frozen=True)
 class Window:
-    """One forward pass of a sliding-window score: input ids and which of its targets count.
-
-    `ids` holds the window's tokens plus the target of its last position (len = inputs + 1). Targets of
-    positions `first..len(ids)-2` are scored; position p sees p + 1 tokens of context.
-    """
+    """One forward pass of a sliding-window score: `ids` holds the window's tokens plus the target of its
+    last position (len = inputs + 1); the targets of positions `first..len(ids)-2` are scored."""
 
     ids: Sequence[int]
     first: int
@@ -126,12 +121,9 @@ class Window:
 
 
 def windows(ids: Sequence[int], block_size: int, stride: int, doc: int = 0) -> Iterator[Window]:
-    """Sliding windows over `ids`: every token but the first is a target exactly once.
-
-    Window k starts at k * stride and holds block_size inputs; it scores the targets after the last
-    one the previous window scored. The last window is right-aligned to the last token (as
-    lm-evaluation-harness does), so its targets get more context, never less.
-    """
+    """Sliding windows over `ids`: every token but the first is a target exactly once. Window k starts at
+    k * stride, holds block_size inputs and scores the targets after the previous window's; the last one
+    is right-aligned to the last token (as lm-evaluation-harness does)."""
     if not 1 <= stride <= block_size:
         raise MiniGPTError(f"stride={stride} must be between 1 and block_size={block_size}")
     n = len(ids)

@@ -25,11 +25,8 @@ def can_pack(device: torch.device | str, dtype: torch.dtype = torch.float32) -> 
 
 
 class PackedLinear(nn.Module):
-    """`y = x W^T + b` with W reordered once into oneDNN's layout (inference only, no gradients).
-
-    The packed weight is an opaque oneDNN tensor: it is kept as a plain attribute, not a parameter or
-    buffer, so it never reaches an optimizer or a state dict.
-    """
+    """`y = x W^T + b` with W reordered once into oneDNN's layout (inference only). The packed weight is an
+    opaque oneDNN tensor, kept as a plain attribute so it never reaches an optimizer or a state dict."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
         super().__init__()
@@ -47,12 +44,8 @@ class PackedLinear(nn.Module):
 
 
 def prepare_for_inference(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
-    """Cast `model` to `dtype` (default: keep) and pack its Linear layers where oneDNN can; in place.
-
-    The model is left in eval mode with gradients off. A tied output head gets its own packed copy
-    (the token embedding is still needed for lookups), so packing costs one vocab x n_embd matrix of
-    extra memory.
-    """
+    """Cast `model` to `dtype` (default: keep) and pack its Linear layers where oneDNN can; in place, eval
+    mode, gradients off. A tied output head gets its own packed copy (one vocab x n_embd matrix more)."""
     model.eval().requires_grad_(False)
     if dtype is not None:
         model.to(dtype)

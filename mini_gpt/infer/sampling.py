@@ -53,23 +53,16 @@ def context_start(start: int, length: int, block_size: int, window: int) -> int:
 
 
 def apply_repetition_penalty(logits: Tensor, seq: Tensor, penalty: float) -> Tensor:
-    """Make every token already in `seq` (B, n) less likely (CTRL, Keskar et al. 2019).
-
-    A seen token's positive logit is divided by `penalty`, a negative one multiplied, so penalty > 1
-    always lowers its probability whatever the sign. Tokens seen twice are penalised once.
-    """
+    """Make every token already in `seq` (B, n) less likely (CTRL, Keskar et al. 2019): a positive logit
+    is divided by `penalty`, a negative one multiplied; tokens seen twice are penalised once."""
     seen = logits.gather(1, seq)  # (B, n)
     seen = torch.where(seen > 0, seen / penalty, seen * penalty)
     return logits.scatter(1, seq, seen)
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
-    """Set to -inf every logit outside the top-k and outside the top-p nucleus; (B, V) -> (B, V).
-
-    top-k keeps exactly the k largest (ties broken by torch.topk). top-p keeps the smallest set of
-    most likely tokens whose probabilities sum to at least p: a token stays when the mass of the
-    tokens ranked above it is still below p, so the most likely token always stays.
-    """
+    """Set to -inf every logit outside the top-k and outside the top-p nucleus; (B, V) -> (B, V). A token
+    stays in the nucleus while the mass of the tokens ranked above it is below p (the top one always)."""
     V = logits.shape[-1]
     if top_k is not None and top_k < V:
         values, indices = torch.topk(logits, top_k, dim=-1)  # (B, k)
@@ -148,12 +141,9 @@ def generate(
         repetition_penalty: > 1 discourages tokens already in the sequence (None or 1 = off).
         num_samples: with a single prompt row, B' = num_samples samples that share one prefill.
         window: tokens kept when the context slides past block_size (default block_size // 2).
-        attention_mask: (B, T), 1 for prompt tokens and 0 for padding: prompts of different lengths
-            batched by left padding. Each row's positions count its real tokens only and nothing attends
-            to padding, so a row decodes as it would alone (while the batch fits in block_size; the
-            sliding window counts the batch's columns, padding included).
-        stream: called with each step's new tokens (B',); returning True stops early, and the
-            result is then shorter than T + max_new_tokens.
+        attention_mask: (B, T), 0 at left padding: each row decodes as it would alone (while the batch
+            fits in block_size; the sliding window counts the batch's columns, padding included).
+        stream: called with each step's new tokens (B',); returning True stops early (a shorter result).
 
     The model is in eval mode while this runs and gets its previous mode back at the end.
     """

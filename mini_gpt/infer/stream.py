@@ -45,13 +45,10 @@ def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 class TextStream:
-    """Turns one sample's token ids into text pieces that are safe to print, and applies stop strings.
-
-    - BPE tokens can end in the middle of a UTF-8 character: ids are held back while their text ends
-      in a replacement character (at most 8, in case the model really produced invalid bytes).
-    - Text that could be the beginning of a stop string is held back until it is known not to be; at
-      a stop string the sample ends, without it.
-    """
+    """Turns one sample's token ids into text pieces that are safe to print, and applies stop strings:
+    ids are held back while their text ends in a replacement character (half a UTF-8 character; at most
+    MAX_PENDING), and text that could begin a stop string until it is known not to. At a stop string the
+    sample ends, without it."""
 
     MAX_PENDING = 8
 

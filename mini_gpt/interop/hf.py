@@ -53,11 +53,9 @@ _OPTIONS = ("norm", "pos_embedding", "mlp")
 
 @dataclass(frozen=True)
 class Architecture:
-    """Where each of our modules lives in one `transformers` architecture.
-
-    `top` maps our module names outside the blocks, `layer` those inside block i (under `layer_prefix`).
-    A tuple on the right means our one matrix is several of theirs, stacked along the output rows.
-    """
+    """Where each of our modules lives in one `transformers` architecture: `top` maps our module names
+    outside the blocks, `layer` those inside block i (under `layer_prefix`). A tuple on the right means our
+    one matrix is several of theirs, stacked along the output rows."""
 
     label: str
     model_class: str

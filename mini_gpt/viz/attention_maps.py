@@ -108,11 +108,8 @@ def parse_selection(value: Any, n: int, name: str) -> list[int]:
 def compute_attention(
     model: GPT, tokenizer: Any, prompt: str, max_tokens: int | None = None
 ) -> tuple[list[int], list[str], list[np.ndarray]]:
-    """(token ids, tick labels, per-layer weights as float64 arrays (n_head, T, T)) for one prompt.
-
-    The prompt is cut to its last `max_tokens` (default block_size) tokens. The model is run in eval
-    mode on its own device and put back in the mode it was in.
-    """
+    """(token ids, tick labels, per-layer weights as float64 arrays (n_head, T, T)) for the last
+    `max_tokens` (default block_size) tokens of one prompt, in eval mode (the model's mode is restored)."""
     if not prompt:
         raise MiniGPTError('prompt is empty; pass prompt="some text" to look at')
     ids = tokenizer.encode(prompt)  # CharTokenizer raises MiniGPTError naming unknown characters
@@ -133,11 +130,8 @@ def compute_attention(
 
 
 def attention_stats(att: np.ndarray | torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Mean entropy (nats) and mean attention distance (tokens) per head of weights (n_head, T, S).
-
-    Averages over the T query rows; query t sits at absolute position S - T + t (the last T of S),
-    so the distance of key s is (S - T + t) - s. Zero weights contribute 0 to the entropy.
-    """
+    """Mean entropy (nats) and mean attention distance (tokens) per head of weights (n_head, T, S), over
+    the T query rows; query t sits at position S - T + t (the last T of S): key s is (S - T + t) - s back."""
     a = np.asarray(att, dtype=np.float64)
     if a.ndim == 2:
         a = a[None]
@@ -170,10 +164,9 @@ def attention_maps(
     """A grid of heatmaps, one row per selected layer and one column per selected head.
 
     `attention` (from `compute_attention`) saves the forward pass when the caller has run it already;
-    `max_inches` caps the figure's sides (default MAX_FIGURE_INCHES).
-    Returns (figure, data) with data = {"tokens": tick labels, "ids", "layers", "heads",
-    "weights": {(layer, head): (T, T) array drawn in that panel}, "axes": {(layer, head): Axes},
-    "images": {(layer, head): AxesImage}, "title", "shrunk"}; `update_attention_maps` redraws it.
+    `max_inches` caps the figure's sides (default MAX_FIGURE_INCHES). Returns (figure, data) with
+    data = {"tokens": tick labels, "ids", "layers", "heads", "weights": {(layer, head): (T, T) array drawn
+    in that panel}, "axes": {(layer, head): Axes}, "images": {(layer, head): AxesImage}, "title", "shrunk"}.
     """
     ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
     cfg = model.config

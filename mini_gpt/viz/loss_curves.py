@@ -107,10 +107,8 @@ def _metric_files(run_dir: Path) -> list[Path]:
 
 
 def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
-    """All curves found below run_dir (and the runs it resumed from), and the files they came from.
-
-    When the run was resumed, curves["resumed_at"] = {first step of each later segment: 0.0}.
-    """
+    """All curves found below run_dir (and the runs it resumed from), and the files they came from; a
+    resumed run adds curves["resumed_at"] = {first step of each later segment: 0.0}."""
     run_dir = Path(run_dir).expanduser()
     if not run_dir.exists():
         raise MiniGPTError(f"run directory {run_dir} does not exist")
@@ -153,10 +151,8 @@ def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
 
 
 def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dict[str, Any]]:
-    """Loss (train and val, log scale) and, when present, learning rate against optimizer step.
-
-    Returns (figure, data) with data = {name: (steps, values)} exactly as drawn, plus "axes".
-    """
+    """Loss (train and val, log scale) and, when present, learning rate against optimizer step; returns
+    (figure, data) with data = {name: (steps, values)} exactly as drawn, plus "axes"."""
     has_lr = bool(curves.get("lr"))
     figsize = (8, 6.5) if has_lr else (8, 4)
     fig, axes = plt.subplots(
