@@ -185,9 +185,8 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
             raise MiniGPTError(f"cannot write output={output} ({error.strerror or error})") from None
         print(f"results written to {output}", file=err)
     for task, metrics in results.items():
-        if isinstance(metrics, dict) and any(
-            isinstance(v, float) and math.isnan(v) for v in metrics.values()
-        ):
+        values = metrics.values() if isinstance(metrics, dict) else ()
+        if any(isinstance(v, float) and math.isnan(v) for v in values):
             print(f"warning: {task} has NaN metrics", file=err)
     return results
 
