@@ -1,8 +1,7 @@
 """mini-gpt: a small decoder-only transformer whose causal self-attention is the readable core.
 
 Importing the package is cheap: the names below load their module (and torch) on first use, so data
-preparation workers (`mini_gpt.data.shard_corpus`) never pay for torch. Training pulls in Lightning, Hydra
-and W&B lazily too.
+preparation workers never pay for torch.
 """
 
 from __future__ import annotations

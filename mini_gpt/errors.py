@@ -1,10 +1,6 @@
-"""The one exception type users are meant to read.
-
-Every mistake a user can make (a wrong path, an empty corpus, `n_embd` not divisible by `n_head`, a
-prompt with unknown characters, ...) is raised as `MiniGPTError` with a single line that says what is
-wrong and how to fix it. It subclasses `ValueError`, so library callers can catch it as one. The
-command line entry points catch it, print `error: <message>` and exit with status 2 instead of a
-traceback. A config value of the wrong type (`seed=abc`) is caught by OmegaConf (mini_gpt.conf.schema).
+"""The one exception type users are meant to read: `MiniGPTError`, a one-line message that says what is
+wrong and how to fix it (a `ValueError`, so library callers can catch it as one). The command-line entry
+points print it as `error: <message>` and exit with status 2 (`exit_on_user_error`).
 """
 
 from __future__ import annotations
@@ -40,9 +36,8 @@ def exit_on_user_error(fn: F) -> F:
 def check_ints(
     allow_none: bool = False, error: type[MiniGPTError] = MiniGPTError, minimum: int = 1, **values: Any
 ) -> None:
-    """One `error` line for the first value that is not an integer >= `minimum` (default: a positive
-    integer; True/False are not integers here); with `allow_none`, None passes (a key whose null means
-    "off" or "the default")."""
+    """One `error` line for the first value that is not an integer >= `minimum` (True/False are not
+    integers here); with `allow_none`, None passes (a key whose null means "off" or "the default")."""
     for name, value in values.items():
         if value is None and allow_none:
             continue

@@ -1,10 +1,7 @@
 """`mini-gpt <verb> [args]`: the one command. One module per verb (mini_gpt.cli.<verb>); this dispatcher
-only knows their names, imports the one asked for (so `mini-gpt generate` never loads Lightning) and hands
-it the rest of the command line.
-
-Every verb takes Hydra overrides (key=value, key=[a,b], group=option) on its own config conf/<verb>.yaml,
-and `mini-gpt <verb> --help` lists that config's keys; bench (argparse flags) and harness (lm_eval's own
-flags) pass their arguments through. `python train.py` and `python -m mini_gpt.<tool>` are aliases.
+imports only the one asked for (so `mini-gpt generate` never loads Lightning) and hands it the rest of
+the command line: Hydra overrides of conf/<verb>.yaml (`--help` lists its keys), or, for bench and
+harness, their own flags.
 """
 
 from __future__ import annotations

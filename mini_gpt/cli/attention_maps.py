@@ -1,36 +1,31 @@
-"""`mini-gpt attention-maps ckpt=PATH prompt="..." [layer=..] [head=..] [view=..] [out=attn.png]`
-(alias `python -m mini_gpt.attention_maps`): draws mini_gpt.viz.attention_maps's figures to files.
-Every key lives in conf/attention_maps.yaml."""
+"""`mini-gpt attention-maps ckpt=PATH prompt="..." [layer=..] [head=..] [view=..] [out=attn.png]`: draws
+mini_gpt.viz.attention_maps's figures to files. Every key lives in conf/attention_maps.yaml."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
+from mini_gpt.conf import hydra_main, split_free_text
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.stream import prompt_text
+from mini_gpt.interop.checkpoint import load_model
 from mini_gpt.viz import attention_maps as viz
-from mini_gpt.viz.attention_maps import attention_maps, attention_summary, save_figure, summary_path
 
-# ---- command line ---------------------------------------------------------------------------------
 VIEWS = ("maps", "summary", "both")
 
 
 def run(cfg: dict[str, Any]) -> list[Path]:
     """The CLI's work, on a plain mapping of its config; returns the files written."""
-    from mini_gpt.interop.checkpoint import load_model
-
     get = cfg.get
     ckpt, view = get("ckpt"), str(get("view", "maps"))
     if not ckpt:
         raise MiniGPTError("ckpt=PATH is required (a training .ckpt or an export directory)")
     if view not in VIEWS:
         raise MiniGPTError(f"view={view!r} must be one of {', '.join(VIEWS)}")
-    raw = get("prompt")
-    if raw is None or str(raw) == "":
+    raw = "" if get("prompt") is None else str(get("prompt"))
+    if not raw:
         raise MiniGPTError('prompt is empty; pass prompt="some text" (or prompt=@file.txt) to look at')
-    raw = str(raw)
     # @FILE: the file's text as it is; otherwise let shells pass newlines as \n.
     prompt = prompt_text(raw) if raw.startswith("@") else raw.replace("\\n", "\n")
     out = Path(str(get("out", "attn.png")))
@@ -39,10 +34,10 @@ def run(cfg: dict[str, Any]) -> list[Path]:
     model, tokenizer = load_model(ckpt, str(get("device", "cpu")))
     written, notes = [], []
     if view in ("maps", "both"):
-        fig, data = attention_maps(
+        fig, data = viz.attention_maps(
             model, tokenizer, prompt, get("layer", "all"), get("head", "all"), max_tokens
         )
-        written.append(save_figure(fig, out, dpi))
+        written.append(viz.save_figure(fig, out, dpi))
         if data["shrunk"]:
             notes.append(
                 f"note: {len(data['layers'])} layers x {len(data['heads'])} heads were shrunk to fit "
@@ -50,21 +45,18 @@ def run(cfg: dict[str, Any]) -> list[Path]:
                 "e.g. layer=0) or on one head with layer=N head=M"
             )
     if view in ("summary", "both"):
-        target = out if view == "summary" else Path(str(get("summary_out") or summary_path(out)))
-        fig, _ = attention_summary(model, tokenizer, prompt, get("layer", "all"), max_tokens)
-        written.append(save_figure(fig, target, dpi))
+        target = out if view == "summary" else Path(str(get("summary_out") or viz.summary_path(out)))
+        fig, _ = viz.attention_summary(model, tokenizer, prompt, get("layer", "all"), max_tokens)
+        written.append(viz.save_figure(fig, target, dpi))
     for line in [f"wrote {path}" for path in written] + notes:
         print(line)
     return written
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`mini-gpt attention-maps ARGS` / `python -m mini_gpt.attention_maps ARGS`; `argv` default: the
-    command line."""
-    from mini_gpt.conf import hydra_main, split_free_text
-
+    """`mini-gpt attention-maps ARGS`; `argv` default: the command line."""
     # prompt= takes any text, commas included
-    overrides, text = split_free_text(sys.argv[1:] if argv is None else argv)
+    overrides, text = split_free_text(argv)
     hydra_main("attention_maps", lambda cfg: run({**cfg, **text}), overrides)
 
 

@@ -1,18 +1,9 @@
 """Evaluate a model: `mini-gpt evaluate ckpt=PATH tasks=[bpb,hellaswag] output=results.json`.
 
-Every key lives in `conf/evaluate.yaml` (`python -m mini_gpt.evaluate` is the same command):
-
-    mini-gpt evaluate ckpt=out/last.ckpt                     # bits per byte on the val split
-    mini-gpt evaluate ckpt=out/last.ckpt bpb.path=notes.txt  # ... on any file / dir / glob
-    mini-gpt evaluate ckpt=out/last.ckpt tasks=[bpb,hellaswag] hellaswag.path=hellaswag_val.jsonl
-    mini-gpt evaluate init_from=gpt2 data=shakespeare        # GPT-2 (hub or a local HF dir)
-    mini-gpt evaluate ckpt=out/last.ckpt tasks=[] harness_tasks=[arc_easy] harness.limit=100
-
-Tasks: `bpb` (bits per byte, loss per token and perplexity of a text, by sliding windows:
-`mini_gpt.eval.bpb`),
-`hellaswag` (completion-style acc / acc_norm: `mini_gpt.eval.hellaswag`), and any lm-evaluation-harness task
-through `harness_tasks` (`mini_gpt.eval.harness`; needs the `eval` extra). Prints a markdown table; with
-`output=FILE` also writes one JSON object per task plus the checkpoint's step and tokens.
+Every key lives in conf/evaluate.yaml. Tasks: `bpb` (bits per byte by sliding windows, mini_gpt.eval.bpb),
+`hellaswag` (acc / acc_norm, mini_gpt.eval.hellaswag) and any lm-evaluation-harness task through
+`harness_tasks` (mini_gpt.eval.harness; the `eval` extra). Prints a markdown table; `output=FILE` also
+writes the results and the checkpoint's step and tokens as JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +17,7 @@ from typing import Any, TextIO
 
 import torch
 
+from mini_gpt.conf import hydra_main
 from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.files import write_json_atomic
 from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device
@@ -127,15 +119,6 @@ def checkpoint_info(path: str | None) -> dict[str, Any]:
     return {"step": ckpt.get("global_step"), "tokens": (ckpt.get("mini_gpt") or {}).get("tokens")}
 
 
-def bpb_documents(cfg: EvaluateConfig) -> tuple[list[str], str]:
-    """(documents to score, a description of where they came from)."""
-    from mini_gpt.eval.bpb import prepare_split, read_documents
-
-    if cfg.bpb.path:
-        return read_documents(cfg.bpb.path), str(cfg.bpb.path)
-    return prepare_split(cfg.data, cfg.bpb.split, cfg.progress)
-
-
 def markdown_table(results: dict[str, Any]) -> str:
     """The metrics as a markdown table: task | metric | value."""
     lines = ["| task | metric | value |", "| --- | --- | ---: |"]
@@ -160,7 +143,14 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
     model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device)
     results: dict[str, Any] = {"checkpoint": str(cfg.ckpt or cfg.init_from), **checkpoint_info(cfg.ckpt)}
     # Read every input before the first (possibly long) task, so a wrong path fails in a second.
-    documents = bpb_documents(cfg) if "bpb" in cfg.tasks else None
+    documents = None  # (the texts, where they came from)
+    if "bpb" in cfg.tasks:
+        from mini_gpt.eval.bpb import prepare_split, read_documents
+
+        if cfg.bpb.path:
+            documents = read_documents(cfg.bpb.path), str(cfg.bpb.path)
+        else:
+            documents = prepare_split(cfg.data, cfg.bpb.split, cfg.progress)
     items = None
     if "hellaswag" in cfg.tasks:
         from mini_gpt.data.config import data_root
@@ -195,9 +185,8 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
             raise MiniGPTError(f"cannot write output={output} ({error.strerror or error})") from None
         print(f"results written to {output}", file=err)
     for task, metrics in results.items():
-        if isinstance(metrics, dict) and any(
-            isinstance(v, float) and math.isnan(v) for v in metrics.values()
-        ):
+        values = metrics.values() if isinstance(metrics, dict) else ()
+        if any(isinstance(v, float) and math.isnan(v) for v in values):
             print(f"warning: {task} has NaN metrics", file=err)
     return results
 
@@ -207,10 +196,7 @@ def config_from_dict(d: dict[str, Any]) -> EvaluateConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`mini-gpt evaluate key=value ...` (Hydra overrides of conf/evaluate.yaml); `argv` default: the
-    command line."""
-    from mini_gpt.conf import hydra_main
-
+    """`mini-gpt evaluate key=value ...`; `argv` default: the command line."""
     hydra_main("evaluate", lambda cfg: run(config_from_dict(cfg)), argv)
 
 

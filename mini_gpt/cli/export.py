@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mini_gpt.conf import hydra_main
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.interop.checkpoint import load_model
 from mini_gpt.interop.export import export_model
 
 
 def _run(cfg: dict[str, Any]) -> Path:
-    from mini_gpt.interop.checkpoint import load_model
-
     if not cfg["ckpt"]:
         raise MiniGPTError("set ckpt=PATH (a training .ckpt or an export directory)")
     if not cfg["out"]:
@@ -24,9 +24,7 @@ def _run(cfg: dict[str, Any]) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`mini-gpt export ARGS` / `python -m mini_gpt.export ARGS`; `argv` (default: the command line)."""
-    from mini_gpt.conf import hydra_main
-
+    """`mini-gpt export ARGS` / `python -m mini_gpt.export ARGS`; `argv` default: the command line."""
     hydra_main("export", _run, argv)
 
 

@@ -1,20 +1,11 @@
-"""Sample text from a trained model: `mini-gpt generate ckpt=PATH prompt="ROMEO:"`.
+"""Sample text from a model: `mini-gpt generate ckpt=PATH prompt="ROMEO:"` (keys: conf/generate.yaml).
 
-Also `python -m mini_gpt.generate` and the console script `mini-gpt-generate`. Every key lives in
-`conf/generate.yaml`:
-
-    mini-gpt generate ckpt=out/last.ckpt prompt="ROMEO:" max_new_tokens=500 temperature=0.8 top_k=200
     mini-gpt generate ckpt=export/ prompt=@prompt.txt num_samples=3 seed=1 stop='\\n\\n' output=s.jsonl
     mini-gpt generate init_from=gpt2 prompt="Hello, I'm a language model," top_p=0.95   # needs network
 
-`prompt=` and `stop=` take any text verbatim (no Hydra quoting; repeat `stop=` for several stop strings).
-One sample is streamed to stdout as it is generated; several are generated as one batch (one shared
-prompt prefill) and printed between `--- sample i/n ---` lines. Warnings and timings go to stderr.
-Mistakes (a missing checkpoint, characters the vocabulary lacks, ...) print one `error:` line and
-exit with status 2.
-
-Start-up matters (you wait for it every time), so this module imports only torch, our model code and
-Hydra's config parsing: no Lightning, no W&B, no transformers unless `init_from` asks for GPT-2.
+`prompt=` and `stop=` take any text verbatim. One sample streams to stdout; several are one batch (one
+shared prefill) printed between `--- sample i/n ---` lines; warnings and timings go to stderr. Start-up
+is paid on every call, so this imports no Lightning, W&B or transformers (unless `init_from` needs it).
 """
 
 from __future__ import annotations
@@ -30,6 +21,7 @@ from typing import Any, TextIO
 
 import torch
 
+from mini_gpt.conf import hydra_main, split_free_text
 from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device
 from mini_gpt.infer.packing import can_pack, prepare_for_inference
@@ -195,11 +187,8 @@ def config_from_dict(d: dict[str, Any]) -> GenerateConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`mini-gpt generate ARGS` (also `mini-gpt-generate`, `python -m mini_gpt.generate`); `argv`
-    (default: the command line) are the ARGS."""
-    from mini_gpt.conf import hydra_main, split_free_text
-
-    overrides, text = split_free_text(sys.argv[1:] if argv is None else argv)
+    """`mini-gpt generate ARGS`; `argv` default: the command line."""
+    overrides, text = split_free_text(argv)
     hydra_main("generate", lambda cfg: run(config_from_dict({**cfg, **text})), overrides)
 
 

@@ -1,8 +1,5 @@
-"""`mini-gpt harness ARGS` / `python -m mini_gpt.harness ARGS`: lm-eval's own command line, with `mini-gpt`
-registered as a model (see `mini_gpt.eval.harness` for why the `lm_eval` command cannot find it).
-
-    python -m mini_gpt.harness --model mini-gpt --model_args ckpt=out/last.ckpt --tasks arc_easy --limit 100
-"""
+"""`mini-gpt harness ARGS`: lm-eval's own command line with `mini-gpt` registered as a model (see
+`mini_gpt.eval.harness` for why the `lm_eval` command cannot find it)."""
 
 from __future__ import annotations
 

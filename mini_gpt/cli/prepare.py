@@ -1,13 +1,9 @@
-"""Prepare a corpus without training: `mini-gpt prepare [data=... key=value ...]` (alias
-`python -m mini_gpt.data prepare ...`).
+"""`mini-gpt prepare [data=... key=value ...]`: tokenize a corpus without training, e.g.
 
     mini-gpt prepare data=fineweb_edu data.max_tokens=100000000   # e.g. on a login node
-    mini-gpt prepare data=hf data.dataset='/corpora/owt/*.parquet' data.num_proc=32
     mini-gpt prepare experiment=gpt2_124m_fineweb                # the data of a recipe
-    mini-gpt prepare data=shards data.path='fineweb10B/*.bin'      # check shards' headers
 
-conf/prepare.yaml is train.yaml, so the overrides are train's and the training run that follows with the
-same `data=...` finds the prepared files and starts at once. Prints one line: where the files are, and counts.
+conf/prepare.yaml is train.yaml, so a training run with the same `data=...` finds the prepared files.
 """
 
 from __future__ import annotations
@@ -15,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from mini_gpt.conf import hydra_main
 from mini_gpt.data import AnyDataConfig, ShardedCorpus, data_config, prepare
 
 
@@ -35,7 +32,5 @@ def _run(data: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`mini-gpt prepare OVERRIDES`; `argv` (default: the command line) are the OVERRIDES."""
-    from mini_gpt.conf import hydra_main
-
+    """`mini-gpt prepare OVERRIDES`; `argv` default: the command line."""
     hydra_main("prepare", _run, argv, node="data")

@@ -1,15 +1,7 @@
-"""`mini-gpt train [group=option ...] [key=value ...]` (= `python train.py ...`): train a GPT. A Hydra app
-on conf/train.yaml, so Hydra's flags work too (`-m` sweeps, `--cfg job`, `hydra.*` keys).
-
-    mini-gpt train                                   # the default char model on tiny Shakespeare
-    mini-gpt train model=baby trainer.max_steps=2000 optim.lr=1e-3 data=shakespeare logger=csv
-    mini-gpt train experiment=shakespeare_char_gpu
-    mini-gpt train ckpt_path=outputs/train/runs/<date>/<time>/checkpoints/last.ckpt   # resume exactly
-
-The run itself is `mini_gpt.train.run.train`. Here: a user error becomes one `error:` line (exit status 2);
-the console is recorded in the run's train.log, and a run that fails before training leaves no folder;
-in a Hydra multirun (sweep) a failing trial raises (the sweeper records it and goes on) and the value
-returned to the sweeper is the best val loss, +inf for a NaN/inf loss, never NaN.
+"""`mini-gpt train [group=option ...] [key=value ...]` (= `python train.py ...`): a Hydra app on
+conf/train.yaml, so Hydra's flags work too (`-m` sweeps, `--cfg job`, `hydra.*` keys). The run itself is
+`mini_gpt.train.run.train`; here a user error becomes one `error:` line (exit status 2), except in a
+sweep, where a failing trial raises (the sweeper records it) and a NaN loss returns +inf, never NaN.
 """
 
 from __future__ import annotations
@@ -56,7 +48,7 @@ def train_app(cfg: DictConfig) -> float | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python train.py ARGS` / `mini-gpt train ARGS`; `argv` (default: the command line) are the ARGS."""
+    """`python train.py ARGS` / `mini-gpt train ARGS`; `argv` default: the command line."""
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]  # Hydra reads its command line from sys.argv
     exit_with_help_if_asked("train")  # the groups and keys of train.yaml, with their comments

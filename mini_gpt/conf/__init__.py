@@ -1,20 +1,19 @@
-"""Where every mini-gpt tool finds its Hydra configs, and how it composes them.
+"""Where every mini-gpt tool finds its Hydra configs (`CONF_DIR`), and how it composes them (`hydra_main`).
 
-The YAML lives in `conf/` at the top of the checkout: `train.yaml` and its groups (model/ data/ optim/
-trainer/ callbacks/ logger/ paths/ hydra/ experiment/ debug/ hparams_search/ finetune/) configure
-`mini-gpt train` (= `python train.py`); `generate.yaml`, `export.yaml`, `attention_maps.yaml`,
-`evaluate.yaml`, `plot.yaml`, `prepare.yaml` the other verbs of `mini-gpt` (mini_gpt.cli); `sweep/` holds
-W&B sweep specs (no defaults list uses it). A wheel carries the same files as `mini_gpt/configs/` (see
-pyproject.toml), so a regular install works too. Every tool finds them one way:
-`CONF_DIR`. Hydra is imported lazily.
+The YAML lives in `conf/` at the top of a checkout (a wheel carries it as `mini_gpt/configs/`):
+`train.yaml` and its groups for `mini-gpt train`, one `<verb>.yaml` for each other verb. Hydra is
+imported lazily.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from mini_gpt.errors import MiniGPTError, exit_on_user_error
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 _CHECKOUT = _PACKAGE_DIR.parent
@@ -32,14 +31,13 @@ FREE_TEXT_KEYS = ("prompt", "stop")
 
 
 def split_free_text(
-    argv: Sequence[str], keys: Sequence[str] = FREE_TEXT_KEYS
+    argv: Sequence[str] | None, keys: Sequence[str] = FREE_TEXT_KEYS
 ) -> tuple[list[str], dict[str, Any]]:
-    """(the Hydra overrides, {"prompt": text, "stop": [texts]}): `stop=` may be given several times.
-
-    `keys`: the free-text keys of the tool (paths, for `mini-gpt plot`)."""
+    """(the Hydra overrides, {"prompt": text, "stop": [texts]}) of `argv` (default: the command line);
+    `stop=` may be given several times. `keys`: the tool's free-text keys (paths, for `mini-gpt plot`)."""
     overrides: list[str] = []
     text: dict[str, Any] = {}
-    for arg in argv:
+    for arg in sys.argv[1:] if argv is None else argv:
         key, eq, value = arg.partition("=")
         if not eq or key not in keys:
             overrides.append(arg)
@@ -58,10 +56,8 @@ def register_resolvers() -> None:
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "train", hydra: bool = False) -> Any:
-    """The config `python train.py OVERRIDES` (or another tool) would run with, without running it.
-
-    `hydra=True` also returns the `hydra` node (sweeper, launcher, run dirs).
-    """
+    """The config `python train.py OVERRIDES` (or another tool) would run with, without running it;
+    `hydra=True` also returns the `hydra` node (sweeper, launcher, run dirs)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -104,14 +100,12 @@ def _groups(config_name: str, included: bool = True) -> list[str]:
 
 
 def command(config_name: str) -> str:
-    """How a user types the command of a config: `python train.py` (the project's main door) or
-    `mini-gpt <verb>` (attention_maps.yaml: `mini-gpt attention-maps`)."""
+    """How a user types the command of a config: `python train.py` or `mini-gpt <verb>`."""
     return "python train.py" if config_name == "train" else f"mini-gpt {config_name.replace('_', '-')}"
 
 
 def tool_help(config_name: str) -> str:
-    """`--help` of a tool: its own config file (every key with its comment; a tool's Hydra settings left
-    out) and, for a config with groups (train, prepare), the options of each group its defaults name."""
+    """`--help` of a tool: its config file's keys with their comments, and the options of its groups."""
     text = (CONF_DIR / f"{config_name}.yaml").read_text()
     groups = _groups(config_name)
     lines = []
@@ -140,8 +134,6 @@ def tool_help(config_name: str) -> str:
 def exit_with_help_if_asked(config_name: str, argv: Sequence[str] | None = None) -> None:
     """`--help` / `-h` in `argv` (default: the command line): print `tool_help(config_name)` and exit 0.
     Hydra's own help would list every config group in CONF_DIR (the training groups in every tool's help)."""
-    import sys
-
     if {"--help", "-h"} & set(sys.argv[1:] if argv is None else argv):
         print(tool_help(config_name), end="")
         raise SystemExit(0)
@@ -151,8 +143,6 @@ def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
     """`compose`, with an override Hydra refuses (an unknown key, bad syntax) as one `MiniGPTError` line."""
     from hydra.errors import HydraException
     from omegaconf import DictConfig, OmegaConf
-
-    from mini_gpt.errors import MiniGPTError
 
     try:
         return compose(overrides, config_name)
@@ -177,18 +167,11 @@ def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
         raise MiniGPTError(f"{config_name}: {why}") from None
 
 
-def exit_on_bad_overrides(config_name: str, argv: Sequence[str] | None = None) -> None:
-    """Before `hydra.main` runs: an override Hydra would refuse (an unknown key, a missing option, bad
-    syntax) becomes one `error: ...` line and exit status 2 instead of Hydra's multi-line report.
-
-    Left to Hydra: command lines with its own flags (`-m` sweeps, `--cfg job`, ...), whose overrides
-    may be sweep syntax that a single composition cannot take.
-    """
-    import sys
-
-    from mini_gpt.errors import exit_on_user_error
-
-    overrides = sys.argv[1:] if argv is None else list(argv)
+def exit_on_bad_overrides(config_name: str) -> None:
+    """Before `hydra.main` runs: an override on the command line that Hydra would refuse becomes one
+    `error: ...` line and exit status 2 instead of Hydra's multi-line report. Left to Hydra: command lines
+    with its own flags (`-m`, `--cfg job`, ...), whose overrides may be sweep syntax."""
+    overrides = sys.argv[1:]
     if not any(arg.startswith("-") for arg in overrides):
         exit_on_user_error(compose_command_line)(config_name, overrides)
 
@@ -200,18 +183,11 @@ def hydra_main(
     node: str | None = None,
 ) -> Any:
     """Run `task(cfg)` on `CONF_DIR/<config_name>.yaml` plus the `key=value` overrides in `argv` (default:
-    the command line), `cfg` a plain dict (resolved): the whole config, or only its `node` (prepare: data;
-    the rest of train.yaml has keys only a Hydra run can resolve).
-
-    Composed with Hydra's compose API: a one-shot tool needs no run directory, log files or multirun.
-    A refused override or a `MiniGPTError` becomes one `error: ...` line on stderr and exit status 2
-    (see mini_gpt.errors). `--help` / `-h` prints `tool_help(config_name)`.
-    """
-    import sys
-
+    the command line), `cfg` a resolved plain dict: the whole config, or only its `node` (prepare: data;
+    the rest of train.yaml has keys only a Hydra run can resolve). Hydra's compose API, not hydra.main: a
+    one-shot tool needs no run directory. A refused override or a `MiniGPTError` becomes one `error:` line
+    and exit status 2; `--help` / `-h` prints `tool_help(config_name)`."""
     from omegaconf import OmegaConf
-
-    from mini_gpt.errors import exit_on_user_error
 
     overrides = sys.argv[1:] if argv is None else list(argv)
 

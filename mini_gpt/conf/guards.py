@@ -1,8 +1,6 @@
-"""Hydra callbacks that run before Hydra touches the disk.
-
-Hydra creates the run (or sweep) directory and writes `.hydra/` into it before any mini-gpt code runs,
-so an output location on a read-only file system or without permission would end in Hydra's traceback.
-`WritableOutputDir` checks the nearest existing folder of that directory first and stops with one line.
+"""Hydra callbacks that run before Hydra touches the disk: Hydra writes the run (or sweep) directory
+before any mini-gpt code runs, so `WritableOutputDir` checks it first and stops with one line instead of
+Hydra's traceback.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""Config sections checked by OmegaConf against the dataclass they become.
+"""Config sections checked by OmegaConf against the dataclass they become: `checked_config(cls, d, section)`.
 
-`OmegaConf.structured(cls)` is a config whose keys and value types are the dataclass's fields; merging a
-section (YAML + command line, as composed) into it refuses a key the class lacks or a value of the wrong
-type, and converts what it can (an integer where a number is expected, `'12'` to 12). `checked_config`
-turns such a refusal into one `MiniGPTError` line naming the key and what it must be. The dataclasses
-check their values' ranges themselves (`__post_init__`).
-
-Used where a composed section becomes a dataclass (train.yaml's top-level keys, model, optim, finetune,
-data). The model and the generation path never import this module: they stay free of OmegaConf.
+Merging a section into `OmegaConf.structured(cls)` refuses a key the class lacks or a value of the wrong
+type and converts what it can (`'12'` to 12); a refusal becomes one `MiniGPTError` line naming the key
+and what it must be. The dataclasses check value ranges themselves (`__post_init__`). The model and the
+generation path never import this module: they stay free of OmegaConf.
 """
 
 from __future__ import annotations
@@ -39,10 +35,8 @@ def _what(hint: Any) -> str:
 def checked_config(
     cls: type[T], d: Mapping[str, Any], section: str, error: type[MiniGPTError] = MiniGPTError
 ) -> T:
-    """`cls(**d)`, with `d`'s keys and value types checked (and converted) by OmegaConf first.
-
-    `section` prefixes the keys in the error line (`optim`, `model`; "" for top-level keys).
-    """
+    """`cls(**d)`, with `d`'s keys and value types checked (and converted) by OmegaConf first; `section`
+    prefixes the keys in the error line (`optim`, `model`; "" for top-level keys)."""
     try:
         typed = OmegaConf.merge(OmegaConf.structured(cls), dict(d))
     except ConfigKeyError:

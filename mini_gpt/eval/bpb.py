@@ -2,16 +2,11 @@
 
     bits_per_byte = (total NLL in nats) / ln 2 / (UTF-8 bytes of the scored text)
 
-so a character model and a BPE model (or GPT-2) are compared on the same text. The text is a list of
-documents: a file, every `.txt` file under a directory (sorted), a glob, or a prepared corpus split
-(`train.bin` / `val.bin`, or the shards of `data=hf` / `data=shards`: parquet or jsonl columns, decoded
-with their own tokenizer and cut into documents at end-of-text ids).
-
-Each document is encoded with the model's tokenizer and scored by sliding windows (`mini_gpt.eval.scoring`).
-When the tokenizer has an end-of-text id it is put before the document as context, so every token of the
-document is predicted (as lm-evaluation-harness does for rolling log-likelihoods); otherwise (characters)
-the first token is context only and its bytes are not counted. Special tokens never count as bytes, and
-text that looks like a special token (`<|endoftext|>` typed in a file) is scored as plain text.
+so a character model and a BPE model are compared on the same text: documents from a file, the `.txt`
+files under a directory, a glob, or a prepared corpus split (cut into documents at end-of-text ids),
+each scored by sliding windows (`mini_gpt.eval.scoring`). With an end-of-text id it comes first as
+context, so every document token is predicted (as lm-evaluation-harness does); otherwise the first token
+is context only and its bytes are not counted. Special-token text in a file is scored as plain text.
 """
 
 from __future__ import annotations

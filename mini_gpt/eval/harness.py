@@ -1,25 +1,16 @@
 """Our GPT as an lm-evaluation-harness model named `mini-gpt` (needs the `eval` extra: lm-eval).
 
     mini-gpt harness --model mini-gpt --model_args ckpt=out/last.ckpt --tasks arc_easy --limit 100
-    python -m mini_gpt.harness --model mini-gpt --model_args ckpt=out/last.ckpt --tasks arc_easy
-    python -m mini_gpt.evaluate ckpt=out/last.ckpt tasks=[] harness_tasks=[arc_easy] harness.limit=100
+    mini-gpt evaluate ckpt=out/last.ckpt tasks=[] harness_tasks=[arc_easy] harness.limit=100
 
-`MiniGPTLM` implements the three request types with our own code: `loglikelihood` (the harness splits
-context/continuation; `mini_gpt.eval.scoring.continuation_logprobs` scores them in padded batches, longest
-first), `loglikelihood_rolling` (sliding windows of `block_size`, `stride` tokens apart; default
-`block_size`, the harness's own disjoint windows), and `generate_until` (`mini_gpt.infer.sampling.generate`,
-the KV-cache sampler: greedy unless the task asks for sampling, stopped at the task's stop strings).
-A character model drops characters its vocabulary lacks (tiny Shakespeare has no digits).
+`MiniGPTLM` answers the three request types with our own code: `loglikelihood` (scoring's
+`continuation_logprobs`), `loglikelihood_rolling` (sliding windows `stride` tokens apart, default
+`block_size`) and `generate_until` (the KV-cache sampler, greedy unless the task asks for sampling).
 
-Registering: importing this module makes `mini-gpt` a harness model name (`register`, idempotent). The
-`lm_eval` command itself cannot find it: lm-eval 0.4.13 has no model plugins (its registry is filled by
-`lm_eval/models/__init__.py` and by modules someone imports; `--include_path` loads task YAMLs only;
-lm-evaluation-harness issues 1457, 1621 and 3282 ask for plugins). So `mini-gpt harness ARGS` /
-`python -m mini_gpt.harness ARGS` (`mini_gpt.cli.harness`) is the harness's own command line, run
-after importing this module.
-
-Trap: `get_model` imports the harness's own models only while the registry is *empty*, so registering
-before `lm_eval.models` is imported would hide `hf` and all the others: this module imports it first.
+Importing this module registers `mini-gpt` (`register`, idempotent). The `lm_eval` command itself cannot
+find it (lm-eval has no model plugins), hence `mini-gpt harness` (mini_gpt.cli.harness). Trap:
+`get_model` imports the harness's own models only while the registry is *empty*, so registering before
+`lm_eval.models` is imported would hide `hf` and all the others: this module imports it first.
 """
 
 from __future__ import annotations
@@ -77,7 +68,6 @@ class MiniGPTLM(TemplateLM):
         tokenizer: Tokenizer | None = None,
         device: str | None = None,
         batch_size: Any = 16,
-        max_batch_size: Any = None,
         stride: Any = None,
         max_gen_toks: Any = 256,
         seed: Any = 1234,
@@ -161,16 +151,13 @@ class MiniGPTLM(TemplateLM):
         generator = torch.Generator(device=self._device).manual_seed(self.seed)
         for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="generate_until"):
             context, gen_kwargs = req.args
-            kwargs = dict(gen_kwargs or {})
-            until = kwargs.pop("until", None) or []
+            kwargs = gen_kwargs or {}
+            until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            max_new = _as_int(kwargs.pop("max_gen_toks", None), self.max_gen_toks)
-            sample = bool(kwargs.pop("do_sample", False))
-            temperature = float(kwargs.pop("temperature", 0.0) or 0.0) if sample else 0.0
-            top_k = kwargs.pop("top_k", None)
-            top_p = kwargs.pop("top_p", None)
+            max_new = _as_int(kwargs.get("max_gen_toks"), self.max_gen_toks)
+            top_k, top_p = kwargs.get("top_k"), kwargs.get("top_p")
             sampling = {
-                "temperature": temperature,
+                "temperature": float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0,
                 "top_k": int(top_k) if top_k else None,
                 "top_p": float(top_p) if top_p else None,
                 "generator": generator,
@@ -205,10 +192,9 @@ class MiniGPTLM(TemplateLM):
         return text
 
     def get_model_info(self) -> dict[str, Any]:
-        c = self.model.config
         return {
             "model_num_parameters": self.model.num_params(non_embedding=False),
-            "block_size": c.block_size,
+            "block_size": self.block_size,
         }
 
 
@@ -263,12 +249,8 @@ def run_harness(
 
 
 def register() -> None:
-    """Make `mini-gpt` name MiniGPTLM in lm-eval's model registry; a no-op when the name is taken.
-
-    Idempotent on purpose: this file can run twice in one process (once as `__main__` or reloaded, once
-    imported), and a name already registered (by that first run, or as the lazy target
-    `mini_gpt.eval.harness:MiniGPTLM`) must not make the second run fail with "already registered".
-    """
+    """Make `mini-gpt` name MiniGPTLM in lm-eval's model registry; a no-op when the name is taken (this
+    file can run twice in one process, and the second run must not fail with "already registered")."""
     if MODEL_NAME not in model_registry:
         model_registry.register(MODEL_NAME)(MiniGPTLM)
 

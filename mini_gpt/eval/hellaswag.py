@@ -1,19 +1,12 @@
 """HellaSwag, completion style (as in build-nanogpt and llm.c): which of 4 endings does the model prefer?
 
-For every item the context is `encode(ctx)` and ending i is `encode(" " + endings[i])` (no BOS). Each
-ending is scored by the log-likelihood of its tokens after the context, the 4 rows in one forward pass:
-
+The context is `encode(ctx)` and ending i is `encode(" " + endings[i])` (no BOS), scored by the
+log-likelihood of its tokens after the context, the 4 rows in one forward pass:
 - `acc`: the ending with the highest summed log-likelihood is the label;
-- `acc_norm`: the ending with the highest *mean* log-likelihood per token is the label.
-
-This `acc_norm` normalises by tokens. lm-evaluation-harness's `hellaswag` task normalises by characters
-(and preprocesses the text), so its `acc_norm` is a different number (GPT-2 124M: 0.2955 here, 31.14%
-there). A character model scores the same text in characters (its tokens), without the characters its
-vocabulary lacks (tiny Shakespeare has no digits or double quotes). Contexts longer than
-`block_size` lose their beginning; an ending is always kept whole.
-
-Data: `hellaswag_val.jsonl` (10,042 items with `ctx`, `endings`, `label`), from a local path or
-downloaded once into `<data dir>/hellaswag/` (checked: every line parses and has 4 endings).
+- `acc_norm`: the highest *mean* log-likelihood per token. lm-evaluation-harness's `hellaswag`
+  normalises by characters (and preprocesses the text), so its `acc_norm` is a different number.
+A character model drops the characters its vocabulary lacks. Contexts longer than `block_size` lose their
+beginning; an ending is kept whole. Data: `hellaswag_val.jsonl`, a local path or downloaded once.
 """
 
 from __future__ import annotations
@@ -139,10 +132,8 @@ def load_hellaswag(path: str | None, cache_dir: Path, limit: int | None = None) 
 
 
 def encode_item(tokenizer: Tokenizer, item: HellaSwagItem) -> tuple[list[int], list[list[int]]]:
-    """(context ids, the 4 endings' ids): encode(ctx), encode(" " + ending); no BOS.
-
-    With a character tokenizer, characters outside its vocabulary are dropped first.
-    """
+    """(context ids, the 4 endings' ids): encode(ctx), encode(" " + ending); no BOS. Characters outside
+    a character tokenizer's vocabulary are dropped first."""
     ctx = tokenizer.encode(tokenizer.known_text(item.ctx))
     return ctx, [tokenizer.encode(tokenizer.known_text(" " + e)) for e in item.endings]
 

@@ -1,16 +1,11 @@
 """Log-likelihoods of text under a GPT: the two primitives every evaluation is built from.
 
 - `continuation_logprobs(model, pairs)`: for (context ids, continuation ids) pairs, the summed
-  log-probability of the continuation given the context, its token count and whether greedy decoding
-  would have produced it. Pairs are packed into right-padded batches (a causal model cannot see the
-  padding at the end of a row, so padding changes nothing). HellaSwag and the harness's
-  `loglikelihood` use it.
-- `rolling_nll(model, ids, stride)`: the summed negative log-likelihood of every token of a sequence of
-  any length, scored by a sliding window of `block_size` tokens that moves `stride` tokens at a time; each
-  window scores only the tokens the previous one did not (the transformers perplexity guide), so every
-  token is predicted once, from at least `block_size - stride` tokens of context once the first window is
-  full (the last window is right-aligned to the end, as lm-evaluation-harness does). Windows of all
-  documents are batched together. Bits per byte and the harness's `loglikelihood_rolling` use it.
+  log-probability of the continuation, its token count and whether greedy decoding gives it. Pairs are
+  right-padded into batches (a causal model cannot see padding at the end of a row).
+- `rolling_nll(model, ids, stride)` / `score_windows`: the NLL of every token of a sequence of any length,
+  by windows of `block_size` tokens moving `stride` at a time, each scoring only the tokens the previous
+  one did not (every token is predicted once, the last window right-aligned as lm-evaluation-harness does).
 
 Everything runs under `torch.inference_mode()` in float32 log-softmax, whatever the model's dtype.
 """
@@ -55,13 +50,9 @@ def _pack(rows: Sequence[Sequence[int]], device: torch.device) -> Tensor:
 def continuation_logprobs(
     model: nn.Module, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 16
 ) -> list[Continuation]:
-    """Score `continuation` after `context` for every pair, `batch_size` rows per forward pass.
-
-    The context must not be empty (something has to predict the first continuation token: pass the
-    end-of-text id when there is no context). When context + continuation is longer than block_size the
-    context is cut from the left. A continuation longer than block_size (a character model's long
-    HellaSwag ending) is scored on its own by sliding windows that keep half a block of context.
-    """
+    """Score `continuation` after `context` for every pair, `batch_size` rows per forward pass. The context
+    must not be empty (pass [eot_id] for none); a too-long context is cut from the left; a continuation
+    longer than block_size is scored by sliding windows keeping half a block of context."""
     block_size = model.config.block_size
     device = _device(model)
     short = []  # indices of the pairs that fit one forward pass
@@ -120,11 +111,8 @@ def _score_long(model: nn.Module, context: Sequence[int], continuation: Sequence
 
 @dataclass(frozen=True)
 class Window:
-    """One forward pass of a sliding-window score: input ids and which of its targets count.
-
-    `ids` holds the window's tokens plus the target of its last position (len = inputs + 1). Targets of
-    positions `first..len(ids)-2` are scored; position p sees p + 1 tokens of context.
-    """
+    """One forward pass of a sliding-window score: `ids` holds the window's tokens plus the target of its
+    last position (len = inputs + 1); the targets of positions `first..len(ids)-2` are scored."""
 
     ids: Sequence[int]
     first: int
@@ -133,13 +121,9 @@ class Window:
 
 
 def windows(ids: Sequence[int], block_size: int, stride: int, doc: int = 0) -> Iterator[Window]:
-    """Sliding windows over `ids`: every token but the first is a target exactly once.
-
-    Window k starts at k * stride and holds block_size inputs; it scores the targets after the last
-    one the previous window scored. The last window ends at the last token and is block_size long (as
-    lm-evaluation-harness does), so it gives its targets more context, never less. With stride <
-    block_size every target after the first window has at least block_size - stride tokens of context.
-    """
+    """Sliding windows over `ids`: every token but the first is a target exactly once. Window k starts at
+    k * stride, holds block_size inputs and scores the targets after the previous window's; the last one
+    is right-aligned to the last token (as lm-evaluation-harness does)."""
     if not 1 <= stride <= block_size:
         raise MiniGPTError(f"stride={stride} must be between 1 and block_size={block_size}")
     n = len(ids)

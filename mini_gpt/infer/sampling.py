@@ -1,22 +1,15 @@
-"""Text generation: one decoding loop for the CLI, the training sample callback and the benchmarks.
+"""Text generation: one decoding loop (`generate`) for the CLI, the training sample callback and the bench.
 
     logits of the last position -> repetition penalty -> / temperature -> top-k -> top-p -> sample
 
-Two ways to get the logits, chosen by `use_cache`:
-- KV cache (default): the prompt is run through the model once (prefill) and every later step feeds
-  only the newest token; each layer's `KVCache` supplies the keys/values of everything before it.
-- full recompute (`use_cache=False`): every step runs the whole current context again. Slower, kept as
-  the reference the cache is tested against.
+`use_cache=True` (default) runs the prompt once (prefill) and then feeds only the newest token, each
+layer's `KVCache` holding the keys/values before it; `use_cache=False` recomputes the whole context every
+step (the reference the cache is tested against).
 
-Sliding window, the one policy both paths share (`context_start`): the model sees at most
-`block_size` tokens. While the sequence fits, the context is all of it. When one more token would make
-the context longer than `block_size`, the context jumps forward to the last `window` tokens
-(default `block_size // 2`) and grows again from there. A cache cannot drop its oldest entry (with
-learned positions every cached key would need a new position), so at each jump the cache path
-re-prefills the `window` tokens; the recompute path crops its input by exactly the same rule. Both
-paths therefore see the same context at every step, and greedy decoding gives the same tokens.
-Halving the window means one re-prefill of block_size/2 tokens every block_size/2 + 1 steps (cheap,
-batched) while the model never sees fewer than block_size/2 tokens of context.
+Sliding window (`context_start`), the same on both paths: the model sees at most `block_size` tokens.
+When one more token would not fit, the context jumps forward to the last `window` tokens (default
+`block_size // 2`) and grows again. A cache cannot drop its oldest entry (learned positions would shift),
+so at each jump the cache path re-prefills the window; greedy decoding gives the same tokens either way.
 """
 
 from __future__ import annotations
@@ -54,32 +47,22 @@ def check_sampling_args(
 
 
 def context_start(start: int, length: int, block_size: int, window: int) -> int:
-    """Where the model's context begins, given the previous start and the current sequence length.
-
-    The sliding-window rule shared by the cache and the recompute paths (see the module docstring):
-    keep the start while the context fits in block_size, otherwise jump to the last `window` tokens.
-    """
+    """Where the model's context begins, given the previous start and the current sequence length: the
+    same start while the context fits in block_size, otherwise the last `window` tokens (module docstring)."""
     return start if length - start <= block_size else length - window
 
 
 def apply_repetition_penalty(logits: Tensor, seq: Tensor, penalty: float) -> Tensor:
-    """Make every token already in `seq` (B, n) less likely (CTRL, Keskar et al. 2019).
-
-    A seen token's positive logit is divided by `penalty`, a negative one multiplied, so penalty > 1
-    always lowers its probability whatever the sign. Tokens seen twice are penalised once.
-    """
+    """Make every token already in `seq` (B, n) less likely (CTRL, Keskar et al. 2019): a positive logit
+    is divided by `penalty`, a negative one multiplied; tokens seen twice are penalised once."""
     seen = logits.gather(1, seq)  # (B, n)
     seen = torch.where(seen > 0, seen / penalty, seen * penalty)
     return logits.scatter(1, seq, seen)
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
-    """Set to -inf every logit outside the top-k and outside the top-p nucleus; (B, V) -> (B, V).
-
-    top-k keeps exactly the k largest (ties broken by torch.topk). top-p keeps the smallest set of
-    most likely tokens whose probabilities sum to at least p: a token stays when the mass of the
-    tokens ranked above it is still below p, so the most likely token always stays.
-    """
+    """Set to -inf every logit outside the top-k and outside the top-p nucleus; (B, V) -> (B, V). A token
+    stays in the nucleus while the mass of the tokens ranked above it is below p (the top one always)."""
     V = logits.shape[-1]
     if top_k is not None and top_k < V:
         values, indices = torch.topk(logits, top_k, dim=-1)  # (B, k)
@@ -95,10 +78,7 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
 
 
 def next_token_probs(
-    logits: Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
 ) -> Tensor:
     """Distribution of the next token: logits (B, V) -> probabilities (B, V); temperature > 0."""
     return torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
@@ -155,20 +135,15 @@ def generate(
 
     Args:
         temperature: divides the logits; 0 = greedy (argmax; top_k/top_p are then irrelevant).
-        top_k: sample only among the k most likely tokens.
-        top_p: sample only from the nucleus, the smallest set of tokens with probability mass >= p.
-        use_cache: KV-cache decoding (prefill once, then one token per step); False recomputes the
-            whole context every step. Both follow the same sliding window (module docstring).
+        top_k / top_p: sample only among the k most likely tokens / from the nucleus of mass >= p.
+        use_cache: KV-cache decoding; False recomputes the whole context every step (module docstring).
         generator: a seeded `torch.Generator` on the model's device makes sampling reproducible.
         repetition_penalty: > 1 discourages tokens already in the sequence (None or 1 = off).
         num_samples: with a single prompt row, B' = num_samples samples that share one prefill.
         window: tokens kept when the context slides past block_size (default block_size // 2).
-        attention_mask: (B, T), 1 for prompt tokens and 0 for padding: prompts of different lengths
-            batched by left padding. Each row's positions count its real tokens only and nothing attends
-            to padding, so a row decodes as it would alone (while the batch fits in block_size; the
-            sliding window counts the batch's columns, padding included).
-        stream: called with each step's new tokens (B',); returning True stops early, and the
-            result is then shorter than T + max_new_tokens.
+        attention_mask: (B, T), 0 at left padding: each row decodes as it would alone (while the batch
+            fits in block_size; the sliding window counts the batch's columns, padding included).
+        stream: called with each step's new tokens (B',); returning True stops early (a shorter result).
 
     The model is in eval mode while this runs and gets its previous mode back at the end.
     """

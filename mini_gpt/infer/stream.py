@@ -1,5 +1,5 @@
-"""Prompts in, printable text out: reading a prompt, encoding it, and streaming a sample's tokens as text
-(whole UTF-8 characters only, cut at stop strings)."""
+"""Prompts in, printable text out: reading and encoding a prompt, and streaming a sample's tokens as
+text (whole UTF-8 characters only, cut at stop strings)."""
 
 from __future__ import annotations
 
@@ -20,15 +20,11 @@ def unescape(text: str) -> str:
 def prompt_text(prompt: str | None, prompt_file: str | None = None) -> str:
     """`prompt` as given, the contents of FILE for `@FILE` (`@@...` for a literal `@...`) or `prompt_file`."""
     prompt = "" if prompt is None else str(prompt)
-    path = None
-    if prompt_file:
-        if prompt:
-            raise MiniGPTError("set either prompt or prompt_file, not both")
-        path = prompt_file
-    elif prompt.startswith("@@"):
+    if prompt_file and prompt:
+        raise MiniGPTError("set either prompt or prompt_file, not both")
+    if prompt.startswith("@@"):
         return prompt[1:]
-    elif prompt.startswith("@"):
-        path = prompt[1:]
+    path = prompt_file or (prompt[1:] if prompt.startswith("@") else None)
     if path is None:
         return prompt
     try:
@@ -49,13 +45,10 @@ def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 class TextStream:
-    """Turns one sample's token ids into text pieces that are safe to print, and applies stop strings.
-
-    - BPE tokens can end in the middle of a UTF-8 character: ids are held back while their text ends
-      in a replacement character (at most 8, in case the model really produced invalid bytes).
-    - Text that could be the beginning of a stop string is held back until it is known not to be; at
-      a stop string the sample ends, without it.
-    """
+    """Turns one sample's token ids into text pieces that are safe to print, and applies stop strings:
+    ids are held back while their text ends in a replacement character (half a UTF-8 character; at most
+    MAX_PENDING), and text that could begin a stop string until it is known not to. At a stop string the
+    sample ends, without it."""
 
     MAX_PENDING = 8
 

@@ -1,20 +1,10 @@
-"""Load a trained model and its tokenizer from whatever training or export wrote: no Lightning, no Hydra.
+"""Load a model and its tokenizer from whatever training or export wrote: no Lightning, no Hydra.
 
-Accepted sources (`load_model(path)`):
-- a Lightning `.ckpt` from training: `checkpoint["mini_gpt"]` holds the model config and the tokenizer,
-  `checkpoint["state_dict"]` the weights under `model.` (a `_orig_mod.` left by torch.compile is
-  dropped). Read with `torch.load(weights_only=True)`: a checkpoint cannot run code.
-- a `.ckpt` of a LoRA fine-tuning run (`finetune=lora`): `checkpoint["mini_gpt"]["finetune"]["lora"]`
-  names the adapters, which are merged into the weights (mini_gpt.train.lora); the model is a plain GPT.
-- an export directory with `format=safetensors` (`model.safetensors` + `config.json`, whose
-  `mini_gpt` entry has the same content as the checkpoint's), or the `model.safetensors` file in it;
-- an export directory with `format=hf` (or any local GPT-2 directory `transformers` can load): weights
-  through `mini_gpt.interop.hf`, tokenizer through `mini_gpt.interop.hf_tokenizer` (`mini_gpt_tokenizer.json`,
-  or else GPT-2's `vocab.json`).
-
-`load_source(init_from)` also takes a hub name (`gpt2` ... `gpt2-xl`); `open_model` is what the tools'
-`ckpt=` / `init_from=` keys load. Every failure (missing file, corrupt file, foreign checkpoint, shape
-mismatch) is one `MiniGPTError` line.
+`load_model(path)` reads a Lightning `.ckpt` (`torch.load(weights_only=True)`: a checkpoint cannot run
+code; the `mini_gpt` entry holds model config and tokenizer; LoRA adapters are merged in), a
+`format=safetensors` export (or its `model.safetensors`), or a `format=hf` / local `transformers`
+directory. `load_source` also takes a hub name; `open_model` is what the tools' `ckpt=` / `init_from=`
+load. Every failure is one `MiniGPTError` line.
 """
 
 from __future__ import annotations
@@ -80,10 +70,8 @@ def unreadable_checkpoint(path: str | Path, err: BaseException) -> MiniGPTError:
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """torch.load a `.ckpt` safely (weights_only), turning every failure into one line.
-
-    Memory-mapped: reading the small entries (`mini_gpt`, `run_config`, `global_step`) leaves the weights
-    on disk, so resuming and evaluating can look into a multi-GB checkpoint in milliseconds."""
+    """torch.load a `.ckpt` safely (weights_only), every failure one line. Memory-mapped: reading the
+    small entries (`mini_gpt`, `global_step`) leaves the weights on disk."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise MiniGPTError(
@@ -148,13 +136,10 @@ def _tokenizer_difference(saved: dict[str, Any], current: dict[str, Any]) -> str
 def check_resume(
     checkpoint: dict[str, Any], model_config: dict[str, Any], tokenizer: Tokenizer, source: str | Path
 ) -> None:
-    """Refuse to resume training from `checkpoint` (a loaded Lightning checkpoint dict) into a run whose
-    model config or tokenizer differ, or from a checkpoint that cannot resume; one line each.
-
-    Called before Lightning loads any state: a different shape would otherwise end in a `size mismatch`
-    traceback, and a same-size character vocabulary with other characters would silently train on ids
-    that now mean other characters.
-    """
+    """Refuse to resume from `checkpoint` (a loaded Lightning checkpoint dict) into a run whose model config
+    or tokenizer differ, or from one that cannot resume; one line each. Called before Lightning loads any
+    state: a same-size character vocabulary with other characters would otherwise silently train on ids
+    that now mean other characters."""
     meta = _check_meta(checkpoint.get("mini_gpt"), Path(source))
     if not isinstance(checkpoint.get("optimizer_states"), list) or "loops" not in checkpoint:
         raise MiniGPTError(
@@ -192,11 +177,9 @@ def _build(meta: dict[str, Any], weights: dict[str, torch.Tensor], source: Path)
             raise MiniGPTError(f"{source}: has LoRA weights but no record of its adapters (finetune.lora)")
         return merge_lora(config, LoraSpec.from_dict(lora), weights), tokenizer
     model = GPT(config)
-    if config.tie_weights:
-        # Tied exports store the shared matrix once (as the token embedding).
-        weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
     expected = set(model.state_dict())
-    if config.tie_weights:
+    if config.tie_weights:  # tied exports store the shared matrix once (as the token embedding)
+        weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
         expected.discard("lm_head.weight")
     missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or unexpected:
@@ -237,7 +220,6 @@ def _read_config(config_path: Path) -> Any:
 
 
 def _load_safetensors_dir(directory: Path) -> tuple[GPT, Tokenizer]:
-
     config_path = directory / CONFIG_FILE
     config = _read_config(config_path)
     meta = _check_meta(config.get("mini_gpt") if isinstance(config, dict) else None, config_path)

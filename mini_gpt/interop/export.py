@@ -1,20 +1,12 @@
-"""Export a trained model: `python -m mini_gpt.export ckpt=PATH format=hf|safetensors out=DIR`.
+"""Export a trained model to a directory, atomically: `export_model(model, tokenizer, out, fmt)`.
 
-- `format=safetensors`: `model.safetensors` (weights; a tied output head is stored once, as the
-  token embedding) + `config.json` = `{"mini_gpt": {format_version, model_config, tokenizer}}`, the same
-  metadata a training checkpoint carries. `mini-gpt-generate ckpt=DIR` and
-  `mini_gpt.interop.checkpoint.load_model(DIR)` read it; any model config works.
-- `format=hf`: a directory `transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads, as GPT-2
-  (layernorm, learned positions, GELU), GPT-NeoX (layernorm, rope, GELU) or Llama (rmsnorm, rope,
-  SwiGLU); other combinations are an error naming the option to change (see `mini_gpt.interop.hf`). Our
-  tokenizer is saved as `mini_gpt_tokenizer.json`, and in `transformers`' own files so that
-  `AutoTokenizer.from_pretrained(DIR)` gives the same token ids: `vocab.json` + `merges.txt` +
-  `tokenizer_config.json` for GPT-2's BPE, `tokenizer.json` (a `tokenizers` character vocabulary) +
-  `tokenizer_config.json` for characters.
+- `format=safetensors`: `model.safetensors` (a tied head stored once) + `config.json` holding the same
+  `mini_gpt` metadata as a training checkpoint; any model config works.
+- `format=hf`: a directory `transformers.AutoModelForCausalLM.from_pretrained` loads (GPT-2, GPT-NeoX
+  or Llama; see `mini_gpt.interop.hf`), with the tokenizer in `transformers`' files too.
 
-The directory is written under a temporary name beside `out` and renamed into place at the end, so an
-interrupted export never leaves a half-written model; an existing `out` is replaced only with
-`overwrite=true`.
+The directory is written under a temporary name and renamed into place, so an interrupted export leaves
+no half-written model; an existing `out` is replaced only with `overwrite=true`.
 """
 
 from __future__ import annotations

@@ -1,33 +1,22 @@
 """Our GPT as a `transformers` model and back (GPT-2, GPT-NeoX, Llama), and the `format=hf` directory.
 
-Each of our architecture choices has one `transformers` counterpart, picked by three options:
+Each combination of three options has one `transformers` counterpart:
 
     norm       pos_embedding  mlp                transformers class
     layernorm  learned        gelu | gelu_exact  GPT2LMHeadModel     (same module names; Conv1D transposed)
-    layernorm  rope           gelu | gelu_exact  GPTNeoXForCausalLM  (sequential residual, full rotary,
-                                                                      per-head QKV)
+    layernorm  rope           gelu | gelu_exact  GPTNeoXForCausalLM  (sequential residual, per-head QKV)
     rmsnorm    rope           swiglu             LlamaForCausalLM    (q/k/v and gate/up as separate matrices)
 
-The maths is the same on both sides: pre-norm blocks, GELU as tanh approximation (`gelu`, GPT-2's
-"gelu_new") or exact (`gelu_exact`, transformers' "gelu"), rotary tables
-with base 10000 rotating the two halves of each head (`mini_gpt.model.rope`), eps 1e-5. Only the storage
-differs, which the tables below spell out. A model without biases (`bias=false`) maps onto the biased
-layers of GPT-2 / GPT-NeoX with zero biases, so the logits are the same. The other combinations exist
-in no `transformers` architecture: `hf_architecture` says which option to change.
-
-- `gpt_from_hf(source)` / `to_hf(model)` (`gpt_to_hf` for GPT-2 only): our GPT <-> `transformers`.
-- `check_hub_available(name)`: one line, in a second, when a hub model is neither cached nor reachable.
-- `write_hf(model, tokenizer, dir)` / `load_hf_dir(dir)`: a directory `from_pretrained` loads, with the
-  tokenizer files of `mini_gpt.interop.hf_tokenizer` beside the weights.
-
-`transformers` is imported on first use (`require_transformers`): it is an optional extra
-(`pip install "mini-gpt[hf]"`).
+The maths is the same on both sides; only the storage differs (ARCHITECTURES). A model without biases
+maps onto GPT-2 / GPT-NeoX with zero biases. Entry points: `gpt_from_hf` / `to_hf`, and `write_hf` /
+`load_hf_dir` for a directory `from_pretrained` loads. `transformers` is an optional extra, imported on
+first use (`require_transformers`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +53,9 @@ _OPTIONS = ("norm", "pos_embedding", "mlp")
 
 @dataclass(frozen=True)
 class Architecture:
-    """Where each of our modules lives in one `transformers` architecture.
-
-    `top` maps our module names outside the blocks, `layer` those inside block i (under `layer_prefix`).
-    A tuple on the right means our one matrix is several of theirs, stacked along the output rows.
-    """
+    """Where each of our modules lives in one `transformers` architecture: `top` maps our module names
+    outside the blocks, `layer` those inside block i (under `layer_prefix`). A tuple on the right means our
+    one matrix is several of theirs, stacked along the output rows."""
 
     label: str
     model_class: str
@@ -78,7 +65,6 @@ class Architecture:
     layer: dict[str, str | tuple[str, ...]]
     transposed: tuple[str, ...] = ()  # modules stored as Conv1D (in, out): GPT-2
     per_head_qkv: bool = False  # c_attn rows grouped per head, [q0 k0 v0 | q1 k1 v1 | ...]: GPT-NeoX
-    hf_options: dict[str, Any] = field(default_factory=dict)
 
 
 _BLOCK = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
@@ -251,11 +237,8 @@ def _hf_config(arch_name: str, c: GPTConfig) -> Any:
 
 
 def to_hf(model: GPT, architecture: str | None = None) -> Any:
-    """Our GPT as the `transformers` model of its architecture (GPT-2, GPT-NeoX or Llama), in eval mode.
-
-    `architecture` (a key of ARCHITECTURES) insists on one; None picks the one the config matches.
-    Raises MiniGPTError naming the option to change when no architecture matches.
-    """
+    """Our GPT as the `transformers` model of its architecture (GPT-2, GPT-NeoX or Llama), in eval mode;
+    `architecture` (a key of ARCHITECTURES) insists on one. No match: a MiniGPTError naming the fix."""
     name = hf_architecture(model.config)
     if architecture is not None and name != architecture:
         wanted = ARCHITECTURES[architecture]
@@ -348,13 +331,8 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
     model_type = getattr(hf_config, "model_type", "gpt2")
     if model_type == "gpt2":
         act, eps = hf_config.activation_function, hf_config.layer_norm_epsilon
-        _check(
-            "GPT-2",
-            [
-                (act in MLP_OF_ACTIVATION, f"activation {act!r}"),
-                (_close(eps, NORM_EPS), f"layer_norm_epsilon={eps}"),
-            ],
-        )
+        _check("GPT-2", [(act in MLP_OF_ACTIVATION, f"activation {act!r}")])
+        _check("GPT-2", [(_close(eps, NORM_EPS), f"layer_norm_epsilon={eps}")])
         return GPTConfig(
             vocab_size=hf_config.vocab_size,
             block_size=hf_config.n_positions,
@@ -389,14 +367,11 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
         pos_embedding="rope",
         mlp=MLP_OF_ACTIVATION.get(hf_config.hidden_act, "gelu") if model_type == "gpt_neox" else "swiglu",
     )
-    hidden = MLP(config).c_proj.in_features
+    hidden, inter = MLP(config).c_proj.in_features, hf_config.intermediate_size
     checks = [
         (rope.get("rope_type", "default") == "default", f"rope_type={rope.get('rope_type')!r}"),
         (float(rope.get("rope_theta", ROPE_BASE)) == ROPE_BASE, f"rope_theta={rope.get('rope_theta')}"),
-        (
-            hf_config.intermediate_size == hidden,
-            f"intermediate_size={hf_config.intermediate_size} (not {hidden})",
-        ),
+        (inter == hidden, f"intermediate_size={inter} (not {hidden})"),
     ]
     if model_type == "gpt_neox":
         checks += [
@@ -419,11 +394,8 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
 
 
 def gpt_from_hf(source: Any) -> GPT:
-    """Our GPT from a GPT-2, GPT-NeoX or Llama `transformers` model, a local directory, or a hub name.
-
-    A hub name needs network (GPT-2 only); a directory written by `mini-gpt export format=hf` works
-    offline.
-    """
+    """Our GPT from a GPT-2, GPT-NeoX or Llama `transformers` model, a local directory, or a hub name
+    (GPT-2 only; needs network or the hub cache)."""
     hf_model = _load_hf_model(source)
     config = config_from_hf(hf_model.config)
     name = hf_architecture(config)

@@ -1,15 +1,8 @@
 """Our tokenizers in `transformers`' files and back (the tokenizer half of a `format=hf` directory).
 
-- `save_hf_tokenizer(tokenizer, dir, model_max_length)`: our tokenizer as `mini_gpt_tokenizer.json` (exact,
-  read back by `load_hf_tokenizer`), and in `transformers`' own files so that
-  `AutoTokenizer.from_pretrained(dir)` gives the same ids: `vocab.json` + `merges.txt` +
-  `tokenizer_config.json` for GPT-2's byte-level BPE, a `tokenizers` character vocabulary
-  (`tokenizer.json`) for characters.
-- `load_hf_tokenizer(dir)`: ours when the directory has it, else GPT-2's from `vocab.json` (any local
-  GPT-2 model directory).
-
-`transformers` is an optional extra (`pip install "mini-gpt[hf]"`): `require_transformers` imports it
-on first use, for this module and for `mini_gpt.interop.hf`.
+`save_hf_tokenizer` writes ours as `mini_gpt_tokenizer.json` (exact) plus `transformers`' own files, so
+`AutoTokenizer.from_pretrained(dir)` gives the same ids (GPT-2's BPE files, or a `tokenizers` character
+vocabulary); `load_hf_tokenizer` reads ours, else GPT-2's `vocab.json`.
 """
 
 from __future__ import annotations
@@ -79,11 +72,9 @@ def _bpe_parts(token: bytes, ranks: dict[bytes, int], max_rank: int) -> list[byt
 
 
 def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) -> dict[str, str]:
-    """vocab.json, merges.txt and tokenizer_config.json for transformers' GPT2Tokenizer.
-
-    tiktoken stores only ranks (token bytes -> id); the merge that creates each token is recovered by
-    running BPE on the token's bytes with the merges ranked before it: it must end in exactly two parts.
-    """
+    """vocab.json, merges.txt and tokenizer_config.json for transformers' GPT2Tokenizer. tiktoken stores
+    only ranks (token bytes -> id): each token's merge is recovered by running BPE on its bytes with the
+    merges ranked before it, which must end in exactly two parts."""
     to_char = _bytes_to_unicode()
 
     def text(b: bytes) -> str:
@@ -119,12 +110,9 @@ def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) ->
 
 
 def char_tokenizer(tokenizer: CharTokenizer, model_max_length: int) -> Any:
-    """Our character vocabulary as a `transformers` fast tokenizer (built with the `tokenizers` library).
-
-    A BPE model with no merges maps each character to its id; the `Fuse` decoder joins characters
-    without the spaces a word-level decoder would add. Characters outside the vocabulary have no id:
-    `transformers` drops them, where our CharTokenizer raises an error naming them.
-    """
+    """Our character vocabulary as a `transformers` fast tokenizer: a `tokenizers` BPE model with no merges
+    (one id per character) and the `Fuse` decoder (no spaces between characters). Characters outside the
+    vocabulary are dropped there, where our CharTokenizer raises an error naming them."""
     transformers = require_transformers()
     from tokenizers import Tokenizer as Backend
     from tokenizers import decoders, models

@@ -188,12 +188,8 @@ class CausalSelfAttention(nn.Module):
         return att @ v, att  # (B, nh, T, hs), (B, nh, T, S)
 
     def _one_query_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """The decoding step: q (B, nh, 1, hs) against the cache k, v (B, nh, S, hs).
-
-        Two matrix-vector products per head. SDPA's fused CPU kernel tiles the (strided) cache for
-        this single row and, on a machine whose cores are busy, waits on its worker threads for
-        milliseconds per call; plain ops cost microseconds (`python -m mini_gpt.bench generate`).
-        """
+        """The decoding step: q (B, nh, 1, hs) against the cache k, v (B, nh, S, hs), in plain ops: SDPA's
+        fused CPU kernel is far slower for one row on a busy machine (`python -m mini_gpt.bench generate`)."""
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_size))  # (B, nh, 1, S)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))

@@ -85,7 +85,6 @@ class GPTConfig:
 # The published GPT-2 family (vocab 50257, context 1024), and two small shapes for tests and benchmarks.
 # The training recipes are Hydra configs (conf/model/*.yaml): their gpt2 pads the vocabulary to
 # 50304 (a multiple of 64: faster matmuls); this gpt2 is the published architecture.
-GPT2_FAMILY = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
     "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
@@ -100,8 +99,7 @@ class MLP(nn.Module):
     """Position-wise feed-forward: GELU with 4x width (GPT-2) or SwiGLU with ~8/3x width.
 
     `mlp="gelu"` is GPT-2's tanh approximation (needed for exact GPT-2 weights); `mlp="gelu_exact"` the
-    erf form (nanoGPT's `nn.GELU()`): the same curve to within 1e-3, and its forward + backward is ~4x
-    cheaper on a CPU, where torch's tanh kernel is slow (`python -m mini_gpt.bench train`).
+    erf form (nanoGPT's `nn.GELU()`): the same curve to within 1e-3, and much cheaper on a CPU.
     """
 
     def __init__(self, config: GPTConfig) -> None:

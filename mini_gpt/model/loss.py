@@ -1,14 +1,10 @@
 """Next-token cross-entropy from the last hidden states, without holding all (B, T, V) logits at once.
 
-With a GPT-2 vocabulary the logits dominate training memory: B x T x 50257 floats, their softmax
-and their gradient (the baby model at 12 x 256 tokens: 0.6 GB each). `lm_loss` computes the output head
-and the loss a chunk of rows at a time instead. While training, the gradient of each chunk is worked
-out immediately (softmax minus one-hot, then the two matrix products of the head's backward) and only
-the gradients of the hidden states and of the head weight are kept, so the head costs the same
-arithmetic as the plain path and at most `chunk_elements` logits live at any time.
-
-Small vocabularies (the character models) take the plain path: their logits are small, and one
-matrix product is faster than a loop of them (`python -m mini_gpt.bench train` measures both).
+With a GPT-2 vocabulary the logits (B x T x 50257 floats), their softmax and their gradient dominate
+training memory. `lm_loss` computes the head and the loss a chunk of rows at a time; while training,
+each chunk's gradient is worked out at once (softmax minus one-hot, then the head's two backward
+products) and only the gradients of the hidden states and of the head weight are kept, so at most
+`chunk_elements` logits live at any time. Small vocabularies (characters) take the plain path.
 """
 
 from __future__ import annotations

@@ -1,33 +1,22 @@
-"""Look at what the heads attend to: per-head heatmaps and a per-layer summary.
+"""Look at what the heads attend to: per-head heatmaps (`attention_maps`) and a per-layer summary
+(`attention_summary`), drawn for `mini-gpt attention-maps` and the training callback.
 
-    python -m mini_gpt.attention_maps ckpt=out/last.ckpt prompt="ROMEO:" layer=all head=all out=attn.png
-    python -m mini_gpt.attention_maps ckpt=... prompt="..." view=summary out=summary.png
-    python -m mini_gpt.attention_maps ckpt=... prompt="..." layer=[0,2] head=1 view=both out=attn.png
-    python -m mini_gpt.attention_maps ckpt=... prompt=@speech.txt layer=2 out=layer2.png  # prompt from a file
-
-`prompt=` takes any text, commas included (no Hydra quoting needed). A prompt longer than the window
-keeps its last `max_tokens` (default block_size) tokens, and the titles quote that kept window. The
-grid is capped at MAX_FIGURE_INCHES a side: with many layers x heads the panels shrink and the tool
-prints how to zoom in on one layer (`layer=N`) or one panel (`layer=N head=M`).
-
-The weights come from the exact attention path (`model(idx, return_attention=True)`), in eval mode
-(no dropout): row t of a panel is the distribution query token t puts over the keys s <= t.
+The weights come from the exact attention path (`model(idx, return_attention=True)`) in eval mode: row t
+of a panel is the distribution query t puts over the keys s <= t. A prompt longer than the window keeps
+its last `max_tokens` (default block_size) tokens. The grid is capped at MAX_FIGURE_INCHES a side.
 
 The summary condenses each head to two numbers, averaged over query positions:
-- entropy (nats): -sum_s p_ts log p_ts. 0 = every query looks at exactly one token; a head that
-  spreads uniformly over its t+1 visible keys gets log(t+1) (drawn as a dashed reference line);
-- mean distance (tokens): sum_s p_ts (t - s). 0 = attends to itself; "previous token" heads give ~1;
-  uniform attention gives t/2 on average.
+- entropy (nats): -sum_s p_ts log p_ts. 0 = every query looks at one token; spreading uniformly over
+  the t+1 visible keys gives log(t+1) (the dashed reference line);
+- mean distance (tokens): sum_s p_ts (t - s). 0 = attends to itself; "previous token" heads give ~1.
 
-Library functions return the matplotlib Figure and the arrays they drew, so callers (the training
-callback, tests) can log or check exactly what is on the picture. Only matplotlib (Agg) and torch are
-imported here: no Lightning.
+The functions return the Figure and the arrays they drew, so callers can log or check exactly what is
+on the picture; `update_attention_maps` / `update_attention_summary` redraw them with new weights.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,12 +60,9 @@ def token_label(text: str) -> str:
     """A tick label for one token: spaces as '␣', newlines/tabs as '\\n'/'\\t', other controls as \\xNN."""
     out = []
     for ch in text:
-        if ch in _ESCAPES:
-            out.append(_ESCAPES[ch])
-        elif not ch.isprintable():
-            out.append(ch.encode("unicode_escape").decode("ascii"))
-        else:
-            out.append(ch)
+        if ch not in _ESCAPES and not ch.isprintable():
+            ch = ch.encode("unicode_escape").decode("ascii")
+        out.append(_ESCAPES.get(ch, ch))
     return "".join(out) or "∅"
 
 
@@ -95,7 +81,7 @@ def parse_selection(value: Any, n: int, name: str) -> list[int]:
         return list(range(n))
     if isinstance(value, str):
         items: list[Any] = [v for v in value.strip("[] ").split(",") if v.strip()]
-    elif isinstance(value, Sequence) or hasattr(value, "__iter__"):
+    elif hasattr(value, "__iter__"):
         items = list(value)
     else:
         items = [value]
@@ -122,11 +108,8 @@ def parse_selection(value: Any, n: int, name: str) -> list[int]:
 def compute_attention(
     model: GPT, tokenizer: Any, prompt: str, max_tokens: int | None = None
 ) -> tuple[list[int], list[str], list[np.ndarray]]:
-    """(token ids, tick labels, per-layer weights as float64 arrays (n_head, T, T)) for one prompt.
-
-    The prompt is cut to its last `max_tokens` (default block_size) tokens. The model is run in eval
-    mode on its own device and put back in the mode it was in.
-    """
+    """(token ids, tick labels, per-layer weights as float64 arrays (n_head, T, T)) for the last
+    `max_tokens` (default block_size) tokens of one prompt, in eval mode (the model's mode is restored)."""
     if not prompt:
         raise MiniGPTError('prompt is empty; pass prompt="some text" to look at')
     ids = tokenizer.encode(prompt)  # CharTokenizer raises MiniGPTError naming unknown characters
@@ -147,11 +130,8 @@ def compute_attention(
 
 
 def attention_stats(att: np.ndarray | torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Mean entropy (nats) and mean attention distance (tokens) per head of weights (n_head, T, S).
-
-    Averages over the T query rows; query t sits at absolute position S - T + t (the last T of S),
-    so the distance of key s is (S - T + t) - s. Zero weights contribute 0 to the entropy.
-    """
+    """Mean entropy (nats) and mean attention distance (tokens) per head of weights (n_head, T, S), over
+    the T query rows; query t sits at position S - T + t (the last T of S): key s is (S - T + t) - s back."""
     a = np.asarray(att, dtype=np.float64)
     if a.ndim == 2:
         a = a[None]
@@ -171,10 +151,6 @@ def uniform_reference(T: int) -> tuple[float, float]:
 
 
 # ---- figures --------------------------------------------------------------------------------------
-def _tick_step(T: int) -> int:
-    return max(1, math.ceil(T / MAX_TICK_LABELS))
-
-
 def attention_maps(
     model: GPT,
     tokenizer: Any,
@@ -188,10 +164,9 @@ def attention_maps(
     """A grid of heatmaps, one row per selected layer and one column per selected head.
 
     `attention` (from `compute_attention`) saves the forward pass when the caller has run it already;
-    `max_inches` caps the figure's sides (default MAX_FIGURE_INCHES).
-    Returns (figure, data) with data = {"tokens": tick labels, "ids", "layers", "heads",
-    "weights": {(layer, head): (T, T) array drawn in that panel}, "axes": {(layer, head): Axes},
-    "images": {(layer, head): AxesImage}, "title", "shrunk"}; `update_attention_maps` redraws it.
+    `max_inches` caps the figure's sides (default MAX_FIGURE_INCHES). Returns (figure, data) with
+    data = {"tokens": tick labels, "ids", "layers", "heads", "weights": {(layer, head): (T, T) array drawn
+    in that panel}, "axes": {(layer, head): Axes}, "images": {(layer, head): AxesImage}, "title", "shrunk"}.
     """
     ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
     cfg = model.config
@@ -204,23 +179,16 @@ def attention_maps(
     wanted = min(12.0, max(2.6, 0.16 * T + 1.0))
     cap = max_inches or MAX_FIGURE_INCHES
     panel = min(wanted, (cap - 1.2) / ncols, (cap - 0.6) / nrows)
-    step = _tick_step(T)
+    step = max(1, math.ceil(T / MAX_TICK_LABELS))
     while step < T and (panel - 1.0) / T * step * 72 * 0.75 < MIN_TICK_FONT:
         step += 1  # too little room per label: label fewer tokens
     font = max(MIN_TICK_FONT, min(9.0, (panel - 1.0) / T * step * 72 * 0.75))
     fig = plt.figure(figsize=(panel * ncols + 1.2, panel * nrows + 0.6), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     ticks = list(range(0, T, step))
-    data: dict[str, Any] = {
-        "shrunk": panel < wanted,  # the cap made panels smaller than the prompt asks for
-        "tokens": labels,
-        "ids": ids,
-        "layers": layer_idx,
-        "heads": head_idx,
-        "weights": {},
-        "axes": {},
-        "images": {},
-    }
+    shrunk = panel < wanted  # the cap made panels smaller than the prompt asks for
+    data: dict[str, Any] = dict(shrunk=shrunk, tokens=labels, ids=ids, layers=layer_idx, heads=head_idx)
+    data.update(weights={}, axes={}, images={})
     # Square-root colour scale: diffuse heads (weights ~1/t) stay visible next to sharp ones; the
     # plotted array is still the raw weights.
     norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
@@ -234,16 +202,12 @@ def attention_maps(
             # Token ticks on the outer panels only (keys under the bottom row, queries left of the first
             # column): the panels share both axes, and every tick and label costs drawing time.
             bottom, left = r == nrows - 1, c == 0
-            ax.set_xticks(
-                ticks if bottom else [],
-                [labels[i] for i in ticks] if bottom else [],
-                rotation=90,
-                fontsize=font,
-            )
-            ax.set_yticks(ticks if left else [], [labels[i] for i in ticks] if left else [], fontsize=font)
-            if r == nrows - 1:
+            ax.set_xticks(ticks if bottom else [], [labels[i] for i in ticks] if bottom else [], rotation=90)
+            ax.set_yticks(ticks if left else [], [labels[i] for i in ticks] if left else [])
+            ax.tick_params(labelsize=font)
+            if bottom:
                 ax.set_xlabel("key (attended to)", fontsize=8)
-            if c == 0:
+            if left:
                 ax.set_ylabel("query", fontsize=8)
             data["weights"][(layer, head)] = w
             data["axes"][(layer, head)] = ax
@@ -280,9 +244,7 @@ def attention_summary(
     ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
     layer_idx = parse_selection(layers, model.config.n_layer, "layer")
     n_head = model.config.n_head
-    stats = [attention_stats(weights[layer]) for layer in layer_idx]
-    entropy = np.stack([s[0] for s in stats])  # (L, n_head)
-    distance = np.stack([s[1] for s in stats])
+    entropy, distance = map(np.stack, zip(*(attention_stats(weights[i]) for i in layer_idx)))  # (L, n_head)
     u_ent, u_dist = uniform_reference(len(ids))
 
     fig, (ax_e, ax_d) = plt.subplots(
@@ -309,25 +271,15 @@ def attention_summary(
     ax_d.legend(fontsize=7, ncols=max(1, n_head // 6), loc="upper left", bbox_to_anchor=(1.01, 1.0))
     title = f"per-head summary for {window_title(tokenizer, prompt, ids)}"
     fig.suptitle(title, fontsize=10)
-    data = {
-        "title": title,
-        "layers": layer_idx,
-        "entropy": entropy,
-        "distance": distance,
-        "uniform_entropy": u_ent,
-        "uniform_distance": u_dist,
-        "tokens": labels,
-        "axes": (ax_e, ax_d),
-        "bars": bars,
-    }
+    data = dict(title=title, layers=layer_idx, entropy=entropy, distance=distance, tokens=labels)
+    data.update(uniform_entropy=u_ent, uniform_distance=u_dist, axes=(ax_e, ax_d), bars=bars)
     return fig, data
 
 
 def update_attention_summary(data: dict[str, Any], weights: list[np.ndarray]) -> None:
     """Put the statistics of new weights (same prompt) into the bars of `attention_summary`."""
-    stats = [attention_stats(weights[layer]) for layer in data["layers"]]
-    data["entropy"] = np.stack([s[0] for s in stats])  # (L, n_head)
-    data["distance"] = np.stack([s[1] for s in stats])
+    stats = zip(*(attention_stats(weights[i]) for i in data["layers"]))
+    data["entropy"], data["distance"] = map(np.stack, stats)  # (L, n_head) each
     for name, ax in zip(("entropy", "distance"), data["axes"], strict=True):
         for h, bars in enumerate(data["bars"][name]):
             for rect, height in zip(bars.patches, data[name][:, h], strict=True):

@@ -1,20 +1,11 @@
-"""Loss and learning-rate curves of a training run, as a PNG, from the files the run left locally.
-
-    python -m mini_gpt.loss_curves outputs/train/runs/2024-05-01/12-00-00            # -> <RUN_DIR>/curves.png
-    python -m mini_gpt.loss_curves RUN_DIR out=curves.png
-
-For people who train without W&B online. Sources, all searched for anywhere below RUN_DIR:
-- `metrics.csv` written by Lightning's CSVLogger (`logger=csv`, and beside W&B with `logger=wandb`):
-  the columns `train/loss`, `val/loss` and `lr` our module logs, at `step`; several files (e.g. one per
-  resumed run) are merged, a later file winning on a repeated step;
-- `summary.json` written by train.py: its `val_curve` ([step, seconds, val_loss] rows) gives the
-  validation curve when it has at least as many points as the CSVs' (its steps are exact).
-
-A resumed run (`train.py ckpt_path=<run>/checkpoints/last.ckpt`) writes a new run directory; its
-`.hydra/config.yaml` names the checkpoint, so the plot follows that chain back and joins the segments
-(oldest first, a later segment winning on a repeated step), marking where each resumed segment starts.
-A run with `logger=none` has only summary.json's validation points: the plot says train loss was not
-logged. Only matplotlib (Agg), PyYAML (Hydra's dependency) and the standard library: no Lightning, no torch.
+"""Loss and learning-rate curves of a training run as a PNG (`plot_run`), from the files the run left
+locally, for people who train without W&B online. Sources, searched for anywhere below RUN_DIR:
+- `metrics.csv` of Lightning's CSVLogger (`logger=csv`, or beside W&B): `train/loss`, `val/loss` and
+  `lr` at `step`; several files (one per resumed run) are merged, a later file winning on a repeated step;
+- train.py's `summary.json`, whose `val_curve` rows carry exact steps: used for the validation curve
+  when it has at least as many points as the CSVs.
+A resumed run's `.hydra/config.yaml` names the checkpoint it started from: the plot follows that chain
+back and joins the segments, marking where each resumed one starts. No Lightning, no torch.
 """
 
 from __future__ import annotations
@@ -26,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import yaml
 
 matplotlib.use("Agg")
 
@@ -82,8 +74,6 @@ def read_summary_val_curve(path: Path) -> Series:
 
 def resumed_from(run_dir: Path) -> Path | None:
     """The run directory whose checkpoint `run_dir` resumed from (its `.hydra/config.yaml` ckpt_path)."""
-    import yaml
-
     config = run_dir / ".hydra" / "config.yaml"
     try:
         ckpt = (yaml.safe_load(config.read_text()) or {}).get("ckpt_path") if config.is_file() else None
@@ -117,10 +107,8 @@ def _metric_files(run_dir: Path) -> list[Path]:
 
 
 def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
-    """All curves found below run_dir (and the runs it resumed from), and the files they came from.
-
-    When the run was resumed, curves["resumed_at"] = {first step of each later segment: 0.0}.
-    """
+    """All curves found below run_dir (and the runs it resumed from), and the files they came from; a
+    resumed run adds curves["resumed_at"] = {first step of each later segment: 0.0}."""
     run_dir = Path(run_dir).expanduser()
     if not run_dir.exists():
         raise MiniGPTError(f"run directory {run_dir} does not exist")
@@ -163,18 +151,12 @@ def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
 
 
 def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dict[str, Any]]:
-    """Loss (train and val, log scale) and, when present, learning rate against optimizer step.
-
-    Returns (figure, data) with data = {name: (steps, values)} exactly as drawn, plus "axes".
-    """
+    """Loss (train and val, log scale) and, when present, learning rate against optimizer step; returns
+    (figure, data) with data = {name: (steps, values)} exactly as drawn, plus "axes"."""
     has_lr = bool(curves.get("lr"))
+    figsize = (8, 6.5) if has_lr else (8, 4)
     fig, axes = plt.subplots(
-        2 if has_lr else 1,
-        1,
-        figsize=(8, 6.5 if has_lr else 4),
-        sharex=True,
-        squeeze=False,
-        layout="constrained",
+        2 if has_lr else 1, 1, figsize=figsize, sharex=True, squeeze=False, layout="constrained"
     )
     ax_loss = axes[0][0]
     data: dict[str, Any] = {}
@@ -226,9 +208,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 120)
     """Find a run's metrics, draw them and write the PNG (default `<run_dir>/curves.png`)."""
     run_dir = Path(run_dir).expanduser()
     curves, used = find_metrics(run_dir)
-    default_dir = run_dir.parent if run_dir.is_file() else run_dir
-    out = Path(out) if out else default_dir / "curves.png"
-    fig, _ = plot_curves(curves, title=(run_dir.parent if run_dir.is_file() else run_dir).name)
+    run_root = run_dir.parent if run_dir.is_file() else run_dir  # a metrics file may be passed directly
+    out = Path(out) if out else run_root / "curves.png"
+    fig, _ = plot_curves(curves, title=run_root.name)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         fig.savefig(out, dpi=dpi)
