@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from mini_gpt.errors import exit_on_user_error
+from mini_gpt.errors import MiniGPTError, exit_on_user_error
 
 __all__ = ["main"]
 
@@ -20,4 +20,12 @@ def main(argv: list[str] | None = None) -> None:
     from lm_eval.__main__ import cli_evaluate  # what the `lm_eval` console script runs
 
     sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]  # cli_evaluate parses sys.argv
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except (
+        ConnectionError
+    ) as err:  # `datasets` raises it for a task whose data is neither cached nor reachable
+        raise MiniGPTError(
+            f"{err}; lm-eval fetches a task's data on first use: run the task once where there is network "
+            "(the Hugging Face cache keeps it), or copy that cache here and point HF_DATASETS_CACHE at it"
+        ) from None

@@ -186,3 +186,20 @@ def test_adapter_loads_a_checkpoint_by_path(setup):
     ((direct_logprob, direct_greedy),) = direct
     assert logprob == pytest.approx(direct_logprob) and greedy == direct_greedy
     assert torch.equal(lm.model.lm_head.weight, setup["model"].lm_head.weight)
+
+
+def test_harness_command_without_the_task_data_offline_is_one_line(monkeypatch, capsys):
+    import lm_eval.__main__
+
+    from mini_gpt.cli.harness import main
+
+    def offline(*_args):  # what `datasets` raises offline for a task it has not cached
+        raise ConnectionError("Couldn't reach 'allenai/ai2_arc' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", offline)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "mini-gpt", "--tasks", "arc_easy"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: Couldn't reach 'allenai/ai2_arc'")
+    assert "HF_DATASETS_CACHE" in err
