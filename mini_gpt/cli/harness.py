@@ -22,9 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]  # cli_evaluate parses sys.argv
     try:
         cli_evaluate()
-    except (
-        ConnectionError
-    ) as err:  # `datasets` raises it for a task whose data is neither cached nor reachable
+    except ConnectionError as err:  # from `datasets`: a task's data neither cached nor reachable
         raise MiniGPTError(
             f"{err}; lm-eval fetches a task's data on first use: run the task once where there is network "
             "(the Hugging Face cache keeps it), or copy that cache here and point HF_DATASETS_CACHE at it"

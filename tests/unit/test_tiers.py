@@ -1,0 +1,19 @@
+"""The tier markers follow the folders, so `-m "not slow"` is exactly tests/unit (checked on whatever this
+session collected: the whole suite in CI)."""
+
+from __future__ import annotations
+
+import pytest
+
+EXPECTED = {"unit": set(), "integration": {"integration", "slow"}, "e2e": {"e2e", "slow"}}
+
+
+def test_every_collected_test_carries_its_folders_markers(request: pytest.FixtureRequest) -> None:
+    tiers = set()
+    for item in request.session.items:
+        tier = item.path.parent.name
+        assert tier in EXPECTED, f"{item.nodeid}: tests live in tests/unit, tests/integration or tests/e2e"
+        markers = {m.name for m in item.iter_markers()} & {"unit", "integration", "e2e", "slow"}
+        assert markers == EXPECTED[tier], f"{item.nodeid} is marked {sorted(markers)}"
+        tiers.add(tier)
+    assert "unit" in tiers
