@@ -49,8 +49,12 @@ class GPTDataModule(L.LightningDataModule):
         if val_windows is not None:  # null = all windows
             check_ints(val_windows=val_windows)
         check_ints(minimum=0, num_workers=num_workers)
-        self.block_size, self.batch_size, self.seed = block_size, batch_size, seed
-        self.num_workers, self.pin_memory, self.val_windows = num_workers, pin_memory, val_windows
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.seed = seed
+        self.val_windows = val_windows
         if not isinstance(align_to_documents, bool):
             raise MiniGPTError(f"loader.align_to_documents={align_to_documents!r} must be true or false")
         if align_to_documents and isinstance(self.cfg, DataConfig):

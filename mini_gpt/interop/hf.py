@@ -367,7 +367,8 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
         pos_embedding="rope",
         mlp=MLP_OF_ACTIVATION.get(hf_config.hidden_act, "gelu") if model_type == "gpt_neox" else "swiglu",
     )
-    hidden, inter = MLP(config).c_proj.in_features, hf_config.intermediate_size
+    hidden = MLP(config).c_proj.in_features
+    inter = hf_config.intermediate_size
     checks = [
         (rope.get("rope_type", "default") == "default", f"rope_type={rope.get('rope_type')!r}"),
         (float(rope.get("rope_theta", ROPE_BASE)) == ROPE_BASE, f"rope_theta={rope.get('rope_theta')}"),

@@ -244,7 +244,9 @@ def attention_summary(
     ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
     layer_idx = parse_selection(layers, model.config.n_layer, "layer")
     n_head = model.config.n_head
-    entropy, distance = map(np.stack, zip(*(attention_stats(weights[i]) for i in layer_idx)))  # (L, n_head)
+    stats = [attention_stats(weights[layer]) for layer in layer_idx]
+    entropy = np.stack([s[0] for s in stats])  # (L, n_head)
+    distance = np.stack([s[1] for s in stats])
     u_ent, u_dist = uniform_reference(len(ids))
 
     fig, (ax_e, ax_d) = plt.subplots(
@@ -278,8 +280,9 @@ def attention_summary(
 
 def update_attention_summary(data: dict[str, Any], weights: list[np.ndarray]) -> None:
     """Put the statistics of new weights (same prompt) into the bars of `attention_summary`."""
-    stats = zip(*(attention_stats(weights[i]) for i in data["layers"]))
-    data["entropy"], data["distance"] = map(np.stack, stats)  # (L, n_head) each
+    stats = [attention_stats(weights[layer]) for layer in data["layers"]]
+    data["entropy"] = np.stack([s[0] for s in stats])  # (L, n_head)
+    data["distance"] = np.stack([s[1] for s in stats])
     for name, ax in zip(("entropy", "distance"), data["axes"], strict=True):
         for h, bars in enumerate(data["bars"][name]):
             for rect, height in zip(bars.patches, data[name][:, h], strict=True):
