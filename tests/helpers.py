@@ -8,6 +8,7 @@ import json
 import random
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -144,3 +145,22 @@ def train_tiny_char_model(steps: int = 150, seed: int = 0) -> tuple[GPT, CharTok
         opt.step()
         losses.append(loss.item())
     return model.eval(), tokenizer, losses
+
+
+def quiet_trainer(root: Path, **kwargs: Any) -> Any:
+    """A CPU Trainer for short step-based fits: no progress bar or model summary, every step logged to
+    a CSV log under `root`, validation every `val_check_interval` steps; `kwargs` override any of it."""
+    import lightning as L  # here, not at the top: the unit tier imports this file and never trains
+    from lightning.pytorch.loggers import CSVLogger
+
+    settings: dict[str, Any] = dict(
+        accelerator="cpu",
+        max_epochs=-1,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=CSVLogger(root, name="csv", version=""),
+    )
+    return L.Trainer(**{**settings, **kwargs})

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import quiet_trainer
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.model.gpt import GPTConfig
@@ -60,27 +61,12 @@ def _module(dm: Any, nan_from_step: int | None = None) -> Any:
 
 
 def _trainer(tmp_path: Path, callbacks: list[Any], **kwargs: Any) -> Any:
-    import lightning as L
-    from lightning.pytorch.loggers import CSVLogger
-
     from mini_gpt.train.callbacks import EvalCheckpoint
 
     ckpt = EvalCheckpoint(dirpath=tmp_path / "ckpt", filename="best", monitor="val/loss", save_last=True)
-    base: dict[str, Any] = dict(
-        accelerator="cpu",
-        max_steps=8,
-        max_epochs=-1,
-        val_check_interval=2,
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=0,
-        log_every_n_steps=1,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        logger=CSVLogger(tmp_path, name="csv", version=""),
-        callbacks=[*callbacks, ckpt],
+    return quiet_trainer(
+        tmp_path, **{"max_steps": 8, "val_check_interval": 2, "callbacks": [*callbacks, ckpt], **kwargs}
     )
-    base.update(kwargs)
-    return L.Trainer(**base)
 
 
 def _ckpt_step(path: Path) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import quiet_trainer
 
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.train.optim import OptimConfig, lr_at
@@ -34,26 +35,8 @@ def _module(vocab_size: int, tokenizer: Any = None, **optim: Any) -> Any:
 
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> Any:
-    import lightning as L
-    from lightning.pytorch.loggers import CSVLogger
-
-    base: dict[str, Any] = dict(
-        accelerator="cpu",
-        devices=1,
-        max_steps=3,
-        max_epochs=-1,
-        val_check_interval=3,
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=0,
-        log_every_n_steps=1,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        logger=CSVLogger(tmp_path, name="csv", version=""),
-        default_root_dir=tmp_path,
-    )
-    base.update(kwargs)
-    return L.Trainer(**base)
+    settings = dict(devices=1, max_steps=3, val_check_interval=3, enable_checkpointing=False)
+    return quiet_trainer(tmp_path, default_root_dir=tmp_path, **{**settings, **kwargs})
 
 
 def test_loss_is_token_mean_cross_entropy() -> None:
