@@ -179,7 +179,10 @@ def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig, device_type: str) -> 
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW over decay/no-decay groups, or AdamW + Muon (hidden matrices) as one CombinedOptimizer."""
+    """AdamW over decay/no-decay groups, or AdamW + Muon (hidden matrices) as one CombinedOptimizer.
+
+    With Muon, either side may own no trainable parameter (LoRA: every adapter is a hidden matrix, the
+    embeddings and norms are frozen); torch refuses an optimizer with none, so that side is left out."""
     device_type = next(model.parameters()).device.type
     use_muon = cfg.name == "muon"
     if use_muon and not hasattr(torch.optim, "Muon"):
@@ -190,11 +193,22 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
         {"params": [p for _, p in named["no_decay"]], "weight_decay": 0.0, "group": "no_decay"},
     ]
     adam_groups = [g for g in adam_groups if g["params"]]
-    adamw = _adamw(adam_groups, cfg, device_type)
+    if not adam_groups and not named["muon"]:
+        raise MiniGPTError(
+            "the model has no trainable parameters; check finetune.freeze_embeddings and "
+            "finetune.train_last_n_blocks"
+        )
     if not use_muon:
-        return adamw
-    muon = torch.optim.Muon(
-        [{"params": [p for _, p in named["muon"]], "group": "muon"}],
+        return _adamw(adam_groups, cfg, device_type)
+    optimizers = [_adamw(adam_groups, cfg, device_type)] if adam_groups else []
+    if named["muon"]:
+        optimizers.append(_muon(named["muon"], cfg))
+    return CombinedOptimizer(optimizers)
+
+
+def _muon(named: list[tuple[str, nn.Parameter]], cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.Muon(
+        [{"params": [p for _, p in named], "group": "muon"}],
         lr=cfg.muon_lr,
         weight_decay=cfg.muon_weight_decay,
         momentum=cfg.muon_momentum,
@@ -202,7 +216,6 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
         ns_steps=cfg.muon_ns_steps,
         adjust_lr_fn=cfg.muon_adjust_lr_fn,
     )
-    return CombinedOptimizer([adamw, muon])
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> Any:

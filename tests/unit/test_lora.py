@@ -86,3 +86,21 @@ def test_subset_of_targets_and_bad_inputs() -> None:
     with pytest.raises(MiniGPTError, match=r"do not match the recorded adapters.*size mismatch"):
         merge_lora(CONFIG, LoraSpec(TARGETS, rank=8), adapted.state_dict())
     assert LoraSpec.from_dict(LoraSpec(TARGETS).to_dict()) == LoraSpec(TARGETS)
+
+
+@pytest.mark.parametrize("name", ["muon", "adamw"])
+def test_lora_trains_with_either_optimizer(name: str) -> None:
+    """Under Muon every adapter is a hidden matrix and AdamW owns nothing: the optimizer must still build
+    (torch refuses an empty parameter list), own each adapter exactly once, and move the adapters."""
+    from mini_gpt.train.optim import OptimConfig, build_optimizer
+
+    _, model = _adapted()
+    opt = build_optimizer(model, OptimConfig(name=name, warmup_steps=0))
+    owned = [id(p) for g in opt.param_groups for p in g["params"]]
+    trainable = [id(p) for p in model.parameters() if p.requires_grad]
+    assert sorted(owned) == sorted(trainable)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model(torch.randint(0, CONFIG.vocab_size, (2, 8))).logsumexp(-1).mean().backward()
+    opt.step()
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed == {n for n, p in model.named_parameters() if p.requires_grad}
