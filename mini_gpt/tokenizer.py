@@ -314,6 +314,12 @@ def encoding_spec(name: str) -> EncodingSpec:
 def _from_bpe_file(name: str, bpe_file: str | Path) -> TiktokenTokenizer:
     path = Path(bpe_file).expanduser().resolve()
     if not path.is_file():
+        shipped = BUNDLED_BPE_FILES.get(name)
+        if shipped is not None and shipped.is_file():
+            raise MiniGPTError(
+                f"BPE ranks file {path} does not exist; {name}'s ranks ship in {shipped} and are used when "
+                "data.bpe_file is unset: drop the bpe_file override (or fix its path)"
+            )
         raise MiniGPTError(f"BPE ranks file {path} does not exist; fix data.bpe_file=PATH/{name}.tiktoken")
     data = path.read_bytes()
     spec = encoding_spec(name)

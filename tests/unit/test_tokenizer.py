@@ -83,6 +83,15 @@ def test_bpe_file_never_touches_network_or_tiktoken_cache(gpt2_bpe_file: Path, t
     assert not (tmp_path / "cache").exists()
 
 
+def test_missing_bpe_file_points_at_the_shipped_copy(tmp_path: Path, gpt2_bpe_file: Path, monkeypatch) -> None:
+    # The old README's `data.bpe_file=gpt2.tiktoken`, run from a directory without that file.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MiniGPTError) as err:
+        build_tokenizer("gpt2", bpe_file="gpt2.tiktoken")
+    msg = str(err.value)
+    assert str(gpt2_bpe_file.resolve()) in msg and "drop the bpe_file override" in msg and "\n" not in msg
+
+
 @pytest.mark.parametrize("name", ["gpt2", "r50k_base"])
 def test_gpt2_without_file_uses_the_shipped_ranks(name: str, tmp_path: Path, monkeypatch) -> None:
     # No bpe_file, no network, an empty tiktoken cache: the repository's copy is enough.
