@@ -15,6 +15,7 @@ first use (`require_transformers`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +25,15 @@ import torch
 from torch import Tensor
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.interop.hf_tokenizer import load_hf_tokenizer, require_transformers, save_hf_tokenizer
+from mini_gpt.interop.hf_tokenizer import (
+    HF_TOKENIZER_FILE,
+    load_hf_tokenizer,
+    require_transformers,
+    save_hf_tokenizer,
+)
 from mini_gpt.model.attention import interleaved_qkv_to_fused
 from mini_gpt.model.gpt import GPT, MLP, GPTConfig
-from mini_gpt.tokenizer import Tokenizer
+from mini_gpt.tokenizer import Tokenizer, build_tokenizer
 
 __all__ = [
     "ARCHITECTURES",
@@ -435,5 +441,21 @@ def write_hf(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
 def load_hf_dir(directory: Path) -> tuple[GPT, Tokenizer]:
     """(GPT, tokenizer) from a `transformers` directory: our `format=hf` export (GPT-2, GPT-NeoX, Llama)
     or any local GPT-2 model."""
-    tokenizer = load_hf_tokenizer(directory)  # first: a directory without one fails before the weights load
+    tokenizer = _dir_tokenizer(directory)  # first: a directory without one fails before the weights load
     return gpt_from_hf(directory), tokenizer
+
+
+def _dir_tokenizer(directory: Path) -> Tokenizer:
+    """The directory's tokenizer; for a GPT-2 saved without one (`model.save_pretrained(DIR)` alone), the
+    shipped GPT-2 BPE, once config.json shows GPT-2's vocabulary size."""
+    if (directory / HF_TOKENIZER_FILE).is_file() or (directory / "vocab.json").is_file():
+        return load_hf_tokenizer(directory)
+    gpt2 = build_tokenizer("gpt2")
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))  # load_model read it
+    if config.get("model_type") == "gpt2" and config.get("vocab_size") == gpt2.vocab_size:
+        return gpt2
+    raise MiniGPTError(
+        f"{directory} has no tokenizer ({HF_TOKENIZER_FILE} or vocab.json) and its vocabulary is not GPT-2's "
+        "(model_type gpt2, vocab_size 50257); save the tokenizer beside the weights: "
+        "AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR)"
+    )

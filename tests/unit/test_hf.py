@@ -141,3 +141,19 @@ def test_transformers_4_style_rotary_settings_are_read():
         config_from_hf(SimpleNamespace(**{**v4, "rotary_pct": 0.25}))
     with pytest.raises(MiniGPTError, match="rope_theta=500000"):
         config_from_hf(SimpleNamespace(**{**v4, "rotary_emb_base": 500000}))
+
+
+def test_model_only_gpt2_directory_gets_the_shipped_bpe(tmp_path):
+    """The offline hint's `GPT2LMHeadModel.from_pretrained(name).save_pretrained(DIR)` writes no tokenizer:
+    a GPT-2-vocabulary directory loads with GPT-2's BPE, any other vocabulary is one error line."""
+    from mini_gpt.interop.checkpoint import load_model
+
+    gpt2_sized = random_hf_gpt2(0, vocab_size=50257)
+    gpt2_sized.save_pretrained(tmp_path / "gpt2")
+    model, tok = load_model(tmp_path / "gpt2")
+    assert tok.encode("hello world") == [31373, 995]  # GPT-2's published ids
+    assert model.config.vocab_size == 50257
+    random_hf_gpt2(0).save_pretrained(tmp_path / "small")  # vocab 97: no tokenizer fits it
+    with pytest.raises(MiniGPTError, match=r"has no tokenizer .* vocabulary is not GPT-2's") as err:
+        load_model(tmp_path / "small")
+    assert "\n" not in str(err.value)
