@@ -1,6 +1,22 @@
-"""Alias of `mini-gpt harness`: `python -m mini_gpt.harness ...` keeps working."""
+"""Alias of `mini-gpt harness`: `python -m mini_gpt.harness ...` keeps working.
+
+`MiniGPTLM` is also reachable here because an older version's `install-hook` wrote
+`mini_gpt_lm_eval.pth` into site-packages, which registers `mini-gpt` as "mini_gpt.harness:MiniGPTLM"
+at every start-up; without this name that file would break every harness run (delete it when you can).
+"""
+
+from typing import Any
 
 from mini_gpt.cli.harness import main
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MiniGPTLM":  # imported on demand: lm-eval is an optional extra and slow to import
+        from mini_gpt.eval.harness import MiniGPTLM
+
+        return MiniGPTLM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 if __name__ == "__main__":
     main()

@@ -152,17 +152,20 @@ def test_registration_is_idempotent_in_every_order():
         """\
         import lm_eval.models
         from lm_eval.api.registry import get_model, model_registry
-        model_registry.register("mini-gpt", target="mini_gpt.eval.harness:MiniGPTLM")
+        model_registry.register("mini-gpt", target=TARGET)
         from mini_gpt.eval import harness
         harness.register()
         assert get_model("mini-gpt") is harness.MiniGPTLM and get_model("hf").__name__ == "HFLM"
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # The second target is what an older version's install-hook (a .pth file run at every start-up)
+    # registers: it must still resolve to our class, or every harness run fails.
+    for target in ("mini_gpt.eval.harness:MiniGPTLM", "mini_gpt.harness:MiniGPTLM"):
+        proc = subprocess.run(
+            [sys.executable, "-c", code.replace("TARGET", repr(target))], capture_output=True, text=True,
+            timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_harness_command_runs_a_checkpoint(setup):
