@@ -26,8 +26,8 @@ def run(cfg: dict[str, Any]) -> list[Path]:
     raw = "" if get("prompt") is None else str(get("prompt"))
     if not raw:
         raise MiniGPTError('prompt is empty; pass prompt="some text" (or prompt=@file.txt) to look at')
-    # @FILE: the file's text as it is; otherwise let shells pass newlines as \n.
-    prompt = prompt_text(raw) if raw.startswith("@") else raw.replace("\\n", "\n")
+    # @FILE: the file's text as it is; typed text reads \n, \t and \\ as escapes (as generate does).
+    prompt = prompt_text(raw)
     out = Path(str(get("out", "attn.png")))
     dpi = int(get("dpi", 120))
     max_tokens = get("max_tokens")

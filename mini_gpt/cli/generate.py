@@ -3,9 +3,10 @@
     mini-gpt generate ckpt=export/ prompt=@prompt.txt num_samples=3 seed=1 stop='\\n\\n' output=s.jsonl
     mini-gpt generate init_from=gpt2 prompt="Hello, I'm a language model," top_p=0.95   # needs network
 
-`prompt=` and `stop=` take any text verbatim. One sample streams to stdout; several are one batch (one
-shared prefill) printed between `--- sample i/n ---` lines; warnings and timings go to stderr. Start-up
-is paid on every call, so this imports no Lightning, W&B or transformers (unless `init_from` needs it).
+`prompt=` and `stop=` take any text (commas, quotes, `$`) as typed, except that both read `\\n`, `\\t`
+and `\\\\` as a newline, a tab and a backslash; `prompt=@FILE` is the file as it is. One sample streams
+to stdout; several are one batch (one shared prefill) printed between `--- sample i/n ---` lines;
+warnings and timings go to stderr. Start-up is paid on every call, so this imports no Lightning, W&B or transformers (unless `init_from` needs it).
 """
 
 from __future__ import annotations

@@ -18,15 +18,17 @@ def unescape(text: str) -> str:
 
 
 def prompt_text(prompt: str | None, prompt_file: str | None = None) -> str:
-    """`prompt` as given, the contents of FILE for `@FILE` (`@@...` for a literal `@...`) or `prompt_file`."""
+    """The prompt of a command line: `prompt` with `unescape` applied (the same rule as `stop=`, so
+    `prompt='ROMEO:\\nJULIET:'` holds a newline), or the contents of FILE, verbatim, for `@FILE` or
+    `prompt_file` (`@@...` for a literal `@...`)."""
     prompt = "" if prompt is None else str(prompt)
     if prompt_file and prompt:
         raise MiniGPTError("set either prompt or prompt_file, not both")
     if prompt.startswith("@@"):
-        return prompt[1:]
+        return unescape(prompt[1:])
     path = prompt_file or (prompt[1:] if prompt.startswith("@") else None)
     if path is None:
-        return prompt
+        return unescape(prompt)
     try:
         return Path(path).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:

@@ -179,6 +179,15 @@ def test_free_text_arguments_reach_the_config_verbatim(text):
     assert GenerateConfig(stop="\\n\\n").stops == ["\n\n"]  # typed backslash-n means newline
 
 
+def test_prompt_and_stop_read_backslash_escapes_by_one_rule(tmp_path):
+    typed = r"ROMEO:\nJULIET:\tsweet\\n"  # as a shell passes prompt='ROMEO:\nJULIET:...'
+    meant = "ROMEO:\nJULIET:\tsweet\\n"  # newline, tab, then a literal backslash and n
+    config = cli.config_from_dict({"ckpt": "m.ckpt", "prompt": typed, "stop": typed})
+    assert cli.read_prompt(config) == meant and config.stops == [meant]
+    (tmp_path / "p.txt").write_text(typed, encoding="utf-8")  # a file is taken as it is
+    assert cli.read_prompt(cli.config_from_dict({"ckpt": "m.ckpt", "prompt": f"@{tmp_path}/p.txt"})) == typed
+
+
 def test_config_errors(trained, monkeypatch):
     _, _, ckpt = trained
     with pytest.raises(MiniGPTError, match="exactly one of ckpt"):
