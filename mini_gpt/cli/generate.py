@@ -6,7 +6,8 @@
 `prompt=` and `stop=` take any text (commas, quotes, `$`) as typed, except that both read `\\n`, `\\t`
 and `\\\\` as a newline, a tab and a backslash; `prompt=@FILE` is the file as it is. One sample streams
 to stdout; several are one batch (one shared prefill) printed between `--- sample i/n ---` lines;
-warnings and timings go to stderr. Start-up is paid on every call, so this imports no Lightning, W&B or transformers (unless `init_from` needs it).
+warnings and timings go to stderr. Start-up is paid on every call, so this imports no Lightning, W&B or
+transformers (unless `init_from` needs it).
 """
 
 from __future__ import annotations
