@@ -83,7 +83,7 @@ def test_bpe_file_never_touches_network_or_tiktoken_cache(gpt2_bpe_file: Path, t
     assert not (tmp_path / "cache").exists()
 
 
-def test_missing_bpe_file_points_at_the_shipped_copy(tmp_path: Path, gpt2_bpe_file: Path, monkeypatch) -> None:
+def test_missing_bpe_file_points_at_the_shipped_copy(tmp_path: Path, gpt2_bpe_file: Path, monkeypatch):
     # The old README's `data.bpe_file=gpt2.tiktoken`, run from a directory without that file.
     monkeypatch.chdir(tmp_path)
     with pytest.raises(MiniGPTError) as err:
