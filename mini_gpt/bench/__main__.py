@@ -18,7 +18,8 @@ import time
 from types import ModuleType
 from typing import Any
 
-from mini_gpt.bench.common import LoadMeter, machine_info, print_table, write_json
+from mini_gpt.bench.common import machine_info, print_table, write_json
+from mini_gpt.machine import LoadMeter
 
 SECTIONS = ("attention", "train", "generate", "data", "attention_maps", "evaluate")
 

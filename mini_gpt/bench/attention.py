@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mini_gpt.bench.common import LoadMeter, alternate
+from mini_gpt.bench.common import alternate
+from mini_gpt.machine import LoadMeter
 from mini_gpt.model.attention import CausalSelfAttention
 
 DEFAULT_SEQ_LENS = (64, 128, 256, 512, 1024, 2048)

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from mini_gpt.bench.common import LoadMeter, alternate, machine_info
+from mini_gpt.bench.common import alternate, machine_info
+from mini_gpt.machine import LoadMeter
 
 UNCAPPED = 1000.0  # inches: no cap, as before max_inches existed
 MODEL_SIZES = {"char": dict(n_layer=4, n_head=4, n_embd=128), "tiny": dict(n_layer=2, n_head=2, n_embd=32)}

@@ -36,42 +36,6 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def _cpu_times() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine, from /proc/stat."""
-    fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
-    total = sum(fields[:8])
-    return total - idle, total
-
-
-def _own_cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-class LoadMeter:
-    """Measures how busy the machine was with *other* processes while a benchmark ran.
-
-    other_load = (machine busy CPU-seconds - this process's CPU-seconds) / wall seconds, in cores.
-    0.0 means the benchmark had the machine to itself; 1.0 means another process kept a core busy.
-    """
-
-    def __enter__(self) -> LoadMeter:
-        self.tick = os.sysconf("SC_CLK_TCK")
-        self.busy0, _ = _cpu_times()
-        self.own0 = _own_cpu_seconds()
-        self.wall0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        busy1, _ = _cpu_times()
-        wall = time.perf_counter() - self.wall0
-        machine_busy = (busy1 - self.busy0) / self.tick
-        own = _own_cpu_seconds() - self.own0
-        self.other_load = max(0.0, (machine_busy - own) / wall) if wall > 0 else 0.0
-        self.wall = wall
-
-
 @dataclass
 class Timings:
     """Seconds per call of each contender, one entry per repeat."""

@@ -123,7 +123,7 @@ def bench_prepare(
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    from mini_gpt.bench.common import LoadMeter  # torch: kept out of the contenders' fresh processes
+    from mini_gpt.machine import LoadMeter
 
     size_mb = 2 if args.quick else args.size_mb
     if args.kind == "shards":

@@ -22,8 +22,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mini_gpt.bench.common import LoadMeter, alternate, machine_info
+from mini_gpt.bench.common import alternate, machine_info
 from mini_gpt.eval.scoring import continuation_logprobs
+from mini_gpt.machine import LoadMeter
 from mini_gpt.model.gpt import GPT, GPTConfig
 
 

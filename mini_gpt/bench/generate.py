@@ -45,9 +45,10 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from mini_gpt.bench.common import LoadMeter, alternate, machine_info, print_table
+from mini_gpt.bench.common import alternate, machine_info, print_table
 from mini_gpt.conf import compose
 from mini_gpt.infer.sampling import generate
+from mini_gpt.machine import LoadMeter
 from mini_gpt.model.gpt import GPT, GPTConfig
 
 TOP_K = 200

@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from mini_gpt.bench.common import LoadMeter, print_table
+from mini_gpt.bench.common import print_table
 from mini_gpt.conf import compose
+from mini_gpt.machine import LoadMeter
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,7 +20,7 @@ import torch
 from mini_gpt.conf import hydra_main
 from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.files import write_json_atomic
-from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device
+from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device, watch_cpu_load
 from mini_gpt.interop.checkpoint import open_model, read_checkpoint
 
 TASKS = ("bpb", "hellaswag")
@@ -140,7 +140,8 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device)
+    with watch_cpu_load(device, cfg.threads, err):
+        model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device)
     results: dict[str, Any] = {"checkpoint": str(cfg.ckpt or cfg.init_from), **checkpoint_info(cfg.ckpt)}
     # Read every input before the first (possibly long) task, so a wrong path fails in a second.
     documents = None  # (the texts, where they came from)

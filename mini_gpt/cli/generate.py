@@ -25,7 +25,7 @@ import torch
 
 from mini_gpt.conf import hydra_main, split_free_text
 from mini_gpt.errors import MiniGPTError, build_config, check_ints
-from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device
+from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device, watch_cpu_load
 from mini_gpt.infer.packing import can_pack, prepare_for_inference
 from mini_gpt.infer.sampling import check_sampling_args, generate
 from mini_gpt.infer.stream import TextStream, encode_prompt, prompt_text, unescape
@@ -87,7 +87,8 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device)
+    with watch_cpu_load(device, cfg.threads, err):
+        model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device)
     ids = encode_prompt(tokenizer, prompt)
     block_size = model.config.block_size
     if len(ids) > block_size:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any, TextIO
 
 import torch
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, thread_note
 
-__all__ = ["autocast_context", "check_dtype", "resolve_device"]
+__all__ = ["autocast_context", "check_dtype", "resolve_device", "watch_cpu_load"]
 
 
 def check_dtype(dtype: str) -> None:
@@ -44,3 +46,15 @@ def autocast_context(device: torch.device, dtype: str) -> Any:
     if dtype == "float32":
         return nullcontext()
     return torch.autocast(device.type, dtype=getattr(torch, dtype))
+
+
+@contextmanager
+def watch_cpu_load(device: torch.device, threads: int | None, err: TextIO) -> Iterator[None]:
+    """Around a tool's start-up (loading the model): if torch runs its default thread count (`threads`
+    unset) on a CPU that other processes keep busy, print one line suggesting `threads=N` to `err`."""
+    watching = threads is None and device.type == "cpu"
+    with LoadMeter(MIN_WINDOW_S if watching else 0.0) as load:
+        yield
+    note = thread_note(torch.get_num_threads(), load.other_load) if watching else None
+    if note:
+        print(note, file=err)

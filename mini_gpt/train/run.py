@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mini_gpt.conf.schema import checked_config
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, thread_note
 from mini_gpt.train.console_log import record_console
 from mini_gpt.train.distributed import BatchLayout, accumulation_for
 
@@ -163,12 +164,15 @@ class RunOptions:
     """The top-level keys of train.yaml that train() reads (the groups' own dataclasses check theirs)."""
 
     seed: int
+    threads: int | None
     ckpt_path: str | None
     compile: bool
     float32_matmul_precision: str
     global_batch_tokens: int | None
 
     def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise MiniGPTError(f"threads={self.threads} must be >= 1 (or null: one per core)")
         if self.float32_matmul_precision not in MATMUL_PRECISIONS:
             raise MiniGPTError(
                 f"float32_matmul_precision={self.float32_matmul_precision!r} must be one of "
@@ -258,6 +262,22 @@ def _path(summary: dict[str, Any] | None, key: str) -> Path | None:
     return Path(summary[key]) if summary and summary.get(key) else None
 
 
+def _loss(value: float | None) -> str:
+    """A loss for the summary line: 4 decimals (summary.json keeps every digit)."""
+    return "none" if value is None else f"{value:.4f}"
+
+
+def _note_busy_cpu(trainer: L.Trainer, threads: int | None, load: LoadMeter) -> None:
+    """One line suggesting `threads=N` when other processes keep the CPU busy (training on the CPU with
+    torch's default threads, and a measurement window long enough to mean something)."""
+    import torch
+
+    if threads is None and trainer.strategy.root_device.type == "cpu" and load.wall >= MIN_WINDOW_S:
+        note = thread_note(torch.get_num_threads(), load.other_load)
+        if note:
+            print(note, flush=True)
+
+
 def train(cfg: DictConfig) -> RunResult:
     """Build everything from the composed config and fit."""
     started = _run_start()
@@ -271,19 +291,20 @@ def train(cfg: DictConfig) -> RunResult:
     run_dir = Path(cfg.paths.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    import lightning as L
-    import torch
+    with LoadMeter() as load:  # the slow imports (seconds, one core): a free look at the machine's load
+        import lightning as L
+        import torch
 
-    from mini_gpt.data.config import data_config
-    from mini_gpt.data.datamodule import GPTDataModule
-    from mini_gpt.interop.checkpoint import read_checkpoint
-    from mini_gpt.model.gpt import GPTConfig
-    from mini_gpt.train.callbacks import RunSummary
-    from mini_gpt.train.finetune import FinetuneConfig, describe, plan_finetune
-    from mini_gpt.train.loggers import build_loggers, finish_wandb
-    from mini_gpt.train.module import GPTLitModule
-    from mini_gpt.train.optim import OptimConfig
-    from mini_gpt.train.resume import explicit_model_keys, run_overrides
+        from mini_gpt.data.config import data_config
+        from mini_gpt.data.datamodule import GPTDataModule
+        from mini_gpt.interop.checkpoint import read_checkpoint
+        from mini_gpt.model.gpt import GPTConfig
+        from mini_gpt.train.callbacks import RunSummary
+        from mini_gpt.train.finetune import FinetuneConfig, describe, plan_finetune
+        from mini_gpt.train.loggers import build_loggers, finish_wandb
+        from mini_gpt.train.module import GPTLitModule
+        from mini_gpt.train.optim import OptimConfig
+        from mini_gpt.train.resume import explicit_model_keys, run_overrides
 
     # Lightning has its own console handler; Hydra's root handler would print every line twice.
     logging.getLogger("lightning.pytorch").propagate = False
@@ -292,6 +313,8 @@ def train(cfg: DictConfig) -> RunResult:
     warnings.filterwarnings("ignore", message=r".*sync_dist=True.*")
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
+    if cfg.get("threads") is not None:
+        torch.set_num_threads(cfg.threads)
 
     data_cfg = data_config(_plain(cfg.data))
     # Pretrained weights (init_from), or the resume of a fine-tuning run, fix the model's config.
@@ -321,6 +344,7 @@ def train(cfg: DictConfig) -> RunResult:
     layout = apply_batch_layout(trainer, dm.batch_size, dm.block_size, cfg.get("global_batch_tokens"))
     if trainer.is_global_zero:
         print(layout.describe(), flush=True)
+        _note_busy_cpu(trainer, cfg.get("threads"), load)
 
     tokenizer = dm.prepare_once(trainer.local_rank).tokenizer  # DDP children start later, find it ready
     model = plan.build(tokenizer) if plan else None  # checks the data's tokenizer against the source
@@ -354,7 +378,8 @@ def train(cfg: DictConfig) -> RunResult:
     if (summary := result.summary) is not None:
         print(
             f"summary: {run_summary.path}\n  steps={summary['steps']} "
-            f"best_val_loss={summary['best_val_loss']} final_val_loss={summary['final_val_loss']} "
+            f"best_val_loss={_loss(summary['best_val_loss'])} "
+            f"final_val_loss={_loss(summary['final_val_loss'])} "
             f"tokens/s={summary['tokens_per_sec'] or 0:,.0f} wall={summary['wall_seconds']:.1f}s\n"
             f"  last_ckpt={summary['last_ckpt']}"
         )

@@ -275,6 +275,8 @@ def test_subprocess_default_wandb_offline_from_other_cwd(
     assert "best_val_loss=" in tail[1] and "tokens/s=" in tail[1]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["last_ckpt"] == str(run_dir / "checkpoints" / "last.ckpt")
+    # losses to 4 decimals on the console (summary.json keeps every digit)
+    assert f"best_val_loss={summary['best_val_loss']:.4f} final_val_loss=" in tail[1]
     # the progress bar's final line fits 80 columns and shows the summary's tokens/s
     bar = [line for line in proc.stdout.splitlines() if line.startswith("train ") and "tok/s" in line]
     assert len(bar) == 1 and len(bar[0].rstrip()) <= 80, bar

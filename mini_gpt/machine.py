@@ -1,0 +1,105 @@
+"""The machine a tool runs on: how busy other processes keep its CPU cores, what that means for torch's
+thread count, and a per-machine cache directory. Torch-free: the benchmarks and the tools share it.
+
+Torch starts one thread per core. When other processes already keep cores busy, those threads wait for
+each other at every parallel region and a 2-core machine with one busy core runs several times slower
+with 2 threads than with 1. `LoadMeter` measures the other load over any stretch of work (the tools wrap
+their start-up: loading a model, preparing data) and `thread_note` turns it into one suggestion line.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+__all__ = ["MIN_WINDOW_S", "LoadMeter", "cache_dir", "machine_cores", "suggested_threads", "thread_note"]
+
+MIN_WINDOW_S = 0.2  # a shorter measurement is mostly noise (jiffies are 10 ms)
+
+
+def _cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    total = sum(fields[:8])
+    return total - idle, total
+
+
+def _own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def machine_cores() -> int:
+    """The cores /proc/stat counts (the whole machine, which is what LoadMeter's busy time is over)."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+        return sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit()) or 1
+    except OSError:
+        return os.cpu_count() or 1
+
+
+class LoadMeter:
+    """Measures how busy the machine was with *other* processes while the block ran.
+
+    other_load = (machine busy CPU-seconds - this process's CPU-seconds) / wall seconds, in cores.
+    0.0 means this process had the machine to itself; 1.0 means another process kept a core busy.
+    With `min_seconds`, a block that ends sooner waits out the rest (a steadier figure). Where
+    /proc/stat does not exist (not Linux), other_load stays None.
+    """
+
+    def __init__(self, min_seconds: float = 0.0) -> None:
+        self.min_seconds = min_seconds
+        self.other_load: float | None = None
+        self.wall = 0.0
+
+    def __enter__(self) -> LoadMeter:
+        self.tick = os.sysconf("SC_CLK_TCK")
+        try:
+            self.busy0: float | None = _cpu_times()[0]
+        except (OSError, IndexError, ValueError):
+            self.busy0 = None
+        self.own0 = _own_cpu_seconds()
+        self.wall0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(max(0.0, self.min_seconds - (time.perf_counter() - self.wall0)))
+        wall = time.perf_counter() - self.wall0
+        self.wall = wall
+        if self.busy0 is None:
+            return
+        machine_busy = (_cpu_times()[0] - self.busy0) / self.tick
+        own = _own_cpu_seconds() - self.own0
+        self.other_load = max(0.0, (machine_busy - own) / wall) if wall > 0 else 0.0
+
+
+def suggested_threads(threads: int, other_load: float, cores: int) -> int | None:
+    """The thread count for the cores other processes leave free, when it is below `threads` by at least
+    one (rounded: a core busy less than half the time still counts as free); else None."""
+    free = max(1, int(cores - other_load + 0.5))
+    return free if free < threads else None
+
+
+def thread_note(threads: int, other_load: float | None, cores: int | None = None) -> str | None:
+    """One line suggesting `threads=N` when other processes keep the cores torch's threads need busy."""
+    if other_load is None:
+        return None
+    cores = cores or machine_cores()
+    better = suggested_threads(threads, other_load, cores)
+    if better is None:
+        return None
+    return (
+        f"note: other processes keep {other_load:.1f} of this machine's {cores} CPU cores busy and torch "
+        f"runs {threads} threads, which then wait for each other; threads={better} is likely much faster"
+    )
+
+
+def cache_dir() -> Path:
+    """Where per-machine measurements are kept: $MINI_GPT_CACHE_DIR, else $XDG_CACHE_HOME/mini-gpt,
+    else ~/.cache/mini-gpt (created on first use by the writer)."""
+    if os.environ.get("MINI_GPT_CACHE_DIR"):
+        return Path(os.environ["MINI_GPT_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "mini-gpt"
