@@ -268,7 +268,7 @@ def _import_datasets() -> Any:
         import datasets
     except ImportError:
         raise MiniGPTError(
-            "data=hf needs the Hugging Face `datasets` library: pip install -e '.[datasets]'"
+            'data=hf needs the Hugging Face `datasets` library: pip install -e ".[datasets]"'
         ) from None
     datasets.logging.set_verbosity_error()
     datasets.disable_progress_bars()
@@ -346,7 +346,12 @@ def _missing_column(source: Source, columns: list[str]) -> MiniGPTError:
 def _parquet_batches(source: Source, batch_size: int) -> Iterator[list[Any]]:
     """The text column of local parquet files, read by pyarrow in 1 MB pieces without pre-buffering
     (`datasets`' streaming reader reads ahead while the tokenizer is busy: its memory grows with the file)."""
-    import pyarrow.parquet as pq
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MiniGPTError(
+            'reading parquet files needs pyarrow: pip install -e ".[datasets]" (or pip install pyarrow)'
+        ) from None
 
     for path in source.files:
         file = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
