@@ -104,6 +104,14 @@ def command(config_name: str) -> str:
     return "python train.py" if config_name == "train" else f"mini-gpt {config_name.replace('_', '-')}"
 
 
+# The `key=value` example in a tool's --help footer: one of that tool's own keys.
+HELP_EXAMPLES = {
+    "train": "model.n_layer=6",
+    "prepare": "data.val_fraction=0.05",
+    "evaluate": "hellaswag.limit=100",
+}
+
+
 def tool_help(config_name: str) -> str:
     """`--help` of a tool: its config file's keys with their comments, and the options of its groups."""
     text = (CONF_DIR / f"{config_name}.yaml").read_text()
@@ -122,7 +130,8 @@ def tool_help(config_name: str) -> str:
             for group in groups
         ]
         help_text += "\n\nOptions of each group (conf/<group>/<option>.yaml):\n" + "\n".join(options)
-        help_text += "\nPick an option with group=option, set any key with key=value (e.g. model.n_layer=6)."
+        example = HELP_EXAMPLES.get(config_name, "model.n_layer=6")
+        help_text += f"\nPick an option with group=option, set any key with key=value (e.g. {example})."
         if config_name == "train":  # the one Hydra app (hydra.main): Hydra's flags work
             help_text += "\n--cfg job prints every key of the composed config; -m runs a sweep."
         help_text += "\nA key that does not exist is an error."
@@ -162,6 +171,12 @@ def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
             group, option = missing.groups()
             options = ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
             why = f"{group}={option}: there is no conf/{group}/{option}.yaml; the options are {options}"
+        elif ambiguous := re.search(r"Ambiguous value for argument '([^'=]+)=([^']*)'", first):
+            key, value = ambiguous.groups()
+            why = (
+                f"{key}={value} is ambiguous: write a list in brackets, {key}=[{value}] "
+                f"(quoted for the shell: '{key}=[{value}]')"
+            )
         else:
             why = f"bad override ({first}); write key=value ({command(config_name)} --help)"
         raise MiniGPTError(f"{config_name}: {why}") from None

@@ -76,8 +76,10 @@ def test_tool_help_lists_its_own_keys_with_comments(module: str, tool: str, tmp_
         ("export", ["out.x=1"], "error: export: unknown key 'out.x'; the keys are ckpt, format, out, "),
         ("attention_maps", ["layer=[0"], "error: attention_maps: bad override (no viable alternative at "),
         ("evaluate", ["~ckpt", "~ckpt"], "error: evaluate: bad override (Could not delete from config. "),
+        ("evaluate", ["tasks=bpb,hellaswag"], "error: evaluate: tasks=bpb,hellaswag is ambiguous: write a list "
+         "in brackets, tasks=[bpb,hellaswag] (quoted for the shell: 'tasks=[bpb,hellaswag]')\n"),
     ],
-)
+)  # fmt: skip
 def test_a_refused_override_is_one_line(
     tool: str, args: list[str], expected: str, monkeypatch, capsys
 ) -> None:
@@ -112,6 +114,20 @@ def test_train_refused_override_is_one_line(args: list[str], expected: str, tmp_
     assert done.returncode == 2, done.stderr
     assert done.stdout == "" and done.stderr.startswith(expected) and done.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "example", "key"),
+    [
+        (["-m", "mini_gpt.evaluate"], "hellaswag.limit=100", ("hellaswag", "limit")),
+        (["-m", "mini_gpt.data", "prepare"], "data.val_fraction=0.05", ("data", "val_fraction")),
+    ],
+)
+def test_help_footer_example_is_a_key_of_that_tool(argv, example, key, tmp_path: Path, compose) -> None:
+    out = _help(*argv, cwd=tmp_path)  # `python -m mini_gpt.data prepare --help` exits 0 (_help checks)
+    assert out.rstrip().splitlines()[-2].endswith(f"(e.g. {example}).")
+    config = compose((), "prepare" if "prepare" in argv else "evaluate")
+    assert key[1] in config[key[0]]
 
 
 def test_train_help_lists_the_groups_of_its_defaults_and_no_sweep(tmp_path: Path) -> None:
