@@ -45,6 +45,7 @@ class LoadMeter:
 
     other_load = (machine busy CPU-seconds - this process's CPU-seconds) / wall seconds, in cores.
     0.0 means this process had the machine to itself; 1.0 means another process kept a core busy.
+    `with LoadMeter():` around a block, or `start()` ... `stop()` around a stretch of a longer function.
     With `min_seconds`, a block that ends sooner waits out the rest (a steadier figure). Where
     /proc/stat does not exist (not Linux), other_load stays None.
     """
@@ -55,6 +56,12 @@ class LoadMeter:
         self.wall = 0.0
 
     def __enter__(self) -> LoadMeter:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> LoadMeter:
         self.tick = os.sysconf("SC_CLK_TCK")
         try:
             self.busy0: float | None = _cpu_times()[0]
@@ -64,15 +71,15 @@ class LoadMeter:
         self.wall0 = time.perf_counter()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> LoadMeter:
         time.sleep(max(0.0, self.min_seconds - (time.perf_counter() - self.wall0)))
         wall = time.perf_counter() - self.wall0
         self.wall = wall
-        if self.busy0 is None:
-            return
-        machine_busy = (_cpu_times()[0] - self.busy0) / self.tick
-        own = _own_cpu_seconds() - self.own0
-        self.other_load = max(0.0, (machine_busy - own) / wall) if wall > 0 else 0.0
+        if self.busy0 is not None:
+            machine_busy = (_cpu_times()[0] - self.busy0) / self.tick
+            own = _own_cpu_seconds() - self.own0
+            self.other_load = max(0.0, (machine_busy - own) / wall) if wall > 0 else 0.0
+        return self
 
 
 def suggested_threads(threads: int, other_load: float, cores: int) -> int | None:

@@ -269,11 +269,13 @@ def _loss(value: float | None) -> str:
 
 def _note_busy_cpu(trainer: L.Trainer, threads: int | None, load: LoadMeter) -> None:
     """One line suggesting `threads=N` when other processes keep the CPU busy (training on the CPU with
-    torch's default threads, and a measurement window long enough to mean something)."""
+    torch's default threads). `load` has run since train() began; a short window is stretched to
+    MIN_WINDOW_S (Lightning imported before, nothing to prepare), a longer one costs nothing."""
     import torch
 
-    if threads is None and trainer.strategy.root_device.type == "cpu" and load.wall >= MIN_WINDOW_S:
-        note = thread_note(torch.get_num_threads(), load.other_load)
+    if threads is None and trainer.strategy.root_device.type == "cpu":
+        load.min_seconds = MIN_WINDOW_S
+        note = thread_note(torch.get_num_threads(), load.stop().other_load)
         if note:
             print(note, flush=True)
 
@@ -291,20 +293,20 @@ def train(cfg: DictConfig) -> RunResult:
     run_dir = Path(cfg.paths.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    with LoadMeter() as load:  # the slow imports (seconds, one core): a free look at the machine's load
-        import lightning as L
-        import torch
+    load = LoadMeter().start()  # over the imports and the set-up below, for _note_busy_cpu
+    import lightning as L
+    import torch
 
-        from mini_gpt.data.config import data_config
-        from mini_gpt.data.datamodule import GPTDataModule
-        from mini_gpt.interop.checkpoint import read_checkpoint
-        from mini_gpt.model.gpt import GPTConfig
-        from mini_gpt.train.callbacks import RunSummary
-        from mini_gpt.train.finetune import FinetuneConfig, describe, plan_finetune
-        from mini_gpt.train.loggers import build_loggers, finish_wandb
-        from mini_gpt.train.module import GPTLitModule
-        from mini_gpt.train.optim import OptimConfig
-        from mini_gpt.train.resume import explicit_model_keys, run_overrides
+    from mini_gpt.data.config import data_config
+    from mini_gpt.data.datamodule import GPTDataModule
+    from mini_gpt.interop.checkpoint import read_checkpoint
+    from mini_gpt.model.gpt import GPTConfig
+    from mini_gpt.train.callbacks import RunSummary
+    from mini_gpt.train.finetune import FinetuneConfig, describe, plan_finetune
+    from mini_gpt.train.loggers import build_loggers, finish_wandb
+    from mini_gpt.train.module import GPTLitModule
+    from mini_gpt.train.optim import OptimConfig
+    from mini_gpt.train.resume import explicit_model_keys, run_overrides
 
     # Lightning has its own console handler; Hydra's root handler would print every line twice.
     logging.getLogger("lightning.pytorch").propagate = False

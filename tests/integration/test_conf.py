@@ -76,7 +76,8 @@ def test_tool_help_lists_its_own_keys_with_comments(module: str, tool: str, tmp_
         ("export", ["out.x=1"], "error: export: unknown key 'out.x'; the keys are ckpt, format, out, "),
         ("attention_maps", ["layer=[0"], "error: attention_maps: bad override (no viable alternative at "),
         ("evaluate", ["~ckpt", "~ckpt"], "error: evaluate: bad override (Could not delete from config. "),
-        ("evaluate", ["tasks=bpb,hellaswag"], "error: evaluate: tasks=bpb,hellaswag is ambiguous: write a list "
+        ("evaluate", ["tasks=bpb,hellaswag"],
+         "error: evaluate: tasks=bpb,hellaswag is ambiguous: write a list "
          "in brackets, tasks=[bpb,hellaswag] (quoted for the shell: 'tasks=[bpb,hellaswag]')\n"),
     ],
 )  # fmt: skip
