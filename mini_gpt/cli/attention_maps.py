@@ -39,10 +39,17 @@ def run(cfg: dict[str, Any]) -> list[Path]:
         )
         written.append(viz.save_figure(fig, out, dpi))
         if data["shrunk"]:
+            zoom = (
+                "zoom in on one head with head=M"  # one layer already: only its heads are left to pick
+                if len(data["layers"]) == 1
+                else "zoom in on one layer with layer=N (one row, e.g. layer=0) or on one head with "
+                "layer=N head=M"
+            )
+            n_layers, n_heads = len(data["layers"]), len(data["heads"])
             notes.append(
-                f"note: {len(data['layers'])} layers x {len(data['heads'])} heads were shrunk to fit "
-                f"{viz.MAX_FIGURE_INCHES:g} in a side; zoom in on one layer with layer=N (one row, "
-                "e.g. layer=0) or on one head with layer=N head=M"
+                f"note: {n_layers} layer{'s' * (n_layers != 1)} x {n_heads} head{'s' * (n_heads != 1)} "
+                "were shrunk to fit "
+                f"{viz.MAX_FIGURE_INCHES:g} in a side; {zoom}"
             )
     if view in ("summary", "both"):
         target = out if view == "summary" else Path(str(get("summary_out") or viz.summary_path(out)))

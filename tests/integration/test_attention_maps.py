@@ -271,3 +271,9 @@ def test_big_grids_are_capped_and_say_how_to_zoom_in(
         "note: 2 layers x 3 heads were shrunk to fit 6 in a side; zoom in on one layer with layer=N "
         "(one row, e.g. layer=0) or on one head with layer=N head=M"
     )
+    # One layer asked for: the note no longer suggests picking a layer (a 1-inch cap shrinks any grid).
+    monkeypatch.setattr(visualize, "MAX_FIGURE_INCHES", 1.0)
+    run({"ckpt": str(tmp_path / "m.ckpt"), "prompt": "abcdefgh abcdefg", "out": str(tmp_path / "b.png"),
+         "layer": 1})  # fmt: skip
+    note = capsys.readouterr().out.splitlines()[-1]
+    assert note == "note: 1 layer x 3 heads were shrunk to fit 1 in a side; zoom in on one head with head=M"
