@@ -72,6 +72,15 @@ def read_summary_val_curve(path: Path) -> Series:
     return series
 
 
+def summary_start_step(run_dir: Path) -> int | None:
+    """The step a run directory's fit began at (summary.json's start_step: the resumed checkpoint's)."""
+    try:
+        step = json.loads((run_dir / "summary.json").read_text()).get("start_step")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def resumed_from(run_dir: Path) -> Path | None:
     """The run directory whose checkpoint `run_dir` resumed from (its `.hydra/config.yaml` ckpt_path)."""
     config = run_dir / ".hydra" / "config.yaml"
@@ -108,7 +117,7 @@ def _metric_files(run_dir: Path) -> list[Path]:
 
 def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
     """All curves found below run_dir (and the runs it resumed from), and the files they came from; a
-    resumed run adds curves["resumed_at"] = {first step of each later segment: 0.0}."""
+    resumed run adds curves["resumed_at"] = {the step each later segment resumed at: 0.0}."""
     run_dir = Path(run_dir).expanduser()
     if not run_dir.exists():
         raise MiniGPTError(f"run directory {run_dir} does not exist")
@@ -132,8 +141,10 @@ def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
                 summary_val.update(series)
                 summary_files.append(path)
                 steps += series
-        if i and steps:
-            starts.append(min(steps))
+        if i and (steps or summary_start_step(segment) is not None):
+            # The checkpoint's step; older runs without it: the first step this segment logged.
+            start = summary_start_step(segment)
+            starts.append(start if start is not None else min(steps))
     # summary.json's val_curve carries the optimizer step of each evaluation (Lightning's self.log
     # can record it one step earlier in the CSV), but only a finished process writes it, and only
     # with the evaluations of that process: use it when it is at least as complete as the CSV.

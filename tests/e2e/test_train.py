@@ -150,6 +150,7 @@ def test_exact_resume_and_same_seed(
         ),
     )
     assert resumed_module.stats.start_step == k
+    assert resumed["start_step"] == k and full["start_step"] == 0  # summary.json: where a plot marks it
     assert resumed_module.stats.train_history == full_module.stats.train_history[k:]  # bit-identical
     assert resumed["final_val_loss"] == full["final_val_loss"]
     assert resumed["steps"] == 2 * k

@@ -158,6 +158,20 @@ def test_resumed_run_joins_the_runs_it_resumed_from(tmp_path: Path) -> None:
     assert marks == [50, 70]
 
 
+def test_resume_mark_is_at_the_checkpoint_step_not_the_first_logged_one(tmp_path: Path) -> None:
+    """Resumed at step 2 with train loss logged every 10 steps: the mark is at 2 (summary.json's
+    start_step), not at 10, the segment's first logged step."""
+    first = write_run(tmp_path / "a", csv="lr,step,train/loss\n0.0001,1,4.0\n")
+    second = tmp_path / "b" / "run"
+    (second / "csv").mkdir(parents=True)
+    (second / "csv" / "metrics.csv").write_text("lr,step,train/loss\n0.0002,10,3.0\n0.0002,20,2.5\n")
+    (second / ".hydra").mkdir()
+    (second / ".hydra" / "config.yaml").write_text(f"ckpt_path: {first / 'checkpoints' / 'last.ckpt'}\n")
+    (second / "summary.json").write_text(json.dumps({"start_step": 2, "val_curve": []}))
+    curves, _ = find_metrics(second)
+    assert sorted(curves["resumed_at"]) == [2]
+
+
 def test_val_only_run_says_train_loss_was_not_logged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -65,6 +65,7 @@ class RunSummary(Callback):
             "status": status,
             "best_val_loss": min((v for _, _, v in vals), default=None),
             "final_val_loss": vals[-1][2] if vals else None,
+            "start_step": pl_module.stats.start_step,  # > 0: the step of the checkpoint this fit resumed
             "steps": trainer.global_step,
             "tokens": trainer.global_step * pl_module.tokens_per_step,  # includes steps before a resume
             "wall_seconds": time.time() - start,
