@@ -47,6 +47,8 @@ __all__ = [
     "RunResult",
     "apply_batch_layout",
     "check_multirun_strategy",
+    "check_steps",
+    "check_trainer_numbers",
     "hydra_trial",
     "launcher_rank",
     "run_directory",
@@ -262,6 +264,38 @@ def _path(summary: dict[str, Any] | None, key: str) -> Path | None:
     return Path(summary[key]) if summary and summary.get(key) else None
 
 
+# Trainer keys that must be numbers: a string reaches Lightning as `'<' not supported between 'str' ...`.
+_TRAINER_NUMBERS = (
+    "max_steps", "max_epochs", "val_check_interval", "limit_val_batches", "limit_train_batches",
+    "num_sanity_val_steps", "log_every_n_steps", "accumulate_grad_batches", "gradient_clip_val", "num_nodes",
+)  # fmt: skip
+
+
+def check_trainer_numbers(trainer: dict[str, Any]) -> None:
+    """One line for `trainer.max_steps=abc` (or true) instead of Lightning's TypeError."""
+    for key in _TRAINER_NUMBERS:
+        value = trainer.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise MiniGPTError(
+                f"trainer.{key}={value!r} must be a number; fix it on the command line or in the config"
+            )
+
+
+def check_steps(max_steps: int, optim: Any, resumed_step: int | None) -> None:
+    """A resume with nothing left to train is an error; a run that ends inside its warmup gets a note."""
+    if resumed_step is not None and max_steps != -1 and resumed_step >= max_steps:
+        raise MiniGPTError(
+            f"ckpt_path is at step {resumed_step} and trainer.max_steps={max_steps}: nothing is left to "
+            f"train; raise trainer.max_steps above {resumed_step}"
+        )
+    if launcher_rank() == 0 and 0 < max_steps <= optim.warmup_steps:
+        print(
+            f"note: trainer.max_steps={max_steps} <= optim.warmup_steps={optim.warmup_steps}: the learning "
+            "rate is still warming up when the run ends; lower optim.warmup_steps",
+            flush=True,
+        )
+
+
 def _loss(value: float | None) -> str:
     """A loss for the summary line: 4 decimals (summary.json keeps every digit)."""
     return "none" if value is None else f"{value:.4f}"
@@ -284,6 +318,7 @@ def train(cfg: DictConfig) -> RunResult:
     """Build everything from the composed config and fit."""
     started = _run_start()
     RunOptions.from_config(cfg)  # `seed=abc` is one line here, not a traceback from Lightning
+    check_trainer_numbers(_plain(cfg.get("trainer")))
     ckpt_path = cfg.get("ckpt_path")
     if ckpt_path is not None:  # checked before the slow imports: a typo fails in a second
         ckpt_path = Path(ckpt_path).expanduser().resolve()
@@ -319,13 +354,16 @@ def train(cfg: DictConfig) -> RunResult:
         torch.set_num_threads(cfg.threads)
 
     data_cfg = data_config(_plain(cfg.data))
+    resumed = read_checkpoint(ckpt_path) if ckpt_path else None
+    optim_cfg = OptimConfig.from_dict(_plain(cfg.optim))
+    check_steps(cfg.trainer.max_steps, optim_cfg, resumed.get("global_step") if resumed else None)
     # Pretrained weights (init_from), or the resume of a fine-tuning run, fix the model's config.
     plan = plan_finetune(
         init_from,
         FinetuneConfig.from_dict(_plain(cfg.get("finetune"))),
         explicit_model_keys(cfg),
         ckpt_path=ckpt_path,
-        checkpoint_meta=read_checkpoint(ckpt_path).get("mini_gpt") if ckpt_path else None,
+        checkpoint_meta=resumed.get("mini_gpt") if resumed else None,
         bpe_file=getattr(data_cfg, "bpe_file", None),
     )
     block_size = plan.config.block_size if plan else cfg.model.block_size
@@ -354,7 +392,7 @@ def train(cfg: DictConfig) -> RunResult:
         print(describe(model, plan.record), flush=True)
     module = GPTLitModule(
         plan.config if plan else checked_config(GPTConfig, _model_dict(cfg, tokenizer.vocab_size), "model"),
-        OptimConfig.from_dict(_plain(cfg.optim)),
+        optim_cfg,
         tokenizer=tokenizer,
         max_steps=cfg.trainer.max_steps,
         compile=cfg.compile,

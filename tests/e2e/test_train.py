@@ -536,6 +536,17 @@ def test_cli_resume_mismatch_and_bad_types_are_one_line(
     assert seed.stderr.strip().splitlines() == [
         "error: seed='abc' must be an integer; fix it on the command line or in the config"
     ]
+    steps = run("trainer.max_steps=abc")
+    assert steps.returncode == 2
+    assert steps.stderr.strip().splitlines() == [
+        "error: trainer.max_steps='abc' must be a number; fix it on the command line or in the config"
+    ]
+    done = run(f"ckpt_path={tiny_ckpt}", "trainer.max_steps=2")  # the checkpoint is at step 2 already
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: ckpt_path is at step 2 and trainer.max_steps=2: nothing is left to train; raise "
+        "trainer.max_steps above 2"
+    ]
 
 
 SLOW_PREPARE = """
