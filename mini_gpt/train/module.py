@@ -201,6 +201,11 @@ class GPTLitModule(L.LightningModule):
         self.stats.latest["val_loss"] = val_loss
 
     def setup(self, stage: str) -> None:
+        plain = type(self.trainer.strategy) in (SingleDeviceStrategy, DDPStrategy)
+        if stage == "fit" and plain and not self.compile:
+            # Lightning's model summary counts FLOPs only with an example input (else "Total FLOPs: 0"): one
+            # sequence, one eval-mode forward pass on rank 0. Not under FSDP (sharded weights) or compile.
+            self.example_input_array = torch.zeros(1, self.model.config.block_size, dtype=torch.long)
         if stage == "fit" and isinstance(self.trainer.strategy, FSDPStrategy):
             # FSDP (use_orig_params) keeps these Parameter objects but turns them into flat 1-D shard views
             # when it wraps the model, after this hook and before configure_optimizers; param groups are

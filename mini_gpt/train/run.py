@@ -348,6 +348,8 @@ def train(cfg: DictConfig) -> RunResult:
     warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec.*")
     # val/loss is reduced over all ranks by the module itself; Lightning cannot tell and suggests sync_dist.
     warnings.filterwarnings("ignore", message=r".*sync_dist=True.*")
+    # Our iterable datasets split their items between DataLoader workers, so their __len__ is exact.
+    warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined.*")
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
     if cfg.get("threads") is not None:

@@ -270,6 +270,9 @@ def test_subprocess_default_wandb_offline_from_other_cwd(
     assert console.count("wandb sync") == 1
     hint = next(line for line in proc.stdout.splitlines() if "wandb sync" in line)
     assert "wandb login" in hint and hint.endswith(f"wandb sync {offline_runs[0]}")
+    # Lightning's model summary counts FLOPs (one sequence's forward), and no IterableDataset warning
+    assert "Total FLOPs:" in proc.stdout and "Total FLOPs: 0 " not in proc.stdout
+    assert "IterableDataset" not in proc.stdout + proc.stderr
     # the summary's path and headline numbers are printed last
     tail = proc.stdout.strip().splitlines()[-3:]
     assert tail[0] == f"summary: {run_dir / 'summary.json'}"
@@ -524,7 +527,7 @@ def test_cli_resume_mismatch_and_bad_types_are_one_line(
             timeout=300,
         )
 
-    mismatch = run(f"ckpt_path={tiny_ckpt}", "model.n_layer=3")
+    mismatch = run(f"ckpt_path={tiny_ckpt}", "model.n_layer=3", "trainer.max_steps=4")
     assert mismatch.returncode == 2
     assert mismatch.stderr.strip().splitlines() == [
         f"error: cannot resume {tiny_ckpt}: the model differs from the checkpoint's in n_layer (this run: "
