@@ -3,11 +3,20 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 from mini_gpt.errors import MiniGPTError, exit_on_user_error
 
-__all__ = ["main"]
+__all__ = ["main", "with_default_device"]
+
+
+def with_default_device(args: list[str]) -> list[str]:
+    """`--device auto` added for `--model mini-gpt` when no device is given: lm-eval's own default is
+    cuda:0, which on a machine without a GPU would make the model warn about a device nobody asked for."""
+    ours = "--model=mini-gpt" in args or ("--model", "mini-gpt") in itertools.pairwise(args)
+    given = any(a == "--device" or a.startswith("--device=") for a in args)
+    return [*args, "--device", "auto"] if ours and not given else args
 
 
 @exit_on_user_error
@@ -19,7 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     harness.register()  # importing it registered `mini-gpt` already; a second call changes nothing
     from lm_eval.__main__ import cli_evaluate  # what the `lm_eval` console script runs
 
-    sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]  # cli_evaluate parses sys.argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    sys.argv = ["lm_eval", *with_default_device(args)]  # cli_evaluate parses sys.argv
     try:
         cli_evaluate()
     except ConnectionError as err:  # from `datasets`: a task's data neither cached nor reachable

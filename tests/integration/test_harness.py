@@ -177,6 +177,7 @@ def test_harness_command_runs_a_checkpoint(setup):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "|tiny_mc|" in proc.stdout.replace(" ", "")
+    assert "device=cuda" not in proc.stderr  # lm-eval's default device is not ours to warn about
     assert "acc_norm" in proc.stdout
 
 
