@@ -270,9 +270,7 @@ def test_subprocess_default_wandb_offline_from_other_cwd(
     assert console.count("wandb sync") == 1
     hint = next(line for line in proc.stdout.splitlines() if "wandb sync" in line)
     assert "wandb login" in hint and hint.endswith(f"wandb sync {offline_runs[0]}")
-    # Lightning's model summary counts FLOPs (one sequence's forward), and no IterableDataset warning
-    assert "Total FLOPs:" in proc.stdout and "Total FLOPs: 0 " not in proc.stdout
-    assert "IterableDataset" not in proc.stdout + proc.stderr
+    assert "IterableDataset" not in proc.stdout + proc.stderr  # Lightning's false alarm is filtered
     # the summary's path and headline numbers are printed last
     tail = proc.stdout.strip().splitlines()[-3:]
     assert tail[0] == f"summary: {run_dir / 'summary.json'}"

@@ -133,3 +133,23 @@ def test_compile_keeps_uncompiled_module_as_state_dict_owner() -> None:
     assert net is not module.model and getattr(net, "_orig_mod", None) is module.model
     keys = list(module.state_dict())
     assert keys == [f"model.{k}" for k in module.model.state_dict()]
+
+
+def test_model_summary_counts_the_flops_of_one_sequence(
+    tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+) -> None:
+    """Lightning's summary prints "Total FLOPs: 0" without an example input; ours is one block_size
+    sequence, counted the same way as torch's FlopCounterMode on the bare GPT."""
+    from lightning.pytorch.utilities.model_summary import ModelSummary
+    from torch.utils.flop_counter import FlopCounterMode
+
+    module = _module(vocab_size=65)
+    _trainer(tmp_path, max_steps=1, limit_val_batches=1).fit(
+        module, datamodule=_datamodule(char_data_dir, shakespeare_path)
+    )
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        module.model.eval()(torch.zeros(1, BLOCK, dtype=torch.long))
+    expected = counter.get_total_flops()
+    # 2 x (in x out) per token for each weight matrix: the reference's order of magnitude
+    assert expected >= 2 * BLOCK * 2 * (32 * 96 + 32 * 32 + 2 * 32 * 128)
+    assert ModelSummary(module).total_flops == expected
