@@ -129,3 +129,22 @@ def test_prepare_split_of_a_jsonl_column_yields_its_held_out_documents(tmp_path,
     tok = build_tokenizer("gpt2", bpe_file=gpt2_bpe_file)
     res = bits_per_byte(bpe_model(block_size=32), tok, val)
     assert res.bytes == sum(len(d.encode("utf-8")) for d in val)
+
+
+def test_context_per_token_and_min_context_as_the_docs_state():
+    """docs/evaluation.md: after the first window every token has >= block_size - stride tokens of
+    context; the first window's tokens fewer, so min_context is 1. Counted here by hand."""
+    tok = CharTokenizer.from_text(TEXT)
+    block, stride = 16, 8
+    res = bits_per_byte(char_model(tok, block), tok, [TEXT], stride=stride)
+    n = len(tok.encode(TEXT))
+    contexts, done = [], 0  # the same windows as above; token i+1 is predicted from the window's x[:k+1]
+    for b in range(0, n - 1, stride):
+        end = min(b + block, n - 1)
+        start = max(0, end - block)
+        contexts += [pos - start + 1 for pos in range(max(done, start), end)]
+        done = end
+    assert len(contexts) == n - 1
+    assert res.min_context == min(contexts) == 1
+    assert min(contexts[block:]) >= block - stride
+    assert res.context_per_token == pytest.approx(sum(contexts) / len(contexts))
