@@ -10,10 +10,19 @@ their start-up: loading a model, preparing data) and `thread_note` turns it into
 from __future__ import annotations
 
 import os
+import platform
 import time
 from pathlib import Path
 
-__all__ = ["MIN_WINDOW_S", "LoadMeter", "cache_dir", "machine_cores", "suggested_threads", "thread_note"]
+__all__ = [
+    "MIN_WINDOW_S",
+    "LoadMeter",
+    "cache_dir",
+    "cpu_name",
+    "machine_cores",
+    "suggested_threads",
+    "thread_note",
+]
 
 MIN_WINDOW_S = 0.2  # a shorter measurement is mostly noise (jiffies are 10 ms)
 
@@ -29,6 +38,17 @@ def _cpu_times() -> tuple[float, float]:
 def _own_cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def machine_cores() -> int:

@@ -65,6 +65,18 @@ def compose():
     return compose
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Per-machine measurements (the CPU's peak FLOP/s for MFU) go to a session folder, not ~/.cache."""
+    before = os.environ.get("MINI_GPT_CACHE_DIR")
+    os.environ["MINI_GPT_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if before is None:
+        os.environ.pop("MINI_GPT_CACHE_DIR", None)
+    else:
+        os.environ["MINI_GPT_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Run a test module's torch ops on one thread, then restore the previous setting."""

@@ -213,6 +213,31 @@ def test_progress_bar_ends_on_the_run_averages_whatever_the_callback_order(tmp_p
     assert bar.shown_stats.startswith("loss ") and bar.shown_stats.endswith("% mfu")
 
 
+def test_cpu_peak_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path) -> None:
+    """MFU's CPU peak: the first run measures it and keeps it in the cache dir; later runs (a new process:
+    the probe's own per-process cache cleared) read it back instead of measuring again. A probe taken on
+    a busy machine is not kept."""
+    import json
+
+    from mini_gpt import machine
+    from mini_gpt.train.callbacks import monitoring
+
+    monkeypatch.setenv("MINI_GPT_CACHE_DIR", str(tmp_path))
+    probes = iter([3.0e11, 5.0e11, 7.0e11])
+    monkeypatch.setattr(monitoring, "measure_cpu_matmul_flops", lambda dtype: next(probes))
+    monkeypatch.setattr(machine, "_cpu_times", lambda: (0.0, 0.0))  # an idle machine
+    assert peak_flops(torch.device("cpu")) == 3.0e11
+    assert peak_flops(torch.device("cpu")) == 3.0e11  # read back, not measured again
+    ((key, value),) = json.loads((tmp_path / "cpu_peak_flops.json").read_text()).items()
+    assert value == 3.0e11 and str(torch.get_num_threads()) in key and "float32" in key
+    assert peak_flops(torch.device("cpu"), "bf16-mixed") == 5.0e11  # another dtype: its own entry
+    (tmp_path / "cpu_peak_flops.json").unlink()
+    busy = iter([0.0, 1e9])  # other processes: far more busy time than this one's
+    monkeypatch.setattr(machine, "_cpu_times", lambda: (next(busy), 0.0))
+    assert peak_flops(torch.device("cpu")) == 7.0e11
+    assert not (tmp_path / "cpu_peak_flops.json").exists()
+
+
 def test_peak_flops_sources(monkeypatch: pytest.MonkeyPatch) -> None:
     assert peak_flops(torch.device("cpu"), "32-true", override=123.0) == 123.0
     cpu = measure_cpu_matmul_flops(torch.float32)

@@ -15,6 +15,8 @@ import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import read_json, write_json_atomic
+from mini_gpt.machine import LoadMeter, cache_dir, cpu_name
 from mini_gpt.train.callbacks.base import StepCallback
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
 
@@ -22,6 +24,7 @@ __all__ = [
     "NaNGuard",
     "NonFiniteLossError",
     "Throughput",
+    "cpu_peak_flops",
     "measure_cpu_matmul_flops",
     "not_training",
     "peak_flops",
@@ -100,6 +103,30 @@ def measure_cpu_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 512, r
         return _DEFAULT_CPU_PEAK_FLOPS
 
 
+CPU_PEAK_FILE = "cpu_peak_flops.json"  # under mini_gpt.machine.cache_dir(): {machine key: FLOP/s}
+
+
+def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
+    """This machine's CPU matmul peak, measured once and kept in cache_dir()/cpu_peak_flops.json (keyed
+    by CPU, thread count, dtype and torch version), so MFU compares like with like between runs: a probe
+    per run swung it between 34% and 56% on one machine. A probe taken while other processes kept half a
+    core busy or more is used for this run only, not cached."""
+    key = f"{cpu_name()} | {torch.get_num_threads()} threads | {dtype} | torch {torch.__version__}"
+    path = cache_dir() / CPU_PEAK_FILE
+    cached = read_json(path) or {}
+    if isinstance(cached.get(key), int | float) and cached[key] > 0:
+        return float(cached[key])
+    with LoadMeter() as load:
+        peak = measure_cpu_matmul_flops(dtype)
+    if peak != _DEFAULT_CPU_PEAK_FLOPS and load.other_load is not None and load.other_load < 0.5:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, {**(read_json(path) or {}), key: peak}, indent=1)
+        except OSError:
+            pass  # a read-only home: measure again next time
+    return peak
+
+
 def _precision_dtype(precision: str) -> torch.dtype:
     precision = str(precision)
     if "bf16" in precision:
@@ -118,7 +145,7 @@ def peak_flops(device: torch.device, precision: str = "32-true", override: float
     if device.type == "cuda":
         return float(get_available_flops(device, dtype) or 0.0)  # 0: MFU is not logged
     if device.type == "cpu":
-        return measure_cpu_matmul_flops(dtype)
+        return cpu_peak_flops(dtype)
     return 0.0
 
 
