@@ -207,3 +207,26 @@ def test_harness_command_without_the_task_data_offline_is_one_line(monkeypatch, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: Couldn't reach 'allenai/ai2_arc'")
     assert "HF_DATASETS_CACHE" in err
+
+
+def test_character_export_runs_on_the_harness_hf_model_with_the_printed_prefix(tmp_path, capsys):
+    """A character vocabulary has no end-of-text token, so lm-eval's hf model needs prefix_token_id:
+    `mini-gpt export` prints it, and with it the hf model scores as our adapter does."""
+    from lm_eval.models.huggingface import HFLM
+
+    from mini_gpt.cli.export import main as export_main
+    from mini_gpt.model.gpt import GPT, GPTConfig
+    from mini_gpt.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.from_text("\n".join(WORDS) + " ROMEO:")
+    torch.manual_seed(3)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=tok.vocab_size, block_size=32)).eval()
+    ckpt = write_lightning_ckpt(tmp_path / "char.ckpt", model, tok)
+    export_main([f"ckpt={ckpt}", "format=hf", f"out={tmp_path / 'hf'}"])
+    newline = tok.encode("\n")[0]
+    assert f"add prefix_token_id={newline} " in capsys.readouterr().out
+    theirs = HFLM(pretrained=str(tmp_path / "hf"), device="cpu", batch_size=2, prefix_token_id=newline)
+    req = [Instance("loglikelihood", {}, ("", "the man walks"), 0)]  # empty context: the prefix matters
+    ((expected, _),) = MiniGPTLM(model=model, tokenizer=tok).loglikelihood(req, disable_tqdm=True)
+    ((got, _),) = theirs.loglikelihood(req, disable_tqdm=True)
+    assert got == pytest.approx(expected, abs=1e-4)
