@@ -4,11 +4,27 @@
 from __future__ import annotations
 
 import itertools
+import site
 import sys
+from pathlib import Path
 
 from mini_gpt.errors import MiniGPTError, exit_on_user_error
 
-__all__ = ["main", "with_default_device"]
+__all__ = ["OLD_HOOK_FILE", "main", "remove_old_hook", "with_default_device"]
+
+OLD_HOOK_FILE = "mini_gpt_lm_eval.pth"  # what an older version's `install-hook` wrote into site-packages
+
+
+def remove_old_hook(site_dirs: list[str] | None = None) -> list[Path]:
+    """Delete an older version's hook file from the site-packages directories; the paths removed."""
+    dirs = site_dirs if site_dirs is not None else [*site.getsitepackages(), site.getusersitepackages()]
+    removed = []
+    for directory in dirs:
+        path = Path(directory) / OLD_HOOK_FILE
+        if path.is_file():
+            path.unlink()
+            removed.append(path)
+    return removed
 
 
 def with_default_device(args: list[str]) -> list[str]:
@@ -22,13 +38,22 @@ def with_default_device(args: list[str]) -> list[str]:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     """Run lm-eval's command line on `argv` (default: this process's arguments), in this process."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["install-hook"]:
+        raise MiniGPTError(
+            "install-hook is gone: `mini-gpt harness --model mini-gpt ...` registers the model itself, "
+            "and the plain lm_eval command cannot load plugins"
+        )
+    if args[:1] == ["uninstall-hook"]:
+        removed = remove_old_hook()
+        print(f"removed {', '.join(map(str, removed))}" if removed else f"no {OLD_HOOK_FILE} to remove")
+        return
     # Imported here: lm-eval is an optional extra (its absence is a one-line error) and slow to import.
     from mini_gpt.eval import harness
 
     harness.register()  # importing it registered `mini-gpt` already; a second call changes nothing
     from lm_eval.__main__ import cli_evaluate  # what the `lm_eval` console script runs
 
-    args = list(sys.argv[1:] if argv is None else argv)
     sys.argv = ["lm_eval", *with_default_device(args)]  # cli_evaluate parses sys.argv
     try:
         cli_evaluate()
