@@ -307,3 +307,21 @@ def test_regular_install_finds_its_configs(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ab") and len(done.stdout.rstrip("\n")) >= 2
+
+
+def test_data_docs_commands_use_the_tokenizer_their_comment_names(compose) -> None:
+    """docs/data.md's `data=text` lines compose to the tokenizer their comment promises (the walk
+    through the docs found "# characters" on a command that trains GPT-2 BPE)."""
+    import shlex
+
+    lines = [
+        line
+        for line in (REPO / "docs" / "data.md").read_text().splitlines()
+        if line.startswith("mini-gpt train data=text")
+    ]
+    assert len(lines) >= 2
+    for line in lines:
+        command, _, comment = line.partition("#")
+        cfg = compose(shlex.split(command)[2:])
+        expected = "char" if "characters" in comment else "gpt2" if "GPT-2 BPE" in comment else None
+        assert expected is not None and cfg.data.tokenizer == expected, line
