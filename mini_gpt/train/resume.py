@@ -119,11 +119,14 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
-    """`key: old -> new` for every leaf that differs (added: `(unset)`), ckpt_path and the run dir aside."""
+    """`key: old -> new` for every leaf that differs (added: `(unset)`), ckpt_path and the run dir aside.
+    A key added since the run with a null value (a newer version's option, off) is not a change."""
     old, new = dict(_leaves(before)), dict(_leaves(after))
     lines = []
     for key in [*old, *(k for k in new if k not in old)]:
         if key in _NEVER_RESTORED or old.get(key, _MISSING) == new.get(key, _MISSING):
+            continue
+        if key not in old and new[key] is None:
             continue
         show = [("(unset)" if v is _MISSING else repr(v) if isinstance(v, str) else str(v)) for v in
                 (old.get(key, _MISSING), new.get(key, _MISSING))]  # fmt: skip

@@ -158,3 +158,11 @@ def test_explicit_model_keys(compose: Any) -> None:
             assert explicit_model_keys(cfg) == OmegaConf.to_container(cfg.model), overrides
     with hydra_job(compose, ["experiment=finetune_shakespeare"]) as cfg:
         assert explicit_model_keys(cfg) == {}  # the recipe sets no model key: the source's shape stays
+
+
+def test_a_key_added_since_the_run_with_a_null_value_is_not_a_change() -> None:
+    from mini_gpt.train.resume import _config_changes
+
+    before = {"seed": 7, "trainer": {"max_steps": 6}}
+    after = {"seed": 7, "threads": None, "trainer": {"max_steps": 9, "new_flag": True}}
+    assert _config_changes(before, after) == ["trainer.max_steps: 6 -> 9", "trainer.new_flag: (unset) -> True"]
