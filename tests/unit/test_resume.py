@@ -165,4 +165,5 @@ def test_a_key_added_since_the_run_with_a_null_value_is_not_a_change() -> None:
 
     before = {"seed": 7, "trainer": {"max_steps": 6}}
     after = {"seed": 7, "threads": None, "trainer": {"max_steps": 9, "new_flag": True}}
-    assert _config_changes(before, after) == ["trainer.max_steps: 6 -> 9", "trainer.new_flag: (unset) -> True"]
+    expected = ["trainer.max_steps: 6 -> 9", "trainer.new_flag: (unset) -> True"]
+    assert _config_changes(before, after) == expected
