@@ -490,7 +490,7 @@ def test_resume_from_a_truncated_checkpoint(
         ),
         ("optim.lr=fast", "optim.lr='fast' must be a number"),
         ("model.dropout=abc", "model.dropout='abc' must be a number"),
-        ("trainer.max_steps=abc", "bad trainer config (TypeError: "),
+        ("trainer.max_steps=abc", "trainer.max_steps='abc' must be a number"),
         ("callbacks.sample_text.every_n_steps=often", "bad callbacks.sample_text config (TypeError: "),
         ("callbacks.throughput.peak_flops=lots", "callbacks.throughput.peak_flops='lots' must be a positive"),
     ],
