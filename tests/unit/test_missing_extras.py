@@ -4,6 +4,7 @@ sys.modules makes its import fail) and drops the modules that imported it, then 
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import pytest
@@ -17,6 +18,9 @@ def hide(monkeypatch: pytest.MonkeyPatch, *packages: str, forget: tuple[str, ...
         monkeypatch.setitem(sys.modules, name, None)
     for name in forget:
         monkeypatch.delitem(sys.modules, name, raising=False)
+        # `from package import module` finds a module imported earlier as the package's attribute.
+        parent, _, child = name.rpartition(".")
+        monkeypatch.delattr(importlib.import_module(parent), child, raising=False)
 
 
 def test_parquet_without_pyarrow(monkeypatch, tmp_path) -> None:
