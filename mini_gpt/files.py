@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_write", "read_json", "sha256_file", "write_json_atomic"]
+__all__ = ["atomic_write", "make_dirs", "read_json", "remove_empty", "sha256_file", "write_json_atomic"]
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -22,12 +22,29 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def make_dirs(folder: Path) -> list[Path]:
+    """`folder` and its missing parents made; the ones this call made, deepest first (for `remove_empty`)."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove each of `folders` (deepest first) that is empty; stop at the first that is not."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 @contextmanager
 def atomic_write(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
     """Open a temporary file beside `path` (its folder made if missing) for the block to write; then
     fsync it and rename it over `path`: readers see the old file or the new one, never half of one. A
-    block that raises leaves `path` as it was and no temporary behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    block that raises leaves `path` as it was, no temporary behind and no folder it made (an offline
+    download leaves no empty cache folder)."""
+    made = make_dirs(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as fh:
@@ -35,8 +52,10 @@ def atomic_write(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    finally:
+    except BaseException:
         tmp.unlink(missing_ok=True)
+        remove_empty(made)
+        raise
 
 
 def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:

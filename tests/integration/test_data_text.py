@@ -22,7 +22,7 @@ import mini_gpt.data.sources as sources
 import mini_gpt.data.text as data
 from mini_gpt.data import DataConfig, DataConfigError, load_prepared, prepare_data
 from mini_gpt.data.config import CORPORA, token_dtype
-from mini_gpt.data.preparation import LOCK_FILE
+from mini_gpt.data.preparation import lock_path
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import build_tokenizer
 
@@ -206,7 +206,7 @@ def test_offline_download_error_says_where_to_put_the_file(tmp_path: Path, monke
     msg = str(info.value)
     assert str(tmp_path / "shakespeare" / "input.txt") in msg and "data.path=" in msg
     assert time.monotonic() - start < 5
-    assert list(tmp_path.rglob("*")) == [tmp_path / "shakespeare"]  # nothing half-written
+    assert list(tmp_path.rglob("*")) == []  # nothing half-written, no empty corpus folder
 
 
 def test_download_verified_and_atomic(tmp_path: Path, shakespeare_path: Path, monkeypatch) -> None:
@@ -230,7 +230,7 @@ def test_download_verified_and_atomic(tmp_path: Path, shakespeare_path: Path, mo
     monkeypatch.setitem(CORPORA, "shakespeare_char", dataclasses.replace(corpus, url=bad.as_uri()))
     with pytest.raises(MiniGPTError, match="sha256"):
         sources.download(bad.as_uri(), tmp_path / "x" / "input.txt", corpus.sha256, progress=False)
-    assert list((tmp_path / "x").iterdir()) == []
+    assert not (tmp_path / "x").exists()  # no temporary, no folder made for it
 
 
 def test_named_corpus_local_path(tmp_path: Path, shakespeare_path: Path) -> None:
@@ -493,7 +493,7 @@ def test_unwritable_cache_is_one_line(tmp_path: Path, monkeypatch, failure) -> N
 def test_valid_cache_on_read_only_storage_needs_no_lock(tmp_path: Path, monkeypatch) -> None:
     cfg = DataConfig(data_dir=str(tmp_path))
     prepare_data(cfg, progress=False)
-    (tmp_path / "shakespeare_char" / LOCK_FILE).unlink()
+    lock_path(tmp_path / "shakespeare_char").unlink()
 
     def read_only(*_args, **_kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
