@@ -26,9 +26,9 @@ from rich.progress import (
 )
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import make_dirs, remove_empty
 from mini_gpt.tokenizer import TiktokenTokenizer, Tokenizer
 
-LOCK_FILE = ".prepare.lock"  # in each prepared folder; held while that folder is (re)built
 # What writing to a full, read-only or foreign directory raises.
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
@@ -47,14 +47,21 @@ def unwritable(where: Path, err: OSError) -> MiniGPTError:
     )
 
 
+def lock_path(out_dir: Path) -> Path:
+    """The preparation lock of `out_dir`: a hidden file beside it (not inside, so that a failed
+    preparation can remove the folder while others wait on the lock)."""
+    return out_dir.with_name(f".{out_dir.name}.lock")
+
+
 @contextmanager
 def preparation_lock(out_dir: Path, what: str, log: Callable[[str], None] = log_to_stderr) -> Iterator[None]:
     """Hold `out_dir`'s preparation lock (on any machine sharing a file system with working locks): the
     others wait here, `log`ging that they wait for `what`, then find the finished files. The lock file
-    stays behind on purpose: deleting it would race with a process about to take it."""
+    stays behind on purpose: deleting it would race with a process about to take it. A preparation that
+    fails having kept nothing a rerun resumes from removes its folder (and the parents it made)."""
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(out_dir / LOCK_FILE)
+        made = make_dirs(out_dir)
+        lock = FileLock(lock_path(out_dir))
         try:
             lock.acquire(timeout=0)
         except Timeout:
@@ -62,12 +69,30 @@ def preparation_lock(out_dir: Path, what: str, log: Callable[[str], None] = log_
                 f"waiting for another process to finish preparing {what} in {out_dir} (lock {lock.lock_file})"
             )
             lock.acquire()
+        out_dir.mkdir(parents=True, exist_ok=True)  # again: a holder that failed may have removed it
     except OSError as err:
         raise unwritable(out_dir, err) from None
+    failed = True
     try:
         yield
+        failed = False
     finally:
+        if failed:
+            _remove_if_nothing_kept(out_dir, made)
         lock.release()
+
+
+def _remove_if_nothing_kept(out_dir: Path, made: list[Path]) -> None:
+    """Remove a failed preparation's folder when it holds only temporaries (`.*.tmp`), with the parents
+    this run made (the lock files beside them stay)."""
+    try:
+        entries = list(out_dir.iterdir())
+        if all(e.name.startswith(".") and e.name.endswith(".tmp") and e.is_file() for e in entries):
+            for entry in entries:
+                entry.unlink(missing_ok=True)
+            remove_empty([out_dir, *[p for p in made if p != out_dir]])
+    except OSError:  # best effort: the error being raised is what the user needs to see
+        pass
 
 
 def tokenizer_key(tok: Tokenizer | None) -> dict[str, Any]:

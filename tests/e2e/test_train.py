@@ -329,6 +329,14 @@ def test_run_directory_records_the_console_and_drops_runs_that_never_started(
     trial = run("trial", started=False, error=MiniGPTError("bad"), keep=True)
     assert (trial / "train.log").read_text().startswith("run trial\n")
     assert "run early" in capsys.readouterr().out  # the console got everything too
+    # a reused paths.run_dir whose earlier run left checkpoints (and no summary: killed): they stay
+    reused = outputs / "reused"
+    (reused / "checkpoints").mkdir(parents=True)
+    (reused / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    with pytest.raises(MiniGPTError), run_directory(reused, output_dir=outputs):
+        raise MiniGPTError("bad value")
+    assert (reused / "checkpoints" / "last.ckpt").read_bytes() == b"weights"
+    assert sorted(p.name for p in reused.iterdir()) == ["checkpoints"]  # this run's train.log is gone
 
 
 def test_cli_errors_are_short(tmp_path: Path) -> None:
@@ -602,4 +610,26 @@ def test_ctrl_c_during_preparation_is_one_line_and_leaves_nothing_half_written(t
         "interrupted (Ctrl-C) before training started; nothing half-written was kept, run again to continue"
     ]
     assert "Traceback" not in stderr
-    assert sorted(p.name for p in out_dir.iterdir()) == [".prepare.lock"]  # no bins, no meta.json
+    assert not out_dir.exists()  # nothing to resume from: no bins, no meta.json, no empty folder
+
+
+def test_a_bad_input_found_inside_the_fit_leaves_no_run_directory(
+    tmp_path: Path, gpt2_bpe_file: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": [f"document number {i} is short." for i in range(400)]}), docs)
+    proc = subprocess.run(
+        [
+            sys.executable, str(REPO / "train.py"), "model=tiny", "logger=csv", "data=hf",
+            f"data.dataset={docs}", f"data.bpe_file={gpt2_bpe_file}", "data.val_fraction=0.01",
+            f"data.data_dir={tmp_path / 'data'}", f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    # the validation split is found too short by the datamodule's setup, inside Lightning's fit
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: validation split has ")
+    assert not (tmp_path / "run").exists()  # no summary.json with status failed, no train.log
