@@ -58,6 +58,7 @@ __all__ = [
 
 # What Hydra and a run that never reached training leave in a run directory (removed on such a failure).
 _UNSTARTED_ENTRIES = {".hydra", "train.log", "wandb", "csv", "checkpoints", "attention_maps"}
+_KEPT_IF_FILLED = {"checkpoints", "attention_maps"}  # a run that never trained writes no file in these
 _runs_in_process = 0  # train() calls so far: the first run's clock starts at process start
 
 
@@ -95,6 +96,8 @@ def _remove_unstarted(run_dir: Path, output_dir: Path | None) -> None:
     if not run_dir.is_dir():
         return
     for entry in run_dir.iterdir():
+        if entry.name in _KEPT_IF_FILLED and any(p.is_file() for p in entry.rglob("*")):
+            continue  # an earlier run's checkpoints in a reused paths.run_dir: never ours to delete
         if entry.name in _UNSTARTED_ENTRIES:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     inside = output_dir is not None and output_dir in run_dir.parents

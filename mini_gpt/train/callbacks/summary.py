@@ -11,6 +11,7 @@ import psutil
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import write_json_atomic
 from mini_gpt.train.callbacks.monitoring import NonFiniteLossError, Throughput
 
@@ -51,8 +52,13 @@ class RunSummary(Callback):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
-        self.write(trainer, pl_module, "nonfinite" if isinstance(exception, NonFiniteLossError) else status)
+        if isinstance(exception, NonFiniteLossError):
+            status = "nonfinite"
+        elif isinstance(exception, MiniGPTError) and trainer.global_step == pl_module.stats.start_step:
+            return  # a bad input found before the first step: its one line, and no run directory kept
+        else:
+            status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
+        self.write(trainer, pl_module, status)
 
     @rank_zero_only
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str) -> None:
