@@ -280,8 +280,10 @@ def one_line_error(cfg: HFDataConfig) -> str:
 
 
 def test_missing_text_column(tmp_path, corpus, gpt2_bpe_file):
-    msg = one_line_error(cfg_for(corpus / "pq", tmp_path, gpt2_bpe_file, text_field="content"))
+    msg = one_line_error(cfg_for(corpus / "pq", tmp_path / "d", gpt2_bpe_file, text_field="content"))
     assert "data.text_field='content' is not a column" in msg and "id, text" in msg
+    # the failed preparation leaves no corpus folder (only the lock file beside where it was)
+    assert [p.name for p in (tmp_path / "d").rglob("*") if not p.name.endswith(".lock")] == ["hf"]
 
 
 @pytest.mark.parametrize("values, what", [([1, 2, 3], "a int"), (["ok", None, "x"], "null")])
