@@ -77,6 +77,20 @@ def private_cache_dir(tmp_path_factory: pytest.TempPathFactory):
         os.environ["MINI_GPT_CACHE_DIR"] = before
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread_in_child_processes():
+    """The commands tests start run torch on one thread: on a machine busy with other work (pytest
+    itself, a build beside it) their stderr would otherwise carry the busy-machine note (tested on its
+    own), and two threads next to pytest's on two cores only wait for each other."""
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    yield
+    if before is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = before
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Run a test module's torch ops on one thread, then restore the previous setting."""
