@@ -19,6 +19,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "prepare": ("mini_gpt.cli.prepare", "tokenize a corpus (train's data=... overrides) without training"),
     "plot": ("mini_gpt.cli.loss_curves", "a run's loss and learning-rate curves to a PNG: plot RUN_DIR"),
     "attention-maps": ("mini_gpt.cli.attention_maps", "draw a model's attention maps for a prompt"),
+    "compare": ("mini_gpt.cli.compare", "one table + curves of runs: compare PATH... [--scaling] (argparse)"),
+    "sweep": ("mini_gpt.cli.sweep", "Optuna search: sweep hparams_search=NAME [key=value ...]"),
     "bench": ("mini_gpt.bench.__main__", "benchmarks: bench SECTION [--flags] (argparse, not overrides)"),
     "harness": ("mini_gpt.cli.harness", "lm-evaluation-harness with the mini-gpt model (lm_eval's flags)"),
 }

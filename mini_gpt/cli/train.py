@@ -52,6 +52,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]  # Hydra reads its command line from sys.argv
     exit_with_help_if_asked("train")  # the groups and keys of train.yaml, with their comments
+    if any(arg.startswith("hparams_search=") for arg in sys.argv[1:]):  # the Optuna plugin's old spelling
+        print(
+            "error: Optuna searches run with `mini-gpt sweep hparams_search=NAME ...` (the same overrides, "
+            "without -m; docs/sweeps.md); `python train.py -m key=a,b` grid sweeps work as before",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     exit_on_bad_overrides("train")  # a typo is one line, not Hydra's report
     train_app()
 

@@ -18,7 +18,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -46,9 +46,11 @@ if TYPE_CHECKING:
 __all__ = [
     "RunResult",
     "apply_batch_layout",
+    "budget_steps",
     "check_multirun_strategy",
     "check_steps",
     "check_trainer_numbers",
+    "flops_per_token",
     "hydra_trial",
     "launcher_rank",
     "run_directory",
@@ -210,8 +212,9 @@ def _instantiate(node: Any, key: str, **kwargs: Any) -> Any:
         ) from None
 
 
-def _callbacks(cfg: DictConfig, run_summary: RunSummary) -> list[Any]:
-    """The configured callbacks (`_target_` entries, null = dropped) + final validation + the summary."""
+def _callbacks(cfg: DictConfig, run_summary: RunSummary, extra: Sequence[Any] = ()) -> list[Any]:
+    """The configured callbacks (`_target_` entries, null = dropped), the caller's (a sweep trial's
+    pruning report) + final validation + the summary."""
     from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
     from mini_gpt.train.callbacks import ValidateAtEnd
@@ -227,7 +230,7 @@ def _callbacks(cfg: DictConfig, run_summary: RunSummary) -> list[Any]:
     if not cfg.trainer.get("enable_checkpointing", True):
         callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
     # RunSummary after SaveOnInterrupt: it sees the Ctrl-C save.
-    return [*callbacks, ValidateAtEnd(), run_summary]
+    return [*callbacks, *extra, ValidateAtEnd(), run_summary]
 
 
 def _model_dict(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
@@ -317,8 +320,33 @@ def _note_busy_cpu(trainer: L.Trainer, threads: int | None, load: LoadMeter) -> 
             print(note, flush=True)
 
 
-def train(cfg: DictConfig) -> RunResult:
-    """Build everything from the composed config and fit."""
+def flops_per_token(config: Any) -> float:
+    """Training FLOPs per token of a model config (`GPT.flops_per_token`, the MFU's count), without
+    allocating its weights."""
+    import torch
+
+    from mini_gpt.model.gpt import GPT
+
+    with torch.device("meta"):
+        return GPT(config).flops_per_token()
+
+
+def budget_steps(max_flops: Any, per_token: float, tokens_per_step: int) -> int:
+    """Optimizer steps that spend `max_flops` training FLOPs (rounded down); at least one."""
+    if isinstance(max_flops, bool) or not isinstance(max_flops, int | float) or not max_flops > 0:
+        raise MiniGPTError(f"trainer.max_flops={max_flops!r} must be a positive number of FLOPs, e.g. 1e13")
+    per_step = per_token * tokens_per_step
+    steps = int(max_flops // per_step)
+    if steps < 1:
+        raise MiniGPTError(
+            f"trainer.max_flops={max_flops:.3g} is less than one optimizer step ({per_step:.3g} FLOPs = "
+            f"{per_token:.3g} FLOPs/token x {tokens_per_step} tokens/step); raise it or use a smaller model"
+        )
+    return steps
+
+
+def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> RunResult:
+    """Build everything from the composed config and fit; `callbacks`: extra Lightning callbacks."""
     started = _run_start()
     RunOptions.from_config(cfg)  # `seed=abc` is one line here, not a traceback from Lightning
     check_trainer_numbers(_plain(cfg.get("trainer")))
@@ -379,11 +407,13 @@ def train(cfg: DictConfig) -> RunResult:
 
     # The Trainer comes before the model: it knows this process's rank (data preparation runs on one).
     run_summary = RunSummary(run_dir / "summary.json", started)
-    callbacks = _callbacks(cfg, run_summary)
     trial = hydra_trial()
     loggers, log_model = build_loggers(_plain(cfg.get("logger")), trial)
+    trainer_cfg = _plain(cfg.trainer)
+    max_flops = trainer_cfg.pop("max_flops", None)  # ours, not a Trainer argument
+    all_callbacks = _callbacks(cfg, run_summary, callbacks)
     trainer: L.Trainer = _instantiate(
-        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, _convert_="all"
+        trainer_cfg, "trainer", callbacks=all_callbacks, logger=loggers or False, _convert_="all"
     )
     check_multirun_strategy(trainer, multirun=trial is not None)
     layout = apply_batch_layout(trainer, dm.batch_size, dm.block_size, cfg.get("global_batch_tokens"))
@@ -395,11 +425,20 @@ def train(cfg: DictConfig) -> RunResult:
     model = plan.build(tokenizer) if plan else None  # checks the data's tokenizer against the source
     if plan and trainer.is_global_zero:
         print(describe(model, plan.record), flush=True)
+    gpt_config = plan.config if plan else checked_config(
+        GPTConfig, _model_dict(cfg, tokenizer.vocab_size), "model"
+    )
+    max_steps = cfg.trainer.max_steps
+    if max_flops is not None:
+        max_steps = budget_steps(max_flops, flops_per_token(gpt_config), layout.tokens_per_step)
+        trainer.fit_loop.max_steps = max_steps
+        if trainer.is_global_zero:
+            print(f"trainer.max_flops={max_flops:.3g}: {max_steps} steps (replaces trainer.max_steps)")
     module = GPTLitModule(
-        plan.config if plan else checked_config(GPTConfig, _model_dict(cfg, tokenizer.vocab_size), "model"),
+        gpt_config,
         optim_cfg,
         tokenizer=tokenizer,
-        max_steps=cfg.trainer.max_steps,
+        max_steps=max_steps,
         compile=cfg.compile,
         model=model,
         finetune=plan.record if plan else None,

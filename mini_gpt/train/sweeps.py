@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mini_gpt.errors import MiniGPTError
 
-__all__ = ["TABLE_FILE", "SweepReport", "check_sweep_strategy", "read_trials", "trials_table"]
+__all__ = ["TABLE_FILE", "SweepReport", "check_sweep_strategy", "read_trials", "render_table", "trials_table"]
 
 TABLE_FILE = "trials.csv"
 
@@ -131,7 +131,7 @@ def trials_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
     return header, body
 
 
-def _render(header: list[str], body: list[list[str]]) -> str:
+def render_table(header: list[str], body: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header) - 1)]
     lines = []
     for r in [header, *body]:
@@ -163,4 +163,4 @@ class SweepReport(Callback):
         path = sweep_dir / TABLE_FILE
         with path.open("w", newline="") as f:
             csv.writer(f).writerows([header, *body])
-        print(f"\ntrials of {sweep_dir} (also in {path}):\n{_render(header, body)}", flush=True)
+        print(f"\ntrials of {sweep_dir} (also in {path}):\n{render_table(header, body)}", flush=True)

@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import write_json_atomic
+from mini_gpt.train.callbacks.evaluate import EvaluateCallback
 from mini_gpt.train.callbacks.monitoring import NonFiniteLossError, Throughput
 
 __all__ = ["RunSummary", "ValidateAtEnd", "process_start_time"]
@@ -30,6 +31,13 @@ class ValidateAtEnd(Callback):
 def process_start_time() -> float:
     """Unix time this process started (interpreter start-up and imports included)."""
     return psutil.Process().create_time()
+
+
+def _last_eval(trainer: L.Trainer) -> dict[str, float]:
+    for callback in trainer.callbacks:
+        if isinstance(callback, EvaluateCallback) and callback.history:
+            return dict(callback.history[-1][1])
+    return {}
 
 
 class RunSummary(Callback):
@@ -74,9 +82,14 @@ class RunSummary(Callback):
             "start_step": pl_module.stats.start_step,  # > 0: the step of the checkpoint this fit resumed
             "steps": trainer.global_step,
             "tokens": trainer.global_step * pl_module.tokens_per_step,  # includes steps before a resume
+            # training FLOPs as the MFU counts them; the parameter counts a scaling fit needs
+            "flops": trainer.global_step * pl_module.tokens_per_step * pl_module.model.flops_per_token(),
+            "params": pl_module.model.num_params(non_embedding=False),
+            "non_embedding_params": pl_module.model.num_params(non_embedding=True),
             "wall_seconds": time.time() - start,
             "tokens_per_sec": throughput.tokens_per_sec if throughput and throughput.total_seconds else None,
             "val_curve": [[s, t - start, v] for s, t, v in vals],
+            "eval": _last_eval(trainer),  # callbacks.evaluate's last metrics (eval/bpb/bits_per_byte, ...)
             "best_ckpt": str(Path(best).resolve()) if best else None,
             "last_ckpt": str(Path(last).resolve()) if last else None,
         }

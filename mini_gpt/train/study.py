@@ -1,0 +1,289 @@
+"""Optuna studies for `mini-gpt sweep`: a thin driver over Optuna (`study.optimize`) with pruning, a study
+in a storage file that parallel workers share, and resuming after a kill.
+
+The search space, sampler and pruner come from the `hparams_search` config group (conf/hparams_search/):
+`params` in Hydra's override grammar (`interval`, `tag(log, interval)`, `range`, `choice`), `sampler` and
+`pruner` as `_target_` nodes. Each trial composes the train config with the fixed overrides plus its
+suggested values and trains in `<dir>/<trial number>/`; `ReportValLoss` reports every validation to Optuna
+and stops the fit when the pruner says so (the folder keeps its checkpoints, summary.json says `pruned`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.callbacks import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import write_json_atomic
+
+if TYPE_CHECKING:
+    import lightning as L
+    import optuna
+
+__all__ = ["ReportValLoss", "StudySettings", "distribution", "open_study", "require_optuna", "run_study"]
+
+INSTALL_HINT = 'pip install -e ".[sweep]"'
+HEARTBEAT_SECONDS = 10  # a RUNNING trial without a heartbeat for GRACE_SECONDS was killed: it is retried
+GRACE_SECONDS = 30
+
+
+def require_optuna() -> None:
+    """One line naming the extra to install when Optuna is missing."""
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise MiniGPTError(
+            f"mini-gpt sweep needs Optuna, which is not installed; run {INSTALL_HINT}"
+        ) from None
+
+
+@dataclass
+class StudySettings:
+    """The `hparams_search` node (conf/hparams_search/lr_search.yaml documents each key)."""
+
+    study_name: str
+    dir: str
+    storage: str | None
+    n_trials: int
+    direction: str = "minimize"
+    sampler: dict[str, Any] = field(default_factory=dict)
+    pruner: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+    when: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("minimize", "maximize"):
+            raise MiniGPTError(f"hparams_search.direction={self.direction!r} must be minimize or maximize")
+        if not isinstance(self.n_trials, int) or self.n_trials < 1:
+            raise MiniGPTError(f"hparams_search.n_trials={self.n_trials!r} must be a positive integer")
+        if not self.params:
+            raise MiniGPTError("hparams_search.params is empty: name at least one key to search")
+        for key in self.when:
+            if key not in self.params:
+                raise MiniGPTError(f"hparams_search.when.{key}: {key} is not one of hparams_search.params")
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> StudySettings:
+        node = cfg.get("hparams_search")
+        if node is None:
+            raise MiniGPTError(
+                "mini-gpt sweep needs a search space: add hparams_search=lr_search (or your own "
+                "conf/hparams_search/NAME.yaml)"
+            )
+        plain = OmegaConf.to_container(node, resolve=True)
+        try:
+            return cls(**plain)  # type: ignore[arg-type]
+        except TypeError as err:
+            raise MiniGPTError(f"bad hparams_search config: {err}") from None
+
+
+def distribution(key: str, spec: str) -> optuna.distributions.BaseDistribution:
+    """An Optuna distribution from Hydra's sweep grammar: `interval(a, b)` (float), `tag(log, ...)`
+    (log scale), `range(a, b[, step])` (integers, b excluded as in Python), `choice(...)` (categorical)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    try:
+        value = OverridesParser.create().parse_override(f"{key}={spec}").value()
+    except Exception as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise MiniGPTError(f"hparams_search.params.{key}={spec!r} is not sweep syntax ({reason})") from None
+    log = "log" in getattr(value, "tags", set())
+    if isinstance(value, IntervalSweep):
+        low, high = value.start, value.end
+        if isinstance(low, int) and isinstance(high, int) and not isinstance(spec, float):
+            return IntDistribution(low, high, log=log)
+        return FloatDistribution(float(low), float(high), log=log)
+    if isinstance(value, RangeSweep):
+        return IntDistribution(int(value.start), int(value.stop) - 1, step=int(value.step or 1), log=log)
+    if isinstance(value, ChoiceSweep):
+        return CategoricalDistribution(value.list)
+    raise MiniGPTError(
+        f"hparams_search.params.{key}={spec!r} must be interval(...), tag(log, interval(...)), range(...) "
+        "or choice(...)"
+    )
+
+
+def searched_params(settings: StudySettings, cfg: DictConfig) -> dict[str, Any]:
+    """The params this config searches: each key must exist; a `when` condition drops the keys another
+    optimizer uses (optim.muon_lr under optim=adamw)."""
+    space = {}
+    for key, spec in settings.params.items():
+        if OmegaConf.select(cfg, key, default="<missing>") == "<missing>":
+            raise MiniGPTError(f"hparams_search.params.{key}: the train config has no key {key}")
+        condition = settings.when.get(key)
+        if condition is not None:
+            other, _, want = condition.partition("=")
+            if str(OmegaConf.select(cfg, other, default=None)) != want:
+                continue
+        space[key] = distribution(key, spec)
+    return space
+
+
+def _storage(settings: StudySettings) -> Any:
+    """None (in memory), an SQLite/other database URL, or a journal file (the default; safe on NFS)."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+    if settings.storage is None:
+        return None
+    if "://" in settings.storage:
+        if settings.storage.startswith("sqlite:///"):
+            Path(settings.storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.RDBStorage(
+            settings.storage,
+            heartbeat_interval=HEARTBEAT_SECONDS,
+            grace_period=GRACE_SECONDS,
+            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=3),
+        )
+    path = Path(settings.storage)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    backend = JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path)))
+    return optuna.storages.JournalStorage(backend)
+
+
+def open_study(settings: StudySettings, space: dict[str, Any]) -> optuna.Study:
+    """Create the study, or load it from its storage; a stored study of another search space is refused."""
+    import optuna
+    from hydra.utils import instantiate
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    described = {k: optuna.distributions.distribution_to_json(d) for k, d in sorted(space.items())}
+    study = optuna.create_study(
+        study_name=settings.study_name,
+        storage=_storage(settings),
+        sampler=instantiate(settings.sampler) if settings.sampler else None,
+        pruner=instantiate(settings.pruner) if settings.pruner else None,
+        direction=settings.direction,
+        load_if_exists=True,
+    )
+    stored = study.user_attrs.get("search_space")
+    if stored is None:
+        study.set_user_attr("search_space", described)
+    elif stored != described:
+        raise MiniGPTError(
+            f"the study {settings.study_name!r} in {settings.storage} searches {', '.join(stored)}, not "
+            f"{', '.join(described)}: give this search space its own hparams_search.study_name or storage"
+        )
+    return study
+
+
+class ReportValLoss(Callback):
+    """Reports each validation's val/loss to the Optuna trial at its optimizer step, and stops the fit
+    (after that validation, checkpoints saved) when the pruner prunes the trial. Not optuna-integration's
+    PyTorchLightningPruningCallback: that one reports per epoch, and a mini-gpt run is one long epoch."""
+
+    def __init__(self, trial: optuna.Trial, monitor: str = "val/loss") -> None:
+        self.trial, self.monitor = trial, monitor
+        self.pruned_at: int | None = None
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        value = trainer.callback_metrics.get(self.monitor)
+        if trainer.sanity_checking or value is None or not math.isfinite(float(value)):
+            return
+        self.trial.report(float(value), step=trainer.global_step)
+        if trainer.global_step > 0 and self.trial.should_prune():
+            self.pruned_at = trainer.global_step
+            trainer.should_stop = True
+
+
+def _suggest(trial: optuna.Trial, key: str, d: Any) -> Any:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    if isinstance(d, FloatDistribution):
+        return trial.suggest_float(key, d.low, d.high, log=d.log, step=d.step)
+    if isinstance(d, CategoricalDistribution):
+        return trial.suggest_categorical(key, d.choices)
+    return trial.suggest_int(key, d.low, d.high, step=d.step, log=d.log)
+
+
+def _format(value: Any) -> str:
+    """A suggested value as an override: floats with 4 significant digits."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _heartbeat(settings: StudySettings) -> bool:
+    return settings.storage is not None and "://" in settings.storage
+
+
+def _finished(study: optuna.Study) -> int:
+    """Trials that count towards n_trials: completed, pruned, or failed and not retried, plus the ones
+    running or waiting now (other workers'), so that workers together stop at n_trials."""
+    import optuna
+    from optuna.storages import RetryFailedTrialCallback
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    with warnings.catch_warnings():  # "experimental" since Optuna 2.8, unchanged since
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retried = {RetryFailedTrialCallback.retried_trial_number(t) for t in trials}
+    return sum(1 for t in trials if not (t.state == TrialState.FAIL and t.number in retried))
+
+
+def _record_config(trial_dir: Path, cfg: DictConfig, overrides: list[str]) -> None:
+    """The trial's config and overrides where Hydra keeps them (`.hydra/`), for `mini-gpt compare`."""
+    import yaml
+
+    hydra_dir = trial_dir / ".hydra"
+    hydra_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, hydra_dir / "config.yaml")
+    (hydra_dir / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+
+
+def run_study(
+    settings: StudySettings,
+    compose: Callable[[Sequence[str]], DictConfig],
+    fixed: Sequence[str],
+    train_trial: Callable[[DictConfig, Sequence[Callback]], dict[str, Any] | None],
+) -> optuna.Study:
+    """Run trials until the study has `n_trials` (all workers together). `compose(overrides)` builds a
+    trial's config; `train_trial(cfg, callbacks)` trains it and returns its summary (None if it failed)."""
+    import optuna
+
+    base = compose(fixed)
+    space = searched_params(settings, base)
+    study = open_study(settings, space)
+    sweep_dir = Path(settings.dir)
+
+    def objective(trial: optuna.Trial) -> float:
+        values = {key: _suggest(trial, key, d) for key, d in space.items()}
+        overrides = [f"{k}={_format(v)}" for k, v in values.items()]
+        trial_dir = sweep_dir / str(trial.number)
+        print(f"trial {trial.number}: {' '.join(overrides)} -> {trial_dir}", flush=True)
+        cfg = compose([*fixed, *overrides, f"paths.run_dir={trial_dir}"])
+        _record_config(trial_dir, cfg, [*fixed, *overrides])
+        report = ReportValLoss(trial)
+        summary = train_trial(cfg, [report])
+        if summary is None:
+            raise MiniGPTError(f"trial {trial.number} failed (see {trial_dir / 'train.log'})")
+        if report.pruned_at is not None:
+            write_json_atomic(trial_dir / "summary.json", {**summary, "status": "pruned"}, indent=2)
+            raise optuna.TrialPruned(f"pruned at step {report.pruned_at}")
+        loss = summary.get("best_val_loss")
+        return float(loss) if loss is not None and math.isfinite(loss) else math.inf
+
+    def stop_at_n_trials(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if _finished(study) >= settings.n_trials:
+            study.stop()
+
+    while True:
+        optuna.storages.fail_stale_trials(study)  # a killed worker's trial: FAIL, and a retry is queued
+        if _finished(study) < settings.n_trials:
+            study.optimize(
+                objective, callbacks=[stop_at_n_trials], catch=(MiniGPTError,), gc_after_trial=True
+            )
+        running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        if not running or not _heartbeat(settings):  # a journal file cannot tell killed trials from live ones
+            return study
+        # Other workers' trials, or a killed one whose heartbeat is not stale yet: wait, then retry it here.
+        print(f"waiting for running trial(s) {', '.join(str(t.number) for t in running)}", flush=True)
+        time.sleep(HEARTBEAT_SECONDS)

@@ -1,0 +1,289 @@
+"""Compare training runs side by side (`mini-gpt compare PATH...`), from the files each run left: its
+`summary.json` (train.py) and its config (`.hydra/config.yaml`, written by Hydra and by `mini-gpt sweep`).
+
+`find_runs` collects run folders (a folder with summary.json, or any below a multirun / sweep folder);
+`compare_table` keeps the config values that differ between them and the run's numbers, sorted by the
+objective (best val loss); `write_report` writes the table as CSV and HTML and the validation curves
+against step, tokens, wall time and FLOPs as one PNG. `scaling_fit` (`--scaling`) fits loss against model
+size per compute budget (isoFLOP minima) and a power law through the optima. No torch, no Lightning.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+import yaml
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import atomic_write
+
+__all__ = ["Run", "ScalingFit", "compare_table", "find_runs", "markdown", "scaling_fit", "write_report"]
+
+# Config keys that say where a run lives or how it was launched, not what it trained.
+IGNORED_PREFIXES = ("paths.", "hparams_search.", "trainer.default_root_dir", "hydra.", "ckpt_path", "tags")
+# Keys whose difference makes val losses incomparable (another corpus or tokenizer).
+DATA_KEYS = ("data.name", "data.path", "data.tokenizer", "data.bpe_file")
+NUMBERS = ["best_val_loss", "final_val_loss", "bits_per_byte", "steps", "tokens", "flops", "wall_seconds",
+           "tokens_per_sec"]  # fmt: skip
+
+
+@dataclass
+class Run:
+    path: Path
+    summary: dict[str, Any]
+    config: dict[str, Any] = field(default_factory=dict)  # flattened: "optim.lr" -> value
+
+    @property
+    def objective(self) -> float:
+        value = self.summary.get("best_val_loss")
+        return float(value) if isinstance(value, int | float) and math.isfinite(value) else math.inf
+
+    def number(self, key: str) -> float | None:
+        if key == "bits_per_byte":
+            value = (self.summary.get("eval") or {}).get("eval/bpb/bits_per_byte")
+        else:
+            value = self.summary.get(key)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def _read_run(folder: Path) -> Run:
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise MiniGPTError(f"{folder / 'summary.json'} is not readable JSON ({err})") from None
+    config_file = folder / ".hydra" / "config.yaml"
+    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
+    return Run(folder, summary, _flatten(config or {}))
+
+
+def find_runs(paths: list[str]) -> list[Run]:
+    """Run folders at or below each path (each once); a path that does not exist is an error."""
+    folders: list[Path] = []
+    for text in paths:
+        path = Path(text).expanduser()
+        if not path.exists():
+            raise MiniGPTError(f"{path} does not exist; pass run folders or multirun / sweep folders")
+        found = (
+            [path]
+            if (path / "summary.json").is_file()
+            else sorted(p.parent for p in path.rglob("summary.json"))
+        )
+        folders += [f.resolve() for f in found if f.resolve() not in folders]
+    if not folders:
+        raise MiniGPTError(
+            f"no runs in {', '.join(paths)}: a run folder has a summary.json (written when a training "
+            "run ends); pass run folders, multirun folders or sweep folders"
+        )
+    return [_read_run(f) for f in folders]
+
+
+def _differing(runs: list[Run]) -> list[str]:
+    keys: list[str] = []
+    for run in runs:
+        keys += [k for k in run.config if k not in keys and not k.startswith(IGNORED_PREFIXES)]
+    return [k for k in keys if len({repr(run.config.get(k)) for run in runs}) > 1]
+
+
+def label(run: Run, keys: list[str]) -> str:
+    """A run's name in the plots: its differing values (the folder name when nothing differs)."""
+    parts = [f"{k}={run.config.get(k)}" for k in keys]
+    return " ".join(parts) if parts else run.path.name
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.4g}"
+    return str(value)
+
+
+def compare_table(runs: list[Run]) -> tuple[list[str], list[list[str]], list[Run], list[str]]:
+    """(header, rows, runs in row order, differing keys): best objective first, the best marked `*`."""
+    keys = _differing(runs)
+    data_keys = [k for k in keys if k in DATA_KEYS]
+    if data_keys and not all(run.number("bits_per_byte") is not None for run in runs):
+        raise MiniGPTError(
+            f"these runs differ in {', '.join(data_keys)}: their val losses are on different data or tokens "
+            "and do not compare; compare runs of one corpus and tokenizer (or evaluate bits per byte in all)"
+        )
+    ordered = sorted(runs, key=lambda r: (r.objective, str(r.path)))
+    header = ["best", *keys, "status", *NUMBERS, "run"]
+    rows = []
+    for i, run in enumerate(ordered):
+        best = "*" if i == 0 and math.isfinite(run.objective) else ""
+        status = str(run.summary.get("status", "unknown"))  # any status string (completed, pruned, ...)
+        numbers = [
+            _fmt(run.number(k) if k not in ("steps", "tokens") else run.summary.get(k)) for k in NUMBERS
+        ]
+        rows.append([best, *(_fmt(run.config.get(k)) for k in keys), status, *numbers, str(run.path)])
+    return header, rows, ordered, keys
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _curves(run: Run) -> dict[str, list[float]]:
+    """The val curve against each x axis: step, tokens, wall seconds, FLOPs (per step from the totals)."""
+    curve = run.summary.get("val_curve") or []
+    steps = max(run.summary.get("steps") or 0, 1)
+    tokens_per_step = (run.summary.get("tokens") or 0) / steps
+    flops_per_step = (run.summary.get("flops") or 0) / steps
+    return {
+        "step": [s for s, _, _ in curve],
+        "tokens": [s * tokens_per_step for s, _, _ in curve],
+        "wall seconds": [t for _, t, _ in curve],
+        "FLOPs": [s * flops_per_step for s, _, _ in curve],
+        "val": [v for _, _, v in curve],
+    }
+
+
+def plot_curves(runs: list[Run], keys: list[str], path: Path) -> None:
+    """One PNG: val loss against step, tokens, wall seconds and FLOPs, one line per run."""
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    for run in runs:
+        curve = _curves(run)
+        for ax, x in zip(axes.flat, ("step", "tokens", "wall seconds", "FLOPs")):
+            ax.plot(curve[x], curve["val"], marker=".", label=label(run, keys))
+    for ax, x in zip(axes.flat, ("step", "tokens", "wall seconds", "FLOPs")):
+        ax.set_xlabel(x)
+        ax.set_ylabel("val loss")
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize="small")
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
+
+
+def write_report(
+    header: list[str], rows: list[list[str]], runs: list[Run], keys: list[str], out: Path
+) -> dict:
+    """compare.csv, compare.png (curves) and compare.html (table + the plot inline) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"csv": out / "compare.csv", "png": out / "compare.png", "html": out / "compare.html"}
+    with atomic_write(files["csv"], "w") as f:
+        csv.writer(f).writerows([header, *rows])
+    plot_curves(runs, keys, files["png"])
+    image = base64.b64encode(files["png"].read_bytes()).decode()
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    page = (
+        "<!doctype html><meta charset='utf-8'><title>mini-gpt compare</title>"
+        "<style>table{border-collapse:collapse;font:13px monospace}td,th{border:1px solid #ccc;"
+        "padding:2px 6px}</style>"
+        f"<h1>{len(rows)} runs</h1><table><tr>{cells}</tr>{body}</table>"
+        f"<h2>validation curves</h2><img src='data:image/png;base64,{image}'>"
+    )
+    with atomic_write(files["html"], "w") as f:
+        f.write(page)
+    return files
+
+
+@dataclass
+class ScalingFit:
+    """isoFLOP minima per budget and the power law N_opt = a * C^b through them."""
+
+    params_key: str  # "non_embedding_params" or "params"
+    minima: list[tuple[float, float, float]]  # (budget FLOPs, N_opt, loss at N_opt)
+    exponent: float | None  # b (None with fewer than two budgets)
+    coefficient: float | None  # a
+    parabolas: dict[float, np.ndarray]  # budget -> quadratic coefficients of loss in log10 N
+
+
+def _budget(run: Run) -> float | None:
+    value = run.config.get("trainer.max_flops")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def scaling_fit(runs: list[Run], params_key: str = "non_embedding_params") -> ScalingFit:
+    """Per compute budget (trainer.max_flops): a parabola of final val loss in log10(parameters), whose
+    minimum is the budget's optimal size N_opt; then log N_opt = log a + b log C. Needs >= 3 sizes per
+    budget (the parabola) and runs that recorded their parameter count (summary.json `params`)."""
+    groups: dict[float, list[tuple[float, float]]] = {}
+    for run in runs:
+        budget, n, loss = _budget(run), run.number(params_key), run.number("final_val_loss")
+        if budget is None or n is None or loss is None or not math.isfinite(loss):
+            continue
+        groups.setdefault(budget, []).append((n, loss))
+    usable = {c: pts for c, pts in groups.items() if len({n for n, _ in pts}) >= 3}
+    if not usable:
+        raise MiniGPTError(
+            "--scaling needs runs trained to a compute budget (trainer.max_flops=...) with at least 3 model "
+            "sizes per budget (e.g. python train.py -m experiment=scaling_cpu)"
+        )
+    minima, parabolas = [], {}
+    for budget, pts in sorted(usable.items()):
+        x = np.log10([n for n, _ in pts])
+        y = np.array([loss for _, loss in pts])
+        coef = np.polyfit(x, y, 2)
+        if coef[0] > 0:  # a valley: its vertex, kept inside the sizes tried
+            best_x = float(np.clip(-coef[1] / (2 * coef[0]), x.min(), x.max()))
+        else:  # no valley (data-limited or too few sizes): the best size tried
+            best_x = float(x[int(np.argmin(y))])
+        minima.append((budget, 10**best_x, float(np.polyval(coef, best_x))))
+        parabolas[budget] = coef
+    exponent = coefficient = None
+    if len(minima) >= 2:
+        b, log_a = np.polyfit(np.log10([c for c, _, _ in minima]), np.log10([n for _, n, _ in minima]), 1)
+        exponent, coefficient = float(b), float(10**log_a)
+    return ScalingFit(params_key, minima, exponent, coefficient, parabolas)
+
+
+def plot_scaling(runs: list[Run], fit: ScalingFit, path: Path) -> None:
+    """isoFLOP curves: final val loss against parameters per budget, the fitted parabola and its optimum."""
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for (budget, n_opt, loss_opt), color in zip(
+        fit.minima, plt.cm.viridis(np.linspace(0, 0.9, len(fit.minima)))
+    ):
+        pts = sorted(
+            (run.number(fit.params_key), run.number("final_val_loss"))
+            for run in runs
+            if _budget(run) == budget
+        )
+        ax.scatter([n for n, _ in pts], [v for _, v in pts], color=color, label=f"C = {budget:.2g} FLOPs")
+        xs = np.linspace(math.log10(pts[0][0]), math.log10(pts[-1][0]), 50)
+        ax.plot(10**xs, np.polyval(fit.parabolas[budget], xs), color=color, alpha=0.6)
+        ax.scatter([n_opt], [loss_opt], color=color, marker="*", s=200, edgecolor="black")
+    ax.set_xscale("log")
+    ax.set_xlabel("non-embedding parameters" if fit.params_key == "non_embedding_params" else "parameters")
+    ax.set_ylabel("final val loss")
+    title = "isoFLOP curves (star: fitted optimum per budget)"
+    if fit.exponent is not None:
+        title += f"\nN_opt = {fit.coefficient:.3g} * C^{fit.exponent:.3f}"
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    _save(fig, path)
