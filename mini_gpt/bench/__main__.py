@@ -21,7 +21,8 @@ from typing import Any
 from mini_gpt.bench.common import machine_info, print_table, write_json
 from mini_gpt.machine import LoadMeter
 
-SECTIONS = ("attention", "train", "generate", "data", "attention_maps", "evaluate")
+SECTIONS = ("attention", "train", "generate", "data", "attention_maps", "evaluate", "sweep")
+NOT_IN_ALL = ("sweep",)  # whole sweeps (minutes): run on their own
 
 
 def load_section(name: str) -> ModuleType:
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     _print_machine()
     # all: every section with its defaults; options in `rest` go to the sections that know them.
     failed, unused = [], set(a for a in rest if a.startswith("-"))
-    for name in SECTIONS:
+    for name in (s for s in SECTIONS if s not in NOT_IN_ALL):
         try:
             module = load_section(name)
         except ImportError as err:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.files import write_json_atomic
 
 if TYPE_CHECKING:
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 __all__ = ["ReportValLoss", "StudySettings", "distribution", "open_study", "require_optuna", "run_study"]
 
 INSTALL_HINT = 'pip install -e ".[sweep]"'
-HEARTBEAT_SECONDS = 10  # a RUNNING trial without a heartbeat for GRACE_SECONDS was killed: it is retried
-GRACE_SECONDS = 30
 
 
 def require_optuna() -> None:
@@ -58,12 +56,20 @@ class StudySettings:
     pruner: dict[str, Any] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
     when: dict[str, str] = field(default_factory=dict)
+    heartbeat_interval: int = 10  # seconds between a running trial's heartbeats (database storage)
+    grace_period: int = 30  # a running trial without a heartbeat for this long was killed: retry it
 
     def __post_init__(self) -> None:
         if self.direction not in ("minimize", "maximize"):
             raise MiniGPTError(f"hparams_search.direction={self.direction!r} must be minimize or maximize")
-        if not isinstance(self.n_trials, int) or self.n_trials < 1:
-            raise MiniGPTError(f"hparams_search.n_trials={self.n_trials!r} must be a positive integer")
+        check_ints(
+            error=MiniGPTError,
+            **{
+                "hparams_search.n_trials": self.n_trials,
+                "hparams_search.heartbeat_interval": self.heartbeat_interval,
+                "hparams_search.grace_period": self.grace_period,
+            },
+        )
         if not self.params:
             raise MiniGPTError("hparams_search.params is empty: name at least one key to search")
         for key in self.when:
@@ -78,11 +84,7 @@ class StudySettings:
                 "mini-gpt sweep needs a search space: add hparams_search=lr_search (or your own "
                 "conf/hparams_search/NAME.yaml)"
             )
-        plain = OmegaConf.to_container(node, resolve=True)
-        try:
-            return cls(**plain)  # type: ignore[arg-type]
-        except TypeError as err:
-            raise MiniGPTError(f"bad hparams_search config: {err}") from None
+        return build_config(cls, OmegaConf.to_container(node, resolve=True), "hparams_search")  # type: ignore[arg-type]
 
 
 def distribution(key: str, spec: str) -> optuna.distributions.BaseDistribution:
@@ -104,7 +106,9 @@ def distribution(key: str, spec: str) -> optuna.distributions.BaseDistribution:
             return IntDistribution(low, high, log=log)
         return FloatDistribution(float(low), float(high), log=log)
     if isinstance(value, RangeSweep):
-        return IntDistribution(int(value.start), int(value.stop) - 1, step=int(value.step or 1), log=log)
+        start, step = int(value.start), int(value.step or 1)
+        last = start + (int(value.stop) - 1 - start) // step * step  # range's last value
+        return IntDistribution(start, last, step=step, log=log)
     if isinstance(value, ChoiceSweep):
         return CategoricalDistribution(value.list)
     raise MiniGPTError(
@@ -139,16 +143,34 @@ def _storage(settings: StudySettings) -> Any:
     if "://" in settings.storage:
         if settings.storage.startswith("sqlite:///"):
             Path(settings.storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.RDBStorage(
-            settings.storage,
-            heartbeat_interval=HEARTBEAT_SECONDS,
-            grace_period=GRACE_SECONDS,
-            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=3),
-        )
+        with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.8, unchanged since
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                settings.storage,
+                heartbeat_interval=settings.heartbeat_interval,
+                grace_period=settings.grace_period,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
+            )
     path = Path(settings.storage)
     path.parent.mkdir(parents=True, exist_ok=True)
     backend = JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path)))
     return optuna.storages.JournalStorage(backend)
+
+
+PRUNERS = {"median": "MedianPruner", "successive_halving": "SuccessiveHalvingPruner", "none": "NopPruner"}
+
+
+def make_pruner(node: dict[str, Any]) -> optuna.pruners.BasePruner:
+    """`pruner.name` (median | successive_halving | none) with its arguments from `pruner.<name>`."""
+    import optuna
+
+    name = node.get("name", "none")
+    if name not in PRUNERS:
+        raise MiniGPTError(f"hparams_search.pruner.name={name!r} must be one of {', '.join(PRUNERS)}")
+    try:
+        return getattr(optuna.pruners, PRUNERS[name])(**(node.get(name) or {}))
+    except (TypeError, ValueError) as err:
+        raise MiniGPTError(f"bad hparams_search.pruner.{name} ({err})") from None
 
 
 def open_study(settings: StudySettings, space: dict[str, Any]) -> optuna.Study:
@@ -162,7 +184,7 @@ def open_study(settings: StudySettings, space: dict[str, Any]) -> optuna.Study:
         study_name=settings.study_name,
         storage=_storage(settings),
         sampler=instantiate(settings.sampler) if settings.sampler else None,
-        pruner=instantiate(settings.pruner) if settings.pruner else None,
+        pruner=make_pruner(settings.pruner),
         direction=settings.direction,
         load_if_exists=True,
     )
@@ -219,13 +241,13 @@ def _finished(study: optuna.Study) -> int:
     """Trials that count towards n_trials: completed, pruned, or failed and not retried, plus the ones
     running or waiting now (other workers'), so that workers together stop at n_trials."""
     import optuna
-    from optuna.storages import RetryFailedTrialCallback
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
     with warnings.catch_warnings():  # "experimental" since Optuna 2.8, unchanged since
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        retried = {RetryFailedTrialCallback.retried_trial_number(t) for t in trials}
+        retried = {RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials}
     return sum(1 for t in trials if not (t.state == TrialState.FAIL and t.number in retried))
 
 
@@ -286,4 +308,4 @@ def run_study(
             return study
         # Other workers' trials, or a killed one whose heartbeat is not stale yet: wait, then retry it here.
         print(f"waiting for running trial(s) {', '.join(str(t.number) for t in running)}", flush=True)
-        time.sleep(HEARTBEAT_SECONDS)
+        time.sleep(settings.heartbeat_interval)
