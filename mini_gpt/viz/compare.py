@@ -30,7 +30,17 @@ import matplotlib.pyplot as plt
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import atomic_write
 
-__all__ = ["Run", "ScalingFit", "compare_table", "find_runs", "markdown", "scaling_fit", "write_report"]
+__all__ = [
+    "Run",
+    "ScalingFit",
+    "compare_table",
+    "find_runs",
+    "labels",
+    "markdown",
+    "plot_scaling",
+    "scaling_fit",
+    "write_report",
+]
 
 # Config keys that say where a run lives or how it was launched, not what it trained.
 IGNORED_PREFIXES = ("paths.", "hparams_search.", "trainer.default_root_dir", "hydra.", "ckpt_path", "tags")
@@ -45,6 +55,7 @@ class Run:
     path: Path
     summary: dict[str, Any]
     config: dict[str, Any] = field(default_factory=dict)  # flattened: "optim.lr" -> value
+    overrides: dict[str, str] = field(default_factory=dict)  # its command line: "optim" -> "adamw"
 
     @property
     def objective(self) -> float:
@@ -75,7 +86,10 @@ def _read_run(folder: Path) -> Run:
         raise MiniGPTError(f"{folder / 'summary.json'} is not readable JSON ({err})") from None
     config_file = folder / ".hydra" / "config.yaml"
     config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
-    return Run(folder, summary, _flatten(config or {}))
+    overrides_file = folder / ".hydra" / "overrides.yaml"
+    overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
+    pairs = dict(o.split("=", 1) for o in overrides or [] if "=" in o and not o.startswith(IGNORED_PREFIXES))
+    return Run(folder, summary, _flatten(config or {}), pairs)
 
 
 def find_runs(paths: list[str]) -> list[Run]:
@@ -106,10 +120,15 @@ def _differing(runs: list[Run]) -> list[str]:
     return [k for k in keys if len({repr(run.config.get(k)) for run in runs}) > 1]
 
 
-def label(run: Run, keys: list[str]) -> str:
-    """A run's name in the plots: its differing values (the folder name when nothing differs)."""
-    parts = [f"{k}={run.config.get(k)}" for k in keys]
-    return " ".join(parts) if parts else run.path.name
+def labels(runs: list[Run], keys: list[str]) -> list[str]:
+    """Each run's name in the plot: the command-line overrides that differ between the runs (`model=tiny
+    optim=adamw`), else the differing config values, else the folder name."""
+    names = []
+    for run in runs:
+        over = [k for k in run.overrides if len({r.overrides.get(k) for r in runs}) > 1]
+        parts = [f"{k}={run.overrides[k]}" for k in over] or [f"{k}={run.config.get(k)}" for k in keys]
+        names.append(" ".join(parts) or run.path.name)
+    return names
 
 
 def _fmt(value: Any) -> str:
@@ -167,10 +186,10 @@ def _curves(run: Run) -> dict[str, list[float]]:
 def plot_curves(runs: list[Run], keys: list[str], path: Path) -> None:
     """One PNG: val loss against step, tokens, wall seconds and FLOPs, one line per run."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    for run in runs:
+    for run, name in zip(runs, labels(runs, keys)):
         curve = _curves(run)
         for ax, x in zip(axes.flat, ("step", "tokens", "wall seconds", "FLOPs")):
-            ax.plot(curve[x], curve["val"], marker=".", label=label(run, keys))
+            ax.plot(curve[x], curve["val"], marker=".", label=name)
     for ax, x in zip(axes.flat, ("step", "tokens", "wall seconds", "FLOPs")):
         ax.set_xlabel(x)
         ax.set_ylabel("val loss")
