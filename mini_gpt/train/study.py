@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from filelock import FileLock
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -178,20 +179,23 @@ def open_study(settings: StudySettings, space: dict[str, Any]) -> optuna.Study:
     import optuna
     from hydra.utils import instantiate
 
+    Path(settings.dir).mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     described = {k: optuna.distributions.distribution_to_json(d) for k, d in sorted(space.items())}
-    study = optuna.create_study(
-        study_name=settings.study_name,
-        storage=_storage(settings),
-        sampler=instantiate(settings.sampler) if settings.sampler else None,
-        pruner=make_pruner(settings.pruner),
-        direction=settings.direction,
-        load_if_exists=True,
-    )
-    stored = study.user_attrs.get("search_space")
-    if stored is None:
-        study.set_user_attr("search_space", described)
-    elif stored != described:
+    # Workers starting at once would each create the database's tables (and fail): one at a time.
+    with FileLock(str(Path(settings.dir) / ".study.lock")):
+        study = optuna.create_study(
+            study_name=settings.study_name,
+            storage=_storage(settings),
+            sampler=instantiate(settings.sampler) if settings.sampler else None,
+            pruner=make_pruner(settings.pruner),
+            direction=settings.direction,
+            load_if_exists=True,
+        )
+        stored = study.user_attrs.get("search_space")
+        if stored is None:
+            study.set_user_attr("search_space", described)
+    if stored is not None and stored != described:
         raise MiniGPTError(
             f"the study {settings.study_name!r} in {settings.storage} searches {', '.join(stored)}, not "
             f"{', '.join(described)}: give this search space its own hparams_search.study_name or storage"
@@ -270,6 +274,7 @@ def run_study(
     """Run trials until the study has `n_trials` (all workers together). `compose(overrides)` builds a
     trial's config; `train_trial(cfg, callbacks)` trains it and returns its summary (None if it failed)."""
     import optuna
+    from hydra.utils import instantiate
 
     base = compose(fixed)
     space = searched_params(settings, base)
@@ -277,6 +282,10 @@ def run_study(
     sweep_dir = Path(settings.dir)
 
     def objective(trial: optuna.Trial) -> float:
+        # The sampler's seed + the trial number: reproducible with one worker, and parallel workers (each
+        # with its own sampler) never draw the same values.
+        if settings.sampler.get("seed") is not None:
+            study.sampler = instantiate({**settings.sampler, "seed": settings.sampler["seed"] + trial.number})
         values = {key: _suggest(trial, key, d) for key, d in space.items()}
         overrides = [f"{k}={_format(v)}" for k, v in values.items()]
         trial_dir = sweep_dir / str(trial.number)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -106,9 +107,11 @@ def test_sweep_run_again_continues_the_study(pruned_sweep) -> None:
 
 def test_a_storage_of_another_search_space_is_one_line(pruned_sweep) -> None:
     home, _, command, _ = pruned_sweep
-    proc = _run([*command, "hparams_search.params.model.dropout='interval(0.0, 0.5)'"], home)
+    proc = _run([*command, "optim=adamw"], home)  # AdamW's weight decay is searched instead of muon_lr
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: the study 'lr_search' in sqlite:///")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the study 'lr_search' in sqlite:///")
+    assert "searches model.dropout, optim.lr, optim.muon_lr, optim.warmup_steps, not model.dropout, " in last
     assert "give this search space its own hparams_search.study_name or storage" in proc.stderr
 
 
@@ -122,8 +125,7 @@ def test_two_workers_share_one_study(tmp_path: Path, char_data_dir: Path, shakes
     ]  # fmt: skip
     outs = [w.communicate(timeout=400) for w in workers]
     assert [w.returncode for w in workers] == [0, 0], [err[-2000:] for _, err in outs]
-    ran = [{int(line.split()[1].rstrip(":")) for line in out.splitlines() if line.startswith("trial ")}
-           for out, _ in outs]  # fmt: skip
+    ran = [{int(n) for n in re.findall(r"^trial (\d+): ", out, flags=re.M)} for out, _ in outs]
     assert ran[0] and ran[1] and not ran[0] & ran[1]  # both worked, no trial twice
     assert ran[0] | ran[1] == {0, 1, 2, 3}
     trials = _load(sweep_dir).trials
