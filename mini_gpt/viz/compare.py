@@ -141,6 +141,11 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _setting(value: Any) -> str:
+    """A config value: floats with 4 significant digits (learning rates), the rest as written."""
+    return f"{value:.4g}" if isinstance(value, float) else "-" if value is None else str(value)
+
+
 def compare_table(runs: list[Run]) -> tuple[list[str], list[list[str]], list[Run], list[str]]:
     """(header, rows, runs in row order, differing keys): best objective first, the best marked `*`."""
     keys = _differing(runs)
@@ -159,7 +164,7 @@ def compare_table(runs: list[Run]) -> tuple[list[str], list[list[str]], list[Run
         numbers = [
             _fmt(run.number(k) if k not in ("steps", "tokens") else run.summary.get(k)) for k in NUMBERS
         ]
-        rows.append([best, *(_fmt(run.config.get(k)) for k in keys), status, *numbers, str(run.path)])
+        rows.append([best, *(_setting(run.config.get(k)) for k in keys), status, *numbers, str(run.path)])
     return header, rows, ordered, keys
 
 

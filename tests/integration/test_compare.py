@@ -1,0 +1,104 @@
+"""`mini-gpt compare` on run folders written here (summary.json + .hydra/), and the scaling fit on losses
+made from a known curve."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from PIL import Image
+
+from mini_gpt.cli.compare import main
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.viz.compare import find_runs, scaling_fit
+
+
+def _run(folder: Path, overrides: list[str], config: dict[str, Any], **summary: Any) -> Path:
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    steps = summary.get("steps", 10)
+    full = {"status": "completed", "steps": steps, "tokens": steps * 100, "flops": steps * 1e6,
+            "wall_seconds": 5.0, "tokens_per_sec": 200.0, "best_val_loss": None, "final_val_loss": None,
+            "val_curve": [[5, 2.0, 3.0], [10, 4.0, 2.5]], "eval": {}, **summary}  # fmt: skip
+    (folder / "summary.json").write_text(json.dumps(full))
+    return folder
+
+
+def _config(lr: float, n_embd: int = 32, data: str = "shakespeare_char") -> dict[str, Any]:
+    return {"seed": 1, "optim": {"lr": lr, "name": "adamw"}, "model": {"n_embd": n_embd},
+            "data": {"name": data}, "paths": {"run_dir": "/somewhere"}}  # fmt: skip
+
+
+@pytest.fixture
+def multirun(tmp_path: Path) -> Path:
+    root = tmp_path / "multirun"
+    _run(root / "0", ["optim.lr=0.001"], _config(0.001), best_val_loss=2.5, final_val_loss=2.6)
+    _run(root / "1", ["optim.lr=0.01"], _config(0.01), best_val_loss=2.1, status="preempted")
+    _run(root / "2", ["optim.lr=0.1"], _config(0.1), best_val_loss=None, status="diverged", steps=3)
+    return root
+
+
+def test_compare_writes_one_sorted_row_per_run(multirun: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main([str(multirun)]) == 0
+    out = capsys.readouterr().out
+    with (multirun / "compare.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    # only the differing config value is a column; sorted by best val loss, the best marked, any status
+    assert [row["optim.lr"] for row in rows] == ["0.01", "0.001", "0.1"]
+    assert [row["best"] for row in rows] == ["*", "", ""]
+    assert [row["status"] for row in rows] == ["preempted", "completed", "diverged"]
+    assert [row["best_val_loss"] for row in rows] == ["2.1000", "2.5000", "-"]
+    assert rows[0]["tokens"] == "1000" and rows[0]["flops"] == "1e+07" and rows[2]["steps"] == "3"
+    assert "seed" not in rows[0] and "paths.run_dir" not in rows[0]
+    assert out.splitlines()[0].startswith("| best | optim.lr | status | best_val_loss |")
+    html = (multirun / "compare.html").read_text()
+    assert html.count("<tr>") == 4 and "data:image/png;base64," in html
+    with Image.open(multirun / "compare.png") as image:
+        assert image.size[0] > 800  # the 2 x 2 grid of curves
+
+
+def test_bad_compares_are_one_line(tmp_path: Path, multirun: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "empty")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'empty'} does not exist")
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(MiniGPTError, match=r"no runs in .*nothing: a run folder has a summary.json"):
+        find_runs([str(tmp_path / "nothing")])
+    _run(tmp_path / "bpe", ["data=shakespeare"], _config(0.001, data="shakespeare"), best_val_loss=5.0)
+    with pytest.raises(SystemExit):
+        main([str(multirun / "0"), str(tmp_path / "bpe"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert err.startswith("error: these runs differ in data.name: their val losses are on different data")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_scaling_fit_finds_the_valley_of_each_budget(tmp_path: Path) -> None:
+    """Losses on exact parabolas in log10(N) with the valley at N = 1e4 x (C / 1e12)^0.5: the fit must
+    return those optima and the exponent 0.5."""
+    for budget in (1e12, 4e12, 16e12):
+        n_opt = 1e4 * (budget / 1e12) ** 0.5
+        for k, n in enumerate(n_opt * 10 ** (0.5 * i) for i in (-2, -1, 0, 1, 2)):
+            loss = 2.0 + 0.3 * (math.log10(n) - math.log10(n_opt)) ** 2 - 0.1 * math.log10(budget / 1e12)
+            config = {"trainer": {"max_flops": budget}, "model": {"n_embd": k}}
+            _run(tmp_path / f"{budget:g}-{k}", [], config, final_val_loss=loss, best_val_loss=loss,
+                 non_embedding_params=n, params=n + 1000)  # fmt: skip
+    fit = scaling_fit(find_runs([str(tmp_path)]))
+    assert fit.params_key == "non_embedding_params"
+    for budget, n_opt, _ in fit.minima:
+        assert n_opt == pytest.approx(1e4 * (budget / 1e12) ** 0.5, rel=1e-6)
+    assert fit.exponent == pytest.approx(0.5, abs=1e-6)
+    assert fit.coefficient == pytest.approx(1e4 / 1e12**0.5, rel=1e-4)
+    assert main([str(tmp_path), "--scaling", "--out", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "scaling.png").stat().st_size > 10_000
+
+
+def test_scaling_needs_budget_runs(multirun: Path) -> None:
+    with pytest.raises(MiniGPTError, match=r"--scaling needs runs trained to a compute budget"):
+        scaling_fit(find_runs([str(multirun)]))
