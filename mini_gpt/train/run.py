@@ -431,7 +431,7 @@ def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> RunResult:
     max_steps = cfg.trainer.max_steps
     if max_flops is not None:
         max_steps = budget_steps(max_flops, flops_per_token(gpt_config), layout.tokens_per_step)
-        trainer.fit_loop.max_steps = max_steps
+        trainer.fit_loop.epoch_loop.max_steps = max_steps  # trainer.max_steps reads it
         if trainer.is_global_zero:
             print(f"trainer.max_flops={max_flops:.3g}: {max_steps} steps (replaces trainer.max_steps)")
     module = GPTLitModule(
