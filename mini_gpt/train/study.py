@@ -307,7 +307,9 @@ def run_study(
             study.stop()
 
     while True:
-        optuna.storages.fail_stale_trials(study)  # a killed worker's trial: FAIL, and a retry is queued
+        with warnings.catch_warnings():  # "experimental" since Optuna 2.9, unchanged since
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)  # a killed worker's trial: FAIL, and a retry is queued
         if _finished(study) < settings.n_trials:
             study.optimize(
                 objective, callbacks=[stop_at_n_trials], catch=(MiniGPTError,), gc_after_trial=True
