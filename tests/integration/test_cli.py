@@ -20,7 +20,19 @@ from mini_gpt.cli import main
 from mini_gpt.conf import CONF_DIR
 
 # Written out here (not read from mini_gpt.cli.VERBS): the names the README and users' scripts rely on.
-VERBS = ("train", "generate", "evaluate", "export", "prepare", "plot", "attention-maps", "bench", "harness")
+VERBS = (
+    "train",
+    "generate",
+    "evaluate",
+    "export",
+    "prepare",
+    "plot",
+    "attention-maps",
+    "compare",
+    "sweep",
+    "bench",
+    "harness",
+)
 # verb -> its config in conf/ (bench and harness pass their arguments through: argparse, lm_eval)
 CONFIGS = {
     "train": "train",

@@ -152,3 +152,14 @@ def test_budget_steps_from_flops_per_token() -> None:
         budget_steps(1e5, 1000.0, 768)
     with pytest.raises(MiniGPTError, match=r"trainer.max_flops='abc' must be a positive number"):
         budget_steps("abc", 1000.0, 768)
+
+
+def test_a_missing_sweep_extra_is_one_line_with_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mini_gpt.train.study import require_optuna
+
+    monkeypatch.setitem(__import__("sys").modules, "optuna", None)  # `import optuna` raises ImportError
+    with pytest.raises(MiniGPTError) as err:
+        require_optuna()
+    assert str(err.value) == (
+        'mini-gpt sweep needs Optuna, which is not installed; run pip install -e ".[sweep]"'
+    )
