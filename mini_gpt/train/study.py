@@ -233,7 +233,7 @@ def _suggest(trial: optuna.Trial, key: str, d: Any) -> Any:
 
 
 def _format(value: Any) -> str:
-    """A suggested value as an override: floats with 4 significant digits."""
+    """A suggested value for people: floats with 4 significant digits."""
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
@@ -287,9 +287,10 @@ def run_study(
         if settings.sampler.get("seed") is not None:
             study.sampler = instantiate({**settings.sampler, "seed": settings.sampler["seed"] + trial.number})
         values = {key: _suggest(trial, key, d) for key, d in space.items()}
-        overrides = [f"{k}={_format(v)}" for k, v in values.items()]
+        overrides = [f"{k}={v!r}" for k, v in values.items()]  # exactly what Optuna records
         trial_dir = sweep_dir / str(trial.number)
-        print(f"trial {trial.number}: {' '.join(overrides)} -> {trial_dir}", flush=True)
+        shown = " ".join(f"{k}={_format(v)}" for k, v in values.items())
+        print(f"trial {trial.number}: {shown} -> {trial_dir}", flush=True)
         cfg = compose([*fixed, *overrides, f"paths.run_dir={trial_dir}"])
         _record_config(trial_dir, cfg, [*fixed, *overrides])
         report = ReportValLoss(trial)
