@@ -29,7 +29,17 @@ if TYPE_CHECKING:
     import lightning as L
     import optuna
 
-__all__ = ["ReportValLoss", "StudySettings", "distribution", "open_study", "require_optuna", "run_study"]
+__all__ = [
+    "ReportValLoss",
+    "StudySettings",
+    "distribution",
+    "make_pruner",
+    "open_study",
+    "require_optuna",
+    "run_study",
+    "searched_params",
+    "wandb_trial_names",
+]
 
 INSTALL_HINT = 'pip install -e ".[sweep]"'
 
@@ -255,6 +265,16 @@ def _finished(study: optuna.Study) -> int:
     return sum(1 for t in trials if not (t.state == TrialState.FAIL and t.number in retried))
 
 
+def wandb_trial_names(cfg: DictConfig, number: int) -> list[str]:
+    """W&B: one run per trial (`trial-<n>`), grouped per study, unless the user named them."""
+    wandb = OmegaConf.select(cfg, "logger.wandb")
+    if wandb is None:
+        return []
+    names = [] if wandb.get("name") is not None else [f"logger.wandb.name=trial-{number}"]
+    study = cfg.hparams_search.study_name
+    return names + ([] if wandb.get("group") is not None else [f"logger.wandb.group=sweep-{study}"])
+
+
 def _record_config(trial_dir: Path, cfg: DictConfig, overrides: list[str]) -> None:
     """The trial's config and overrides where Hydra keeps them (`.hydra/`), for `mini-gpt compare`."""
     import yaml
@@ -291,7 +311,8 @@ def run_study(
         trial_dir = sweep_dir / str(trial.number)
         shown = " ".join(f"{k}={_format(v)}" for k, v in values.items())
         print(f"trial {trial.number}: {shown} -> {trial_dir}", flush=True)
-        cfg = compose([*fixed, *overrides, f"paths.run_dir={trial_dir}"])
+        where = [f"paths.run_dir={trial_dir}", *wandb_trial_names(base, trial.number)]
+        cfg = compose([*fixed, *overrides, *where])
         _record_config(trial_dir, cfg, [*fixed, *overrides])
         report = ReportValLoss(trial)
         summary = train_trial(cfg, [report])

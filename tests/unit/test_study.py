@@ -163,3 +163,13 @@ def test_a_missing_sweep_extra_is_one_line_with_the_install_command(monkeypatch:
     assert str(err.value) == (
         'mini-gpt sweep needs Optuna, which is not installed; run pip install -e ".[sweep]"'
     )
+
+
+def test_wandb_runs_of_a_study_are_named_per_trial_and_grouped(compose: Any) -> None:
+    from mini_gpt.train.study import wandb_trial_names
+
+    cfg = compose(["hparams_search=lr_search"])  # the default logger: W&B
+    assert wandb_trial_names(cfg, 3) == ["logger.wandb.name=trial-3", "logger.wandb.group=sweep-lr_search"]
+    named = compose(["hparams_search=lr_search", "logger.wandb.group=mine"])
+    assert wandb_trial_names(named, 3) == ["logger.wandb.name=trial-3"]
+    assert wandb_trial_names(compose(["hparams_search=lr_search", "logger=csv"]), 3) == []
