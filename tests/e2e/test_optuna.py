@@ -159,3 +159,12 @@ def test_a_killed_sweep_restarted_completes(
     finished = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(finished) == 2  # the study completed its 2 trials
     assert any(t.params == first.params for t in finished)  # the killed trial was retried
+
+
+def test_the_plugin_spelling_points_to_mini_gpt_sweep(tmp_path: Path) -> None:
+    proc = _run([sys.executable, str(REPO / "train.py"), "-m", "hparams_search=lr_search"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: Optuna searches run with `mini-gpt sweep hparams_search=NAME ...` (the same overrides, "
+        "without -m; docs/sweeps.md); `python train.py -m key=a,b` grid sweeps work as before"
+    ]
