@@ -17,6 +17,7 @@ import tiktoken.registry
 from mini_gpt.conf import PROJECT_ROOT
 from mini_gpt.conf.schema import checked_config
 from mini_gpt.errors import MiniGPTError, check_ints
+from mini_gpt.tokenizer import is_tokenizer_dir
 
 # The checkout's data/, which ships tiny Shakespeare (a wheel install has none: named corpora download).
 SHIPPED_DATA = Path(__file__).resolve().parents[2] / "data"
@@ -80,7 +81,17 @@ def token_dtype(vocab_size: int, requested: str = "auto") -> str:
 
 def _check_tokenizer(name: Any, bpe_file: Any) -> None:
     if not isinstance(name, str) or not name:
-        raise DataConfigError(f"data.tokenizer={name!r} must be 'char' or a tiktoken encoding name")
+        raise DataConfigError(
+            f"data.tokenizer={name!r} must be 'char', a tiktoken encoding or a trained tokenizer's directory"
+        )
+    if is_tokenizer_dir(name):  # from `mini-gpt tokenizer train`; its files are checked when it is loaded
+        if bpe_file is not None:
+            raise DataConfigError(f"data.bpe_file is for tiktoken's encodings; {name} has its own ranks: drop it")
+        if not Path(name).expanduser().is_dir():
+            raise DataConfigError(
+                f"data.tokenizer={name}: no such directory; make it with mini-gpt tokenizer train out={name}"
+            )
+        return
     if name == "char":
         if bpe_file is not None:
             raise DataConfigError("data.bpe_file is for BPE tokenizers; drop it or set data.tokenizer=gpt2")
@@ -88,7 +99,8 @@ def _check_tokenizer(name: Any, bpe_file: Any) -> None:
     known = tiktoken.registry.list_encoding_names()
     if name not in known:
         raise DataConfigError(
-            f"unknown data.tokenizer={name!r}; use char or a tiktoken encoding: {', '.join(known)}"
+            f"unknown data.tokenizer={name!r}; use char, a trained tokenizer's directory or a tiktoken "
+            f"encoding: {', '.join(known)}"
         )
 
 

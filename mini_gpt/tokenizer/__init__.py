@@ -4,7 +4,9 @@
 network and no file (the tiktoken dict embeds the whole BPE ranks text, ~0.8 MB for GPT-2), so a checkpoint
 alone is enough to generate text. BPE ranks come from a `.tiktoken` file (`bpe_file`, checked against the
 sha256 tiktoken pins; GPT-2's ships in `data/tokenizers/`), else from `tiktoken.get_encoding`
-(`TIKTOKEN_CACHE_DIR`, else a download). No Lightning/Hydra here: generation needs it and must start fast.
+(`TIKTOKEN_CACHE_DIR`, else a download). A BPE trained on your own corpus (`mini-gpt tokenizer train`,
+bpe.py) is a directory (`save_tokenizer_dir`) that loads as a `TiktokenTokenizer` too: pass its path.
+No Lightning/Hydra here: generation needs it and must start fast.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import json
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -23,10 +26,11 @@ from typing import Any
 import tiktoken
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import atomic_write, write_json_atomic
 
 # Ranks files shipped with the repository, by encoding name (r50k_base is GPT-2's vocabulary).
 BUNDLED_BPE_FILES: dict[str, Path] = dict.fromkeys(
-    ("gpt2", "r50k_base"), Path(__file__).resolve().parents[1] / "data" / "tokenizers" / "gpt2.tiktoken"
+    ("gpt2", "r50k_base"), Path(__file__).resolve().parents[2] / "data" / "tokenizers" / "gpt2.tiktoken"
 )
 # Seconds we wait for tiktoken.get_encoding before calling it offline (tiktoken's HTTP calls carry
 # no timeout of their own, so a black-holed network would otherwise hang forever).
@@ -358,10 +362,81 @@ def _get_encoding(name: str) -> Any:
     )
 
 
+# A trained tokenizer's directory: the ranks in tiktoken's own format, the rest of `tiktoken.Encoding`'s
+# arguments in a small JSON, and a README saying how to load it with plain tiktoken.
+RANKS_FILE, ENCODING_FILE, README_FILE = "ranks.tiktoken", "encoding.json", "README.md"
+_README = """# Tokenizer `{name}`: byte-level BPE, {vocab_size:,} tokens
+
+Trained by `mini-gpt tokenizer train`. Load it with plain tiktoken (no mini-gpt needed):
+
+```python
+import json, tiktoken
+from tiktoken.load import load_tiktoken_bpe
+
+spec = json.load(open("{encoding_file}"))
+enc = tiktoken.Encoding(name=spec["name"], pat_str=spec["pat_str"],
+                        mergeable_ranks=load_tiktoken_bpe("{ranks_file}"),
+                        special_tokens=spec["special_tokens"])
+```
+
+In mini-gpt: `data.tokenizer=<this directory>`.
+"""
+
+
+def save_tokenizer_dir(tok: TiktokenTokenizer, out: Path, info: dict[str, Any] | None = None) -> None:
+    """Write `tok` into the existing, empty directory `out`: ranks, encoding.json (name, pattern,
+    special tokens, sha256 of the ranks, and `info` on how it was trained) and a README. Each file is
+    written atomically; encoding.json last, so a directory without it is an unfinished one."""
+    with atomic_write(out / RANKS_FILE) as fh:
+        fh.write(tok.ranks_text)
+    with atomic_write(out / README_FILE) as fh:
+        fh.write(_README.format(name=tok.name, vocab_size=tok.vocab_size, encoding_file=ENCODING_FILE,
+                                ranks_file=RANKS_FILE))  # fmt: skip
+    spec = {"name": tok.name, "pat_str": tok.pat_str, "special_tokens": tok.special_tokens,
+            "vocab_size": tok.vocab_size, "ranks_sha256": tok.ranks_sha256,
+            "trained": info or {}}  # fmt: skip
+    write_json_atomic(out / ENCODING_FILE, spec, indent=1)
+
+
+def load_tokenizer_dir(directory: str | Path) -> TiktokenTokenizer:
+    """The tokenizer `save_tokenizer_dir` wrote (`mini-gpt tokenizer train`); every fault is one line."""
+    path = Path(directory).expanduser().resolve()
+    hint = "train one with: mini-gpt tokenizer train data=... vocab_size=4096 out=DIR"
+    if not path.is_dir():
+        raise MiniGPTError(f"tokenizer directory {path} does not exist; {hint}")
+    missing = [f for f in (RANKS_FILE, ENCODING_FILE) if not (path / f).is_file()]
+    if missing:
+        raise MiniGPTError(f"tokenizer directory {path} lacks {' and '.join(missing)}; {hint}")
+    try:
+        spec = json.loads((path / ENCODING_FILE).read_text(encoding="utf-8"))
+        name, pat_str, specials = spec["name"], spec["pat_str"], dict(spec["special_tokens"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise MiniGPTError(f"{path / ENCODING_FILE} is not a tokenizer description ({err}); {hint}") from None
+    data = (path / RANKS_FILE).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if spec.get("ranks_sha256", digest) != digest:
+        raise MiniGPTError(f"{path / RANKS_FILE} does not match the sha256 in {ENCODING_FILE}; {hint}")
+    ranks = parse_tiktoken_ranks(data, source=str(path / RANKS_FILE))
+    try:
+        return TiktokenTokenizer(name, pat_str, ranks, specials)
+    except ValueError as err:  # tiktoken's own checks (a special id inside the ranks, a bad regex)
+        raise MiniGPTError(f"{path}: tiktoken refuses this tokenizer ({err}); {hint}") from None
+
+
+def is_tokenizer_dir(name: str) -> bool:
+    """Whether a tokenizer name is a path (a trained tokenizer's directory) rather than a built-in name."""
+    return "/" in name or "\\" in name or name.startswith((".", "~")) or Path(name).is_dir()
+
+
 def build_tokenizer(name: str, bpe_file: str | Path | None = None, text: str | None = None) -> Tokenizer:
-    """`char` (vocabulary from `text`) or the name of an encoding tiktoken ships (`gpt2`, `cl100k_base`...).
-    BPE ranks come from `bpe_file` (no network), else the repository's copy (gpt2, r50k_base), else
-    `tiktoken.get_encoding` (TIKTOKEN_CACHE_DIR, else a download)."""
+    """`char` (vocabulary from `text`), the directory of a trained tokenizer (`mini-gpt tokenizer train`),
+    or the name of an encoding tiktoken ships (`gpt2`, `cl100k_base`...). BPE ranks come from `bpe_file`
+    (no network), else the repository's copy (gpt2, r50k_base), else `tiktoken.get_encoding`
+    (TIKTOKEN_CACHE_DIR, else a download)."""
+    if is_tokenizer_dir(name):
+        if bpe_file is not None:
+            raise MiniGPTError(f"data.bpe_file is for tiktoken's encodings; {name} has its own ranks: drop it")
+        return load_tokenizer_dir(name)
     if name == "char":
         if text is None:
             raise MiniGPTError("the char tokenizer needs the corpus text to build its vocabulary")

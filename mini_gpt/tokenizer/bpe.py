@@ -1,0 +1,136 @@
+"""Train a byte-level BPE on your own text, as a tiktoken tokenizer (`mini-gpt tokenizer train`).
+
+The trainer is `rustbpe` (nanochat's; picked over Hugging Face `tokenizers` by measurement, see
+docs/tokenizers.md): it streams documents, counts their pre-tokens in parallel and learns merges in
+tiktoken's own ranking, so the result is a `TiktokenTokenizer` with no conversion. The 256 single bytes
+come first (no text is ever unknown), then the merges, then the special tokens.
+
+Split patterns are spelled without possessive quantifiers (`++`, `{1,3}+`): tiktoken's and rustbpe's
+regex engine reads those as possessive, the Oniguruma engine of `tokenizers` (a transformers export) as
+"repeat once more", which splits differently; greedy spellings split the same text the same way in all three.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.tokenizer import EOT, TiktokenTokenizer, save_tokenizer_dir
+
+N_BYTES = 256
+# The pre-tokenization patterns a tokenizer can be trained with (greedy spellings, module docstring).
+PATTERNS: dict[str, str] = {
+    # GPT-2's 2019 regex: letters, numbers and other symbols each in runs with one optional leading space.
+    "gpt2": r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+    # GPT-4's (cl100k_base): numbers in groups of at most 3 digits, contractions in any case, a word
+    # keeps one leading non-letter (space, quote), punctuation keeps the newlines after it.
+    "gpt4": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+""",
+    # nanochat's: GPT-4's with numbers in groups of at most 2 digits (fewer number tokens, small vocabularies).
+    "nanochat": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+""",
+}
+DEFAULT_PATTERN = "gpt4"
+
+
+def pattern_regex(pattern: str) -> str:
+    """A named pattern's regex (PATTERNS), or `pattern` itself when it is a regex (it contains `\\`)."""
+    if pattern in PATTERNS:
+        return PATTERNS[pattern]
+    if "\\" not in pattern:
+        raise MiniGPTError(f"unknown pattern={pattern!r}; use one of {', '.join(PATTERNS)} or a regex")
+    return pattern
+
+
+def _require_rustbpe() -> Any:
+    try:
+        import rustbpe
+    except ImportError:
+        raise MiniGPTError('training a tokenizer needs rustbpe: pip install -e ".[tokenizer]"') from None
+    return rustbpe
+
+
+def check_vocab_size(vocab_size: int, special_tokens: Iterable[str]) -> int:
+    """The number of merges `vocab_size` asks for; below 256 bytes + the specials is one line."""
+    n_special = len(list(special_tokens))
+    least = N_BYTES + n_special + 1
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < least:
+        raise MiniGPTError(
+            f"vocab_size={vocab_size!r} leaves no merges: it must exceed the {N_BYTES} byte tokens plus "
+            f"{n_special} special token(s), i.e. be >= {least} (e.g. vocab_size=4096)"
+        )
+    return vocab_size - N_BYTES - n_special
+
+
+def cropped(texts: Iterable[str], max_chars: int | None, doc_max_chars: int | None) -> Iterator[str]:
+    """`texts` with each cropped to `doc_max_chars`, stopping once `max_chars` characters were given."""
+    given = 0
+    for text in texts:
+        if doc_max_chars is not None:
+            text = text[:doc_max_chars]
+        if max_chars is not None:
+            text = text[: max_chars - given]
+        if text:
+            given += len(text)
+            yield text
+        if max_chars is not None and given >= max_chars:
+            return
+
+
+def train_bpe(
+    texts: Iterable[str],
+    vocab_size: int,
+    *,
+    name: str = "bpe",
+    pattern: str = DEFAULT_PATTERN,
+    special_tokens: Iterable[str] = (EOT,),
+) -> TiktokenTokenizer:
+    """A byte-level BPE of `vocab_size` tokens (bytes, merges, then `special_tokens`) learned on `texts`,
+    streamed. Deterministic: the same texts give the same ranks. A corpus with too few distinct pairs
+    to learn every merge is one line saying how many it learned."""
+    specials = list(dict.fromkeys(special_tokens))
+    n_merges = check_vocab_size(vocab_size, specials)
+    regex = pattern_regex(pattern)
+    trainer = _require_rustbpe().Tokenizer()
+    try:
+        trainer.train_from_iterator(iter(texts), N_BYTES + n_merges, pattern=regex)
+    except ValueError as err:  # a regex rustbpe cannot compile
+        raise MiniGPTError(f"pattern {pattern!r} is not a valid regex: {err}") from None
+    ranks = {bytes(token): rank for token, rank in trainer.get_mergeable_ranks()}
+    learned = len(ranks) - N_BYTES
+    if learned < n_merges:
+        raise MiniGPTError(
+            f"the corpus is too small for vocab_size={vocab_size}: it had pairs for only {learned:,} of "
+            f"the {n_merges:,} merges; use vocab_size<={N_BYTES + learned + len(specials)} or more text"
+        )
+    return TiktokenTokenizer(name, regex, ranks, {tok: len(ranks) + i for i, tok in enumerate(specials)})
+
+
+def write_tokenizer_dir(tok: TiktokenTokenizer, out: Path, overwrite: bool, info: dict[str, Any]) -> None:
+    """Save `tok` as the directory `out`, whole or not at all: written into a temporary sibling, then
+    renamed into place (an existing `out` only with `overwrite`, and replaced only once the new one is
+    complete)."""
+    out = out.expanduser().resolve()
+    if out.exists() and not overwrite:
+        raise MiniGPTError(f"out={out} exists; choose another directory or pass overwrite=true to replace it")
+    if out.exists() and not out.is_dir():
+        raise MiniGPTError(f"out={out} is a file, not a directory; choose another path")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_tokenizer_dir(tok, tmp, info)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old.{os.getpid()}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
