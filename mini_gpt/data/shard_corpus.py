@@ -469,11 +469,24 @@ def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
     meta = read_json(train[0].parent / META) or {}
     if cfg.tokenizer is not None:
         tok = build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
+        _check_same_tokenizer(tok, meta, train[0].parent)
     elif "tokenizer" in meta:
         tok = tokenizer_from_dict(meta["tokenizer"])
     else:
         tok = build_tokenizer("gpt2", bpe_file=cfg.bpe_file)
     return ShardedCorpus(dir=train[0].parent, train=train_info, val=val_info, tokenizer=tok, meta=meta)
+
+
+def _check_same_tokenizer(tok: Tokenizer, meta: dict[str, Any], where: Path) -> None:
+    """One line when the meta.json beside the shards says another tokenizer wrote them."""
+    if "tokenizer" not in meta:
+        return  # shards of llm.c or modded-nanogpt: nothing recorded, data.tokenizer is trusted
+    theirs = tokenizer_from_dict(meta["tokenizer"])
+    if theirs != tok:
+        raise MiniGPTError(
+            f"the shards in {where} were written by {theirs!r}, not by data.tokenizer's {tok!r}; drop "
+            "data.tokenizer (the one in their meta.json is used) or prepare the shards with this tokenizer"
+        )
 
 
 def _scan_chars(source: Source, cfg: HFDataConfig) -> str:

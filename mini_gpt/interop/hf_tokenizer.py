@@ -1,13 +1,15 @@
 """Our tokenizers in `transformers`' files and back (the tokenizer half of a `format=hf` directory).
 
 `save_hf_tokenizer` writes ours as `mini_gpt_tokenizer.json` (exact) plus `transformers`' own files, so
-`AutoTokenizer.from_pretrained(dir)` gives the same ids (GPT-2's BPE files, or a `tokenizers` character
-vocabulary); `load_hf_tokenizer` reads ours, else GPT-2's `vocab.json`.
+`AutoTokenizer.from_pretrained(dir)` gives the same ids (GPT-2's BPE files; any other tiktoken BPE, such as
+one from `mini-gpt tokenizer train`, as a `tokenizers` byte-level BPE in tokenizer.json; a `tokenizers`
+character vocabulary); `load_hf_tokenizer` reads ours, else GPT-2's `vocab.json`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +73,10 @@ def _bpe_parts(token: bytes, ranks: dict[bytes, int], max_rank: int) -> list[byt
     return parts
 
 
-def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) -> dict[str, str]:
-    """vocab.json, merges.txt and tokenizer_config.json for transformers' GPT2Tokenizer. tiktoken stores
-    only ranks (token bytes -> id): each token's merge is recovered by running BPE on its bytes with the
-    merges ranked before it, which must end in exactly two parts."""
+def _vocab_and_merges(tokenizer: TiktokenTokenizer) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The ranks as a byte-level BPE's vocabulary and merges, in GPT-2's printable byte alphabet. tiktoken
+    stores only ranks (token bytes -> id): each token's merge is recovered by running BPE on its bytes
+    with the merges ranked before it, which must end in exactly two parts."""
     to_char = _bytes_to_unicode()
 
     def text(b: bytes) -> str:
@@ -82,7 +84,6 @@ def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) ->
 
     ranks = tokenizer.ranks
     vocab = {text(tok): rank for tok, rank in ranks.items()}
-    vocab.update(tokenizer.special_tokens)
     merges = []
     for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(tok) < 2:
@@ -92,7 +93,14 @@ def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) ->
             raise MiniGPTError(
                 f"tokenizer {tokenizer.name!r}: token {tok!r} is not one BPE merge; use format=safetensors"
             )
-        merges.append(f"{text(parts[0])} {text(parts[1])}")
+        merges.append((text(parts[0]), text(parts[1])))
+    return vocab, merges
+
+
+def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) -> dict[str, str]:
+    """vocab.json, merges.txt and tokenizer_config.json for transformers' GPT2Tokenizer."""
+    vocab, merges = _vocab_and_merges(tokenizer)
+    vocab.update(tokenizer.special_tokens)
     eot = "<|endoftext|>" if "<|endoftext|>" in tokenizer.special_tokens else None
     config: dict[str, Any] = {
         "tokenizer_class": "GPT2Tokenizer",
@@ -104,7 +112,7 @@ def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) ->
     }
     return {
         "vocab.json": json.dumps(vocab, ensure_ascii=False),
-        "merges.txt": "#version: 0.2\n" + "\n".join(merges) + "\n",
+        "merges.txt": "#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges) + "\n",
         "tokenizer_config.json": json.dumps(config, indent=1),
     }
 
@@ -121,6 +129,40 @@ def char_tokenizer(tokenizer: CharTokenizer, model_max_length: int) -> Any:
     backend = Backend(models.BPE(vocab=vocab, merges=[]))
     backend.decoder = decoders.Fuse()
     return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, model_max_length=model_max_length)
+
+
+def _greedy(pat_str: str) -> str:
+    """`pat_str` with possessive quantifiers (`++`, `*+`, `?+`, `{1,3}+`) made greedy: the Oniguruma engine
+    of `tokenizers` reads a trailing `+` as one more repetition, and on tiktoken's patterns the greedy
+    spelling splits text the same way (GPT-2's 2019 and cl100k's first spellings had none)."""
+    return re.sub(r"(?<!\\)([+*?]|\{\d+(?:,\d*)?\})\+", r"\1", pat_str)
+
+
+def bpe_tokenizer(tokenizer: TiktokenTokenizer, model_max_length: int) -> Any:
+    """Any tiktoken BPE as a `transformers` fast tokenizer (saved as tokenizer.json): a `tokenizers`
+    byte-level BPE with tiktoken's split regex, whole pre-tokens in the vocabulary taken as they are
+    (`ignore_merges`, as tiktoken does), and the special tokens."""
+    transformers = require_transformers()
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
+
+    vocab, merges = _vocab_and_merges(tokenizer)
+    backend = Backend(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_greedy(tokenizer.pat_str)), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])  # fmt: skip
+    backend.decoder = decoders.ByteLevel()
+    eot = "<|endoftext|>" if "<|endoftext|>" in tokenizer.special_tokens else None
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, model_max_length=model_max_length, bos_token=eot, eos_token=eot
+    )
+    specials = sorted(tokenizer.special_tokens.items(), key=lambda kv: kv[1])
+    fast.add_special_tokens({"additional_special_tokens": [t for t, _ in specials if t != eot]})
+    for token, i in specials:
+        if fast.convert_tokens_to_ids(token) != i:
+            raise MiniGPTError(f"tokenizer {tokenizer.name!r}: special token {token} must follow the merges")
+    return fast
 
 
 def _gpt2_tokenizer_from_vocab(vocab_path: Path) -> Tokenizer:
@@ -141,6 +183,8 @@ def save_hf_tokenizer(tokenizer: Tokenizer, directory: Path, model_max_length: i
     if isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name in GPT2_LIKE:
         for name, content in gpt2_tokenizer_files(tokenizer, model_max_length).items():
             (directory / name).write_text(content, encoding="utf-8")
+    elif isinstance(tokenizer, TiktokenTokenizer):
+        bpe_tokenizer(tokenizer, model_max_length).save_pretrained(str(directory))
     elif isinstance(tokenizer, CharTokenizer):
         char_tokenizer(tokenizer, model_max_length).save_pretrained(str(directory))
 
