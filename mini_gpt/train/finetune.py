@@ -23,7 +23,7 @@ from mini_gpt.conf.schema import checked_config
 from mini_gpt.errors import MiniGPTError, check_ints
 from mini_gpt.interop.checkpoint import load_source
 from mini_gpt.model.gpt import GPT, GPTConfig
-from mini_gpt.tokenizer import CharTokenizer, Tokenizer
+from mini_gpt.tokenizer import ENCODINGS, CharTokenizer, Tokenizer
 from mini_gpt.train.lora import LoraSpec, add_lora
 
 __all__ = [
@@ -135,7 +135,12 @@ def check_tokenizer(source: Tokenizer, data: Tokenizer, init_from: str) -> None:
     if isinstance(source, CharTokenizer):
         hint = "fine-tune a char model on char data with exactly the same characters (data.tokenizer=char)"
     else:
-        hint = f"tokenize the data with data.tokenizer={source.to_dict().get('name')} (e.g. data=shakespeare)"
+        name = source.to_dict().get("name")
+        hint = (
+            f"tokenize the data with data.tokenizer={name} (e.g. data=shakespeare)"
+            if name in ENCODINGS
+            else f"tokenize the data with the tokenizer it was trained with: data.tokenizer=DIR of {name!r}"
+        )
     raise MiniGPTError(
         f"init_from={init_from} comes with {_describe(source)} but the data is tokenized with "
         f"{_describe(data)}; {hint}"
