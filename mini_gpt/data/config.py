@@ -86,7 +86,7 @@ def _check_tokenizer(name: Any, bpe_file: Any) -> None:
         )
     if is_tokenizer_dir(name):  # from `mini-gpt tokenizer train`; its files are checked when it is loaded
         if bpe_file is not None:
-            raise DataConfigError(f"data.bpe_file is for tiktoken's encodings; {name} has its own ranks: drop it")
+            raise DataConfigError(f"data.bpe_file is for tiktoken's encodings: drop it ({name} has ranks)")
         if not Path(name).expanduser().is_dir():
             raise DataConfigError(
                 f"data.tokenizer={name}: no such directory; make it with mini-gpt tokenizer train out={name}"

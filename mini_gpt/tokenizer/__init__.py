@@ -435,7 +435,7 @@ def build_tokenizer(name: str, bpe_file: str | Path | None = None, text: str | N
     (TIKTOKEN_CACHE_DIR, else a download)."""
     if is_tokenizer_dir(name):
         if bpe_file is not None:
-            raise MiniGPTError(f"data.bpe_file is for tiktoken's encodings; {name} has its own ranks: drop it")
+            raise MiniGPTError(f"data.bpe_file is for tiktoken's encodings; drop it ({name} has its ranks)")
         return load_tokenizer_dir(name)
     if name == "char":
         if text is None:

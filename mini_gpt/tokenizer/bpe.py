@@ -31,7 +31,7 @@ PATTERNS: dict[str, str] = {
     # keeps one leading non-letter (space, quote), punctuation keeps the newlines after it.
     "gpt4": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
     r"""\s*[\r\n]+|\s+(?!\S)|\s+""",
-    # nanochat's: GPT-4's with numbers in groups of at most 2 digits (fewer number tokens, small vocabularies).
+    # nanochat's: GPT-4's with numbers in groups of at most 2 digits (small vocabularies).
     "nanochat": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
     r"""\s*[\r\n]+|\s+(?!\S)|\s+""",
 }

@@ -57,7 +57,9 @@ def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, small_corpus: Path) -> Path:
-    return _train_cli(tmp_path_factory.mktemp("t"), "data=text", f"data.path={small_corpus}", "vocab_size=600")
+    return _train_cli(
+        tmp_path_factory.mktemp("t"), "data=text", f"data.path={small_corpus}", "vocab_size=600"
+    )
 
 
 def _plain_tiktoken(directory: Path) -> tiktoken.Encoding:
@@ -82,7 +84,9 @@ def test_directory_loads_with_plain_tiktoken_and_encodes_the_same(trained: Path,
     plain = _plain_tiktoken(trained)
     text = _read(small_corpus)
     assert ours.encode_ordinary(text) == plain.encode_ordinary(text)
-    assert ours.encode(MIXED + "<|endoftext|>") == plain.encode(MIXED + "<|endoftext|>", allowed_special="all")
+    assert ours.encode(MIXED + "<|endoftext|>") == plain.encode(
+        MIXED + "<|endoftext|>", allowed_special="all"
+    )
     assert plain.n_vocab == ours.vocab_size == 600
     # bytes first, then merges, then <|endoftext|> as the last id
     assert [plain.decode_single_token_bytes(i) for i in range(256)] == sorted(bytes([b]) for b in range(256))
@@ -103,7 +107,9 @@ def test_round_trip_of_random_unicode(trained: Path) -> None:
 def test_training_twice_gives_byte_identical_files(tmp_path: Path, trained: Path, small_corpus: Path) -> None:
     again = _train_cli(tmp_path, "data=text", f"data.path={small_corpus}", "vocab_size=600")
     names = sorted(p.name for p in trained.iterdir())
-    assert names == ["README.md", "encoding.json", "ranks.tiktoken"] == sorted(p.name for p in again.iterdir())
+    assert (
+        names == ["README.md", "encoding.json", "ranks.tiktoken"] == sorted(p.name for p in again.iterdir())
+    )
     for name in names:
         if name != "encoding.json":
             assert (again / name).read_bytes() == (trained / name).read_bytes()
@@ -179,7 +185,9 @@ def test_exported_tokenizer_json_encodes_like_tiktoken(tmp_path: Path) -> None:
     assert load_hf_tokenizer(tmp_path) == tok
 
 
-def test_eval_prints_bytes_per_token_against_gpt2_and_chars(trained: Path, small_corpus: Path, capsys) -> None:
+def test_eval_prints_bytes_per_token_against_gpt2_and_chars(
+    trained: Path, small_corpus: Path, capsys
+) -> None:
     rows = tokenizer_main(["eval", f"tokenizer={trained}", "data=text", f"data.path={small_corpus}", "top=5"])
     text = _read(small_corpus)
     val = text[int(len(text) * 0.9) :]
@@ -187,8 +195,8 @@ def test_eval_prints_bytes_per_token_against_gpt2_and_chars(trained: Path, small
     gpt2 = tiktoken.Encoding("gpt2", pat_str=build_tokenizer("gpt2").pat_str,
                              mergeable_ranks=load_tiktoken_bpe(str(REPO / "data/tokenizers/gpt2.tiktoken")),
                              special_tokens={})  # fmt: skip
-    expected = {"tok": len(_plain_tiktoken(trained).encode_ordinary(val)), "gpt2": len(gpt2.encode_ordinary(val)),
-                "char": len(val)}  # fmt: skip
+    ours = _plain_tiktoken(trained)
+    expected = {"tok": len(ours.encode_ordinary(val)), "gpt2": len(gpt2.encode_ordinary(val)), "char": len(val)}
     got = {r["tokenizer"]: r for r in rows}
     for name, n in expected.items():
         assert got[name]["tokens"] == n
@@ -213,7 +221,9 @@ def _error(capsys, argv: list[str]) -> str:
 def test_bad_inputs_are_one_line_and_write_nothing(tmp_path: Path, small_corpus: Path, capsys) -> None:
     out = tmp_path / "o"
     text = ["data=text", f"data.path={small_corpus}"]
-    assert "must exceed the 256 byte tokens plus 1 special" in _error(capsys, ["train", *text, "vocab_size=257", f"out={out}"])
+    assert "must exceed the 256 byte tokens plus 1 special" in _error(
+        capsys, ["train", *text, "vocab_size=257", f"out={out}"]
+    )
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("abab abab\n" * 50)
     err = _error(capsys, ["train", "data=text", f"data.path={tiny}", "vocab_size=1000", f"out={out}"])
@@ -226,7 +236,9 @@ def test_bad_inputs_are_one_line_and_write_nothing(tmp_path: Path, small_corpus:
     assert "out=" in _error(capsys, ["train", *text])
 
 
-def test_existing_out_is_refused_unless_overwrite(trained: Path, tmp_path: Path, small_corpus: Path, capsys) -> None:
+def test_existing_out_is_refused_unless_overwrite(
+    trained: Path, tmp_path: Path, small_corpus: Path, capsys
+) -> None:
     out = tmp_path / "tok"
     shutil.copytree(trained, out)
     (out / "ranks.tiktoken").write_text("stale")
@@ -266,6 +278,10 @@ def test_shards_written_by_another_tokenizer_are_one_line(trained: Path, tmp_pat
     write_json_atomic(tmp_path / "meta.json", {"tokenizer": tok.to_dict()})
     corpus = find_shards(ShardsDataConfig(path=str(tmp_path / "*.bin")))
     assert corpus.tokenizer == tok  # recorded in meta.json, used with no flag
-    assert find_shards(ShardsDataConfig(path=str(tmp_path / "*.bin"), tokenizer=str(trained))).tokenizer == tok
-    with pytest.raises(MiniGPTError, match=r"written by TiktokenTokenizer\(name='tok', vocab_size=600\), not by"):
+    assert (
+        find_shards(ShardsDataConfig(path=str(tmp_path / "*.bin"), tokenizer=str(trained))).tokenizer == tok
+    )
+    with pytest.raises(
+        MiniGPTError, match=r"written by TiktokenTokenizer\(name='tok', vocab_size=600\), not by"
+    ):
         find_shards(ShardsDataConfig(path=str(tmp_path / "*.bin"), tokenizer="gpt2"))
