@@ -26,6 +26,7 @@ VERBS = (
     "evaluate",
     "export",
     "prepare",
+    "tokenizer",
     "plot",
     "attention-maps",
     "compare",
