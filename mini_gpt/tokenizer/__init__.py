@@ -424,8 +424,12 @@ def load_tokenizer_dir(directory: str | Path) -> TiktokenTokenizer:
 
 
 def is_tokenizer_dir(name: str) -> bool:
-    """Whether a tokenizer name is a path (a trained tokenizer's directory) rather than a built-in name."""
-    return "/" in name or "\\" in name or name.startswith((".", "~")) or Path(name).is_dir()
+    """Whether a tokenizer name is a path (a trained tokenizer's directory) rather than a built-in name:
+    it looks like a path, or names an existing directory and no built-in (a `gpt2/` folder beside you
+    leaves data.tokenizer=gpt2 GPT-2's)."""
+    if "/" in name or "\\" in name or name.startswith((".", "~")):
+        return True
+    return name != "char" and name not in ENCODINGS and Path(name).is_dir()
 
 
 def build_tokenizer(name: str, bpe_file: str | Path | None = None, text: str | None = None) -> Tokenizer:

@@ -302,3 +302,14 @@ def test_help_lists_the_keys(action: str, capsys) -> None:
         assert any(line.startswith(f"{key}:") for line in out.splitlines()), key
     assert tokenizer_main([]) == 2 and tokenizer_main(["fit"]) == 2
     assert "unknown action 'fit'" in capsys.readouterr().err
+
+
+def test_a_folder_named_like_an_encoding_leaves_it(trained: Path, tmp_path: Path, monkeypatch) -> None:
+    from mini_gpt.tokenizer import is_tokenizer_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpt2").mkdir()
+    shutil.copytree(trained, tmp_path / "mytok")
+    assert not is_tokenizer_dir("gpt2") and not is_tokenizer_dir("char")
+    assert is_tokenizer_dir("mytok") and is_tokenizer_dir("./gpt2") and is_tokenizer_dir("~/x")
+    assert build_tokenizer("mytok") == load_tokenizer_dir(trained)
