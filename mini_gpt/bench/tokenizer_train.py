@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mb", type=int, default=100, help="megabytes of text to build (without --text)")
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=2, help="runs per contender, alternated")
-    parser.add_argument("--cache", default="/tmp/mini_gpt_bench_tokenizer.txt", help="where the built text goes")
+    parser.add_argument("--cache", default="/tmp/mini_gpt_bench_tokenizer.txt", help="the built text")
 
 
 def build_text(path: Path, megabytes: int) -> Path:
@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     results: dict[str, list[dict[str, Any]]] = {c: [] for c in CONTENDERS}
     for _ in range(args.repeats):
         for library in CONTENDERS:
-            code = f"from mini_gpt.bench.tokenizer_train import child; child({library!r}, {str(path)!r}, {args.vocab_size})"
+            call = f"child({library!r}, {str(path)!r}, {args.vocab_size})"
+            code = f"from mini_gpt.bench.tokenizer_train import child; {call}"
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
             results[library].append(json.loads(out.stdout.strip().splitlines()[-1]))
     rows = [

@@ -101,7 +101,11 @@ def _groups(config_name: str, included: bool = True) -> list[str]:
 
 def command(config_name: str) -> str:
     """How a user types the command of a config: `python train.py` or `mini-gpt <verb>`."""
-    return "python train.py" if config_name == "train" else f"mini-gpt {config_name.replace('_', '-')}"
+    if config_name == "train":
+        return "python train.py"
+    if config_name.startswith("tokenizer_"):  # one verb, two configs: tokenizer train|eval
+        return f"mini-gpt {config_name.replace('_', ' ')}"
+    return f"mini-gpt {config_name.replace('_', '-')}"
 
 
 # The `key=value` example in a tool's --help footer: one of that tool's own keys.

@@ -3,6 +3,7 @@ whose meta.json names it, found again by `data=shards`. Reference: plain tiktoke
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import random
@@ -65,3 +66,16 @@ def test_hf_documents_train_a_tokenizer_that_writes_and_finds_shards(tmp_path: P
         rows[1]["tokens"] == sum(len(d) for d in val_docs)
         and rows[1]["bytes_per_token"] == n_bytes / rows[1]["tokens"]
     )
+
+
+def test_bench_tokenizer_train_runs_both_trainers(tmp_path: Path, shakespeare_path: Path) -> None:
+    from mini_gpt.bench.tokenizer_train import add_arguments, run
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    rows, extra = run(
+        parser.parse_args(["--text", str(shakespeare_path), "--vocab-size", "400", "--repeats", "2"])
+    )
+    assert [r["trainer"] for r in rows] == ["rustbpe", "hf_tokenizers"]
+    assert all(r["identical_runs"] and r["peak_rss_mb"] > 10 for r in rows)
+    assert all(run["tokens"] == 400 for runs in extra["runs"].values() for run in runs)
