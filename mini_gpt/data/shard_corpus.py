@@ -482,7 +482,8 @@ def _check_same_tokenizer(tok: Tokenizer, meta: dict[str, Any], where: Path) -> 
     if "tokenizer" not in meta:
         return  # shards of llm.c or modded-nanogpt: nothing recorded, data.tokenizer is trusted
     theirs = tokenizer_from_dict(meta["tokenizer"])
-    if theirs != tok:
+    # the name aside: gpt2 and r50k_base are one vocabulary under two names
+    if {**theirs.to_dict(), "name": None} != {**tok.to_dict(), "name": None}:
         raise MiniGPTError(
             f"the shards in {where} were written by {theirs!r}, not by data.tokenizer's {tok!r}; drop "
             "data.tokenizer (the one in their meta.json is used) or prepare the shards with this tokenizer"

@@ -313,3 +313,9 @@ def test_a_folder_named_like_an_encoding_leaves_it(trained: Path, tmp_path: Path
     assert not is_tokenizer_dir("gpt2") and not is_tokenizer_dir("char")
     assert is_tokenizer_dir("mytok") and is_tokenizer_dir("./gpt2") and is_tokenizer_dir("~/x")
     assert build_tokenizer("mytok") == load_tokenizer_dir(trained)
+    gpt2 = build_tokenizer("gpt2")
+    write_json_atomic(tmp_path / "meta.json", {"tokenizer": gpt2.to_dict()})
+    assert (
+        find_shards(ShardsDataConfig(path=str(tmp_path / "*.bin"), tokenizer="r50k_base")).tokenizer.name
+        == "r50k_base"
+    )
