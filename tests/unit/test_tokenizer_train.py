@@ -319,3 +319,10 @@ def test_a_folder_named_like_an_encoding_leaves_it(trained: Path, tmp_path: Path
         find_shards(ShardsDataConfig(path=str(tmp_path / "*.bin"), tokenizer="r50k_base")).tokenizer.name
         == "r50k_base"
     )
+
+
+def test_the_recipe_uses_the_shipped_tokenizer(compose) -> None:
+    cfg = compose(["experiment=shakespeare_bpe_small_cpu"])
+    assert Path(cfg.data.tokenizer) == SHIPPED and cfg.data.name == "shakespeare"
+    data = DataConfig(**cfg.data)
+    assert build_tokenizer(data.resolved_tokenizer).vocab_size == 2048
