@@ -151,9 +151,12 @@ ACTIONS = {"train": ("tokenizer_train", train), "eval": ("tokenizer_eval", evalu
 def main(argv: Sequence[str] | None = None) -> Any:
     """`mini-gpt tokenizer train|eval OVERRIDES`; `argv` default: the command line."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
+    if not args:
+        print(f"error: {USAGE}", file=sys.stderr)
+        return 2
+    if args[0] in ("-h", "--help"):
         print(USAGE)
-        return 0 if args else 2
+        return 0
     if args[0] not in ACTIONS:
         print(f"error: unknown action {args[0]!r}; {USAGE.removeprefix('usage: ')}", file=sys.stderr)
         return 2
