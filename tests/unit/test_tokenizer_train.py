@@ -286,6 +286,12 @@ def test_shards_written_by_another_tokenizer_are_one_line(trained: Path, tmp_pat
         MiniGPTError, match=r"written by TiktokenTokenizer\(name='tok', vocab_size=600\), not by"
     ):
         find_shards(ShardsDataConfig(path=str(tmp_path / "*.bin"), tokenizer="gpt2"))
+    gpt2 = build_tokenizer("gpt2")
+    write_json_atomic(tmp_path / "meta.json", {"tokenizer": gpt2.to_dict()})
+    assert (
+        find_shards(ShardsDataConfig(path=str(tmp_path / "*.bin"), tokenizer="r50k_base")).tokenizer.name
+        == "r50k_base"
+    )
 
 
 @pytest.mark.parametrize("action", ["train", "eval"])
@@ -313,12 +319,6 @@ def test_a_folder_named_like_an_encoding_leaves_it(trained: Path, tmp_path: Path
     assert not is_tokenizer_dir("gpt2") and not is_tokenizer_dir("char")
     assert is_tokenizer_dir("mytok") and is_tokenizer_dir("./gpt2") and is_tokenizer_dir("~/x")
     assert build_tokenizer("mytok") == load_tokenizer_dir(trained)
-    gpt2 = build_tokenizer("gpt2")
-    write_json_atomic(tmp_path / "meta.json", {"tokenizer": gpt2.to_dict()})
-    assert (
-        find_shards(ShardsDataConfig(path=str(tmp_path / "*.bin"), tokenizer="r50k_base")).tokenizer.name
-        == "r50k_base"
-    )
 
 
 def test_the_recipe_uses_the_shipped_tokenizer(compose) -> None:
