@@ -79,6 +79,7 @@ class EvaluateConfig:
     ckpt: str | None = None
     init_from: str | None = None
     bpe_file: str | None = None
+    tokenizer: str | None = None
     tasks: list[str] = field(default_factory=lambda: ["bpb"])
     harness_tasks: list[str] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
@@ -116,7 +117,7 @@ def checkpoint_info(path: str | None) -> dict[str, Any]:
     if not path or not Path(path).expanduser().is_file() or str(path).endswith(".safetensors"):
         return {"step": None, "tokens": None}
     ckpt = read_checkpoint(path)  # load_model already accepted it; memory-mapped, so only scalars are read
-    return {"step": ckpt.get("global_step"), "tokens": (ckpt.get("mini_gpt") or {}).get("tokens")}
+    return {"step": ckpt.get("global_step", ckpt.get("iter_num")), "tokens": (ckpt.get("mini_gpt") or {}).get("tokens")}
 
 
 def markdown_table(results: dict[str, Any]) -> str:
@@ -141,7 +142,7 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     with watch_cpu_load(device, cfg.threads, err):
-        model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device)
+        model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device, cfg.tokenizer)
     results: dict[str, Any] = {"checkpoint": str(cfg.ckpt or cfg.init_from), **checkpoint_info(cfg.ckpt)}
     # Read every input before the first (possibly long) task, so a wrong path fails in a second.
     documents = None  # (the texts, where they came from)

@@ -1,4 +1,5 @@
-"""`mini-gpt export ckpt=PATH format=hf|safetensors out=DIR` (alias `python -m mini_gpt.export`): see
+"""`mini-gpt export ckpt=PATH format=hf|safetensors|gguf out=DIR|FILE.gguf [outtype=f32|f16|q8_0]`
+(alias `python -m mini_gpt.export`): see
 mini_gpt.interop.export for what each format writes. Every key lives in conf/export.yaml."""
 
 from __future__ import annotations
@@ -9,18 +10,22 @@ from typing import Any
 from mini_gpt.conf import hydra_main
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.checkpoint import load_model
-from mini_gpt.interop.export import export_model
+from mini_gpt.interop.export import check_format, export_model, modelfile_path
 
 
 def _run(cfg: dict[str, Any]) -> Path:
     if not cfg["ckpt"]:
-        raise MiniGPTError("set ckpt=PATH (a training .ckpt or an export directory)")
+        raise MiniGPTError("set ckpt=PATH (a training .ckpt, an export directory or a nanoGPT ckpt.pt)")
     if not cfg["out"]:
-        raise MiniGPTError("set out=DIR (the directory to write)")
-    model, tokenizer = load_model(cfg["ckpt"])
-    out = export_model(model, tokenizer, cfg["out"], str(cfg["format"]), overwrite=bool(cfg["overwrite"]))
-    print(f"exported {cfg['format']} model to {out}")
-    if cfg["format"] == "hf" and tokenizer.eot_id is None:
+        raise MiniGPTError("set out=DIR (the directory to write; for format=gguf the FILE.gguf)")
+    fmt, outtype = str(cfg["format"]), str(cfg["outtype"])
+    check_format(fmt, outtype)  # before loading a large checkpoint
+    model, tokenizer = load_model(cfg["ckpt"], tokenizer=cfg["tokenizer"])
+    out = export_model(model, tokenizer, cfg["out"], fmt, overwrite=bool(cfg["overwrite"]), outtype=outtype)
+    print(f"exported {fmt} model to {out}")
+    if fmt == "gguf":
+        print(f"Ollama: ollama create NAME -f {modelfile_path(out)}")
+    if fmt == "hf" and tokenizer.eot_id is None:
         print(lm_eval_note(tokenizer.start_id))
     return out
 

@@ -39,6 +39,7 @@ class GenerateConfig:
     ckpt: str | None = None
     init_from: str | None = None
     bpe_file: str | None = None
+    tokenizer: str | None = None
     prompt: Any = ""
     prompt_file: str | None = None
     max_new_tokens: int = 500
@@ -88,7 +89,7 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     with watch_cpu_load(device, cfg.threads, err):
-        model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device)
+        model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device, cfg.tokenizer)
     ids = encode_prompt(tokenizer, prompt)
     block_size = model.config.block_size
     if len(ids) > block_size:

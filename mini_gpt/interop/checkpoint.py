@@ -3,8 +3,8 @@
 `load_model(path)` reads a Lightning `.ckpt` (`torch.load(weights_only=True)`: a checkpoint cannot run
 code; the `mini_gpt` entry holds model config and tokenizer; LoRA adapters are merged in), a
 `format=safetensors` export (or its `model.safetensors`), or a `format=hf` / local `transformers`
-directory. `load_source` also takes a hub name; `open_model` is what the tools' `ckpt=` / `init_from=`
-load. Every failure is one `MiniGPTError` line.
+directory, or a nanoGPT `ckpt.pt` (mini_gpt.interop.nanogpt). `load_source` also takes a hub name;
+`open_model` is what the tools' `ckpt=` / `init_from=` load. Every failure is one `MiniGPTError` line.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.hf import ARCHITECTURES, HUB_MODELS, check_hub_available, gpt_from_hf, load_hf_dir
+from mini_gpt.interop.nanogpt import is_nanogpt, nanogpt_parts
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_dict
 from mini_gpt.train.lora import LoraSpec, has_lora_weights, merge_lora
@@ -89,8 +90,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 def _check_meta(meta: Any, source: Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or "model_config" not in meta or "tokenizer" not in meta:
         raise MiniGPTError(
-            f"{source} has no mini_gpt metadata (model config + tokenizer); "
-            "it was not written by mini-gpt training or export"
+            f"{source} has no mini_gpt metadata (model config + tokenizer) and is no nanoGPT ckpt.pt "
+            "(model_args + model); it was not written by mini-gpt training or export, nor by nanoGPT"
         )
     version = meta.get("format_version", FORMAT_VERSION)
     if version != FORMAT_VERSION:
@@ -176,6 +177,13 @@ def _build(meta: dict[str, Any], weights: dict[str, torch.Tensor], source: Path)
         if not isinstance(lora, dict):
             raise MiniGPTError(f"{source}: has LoRA weights but no record of its adapters (finetune.lora)")
         return merge_lora(config, LoraSpec.from_dict(lora), weights), tokenizer
+    return _assemble(config, weights, tokenizer, source)
+
+
+def _assemble(
+    config: GPTConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer, source: Path
+) -> tuple[GPT, Tokenizer]:
+    """A GPT of `config` holding exactly `weights` (a tied head given or not), checked against `tokenizer`."""
     model = GPT(config)
     expected = set(model.state_dict())
     if config.tie_weights:  # tied exports store the shared matrix once (as the token embedding)
@@ -200,8 +208,15 @@ def _build(meta: dict[str, Any], weights: dict[str, torch.Tensor], source: Path)
     return model, tokenizer
 
 
-def _load_lightning(path: Path) -> tuple[GPT, Tokenizer]:
+def _load_lightning(path: Path, tokenizer_file: str | None = None) -> tuple[GPT, Tokenizer]:
     ckpt = read_checkpoint(path)
+    if is_nanogpt(ckpt):  # nanoGPT's ckpt.pt: shape from model_args, tokenizer from meta.pkl or GPT-2
+        config, weights, tokenizer = nanogpt_parts(path, ckpt, tokenizer_file)
+        return _assemble(config, weights, tokenizer, path)
+    if tokenizer_file:
+        raise MiniGPTError(
+            f"tokenizer= applies to nanoGPT checkpoints only; {path} carries its own tokenizer"
+        )
     meta = _check_meta(ckpt.get("mini_gpt"), path)
     state = ckpt.get("state_dict")
     if not isinstance(state, dict):
@@ -233,9 +248,16 @@ def _load_safetensors_dir(directory: Path) -> tuple[GPT, Tokenizer]:
     return _build(meta, weights, weights_path)
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, Tokenizer]:
-    """(GPT in eval mode on `device`, tokenizer) from a `.ckpt`, an export directory or its .safetensors."""
+def load_model(
+    path: str | Path, device: str | torch.device = "cpu", tokenizer: str | None = None
+) -> tuple[GPT, Tokenizer]:
+    """(GPT in eval mode on `device`, tokenizer) from a `.ckpt`, an export directory or its .safetensors,
+    or a nanoGPT `ckpt.pt` (`tokenizer`: its data's meta.pkl, see mini_gpt.interop.nanogpt)."""
     path = Path(path).expanduser()
+    if tokenizer and (path.is_dir() or path.suffix == ".safetensors"):
+        raise MiniGPTError(
+            f"tokenizer= applies to nanoGPT checkpoints only; {path} carries its own tokenizer"
+        )
     if path.is_dir():
         config_path = path / CONFIG_FILE
         if not config_path.is_file():
@@ -245,7 +267,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GP
             )
         config = _read_config(config_path)
         if isinstance(config, dict) and "mini_gpt" in config:
-            model, tokenizer = _load_safetensors_dir(path)
+            model, tok = _load_safetensors_dir(path)
         else:
             kind = config.get("model_type") if isinstance(config, dict) else None
             if kind not in ARCHITECTURES:
@@ -255,19 +277,21 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GP
                     f"mini-gpt reads ({readable}); pass a .ckpt file, a `mini-gpt export` directory or a "
                     "transformers directory"
                 )
-            model, tokenizer = load_hf_dir(path)
+            model, tok = load_hf_dir(path)
     elif path.suffix == ".safetensors" and (path.parent / CONFIG_FILE).is_file():
-        model, tokenizer = _load_safetensors_dir(path.parent)
-    else:
-        model, tokenizer = _load_lightning(path)
-    return model.to(device).eval(), tokenizer
+        model, tok = _load_safetensors_dir(path.parent)
+    else:  # a Lightning or nanoGPT checkpoint; `tokenizer` is refused there for the former
+        model, tok = _load_lightning(path, tokenizer)
+    return model.to(device).eval(), tok
 
 
-def load_source(init_from: str, bpe_file: str | Path | None = None) -> tuple[GPT, Tokenizer]:
+def load_source(
+    init_from: str, bpe_file: str | Path | None = None, tokenizer: str | None = None
+) -> tuple[GPT, Tokenizer]:
     """(GPT, tokenizer) of pretrained weights: whatever `load_model` reads, or a hub name (`gpt2` ...
     `gpt2-xl`: needs network or the hub cache; `bpe_file`, a local gpt2.tiktoken, spares the tokenizer's)."""
     if Path(init_from).expanduser().exists():
-        return load_model(init_from)
+        return load_model(init_from, tokenizer=tokenizer)
     if init_from not in HUB_MODELS:
         raise MiniGPTError(
             f"init_from={init_from!r} is neither an existing path (a .ckpt file or a model directory) "
@@ -278,14 +302,19 @@ def load_source(init_from: str, bpe_file: str | Path | None = None) -> tuple[GPT
 
 
 def open_model(
-    ckpt: str | None, init_from: str | None, bpe_file: str | None, device: str | torch.device
+    ckpt: str | None,
+    init_from: str | None,
+    bpe_file: str | None,
+    device: str | torch.device,
+    tokenizer: str | None = None,
 ) -> tuple[GPT, Tokenizer]:
-    """The model (eval mode, on `device`) and tokenizer a tool's `ckpt=` or `init_from=` names."""
+    """The model (eval mode, on `device`) and tokenizer a tool's `ckpt=` or `init_from=` names
+    (`tokenizer`: a nanoGPT checkpoint's meta.pkl)."""
     if bool(ckpt) == bool(init_from):
         raise MiniGPTError(
             "set exactly one of ckpt=PATH (checkpoint or export directory) or init_from=gpt2|HF_DIR"
         )
     if ckpt:
-        return load_model(ckpt, device)
-    model, tokenizer = load_source(str(init_from), bpe_file)
-    return model.to(device), tokenizer
+        return load_model(ckpt, device, tokenizer)
+    model, tok = load_source(str(init_from), bpe_file, tokenizer)
+    return model.to(device), tok

@@ -4,9 +4,11 @@
   `mini_gpt` metadata as a training checkpoint; any model config works.
 - `format=hf`: a directory `transformers.AutoModelForCausalLM.from_pretrained` loads (GPT-2, GPT-NeoX
   or Llama; see `mini_gpt.interop.hf`), with the tokenizer in `transformers`' files too.
+- `format=gguf`: one file `out` for llama.cpp / Ollama (`outtype` f32, f16 or q8_0; see
+  `mini_gpt.interop.gguf_export`), and an Ollama Modelfile beside it (`model.gguf` -> `model.Modelfile`).
 
-The directory is written under a temporary name and renamed into place, so an interrupted export leaves
-no half-written model; an existing `out` is replaced only with `overwrite=true`.
+The directory (or file) is written under a temporary name and renamed into place, so an interrupted
+export leaves no half-written model; an existing `out` is replaced only with `overwrite=true`.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import atomic_write
 from mini_gpt.interop.checkpoint import CONFIG_FILE, SAFETENSORS_FILE, metadata
+from mini_gpt.interop.gguf_export import OUTTYPES, modelfile_text, write_gguf
 from mini_gpt.interop.hf import write_hf
 from mini_gpt.model.gpt import GPT
 from mini_gpt.tokenizer import Tokenizer
 
-__all__ = ["FORMATS", "export_model", "write_safetensors"]
+__all__ = ["FORMATS", "check_format", "export_model", "modelfile_path", "write_safetensors"]
 
-FORMATS = ("hf", "safetensors")
+FORMATS = ("hf", "safetensors", "gguf")
 
 
 def write_safetensors(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
@@ -48,13 +52,49 @@ def _apply_umask(directory: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
-def export_model(
-    model: GPT, tokenizer: Tokenizer, out: str | Path, fmt: str, overwrite: bool = False
-) -> Path:
-    """Write `model` + `tokenizer` to the directory `out` in format `fmt`, atomically; return its path."""
+def check_format(fmt: str, outtype: str = "f32") -> None:
+    """One line for an unknown `format` or `outtype` (the CLI asks before loading a checkpoint)."""
     if fmt not in FORMATS:
-        raise MiniGPTError(f"format={fmt!r} is not one of {FORMATS}")
+        raise MiniGPTError(f"format={fmt!r} is not one of {', '.join(FORMATS)}")
+    if outtype not in OUTTYPES:
+        raise MiniGPTError(
+            f"outtype={outtype!r} is not one of {', '.join(OUTTYPES)} (the weight type of format=gguf)"
+        )
+
+
+def modelfile_path(gguf_path: Path) -> Path:
+    """The Ollama Modelfile written beside a GGUF export: `model.gguf` -> `model.Modelfile`."""
+    return gguf_path.with_suffix(".Modelfile")
+
+
+def _export_gguf(model: GPT, tokenizer: Tokenizer, out: Path, outtype: str, overwrite: bool) -> Path:
+    modelfile = modelfile_path(out)
+    if not overwrite:
+        for path in (out, modelfile):
+            if path.exists():
+                raise MiniGPTError(
+                    f"{path} already exists; choose another out=FILE.gguf or pass overwrite=true"
+                )
+    write_gguf(model, tokenizer, out, outtype)
+    with atomic_write(modelfile) as fh:
+        fh.write(modelfile_text(model, tokenizer, out.name))
+    return out
+
+
+def export_model(
+    model: GPT,
+    tokenizer: Tokenizer,
+    out: str | Path,
+    fmt: str,
+    overwrite: bool = False,
+    outtype: str = "f32",
+) -> Path:
+    """Write `model` + `tokenizer` to `out` (a directory; a file for gguf) in format `fmt`, atomically;
+    return its path. `outtype` (f32, f16, q8_0) is gguf's weight type."""
+    check_format(fmt, outtype)
     out = Path(out).expanduser().resolve()
+    if fmt == "gguf":
+        return _export_gguf(model, tokenizer, out, outtype, overwrite)
     if out.exists() and not overwrite:
         raise MiniGPTError(f"{out} already exists; choose another out=DIR or pass overwrite=true")
     out.parent.mkdir(parents=True, exist_ok=True)
