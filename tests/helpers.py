@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import pickle
 import random
 import struct
 from pathlib import Path
@@ -126,19 +128,22 @@ def write_lightning_ckpt(path: Path, model: GPT, tokenizer, key_prefix: str = "m
     return path
 
 
-def train_tiny_char_model(steps: int = 150, seed: int = 0) -> tuple[GPT, CharTokenizer, list[float]]:
+def train_tiny_char_model(
+    steps: int = 150, seed: int = 0, block_size: int = 32
+) -> tuple[GPT, CharTokenizer, list[float]]:
     """A tiny character GPT trained for a few steps on Shakespeare, with plain torch (no Lightning)."""
     text = SHAKESPEARE.read_text()
     tokenizer = CharTokenizer.from_text(text)
     data = torch.tensor(tokenizer.encode(text[:200_000]))
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=tokenizer.vocab_size, block_size=32))
+    T = block_size
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=tokenizer.vocab_size, block_size=T))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(steps):
-        starts = torch.randint(0, len(data) - 33, (16,))
-        x = torch.stack([data[s : s + 32] for s in starts])
-        y = torch.stack([data[s + 1 : s + 33] for s in starts])
+        starts = torch.randint(0, len(data) - T - 1, (16,))
+        x = torch.stack([data[s : s + T] for s in starts])
+        y = torch.stack([data[s + 1 : s + T + 1] for s in starts])
         loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
         opt.zero_grad()
         loss.backward()
@@ -164,3 +169,86 @@ def quiet_trainer(root: Path, **kwargs: Any) -> Any:
         logger=CSVLogger(root, name="csv", version=""),
     )
     return L.Trainer(**{**settings, **kwargs})
+
+
+# ---- nanoGPT checkpoints, as its train.py and data/shakespeare_char/prepare.py write them ---------------
+NANOGPT_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # shakespeare_char's 65
+
+
+def nanogpt_state(args: dict, seed: int = 0, compiled: bool = True) -> dict[str, torch.Tensor]:
+    """A random state dict with nanoGPT's names and layout (nn.Linear (out, in); tied head; mask buffers
+    as saved with flash attention off; `_orig_mod.` as torch.compile saves it)."""
+    g = torch.Generator().manual_seed(seed)
+    C, V, T, bias = args["n_embd"], args["vocab_size"], args["block_size"], args["bias"]
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.3
+
+    wte = r(V, C)
+    sd = {"transformer.wte.weight": wte, "transformer.wpe.weight": r(T, C), "lm_head.weight": wte}
+    layers = {"ln_1": (C,), "attn.c_attn": (3 * C, C), "attn.c_proj": (C, C), "ln_2": (C,)}
+    layers.update({"mlp.c_fc": (4 * C, C), "mlp.c_proj": (C, 4 * C)})
+    for i in range(args["n_layer"]):
+        for name, shape in layers.items():
+            key = f"transformer.h.{i}.{name}"
+            sd[key + ".weight"] = 1 + r(*shape) if name.startswith("ln") else r(*shape)
+            if bias:
+                sd[key + ".bias"] = r(shape[0])
+        sd[f"transformer.h.{i}.attn.bias"] = torch.tril(torch.ones(T, T)).view(1, 1, T, T)
+    sd["transformer.ln_f.weight"] = 1 + r(C)
+    if bias:
+        sd["transformer.ln_f.bias"] = r(C)
+    return {("_orig_mod." if compiled else "") + k: v for k, v in sd.items()}
+
+
+def nanogpt_logits(sd: dict[str, torch.Tensor], args: dict, idx: torch.Tensor) -> torch.Tensor:
+    """nanoGPT's model.py forward, written out from its state dict."""
+    sd = {k.removeprefix("_orig_mod."): v for k, v in sd.items()}
+    C, nh = args["n_embd"], args["n_head"]
+    B, T = idx.shape
+
+    def ln(x: torch.Tensor, name: str) -> torch.Tensor:
+        return F.layer_norm(x, (C,), sd[name + ".weight"], sd.get(name + ".bias"), 1e-5)
+
+    def linear(x: torch.Tensor, name: str) -> torch.Tensor:
+        return F.linear(x, sd[name + ".weight"], sd.get(name + ".bias"))
+
+    x = sd["transformer.wte.weight"][idx] + sd["transformer.wpe.weight"][:T]
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    for i in range(args["n_layer"]):
+        p = f"transformer.h.{i}."
+        q, k, v = linear(ln(x, p + "ln_1"), p + "attn.c_attn").split(C, dim=2)
+        q, k, v = (t.view(B, T, nh, C // nh).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + linear(y, p + "attn.c_proj")
+        x = x + linear(F.gelu(linear(ln(x, p + "ln_2"), p + "mlp.c_fc")), p + "mlp.c_proj")  # nn.GELU()
+    return F.linear(ln(x, "transformer.ln_f"), sd["lm_head.weight"])
+
+
+def save_nanogpt(path: Path, args: dict, sd: dict, dataset: str = "shakespeare_char") -> Path:
+    """What nanoGPT's train.py saves (the optimizer state left empty)."""
+    config = {"dataset": dataset, "batch_size": 12, "learning_rate": 6e-4}
+    ckpt = {
+        "model": sd,
+        "optimizer": {},
+        "model_args": args,
+        "iter_num": 250,
+        "best_val_loss": 1.5,
+        "config": config,
+    }
+    torch.save(ckpt, path)
+    return path
+
+
+def write_meta(path: Path, chars: str = NANOGPT_CHARS) -> Path:
+    """nanoGPT's data/shakespeare_char/prepare.py meta.pkl."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "vocab_size": len(chars),
+        "itos": dict(enumerate(chars)),
+        "stoi": {c: i for i, c in enumerate(chars)},
+    }
+    path.write_bytes(pickle.dumps(meta))
+    return path
