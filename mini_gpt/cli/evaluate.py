@@ -117,7 +117,8 @@ def checkpoint_info(path: str | None) -> dict[str, Any]:
     if not path or not Path(path).expanduser().is_file() or str(path).endswith(".safetensors"):
         return {"step": None, "tokens": None}
     ckpt = read_checkpoint(path)  # load_model already accepted it; memory-mapped, so only scalars are read
-    return {"step": ckpt.get("global_step", ckpt.get("iter_num")), "tokens": (ckpt.get("mini_gpt") or {}).get("tokens")}
+    step = ckpt.get("global_step", ckpt.get("iter_num"))  # iter_num: a nanoGPT ckpt.pt
+    return {"step": step, "tokens": (ckpt.get("mini_gpt") or {}).get("tokens")}
 
 
 def markdown_table(results: dict[str, Any]) -> str:
