@@ -211,6 +211,8 @@ def _char_vocab(tokenizer: CharTokenizer, n_vocab: int, types: Any) -> GGUFVocab
             merge = f"{''.join(pieces[:k])} {pieces[k]}"
             if merge not in merges:
                 merges.append(merge)
+    if not merges:  # llama.cpp refuses a BPE vocabulary without merges: one that never applies, as the
+        merges = [f"{char[0xC0]} {char[0xC1]}"]  # bytes 0xC0 and 0xC1 occur in no UTF-8 text
     tokens += [f"[PAD{i}]" for i in range(len(tokens), n_vocab)]
     kinds = [types.NORMAL] * tokenizer.vocab_size + [types.UNUSED] * (n_vocab - tokenizer.vocab_size)
     return GGUFVocab(tokens, [int(k) for k in kinds], merges, "gpt-2", tokenizer.eot_id)
