@@ -175,14 +175,16 @@ def quiet_trainer(root: Path, **kwargs: Any) -> Any:
 NANOGPT_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # shakespeare_char's 65
 
 
-def nanogpt_state(args: dict, seed: int = 0, compiled: bool = True) -> dict[str, torch.Tensor]:
+def nanogpt_state(
+    args: dict, seed: int = 0, compiled: bool = True, std: float = 0.3
+) -> dict[str, torch.Tensor]:
     """A random state dict with nanoGPT's names and layout (nn.Linear (out, in); tied head; mask buffers
     as saved with flash attention off; `_orig_mod.` as torch.compile saves it)."""
     g = torch.Generator().manual_seed(seed)
     C, V, T, bias = args["n_embd"], args["vocab_size"], args["block_size"], args["bias"]
 
     def r(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * 0.3
+        return torch.randn(*shape, generator=g) * std
 
     wte = r(V, C)
     sd = {"transformer.wte.weight": wte, "transformer.wpe.weight": r(T, C), "lm_head.weight": wte}

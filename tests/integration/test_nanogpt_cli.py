@@ -28,7 +28,7 @@ def nanogpt(tmp_path_factory) -> tuple[Path, Path, dict]:
     """nanoGPT's layout: out-shakespeare-char/ckpt.pt and data/shakespeare_char/meta.pkl."""
     root = tmp_path_factory.mktemp("nanogpt")
     (root / "out-shakespeare-char").mkdir()
-    sd = nanogpt_state(ARGS, seed=3)
+    sd = nanogpt_state(ARGS, seed=3, std=1.0)  # large weights: varied greedy text
     ckpt = save_nanogpt(root / "out-shakespeare-char" / "ckpt.pt", ARGS, sd)
     meta = write_meta(root / "data" / "shakespeare_char" / "meta.pkl")
     return ckpt, meta, sd
@@ -98,9 +98,16 @@ def test_export_gguf_runs_in_llama_cpp(nanogpt, tmp_path, monkeypatch, capsys) -
         capsys.readouterr().out.splitlines()[-1]
         == f"Ollama: ollama create NAME -f {out.with_suffix('.Modelfile')}"
     )
-    llm = llama_cpp.Llama(model_path=str(out), n_ctx=64, n_threads=1, verbose=False)
+    f32 = llama_cpp.GGML_TYPE_F32
+    llm = llama_cpp.Llama(
+        model_path=str(out), n_ctx=64, logits_all=True, n_threads=1, type_k=f32, type_v=f32, verbose=False
+    )
     ids = llm.tokenize(PROMPT.encode(), add_bos=False)
+    assert ids == [NANOGPT_CHARS.index(c) for c in PROMPT]
     llm.eval(ids)
+    want = nanogpt_logits(sd, ARGS, torch.tensor([ids]))[0].numpy()
+    err = abs(llm.scores[: len(ids)] - want).max() / abs(want).max()
+    assert err < 1e-3, err
     new = []
     for _ in range(32):
         new.append(int(llm.scores[llm.n_tokens - 1].argmax()))  # greedy
@@ -136,6 +143,6 @@ def test_finetune_from_a_nanogpt_checkpoint(nanogpt, tmp_path, shakespeare_path)
     assert summary["steps"] == 3
     model = result.module.model
     assert (model.config.n_embd, model.config.mlp, model.config.vocab_size) == (32, "gelu_exact", 65)
-    before = nanogpt_state(ARGS, seed=3)["_orig_mod.transformer.h.0.mlp.c_fc.weight"]
+    before = nanogpt_state(ARGS, seed=3, std=1.0)["_orig_mod.transformer.h.0.mlp.c_fc.weight"]
     after = model.transformer.h[0].mlp.c_fc.weight.detach()
     assert 0 < (after - before).abs().max() < 0.1  # started from the nanoGPT weights, then trained
