@@ -236,51 +236,49 @@ def _pairs_permuted(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+# our module in block i -> llama.cpp's tensor in blk.i; gpt2 and gptneox keep our fused q/k/v and MLP input
+_LAYER = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_proj": "attn_output", "mlp.c_proj": "ffn_down"}
+_FUSED = {"attn.c_attn": "attn_qkv", "mlp.c_fc": "ffn_up"}
+
+
+def _llama_split(sd: dict[str, torch.Tensor], p: str, g: str, n_head: int) -> dict[str, torch.Tensor]:
+    """Llama's separate q, k, v and gate, up matrices (and biases) from our fused ones of block `p`."""
+    out = {}
+    for kind in ("weight", "bias"):
+        if f"{p}attn.c_attn.{kind}" not in sd:
+            continue
+        q, k, v = sd[f"{p}attn.c_attn.{kind}"].chunk(3, dim=0)
+        out[f"{g}attn_q.{kind}"] = _pairs_permuted(q, n_head)
+        out[f"{g}attn_k.{kind}"] = _pairs_permuted(k, n_head)
+        out[f"{g}attn_v.{kind}"] = v
+        gate, up = sd[f"{p}mlp.c_fc.{kind}"].chunk(2, dim=0)  # our c_fc output is [gate; up]
+        out[f"{g}ffn_gate.{kind}"], out[f"{g}ffn_up.{kind}"] = gate, up
+    return out
+
+
 def _tensors(model: GPT, arch: str) -> dict[str, torch.Tensor]:
-    """GGUF tensor name -> weight (numpy's row-major (out, in) is GGUF's {in, out}: no transposes)."""
+    """GGUF tensor name -> weight (numpy's row-major (out, in) is GGUF's {in, out}: no transposes). gpt2 and
+    gptneox require every bias: zeros where the model has none; Llama's are optional."""
     c = model.config
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
 
-    def bias(name: str, size: int) -> torch.Tensor:  # gpt2/gptneox require biases: zeros where we have none
-        return sd.get(name, torch.zeros(size))
+    def add(theirs: str, ours: str) -> None:
+        w = sd[ours + ".weight"]
+        out[theirs + ".weight"] = w
+        if arch != "llama" or ours + ".bias" in sd:
+            out[theirs + ".bias"] = sd.get(ours + ".bias", torch.zeros(w.shape[0]))
 
-    out = {
-        "token_embd.weight": sd["transformer.wte.weight"],
-        "output_norm.weight": sd["transformer.ln_f.weight"],
-    }
-    if arch != "llama":
-        out["output_norm.bias"] = bias("transformer.ln_f.bias", c.n_embd)
+    out: dict[str, torch.Tensor] = {"token_embd.weight": sd["transformer.wte.weight"]}
+    add("output_norm", "transformer.ln_f")
     if arch == "gpt2":
         out["position_embd.weight"] = sd["transformer.wpe.weight"]
     out["output.weight"] = sd["lm_head.weight"]  # also when tied: gptneox requires it
     for i in range(c.n_layer):
         p, g = f"transformer.h.{i}.", f"blk.{i}."
-        names = {
-            "ln_1": "attn_norm",
-            "ln_2": "ffn_norm",
-            "attn.c_proj": "attn_output",
-            "mlp.c_proj": "ffn_down",
-        }
-        for ours, theirs in names.items():
-            out[g + theirs + ".weight"] = sd[p + ours + ".weight"]
-            if arch != "llama" or (c.bias and "c_proj" in ours):
-                size = out[g + theirs + ".weight"].shape[0]
-                out[g + theirs + ".bias"] = bias(p + ours + ".bias", size)
-        attn = {"weight": sd[p + "attn.c_attn.weight"], "bias": sd.get(p + "attn.c_attn.bias")}
-        fc = {"weight": sd[p + "mlp.c_fc.weight"], "bias": sd.get(p + "mlp.c_fc.bias")}
-        for kind in ("weight", "bias"):
-            if arch != "llama":
-                out[f"{g}attn_qkv.{kind}"] = (
-                    attn[kind] if attn[kind] is not None else torch.zeros(3 * c.n_embd)
-                )
-                out[f"{g}ffn_up.{kind}"] = fc[kind] if fc[kind] is not None else torch.zeros(4 * c.n_embd)
-            elif attn[kind] is not None:
-                q, k, v = attn[kind].chunk(3, dim=0)
-                out[f"{g}attn_q.{kind}"] = _pairs_permuted(q, c.n_head)
-                out[f"{g}attn_k.{kind}"] = _pairs_permuted(k, c.n_head)
-                out[f"{g}attn_v.{kind}"] = v
-                gate, up = fc[kind].chunk(2, dim=0)
-                out[f"{g}ffn_gate.{kind}"], out[f"{g}ffn_up.{kind}"] = gate, up
+        for ours, theirs in (_LAYER if arch == "llama" else {**_LAYER, **_FUSED}).items():
+            add(g + theirs, p + ours)
+        if arch == "llama":
+            out.update(_llama_split(sd, p, g, c.n_head))
     return out
 
 
