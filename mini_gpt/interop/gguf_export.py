@@ -365,7 +365,6 @@ def modelfile_text(model: GPT, tokenizer: Tokenizer, gguf_name: str) -> str:
         'TEMPLATE """{{ .Prompt }}"""',
         f"PARAMETER num_ctx {model.config.block_size}",
     ]
-    eot = getattr(tokenizer, "special_tokens", {})
-    if "<|endoftext|>" in eot:
+    if "<|endoftext|>" in getattr(tokenizer, "special_tokens", {}):  # BPE; a char vocabulary stops at EOS
         lines.append('PARAMETER stop "<|endoftext|>"')
     return "\n".join(lines) + "\n"
