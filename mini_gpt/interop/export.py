@@ -69,6 +69,8 @@ def modelfile_path(gguf_path: Path) -> Path:
 
 def _export_gguf(model: GPT, tokenizer: Tokenizer, out: Path, outtype: str, overwrite: bool) -> Path:
     modelfile = modelfile_path(out)
+    if out.is_dir():
+        raise MiniGPTError(f"{out} is a directory; format=gguf writes one file: pass out=PATH/model.gguf")
     if not overwrite:
         for path in (out, modelfile):
             if path.exists():

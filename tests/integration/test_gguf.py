@@ -183,6 +183,10 @@ def test_modelfile_beside_the_export(tmp_path) -> None:
     assert out == tmp_path / "tiny.gguf" and out.read_bytes()[:4] == b"GGUF"
     with pytest.raises(MiniGPTError, match=r"tiny.gguf already exists; choose another out=FILE.gguf or pass"):
         export_model(model, build_tokenizer("gpt2"), out, "gguf")
+    with pytest.raises(
+        MiniGPTError, match=r"is a directory; format=gguf writes one file: pass out=PATH/model"
+    ):
+        export_model(model, CHARS, tmp_path, "gguf", overwrite=True)
     char_lines = (
         export_model(model, CHARS, tmp_path / "c.gguf", "gguf").with_suffix(".Modelfile")
     ).read_text()
