@@ -21,7 +21,16 @@ from typing import Any
 from mini_gpt.bench.common import machine_info, print_table, write_json
 from mini_gpt.machine import LoadMeter
 
-SECTIONS = ("attention", "train", "generate", "data", "attention_maps", "evaluate", "tokenizer_train", "sweep")
+SECTIONS = (
+    "attention",
+    "train",
+    "generate",
+    "data",
+    "attention_maps",
+    "evaluate",
+    "tokenizer_train",
+    "sweep",
+)
 NOT_IN_ALL = ("sweep",)  # whole sweeps (minutes): run on their own
 
 

@@ -425,8 +425,8 @@ def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> RunResult:
     model = plan.build(tokenizer) if plan else None  # checks the data's tokenizer against the source
     if plan and trainer.is_global_zero:
         print(describe(model, plan.record), flush=True)
-    gpt_config = plan.config if plan else checked_config(
-        GPTConfig, _model_dict(cfg, tokenizer.vocab_size), "model"
+    gpt_config = (
+        plan.config if plan else checked_config(GPTConfig, _model_dict(cfg, tokenizer.vocab_size), "model")
     )
     max_steps = cfg.trainer.max_steps
     if max_flops is not None:
