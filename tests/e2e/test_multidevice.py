@@ -25,9 +25,12 @@ GLOBAL_TOKENS = 1024  # = 8 sequences x 64 tokens x (2 devices x 1 micro-batch |
 def _trainer(trainer_cfg: Any) -> Any:
     """The Trainer a config describes (no fit: DDP processes start only in fit)."""
     from hydra.utils import instantiate
+    from omegaconf import OmegaConf
 
+    plain = OmegaConf.to_container(trainer_cfg)
+    plain.pop("max_flops")  # ours (train() turns it into max_steps), not a Trainer argument
     return instantiate(
-        trainer_cfg, logger=False, enable_checkpointing=False, callbacks=[], default_root_dir="unused"
+        plain, logger=False, enable_checkpointing=False, callbacks=[], default_root_dir="unused"
     )
 
 
