@@ -98,6 +98,8 @@ def test_compose_train_summary_and_loss_decreases(
     assert set(summary) >= SUMMARY_KEYS
     assert summary["steps"] == 40
     assert summary["tokens"] == 40 * 8 * 64
+    assert summary["val_tokens"] == 32 * 64  # loader.val_windows=32
+    assert summary["val_split_tokens"] == 111_540
     # evaluations at 15, 30 and the end (40), with wall times from process start, increasing
     assert [row[0] for row in summary["val_curve"]] == [15, 30, 40]
     times = [row[1] for row in summary["val_curve"]]

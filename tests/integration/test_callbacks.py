@@ -294,6 +294,14 @@ def test_progress_bar_shows_python_side_metrics(dm: Any) -> None:
     assert bar.shown_stats == "loss 2.346 val 2.500"  # no Throughput callback: no tok/s
 
 
+def test_validation_bar_says_how_many_tokens_the_estimate_uses() -> None:
+    bar = ProgressBar()
+    bar._trainer = SimpleNamespace(datamodule=SimpleNamespace(val_estimate_tokens=131_072))  # type: ignore[assignment]
+    assert bar.validation_description == "val 131,072 tok"
+    bar._trainer = SimpleNamespace(datamodule=None)  # type: ignore[assignment]  # a model fitted without one
+    assert bar.validation_description == "val"
+
+
 @pytest.mark.parametrize("steps", [500, 25_000])
 def test_progress_bar_is_one_line_in_80_columns(steps: int) -> None:
     import io

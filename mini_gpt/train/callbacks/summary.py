@@ -71,6 +71,9 @@ class RunSummary(Callback):
             "wall_seconds": time.time() - start,
             "tokens_per_sec": throughput.tokens_per_sec if throughput and throughput.total_seconds else None,
             "val_curve": [[s, t - start, v] for s, t, v in vals],
+            # val losses are estimates on `val_tokens` of the `val_split_tokens` (loader.val_windows)
+            "val_tokens": pl_module.stats.val_tokens or None,
+            "val_split_tokens": getattr(trainer.datamodule, "val_split_tokens", None),
             "best_ckpt": str(Path(best).resolve()) if best else None,
             "last_ckpt": str(Path(last).resolve()) if last else None,
         }
