@@ -12,6 +12,7 @@ each complete train shard `.state.json` records where the next one starts: an in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,7 +32,13 @@ from mini_gpt.data.config import HFDataConfig, ShardsDataConfig, token_dtype
 from mini_gpt.data.preparation import TokenizeProgress, log_to_stderr, preparation_lock, tokenizer_key
 from mini_gpt.data.shard_format import ShardInfo, ShardWriter, read_header
 from mini_gpt.data.sources import Source, glob_files, is_local, iter_texts, open_source
-from mini_gpt.data.split import SPLIT_RULE, val_mask
+from mini_gpt.data.split import (
+    CHARS_PER_BPE_TOKEN,
+    SPLIT_RULE,
+    auto_val_fraction,
+    chars_to_decide,
+    val_mask,
+)
 from mini_gpt.data.text import encoder
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import read_json, write_json_atomic
@@ -476,6 +483,29 @@ def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
     return ShardedCorpus(dir=train[0].parent, train=train_info, val=val_info, tokenizer=tok, meta=meta)
 
 
+def _with_val_fraction(
+    cfg: HFDataConfig, source: Source, tok: Tokenizer | None, say: Callable[[str], None]
+) -> HFDataConfig:
+    """`cfg` with `val_fraction: null` resolved for this corpus: a first pass counts the characters of
+    the documents that will be read (stopping once the minimum share is proven enough, so a big corpus
+    costs a bounded read), then `auto_val_fraction`. The shards' key keeps null: a valid cache is reused
+    without this pass, and the same source always resolves to the same fraction."""
+    if cfg.val_fraction is not None:
+        return cfg
+    per_token = 1.0 if tok is None else float(CHARS_PER_BPE_TOKEN)
+    limit = chars_to_decide(per_token)
+    if cfg.max_tokens is not None:  # only a prefix is read
+        limit = min(limit, int(cfg.max_tokens * per_token) + 1)
+    chars = 0
+    for texts in iter_texts(source):
+        chars += sum(len(t) for t in texts if isinstance(t, str))
+        if chars >= limit:
+            break
+    fraction = auto_val_fraction(chars, per_token)
+    say(f"data.val_fraction=null: {fraction:.4g} of the documents held out ({chars:,} characters read)")
+    return dataclasses.replace(cfg, val_fraction=fraction)
+
+
 def _scan_chars(source: Source, cfg: HFDataConfig) -> str:
     """First pass for the char tokenizer: the distinct characters of every document that will be read."""
     seen: set[str] = {CHAR_EOT}
@@ -596,6 +626,7 @@ def _tokenize_into_shards(
     returns it. `tok` None: the char tokenizer of the documents' characters."""
     t0 = time.perf_counter()
     state = _resume_state(out, key, say)
+    cfg = _with_val_fraction(cfg, source, tok, say)
     if tok is None:
         tok = CharTokenizer(state["chars"] if state else _scan_chars(source, cfg))
     dtype = token_dtype(tok.vocab_size, cfg.dtype)

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from mini_gpt.data.shard_format import ShardInfo, open_shard, token_file
-from mini_gpt.data.split import GOLDEN_GAMMA, splitmix64
+from mini_gpt.data.split import AUTO_VAL_TOKENS, GOLDEN_GAMMA, splitmix64
 from mini_gpt.data.text import check_split_length
 from mini_gpt.errors import MiniGPTError
 
@@ -242,11 +242,9 @@ def _evenly(n: int, most: int | None) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, most).round().astype(np.int64))
 
 
-# `loader.val_windows: auto`: about this many target tokens per evaluation, so the cost of a validation is
+# `loader.val_windows: auto`: AUTO_VAL_TOKENS target tokens per evaluation, so the cost of a validation is
 # bounded on any corpus (nanoGPT estimates on 200 batches for the same reason). At block_size 64 that is
 # 2,048 windows: tiny Shakespeare's whole val split (1,742 windows of its 111,540 characters) still counts.
-AUTO_VAL_TOKENS = 131_072
-VAL_WINDOW_WORDS = ("auto", "all")
 
 
 def val_window_count(setting: int | str | None, block_size: int) -> int | None:
