@@ -22,7 +22,7 @@ register_resolvers()
 # Hydra names the job after this module ("train"): runs go to outputs/train/runs/..., as from train.py.
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def train_app(cfg: DictConfig) -> float | None:
-    from mini_gpt.train.callbacks import NonFiniteLossError
+    from mini_gpt.train.callbacks import EXIT_PREEMPTED, NonFiniteLossError, Preempted
     from mini_gpt.train.resume import resumed_config
     from mini_gpt.train.run import hydra_trial, run_directory, sweep_objective, train
 
@@ -37,6 +37,9 @@ def train_app(cfg: DictConfig) -> float | None:
                 file=sys.stderr,
             )
             sys.exit(130)
+        except Preempted as stop:  # SIGTERM / SIGUSR1: last.ckpt saved, summary.json says preempted
+            print(stop, file=sys.stderr)
+            sys.exit(EXIT_PREEMPTED)
         except MiniGPTError as err:  # bad user input or a NaN stop: one line, no traceback
             print(f"error: {err}", file=sys.stderr)
             if not in_sweep:

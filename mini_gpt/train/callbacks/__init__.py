@@ -20,21 +20,25 @@ from mini_gpt.train.callbacks.monitoring import (
     measure_cpu_matmul_flops,
     peak_flops,
 )
+from mini_gpt.train.callbacks.preemption import EXIT_PREEMPTED, Preempted, SaveOnPreemption
 from mini_gpt.train.callbacks.progress import ProgressBar
 from mini_gpt.train.callbacks.samples import SampleText
 from mini_gpt.train.callbacks.summary import RunSummary, ValidateAtEnd
 
 __all__ = [
+    "EXIT_PREEMPTED",
     "AtomicCheckpointIO",
     "AttentionMaps",
     "EvalCheckpoint",
     "EvaluateCallback",
     "NaNGuard",
     "NonFiniteLossError",
+    "Preempted",
     "ProgressBar",
     "RunSummary",
     "SampleText",
     "SaveOnInterrupt",
+    "SaveOnPreemption",
     "Throughput",
     "ValidateAtEnd",
     "measure_cpu_matmul_flops",

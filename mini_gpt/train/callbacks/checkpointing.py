@@ -31,6 +31,7 @@ __all__ = [
     "SaveOnInterrupt",
     "last_checkpoint_path",
     "resume_command",
+    "save_last_now",
 ]
 
 
@@ -135,6 +136,29 @@ def resume_command(ckpt: Path) -> str:
     return shlex.join([*program, f"ckpt_path={Path(ckpt).resolve()}"])
 
 
+def save_last_now(trainer: L.Trainer, pl_module: L.LightningModule, why: str) -> Path | None:
+    """Write last.ckpt at the current step (between two optimizer steps, so resuming is exact) and print
+    `<why> at step N: saved PATH` + the resume command; None (nothing written) without a checkpoint
+    callback or after a NaN/inf loss. Every rank calls it; the strategy writes on rank 0's behalf."""
+    path = last_checkpoint_path(trainer)
+    if path is None or pl_module.saw_nonfinite_loss():
+        return None
+    # The one use of a Trainer private (Lightning 2.6.6). The public trainer.save_checkpoint ends at
+    # a barrier, and a rank interrupted alone must not wait there for the others; no public call
+    # returns the checkpoint dict, so it is dumped here and written by the strategy (public).
+    checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    trainer.strategy.save_checkpoint(checkpoint, path)
+    if isinstance(trainer.checkpoint_callback, ModelCheckpoint):  # what summary.json reports
+        trainer.checkpoint_callback.last_model_path = str(path)
+    if trainer.is_global_zero:
+        print(
+            f"{why} at step {trainer.global_step}: saved {path}\nresume with: {resume_command(path)}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return path
+
+
 class SaveOnInterrupt(StepCallback):
     """First Ctrl-C (SIGINT): finish the current optimizer step, save last.ckpt, exit. A second
     Ctrl-C interrupts at once. Saving between steps keeps the checkpoint consistent, so resuming from
@@ -162,25 +186,8 @@ class SaveOnInterrupt(StepCallback):
             self._previous = None
 
     def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Path | None:
-        path = last_checkpoint_path(trainer)
-        if path is None or pl_module.saw_nonfinite_loss():
-            return None
-        # The one use of a Trainer private (Lightning 2.6.6). The public trainer.save_checkpoint ends at
-        # a barrier, and a rank interrupted alone must not wait there for the others; no public call
-        # returns the checkpoint dict, so it is dumped here and written by the strategy (public).
-        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
-        trainer.strategy.save_checkpoint(checkpoint, path)
-        self.saved_path = path
-        if isinstance(trainer.checkpoint_callback, ModelCheckpoint):  # what summary.json reports
-            trainer.checkpoint_callback.last_model_path = str(path)
-        if trainer.is_global_zero:
-            print(
-                f"interrupted at step {trainer.global_step}: saved {path}\n"
-                f"resume with: {resume_command(path)}",
-                file=sys.stderr,
-                flush=True,
-            )
-        return path
+        self.saved_path = save_last_now(trainer, pl_module, "interrupted")
+        return self.saved_path
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.requested:

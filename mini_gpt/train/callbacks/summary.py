@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from mini_gpt.files import write_json_atomic
 from mini_gpt.train.callbacks.monitoring import NonFiniteLossError, Throughput
+from mini_gpt.train.callbacks.preemption import Preempted
 
 __all__ = ["RunSummary", "ValidateAtEnd", "process_start_time"]
 
@@ -37,7 +38,8 @@ class RunSummary(Callback):
     It only reads the run's numbers: the val curve and tokens per step from the module (`pl_module.stats`),
     tokens/s from the Throughput callback (None without one), checkpoint paths from the checkpoint
     callback (listed after SaveOnInterrupt, it sees a Ctrl-C save). `status`: completed, interrupted,
-    nonfinite (NaN guard) or failed. Times count from `start` (unix time; default: process start).
+    preempted (SIGTERM / SIGUSR1), nonfinite (NaN guard) or failed. Times count from `start` (unix
+    time; default: process start).
     """
 
     def __init__(self, path: str | Path, start: float | None = None) -> None:
@@ -51,8 +53,14 @@ class RunSummary(Callback):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
-        self.write(trainer, pl_module, "nonfinite" if isinstance(exception, NonFiniteLossError) else status)
+        status = "failed"
+        if isinstance(exception, KeyboardInterrupt):
+            status = "interrupted"
+        elif isinstance(exception, Preempted):
+            status = "preempted"
+        elif isinstance(exception, NonFiniteLossError):
+            status = "nonfinite"
+        self.write(trainer, pl_module, status)
 
     @rank_zero_only
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule, status: str) -> None:
