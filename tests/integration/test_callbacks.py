@@ -177,6 +177,41 @@ def test_sigint_saves_last_checkpoint_between_steps(
     )
 
 
+def test_sigusr1_under_slurm_saves_at_a_step_and_requeues(
+    tmp_path: Path, dm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SLURM's warning signal: the step finishes, last.ckpt and Lightning's hpc checkpoint (what the
+    requeued job resumes from) hold it, and `scontrol requeue <job>` is called."""
+    from helpers import signal_at_step
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from mini_gpt.train.callbacks import Preempted, SaveOnPreemption
+
+    calls = tmp_path / "scontrol.args"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {calls}\n')
+    (tmp_path / "bin" / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    for key, value in {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    trainer = _trainer(
+        tmp_path,
+        [signal_at_step(3, signal.SIGUSR1), SaveOnPreemption()],
+        plugins=[SLURMEnvironment(auto_requeue=True)],
+        default_root_dir=tmp_path,
+        val_check_interval=100,
+    )
+    with pytest.raises(
+        Preempted, match=r"stopped after step 3, last.ckpt saved .*; SLURM job 4242 requeued$"
+    ):
+        trainer.fit(_module(dm), datamodule=dm)
+    assert _ckpt_step(tmp_path / "ckpt" / "last.ckpt") == 3
+    assert _ckpt_step(tmp_path / "hpc_ckpt_1.ckpt") == 3
+    assert calls.read_text().split() == ["requeue", "4242"]
+    assert signal.getsignal(signal.SIGUSR1) is not None  # handlers given back (Lightning's teardown)
+
+
 def test_throughput_logs_tokens_per_sec_and_mfu(tmp_path: Path, dm: Any) -> None:
     peak = 1e10
     throughput = Throughput(peak_flops=peak)

@@ -34,7 +34,8 @@ class Preempted(Exception):
 
 def _slurm_requeue_signal(trainer: L.Trainer) -> int | None:
     """The signal on which Lightning's SLURM environment requeues the job (None: no auto-requeue)."""
-    env = getattr(trainer.strategy, "cluster_environment", None)
+    # Where Lightning's own signal connector looks (2.6.6): single-device strategies have no environment.
+    env = trainer._accelerator_connector.cluster_environment
     if isinstance(env, SLURMEnvironment) and env.auto_requeue:
         return int(env.requeue_signal or signal.SIGUSR1)
     return None
