@@ -29,7 +29,14 @@ from typing import Any
 import numpy as np
 
 from mini_gpt.data.config import HFDataConfig, ShardsDataConfig, token_dtype
-from mini_gpt.data.preparation import TokenizeProgress, log_to_stderr, preparation_lock, tokenizer_key
+from mini_gpt.data.preparation import (
+    WRITE_ERRNOS,
+    TokenizeProgress,
+    log_to_stderr,
+    preparation_lock,
+    tokenizer_key,
+    unwritable,
+)
 from mini_gpt.data.shard_format import ShardInfo, ShardWriter, read_header
 from mini_gpt.data.sources import Source, glob_files, is_local, iter_texts, open_source
 from mini_gpt.data.split import (
@@ -439,7 +446,15 @@ def prepare_shards(
         with preparation_lock(out, out.name, say):
             meta = _valid_meta(out, key)  # another process may have finished it while we waited
             if meta is None:
-                meta = _tokenize_into_shards(cfg, source, tok, out, key, progress, say)
+                try:
+                    meta = _tokenize_into_shards(cfg, source, tok, out, key, progress, say)
+                except OSError as err:  # writing the shards: disk full, read-only, permissions
+                    if err.errno not in WRITE_ERRNOS or not str(err.filename or out).startswith(str(out)):
+                        raise
+                    # the complete shards stay for resuming; with max_tokens the size is known
+                    itemsize = 4 if (tok is not None and tok.vocab_size > 65535) else 2
+                    needed = cfg.max_tokens * itemsize if cfg.max_tokens else None
+                    raise unwritable(out, err, needed) from None
     return _sharded_corpus(out, meta, tok)
 
 

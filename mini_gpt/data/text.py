@@ -394,6 +394,10 @@ def _tokenize_corpus(
                 os.fsync(fh.fileno())
         os.replace(tmp["train"], out_dir / "train.bin")
         os.replace(tmp["val"], out_dir / "val.bin")
+    except OSError as err:  # a full disk: what the token files take at most (a token per byte or fewer)
+        if err.errno in WRITE_ERRNOS and err.filename not in {str(f) for f in files}:
+            raise unwritable(out_dir, err, total_bytes * np.dtype(dtype).itemsize) from None
+        raise
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)

@@ -465,7 +465,28 @@ def test_checkpoint_survives_a_hard_kill_while_the_next_is_written(tmp_path: Pat
     assert not left.exists() and live.exists() and other.exists()
 
 
-def test_full_disk_while_writing_a_checkpoint_is_one_line(tmp_path: Path, monkeypatch) -> None:
+class _FullAfter:
+    """A file whose disk fills up after `room` bytes: the next write raises ENOSPC (as on a tmpfs)."""
+
+    def __init__(self, fh: Any, room: int) -> None:
+        self.fh, self.room = fh, room
+
+    def write(self, data: bytes) -> int:
+        import errno
+
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+@pytest.mark.parametrize("full_at", ["first byte", "inside a tensor", "near the end", "fsync"])
+def test_full_disk_while_writing_a_checkpoint_is_one_line(tmp_path: Path, monkeypatch, full_at: str) -> None:
+    """ENOSPC anywhere in the write (torch's zip writer turns it into RuntimeError 'unexpected pos'):
+    one line naming the file and the bytes it needs, the previous checkpoint intact, no temporary."""
     import errno
 
     import mini_gpt.train.callbacks.checkpointing as checkpointing
@@ -473,18 +494,49 @@ def test_full_disk_while_writing_a_checkpoint_is_one_line(tmp_path: Path, monkey
     io = checkpointing.AtomicCheckpointIO()
     path = tmp_path / "last.ckpt"
     io.save_checkpoint({"step": 1}, path)
+    state = {"step": 2, "w": torch.ones(100_000)}  # 400,000 bytes of tensor data
+    real_save = torch.save
+    if full_at == "fsync":
 
-    def full(_fd: int) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
+        def full(_fd: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpointing.os, "fsync", full)
+        monkeypatch.setattr(checkpointing.os, "fsync", full)
+    else:
+        room = {"first byte": 0, "inside a tensor": 200_000, "near the end": 400_500}[full_at]
+        monkeypatch.setattr(torch, "save", lambda obj, fh: real_save(obj, _FullAfter(fh, room)))
     with pytest.raises(MiniGPTError) as info:
-        io.save_checkpoint({"step": 2}, path)
+        io.save_checkpoint(state, path)
     msg = str(info.value)
-    assert msg.startswith(f"cannot write checkpoint {path} (No space left on device)")
-    assert "the previous one is unchanged" in msg and "paths.run_dir" in msg and "\n" not in msg
+    assert msg.startswith(f"cannot write checkpoint {path} (No space left on device; needs ~400,000 bytes, ")
+    assert " free there); the previous one is unchanged" in msg and "paths.run_dir" in msg and "\n" not in msg
     assert torch.load(path, weights_only=True) == {"step": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary file left
+
+
+def test_zip_writer_failures_without_an_os_error_and_other_runtime_errors(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A write failure torch reports alone (no OSError behind it) still names the bytes; a RuntimeError
+    that is not about writing stays what it is."""
+    import mini_gpt.train.callbacks.checkpointing as checkpointing
+
+    io, path = checkpointing.AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    for raised in ("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598", "cannot pickle"):
+
+        def broken(obj: Any, fh: Any, raised: str = raised) -> None:
+            raise RuntimeError(raised)
+
+        monkeypatch.setattr(torch, "save", broken)
+        expected = MiniGPTError if "unexpected pos" in raised else RuntimeError
+        with pytest.raises(expected) as info:
+            io.save_checkpoint({"w": torch.ones(10)}, path)
+        assert list(tmp_path.iterdir()) == []
+        if expected is MiniGPTError:
+            assert str(info.value).startswith(
+                f"cannot write checkpoint {path} (the write failed: is the disk full?; needs ~40 bytes, "
+            )
+    assert "cannot pickle" in str(info.value)
 
 
 def test_unreadable_checkpoint_is_one_line(tmp_path: Path) -> None:

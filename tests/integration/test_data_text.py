@@ -464,6 +464,7 @@ def test_another_process_temp_files_are_left_alone(tmp_path: Path) -> None:
         (errno.EROFS, "Read-only file system", "mkdir"),
         (errno.EACCES, "Permission denied", "mkdir"),
         (errno.ENOSPC, "No space left on device", "fsync"),
+        (errno.ENOSPC, "No space left on device", "write"),
     ],
 )
 def test_unwritable_cache_is_one_line(tmp_path: Path, monkeypatch, failure) -> None:
@@ -476,6 +477,24 @@ def test_unwritable_cache_is_one_line(tmp_path: Path, monkeypatch, failure) -> N
     cfg = DataConfig(data_dir=str(tmp_path / "d"))
     if where == "mkdir":
         monkeypatch.setattr(Path, "mkdir", fail)
+    elif where == "write":  # the disk fills up after 100,000 bytes of train.bin
+        real = data._write_token_files
+
+        class Full:
+            def __init__(self, fh, room: int) -> None:
+                self.fh, self.room = fh, room
+
+            def write(self, b: bytes) -> int:
+                if len(b) > self.room:
+                    fail()
+                self.room -= len(b)
+                return self.fh.write(b)
+
+        monkeypatch.setattr(
+            data,
+            "_write_token_files",
+            lambda p, e, eot, outs, *a: real(p, e, eot, [Full(outs[0], 100_000), outs[1]], *a),
+        )
     else:
         monkeypatch.setattr(data.os, "fsync", fail)
     with pytest.raises(MiniGPTError) as info:
@@ -483,8 +502,10 @@ def test_unwritable_cache_is_one_line(tmp_path: Path, monkeypatch, failure) -> N
     msg = str(info.value)
     assert "\n" not in msg and reason in msg and "data.data_dir" in msg
     assert msg.startswith(f"cannot write the token cache in {tmp_path / 'd' / 'shakespeare_char'}")
+    if code == errno.ENOSPC:  # the bytes the files take at most: 1,115,394 characters x uint16
+        assert f"({reason}; needs up to 2,230,788 bytes, " in msg and " free there)" in msg
     monkeypatch.undo()
-    if where == "fsync":  # nothing half-written: no temporary files, no meta.json claiming a cache
+    if where in ("fsync", "write"):  # nothing half-written: no temporary files, no meta.json claiming a cache
         assert list((tmp_path / "d" / "shakespeare_char").glob(".*.tmp")) == []
         assert not (tmp_path / "d" / "shakespeare_char" / "meta.json").exists()
     assert prepare_data(cfg, progress=False).train_tokens == 1_003_854  # fine once writable again

@@ -5,6 +5,7 @@ and one saved on Ctrl-C between two optimizer steps (`SaveOnInterrupt`). The two
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import shutil
@@ -21,7 +22,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.files import atomic_write
+from mini_gpt.files import atomic_write, space_note
 from mini_gpt.interop.checkpoint import unreadable_checkpoint
 from mini_gpt.train.callbacks.base import StepCallback
 
@@ -60,10 +61,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             with atomic_write(path, "wb") as fh:
                 torch.save(checkpoint, fh)
             _fsync_dir(path.parent)
-        except OSError as err:
+        except (OSError, RuntimeError) as err:
+            # torch's zip writer reports a full disk as RuntimeError ("... unexpected pos" or "file write
+            # failed"), not OSError; any other RuntimeError is not about writing.
+            if isinstance(err, RuntimeError):
+                if not any(m in str(err) for m in _ZIP_WRITE_FAILURES):
+                    raise
+                # the OSError of the file's write, when Python raised it inside torch's writer
+                err = err.__context__ if isinstance(err.__context__, OSError) else err
+            if isinstance(err, OSError) and err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                reason = err.strerror or str(err)
+            else:
+                what = err.strerror if isinstance(err, OSError) else "the write failed: is the disk full?"
+                reason = f"{what}; {space_note(path.parent, _state_bytes(checkpoint))}"
             kept = "the previous one is unchanged" if path.exists() else "nothing was written"
             raise MiniGPTError(
-                f"cannot write checkpoint {path} ({err.strerror or err}); {kept}; free some space or set "
+                f"cannot write checkpoint {path} ({reason}); {kept}; free some space or set "
                 "paths.run_dir (or callbacks.model_checkpoint.dirpath) to a writable directory"
             ) from None
 
@@ -76,6 +89,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise
         except Exception as err:  # truncated, corrupt, not a checkpoint: the message generate/export give
             raise unreadable_checkpoint(path, err) from None
+
+
+# What torch's zip writer (inline_container.cc) raises when a write fails, e.g. on a full disk.
+_ZIP_WRITE_FAILURES = ("unexpected pos", "file write failed")
+
+
+def _state_bytes(obj: Any) -> int:
+    """The bytes of the tensors in a checkpoint dict: about its size on disk."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_state_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_state_bytes(v) for v in obj)
+    return 0
 
 
 def _remove_stale_temporaries(directory: Path) -> None:
