@@ -22,7 +22,7 @@ register_resolvers()
 # Hydra names the job after this module ("train"): runs go to outputs/train/runs/..., as from train.py.
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def train_app(cfg: DictConfig) -> float | None:
-    from mini_gpt.train.callbacks import EXIT_PREEMPTED, NonFiniteLossError, Preempted
+    from mini_gpt.train.callbacks import EXIT_PREEMPTED, DivergedError, NonFiniteLossError, Preempted
     from mini_gpt.train.resume import resumed_config
     from mini_gpt.train.run import hydra_trial, run_directory, sweep_objective, train
 
@@ -44,7 +44,7 @@ def train_app(cfg: DictConfig) -> float | None:
             print(f"error: {err}", file=sys.stderr)
             if not in_sweep:
                 sys.exit(2)
-            if isinstance(err, NonFiniteLossError):
+            if isinstance(err, NonFiniteLossError | DivergedError):
                 return math.inf  # a diverged trial: worst value, so the sampler learns to avoid it
             raise  # the sweeper records a failed trial and goes on (sys.exit would end the whole sweep)
     return sweep_objective(result.best_val_loss) if in_sweep else result.best_val_loss

@@ -143,6 +143,55 @@ def test_without_guard_nan_would_be_checkpointed(tmp_path: Path, dm: Any) -> Non
     assert not all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
 
 
+def test_a_finite_explosion_stops_as_diverged_and_keeps_the_last_good_checkpoint(
+    tmp_path: Path, dm: Any
+) -> None:
+    """Muon at lr=1e4 explodes to a huge but finite loss (the NaN guard sees nothing): the run stops with
+    one line, summary.json says diverged, and last.ckpt is the last good evaluation's."""
+    from mini_gpt.train.callbacks import DivergedError, DivergenceGuard
+
+    module = _module(dm)
+    # warming up towards lr=100: healthy for a few steps, then a loss in the hundreds, never NaN
+    module.optim_config = OptimConfig(name="muon", lr=1e2, warmup_steps=1000)
+    summary = RunSummary(tmp_path / "summary.json")
+    trainer = _trainer(tmp_path, [NaNGuard(1), DivergenceGuard(), summary], max_steps=40)
+    with pytest.raises(DivergedError) as info:
+        trainer.fit(module, datamodule=dm)
+    msg = str(info.value)
+    limit = 3 * math.log(65)
+    assert "\n" not in msg and msg.startswith("training diverged by step ")
+    assert f"> 3 x ln(vocab) = {limit:.2f}" in msg and "lower optim.lr" in msg
+    assert f"last good checkpoint: {tmp_path / 'ckpt' / 'last.ckpt'}" in msg
+    losses = [loss for _, loss in module.stats.train_history]
+    assert all(math.isfinite(x) for x in losses) and max(losses) > 3 * limit  # the NaN guard saw nothing
+    assert summary.summary is not None and summary.summary["status"] == "diverged"
+    good = [step for step, _, val in module.stats.val_history if val <= limit]
+    assert good and _ckpt_step(tmp_path / "ckpt" / "last.ckpt") == good[-1]  # never a diverged state
+
+
+def test_divergence_guard_rule() -> None:
+    from mini_gpt.train.callbacks import DivergedError, DivergenceGuard
+
+    guard = DivergenceGuard(factor=3.0, patience=3)
+    limit = 3 * math.log(65)
+    module = SimpleNamespace(
+        tokenizer=SimpleNamespace(vocab_size=65), stats=SimpleNamespace(train_history=[])
+    )
+    trainer = SimpleNamespace(global_step=9, gradient_clip_val=1.0, checkpoint_callback=None)
+    for history in (
+        [(1, 4.2), (2, 50.0), (3, 3.9)],
+        [(1, 99.0), (2, 99.0)],
+        [(1, 1e9), (2, limit), (3, 1e9)],
+    ):
+        module.stats.train_history = history  # one spike, too few, one at the limit: healthy
+        guard.on_optimizer_step(trainer, module)  # type: ignore[arg-type]
+    module.stats.train_history = [(1, 4.0), (2, limit + 0.01), (3, 6e7), (4, 1e3)]
+    with pytest.raises(DivergedError, match=r"train loss 12.53, 6e\+07, 1000 at 3 log steps in a row"):
+        guard.on_optimizer_step(trainer, module)  # type: ignore[arg-type]
+    with pytest.raises(MiniGPTError, match="factor"):
+        DivergenceGuard(factor=1.0)
+
+
 def test_sigint_saves_last_checkpoint_between_steps(
     tmp_path: Path, dm: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -14,6 +14,8 @@ from mini_gpt.train.callbacks.checkpointing import (
 )
 from mini_gpt.train.callbacks.evaluate import EvaluateCallback
 from mini_gpt.train.callbacks.monitoring import (
+    DivergedError,
+    DivergenceGuard,
     NaNGuard,
     NonFiniteLossError,
     Throughput,
@@ -29,6 +31,8 @@ __all__ = [
     "EXIT_PREEMPTED",
     "AtomicCheckpointIO",
     "AttentionMaps",
+    "DivergedError",
+    "DivergenceGuard",
     "EvalCheckpoint",
     "EvaluateCallback",
     "NaNGuard",

@@ -5,6 +5,7 @@ Both read the device only at log intervals or at events that sync anyway (valida
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,8 @@ from mini_gpt.train.callbacks.base import StepCallback
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
 
 __all__ = [
+    "DivergedError",
+    "DivergenceGuard",
     "NaNGuard",
     "NonFiniteLossError",
     "Throughput",
@@ -76,6 +79,55 @@ class NaNGuard(StepCallback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
             self.check(trainer, pl_module)
+
+
+class DivergedError(MiniGPTError):
+    """The loss exploded while staying finite; raised (so nothing more is saved) by DivergenceGuard."""
+
+
+class DivergenceGuard(StepCallback):
+    """Stops a run whose loss exploded but stayed finite (Muon at lr=1e4 reaches ~6e7 where AdamW goes
+    NaN) like the NaN guard does: one line, summary.json status `diverged`, last.ckpt left the last good
+    one. The yardstick is ln(vocabulary), what a uniform guess scores and about where a fresh model starts:
+    a run has diverged when a val loss exceeds `factor` x ln V (an average over many tokens: no noise),
+    or the logged train loss does for `patience` log intervals in a row (a single spike is forgiven). A
+    healthy run never comes near: it starts at ~ln V and only goes down; a fine-tune starts below it. It
+    reads only the losses the module already logged (host floats): no device sync of its own."""
+
+    def __init__(self, factor: float = 3.0, patience: int = 3) -> None:
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 1:
+            raise MiniGPTError(f"callbacks.divergence_guard.factor={factor!r} must be a number > 1 (e.g. 3)")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+            raise MiniGPTError(f"callbacks.divergence_guard.patience={patience!r} must be a positive integer")
+        self.factor, self.patience = float(factor), patience
+
+    def limit(self, pl_module: L.LightningModule) -> float:
+        """The loss above which the run counts as diverged: factor x ln(vocabulary size)."""
+        tokenizer = getattr(pl_module, "tokenizer", None)
+        vocab = getattr(tokenizer, "vocab_size", None) or pl_module.model.config.vocab_size
+        return self.factor * math.log(vocab)
+
+    def _stop(self, trainer: L.Trainer, pl_module: L.LightningModule, what: str) -> None:
+        last = last_checkpoint_path(trainer)
+        kept = f"last good checkpoint: {last}" if last and last.exists() else "no checkpoint was saved yet"
+        raise DivergedError(
+            f"training diverged by step {trainer.global_step}: {what} > {self.factor:g} x ln(vocab) = "
+            f"{self.limit(pl_module):.2f} (a uniform guess scores ln(vocab)); stopped without saving this "
+            f"state ({kept}); lower optim.lr"
+            + ("" if trainer.gradient_clip_val else " or set trainer.gradient_clip_val=1.0")
+        )
+
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        recent = pl_module.stats.train_history[-self.patience :]
+        limit = self.limit(pl_module)
+        if len(recent) == self.patience and all(loss > limit for _, loss in recent):
+            losses = ", ".join(f"{loss:.4g}" for _, loss in recent)
+            self._stop(trainer, pl_module, f"train loss {losses} at {self.patience} log steps in a row")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        vals = pl_module.stats.val_history
+        if not trainer.sanity_checking and vals and vals[-1][2] > self.limit(pl_module):
+            self._stop(trainer, pl_module, f"val loss {vals[-1][2]:.4g}")
 
 
 # The fp32 matmul peak assumed when the CPU probe fails (a small 2-core machine's order of magnitude).

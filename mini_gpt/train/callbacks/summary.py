@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
 from mini_gpt.files import write_json_atomic
-from mini_gpt.train.callbacks.monitoring import NonFiniteLossError, Throughput
+from mini_gpt.train.callbacks.monitoring import DivergedError, NonFiniteLossError, Throughput
 from mini_gpt.train.callbacks.preemption import Preempted
 
 __all__ = ["RunSummary", "ValidateAtEnd", "process_start_time"]
@@ -38,8 +38,8 @@ class RunSummary(Callback):
     It only reads the run's numbers: the val curve and tokens per step from the module (`pl_module.stats`),
     tokens/s from the Throughput callback (None without one), checkpoint paths from the checkpoint
     callback (listed after SaveOnInterrupt, it sees a Ctrl-C save). `status`: completed, interrupted,
-    preempted (SIGTERM / SIGUSR1), nonfinite (NaN guard) or failed. Times count from `start` (unix
-    time; default: process start).
+    preempted (SIGTERM / SIGUSR1), nonfinite (NaN guard), diverged (DivergenceGuard) or failed. Times
+    count from `start` (unix time; default: process start).
     """
 
     def __init__(self, path: str | Path, start: float | None = None) -> None:
@@ -60,6 +60,8 @@ class RunSummary(Callback):
             status = "preempted"
         elif isinstance(exception, NonFiniteLossError):
             status = "nonfinite"
+        elif isinstance(exception, DivergedError):
+            status = "diverged"
         self.write(trainer, pl_module, status)
 
     @rank_zero_only
