@@ -265,6 +265,42 @@ def test_non_utf8_bytes_replaced_and_counted(tmp_path: Path) -> None:
     assert "é" in prep.tokenizer.to_dict()["chars"] and "\ufffd" in prep.tokenizer.to_dict()["chars"]
 
 
+@pytest.mark.parametrize("kind", ["random bytes", "random bytes without NUL", "utf-16", "nul after text"])
+def test_a_file_that_is_not_text_is_refused_with_one_line(tmp_path: Path, kind: str) -> None:
+    """3,000 random bytes trained before (val loss 10.8 on replacement characters); now refused, whether
+    a NUL byte gives it away or only its share of invalid UTF-8. Nothing is left in the cache."""
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 256, 3000, dtype=np.uint8).tobytes()
+    data = {
+        "random bytes": noise,
+        "random bytes without NUL": noise.replace(b"\0", b"\x01"),
+        "utf-16": "To be, or not to be\n".encode("utf-16") * 50,
+        "nul after text": b"plain text\n" * 100 + b"\0",
+    }[kind]
+    src = tmp_path / "input.bin"
+    src.write_bytes(data)
+    cfg = DataConfig(name="text", path=str(src), tokenizer="char", data_dir=str(tmp_path / "d"))
+    with pytest.raises(MiniGPTError) as info:
+        prepare_data(cfg, progress=False)
+    msg = str(info.value)
+    assert "\n" not in msg and "is not UTF-8 text" in msg and "data.path" in msg
+    if kind == "random bytes without NUL":
+        assert msg.startswith(f"data.path={src} is not UTF-8 text: ") and "of its 3,000 bytes" in msg
+    else:
+        assert msg.startswith(f"{src} is not UTF-8 text (it holds NUL bytes")
+    assert [p.name for p in (tmp_path / "d").rglob("*") if p.is_file() and p.name != ".prepare.lock"] == []
+
+
+def test_latin1_text_is_still_taken_with_a_warning(tmp_path: Path) -> None:
+    src = tmp_path / "fr.txt"
+    src.write_bytes(
+        "Où allons-nous ce soir? Je ne sais pas, mais allons-y ensemble.\n".encode("latin-1") * 40
+    )
+    cfg = DataConfig(name="text", path=str(src), tokenizer="char", data_dir=str(tmp_path / "d"))
+    with pytest.warns(UnicodeWarning, match="40 byte"):  # one accent a line: 1.6% of the bytes
+        assert prepare_data(cfg, progress=False).train_tokens > 0
+
+
 @pytest.mark.parametrize("kind", ["missing", "empty_file", "empty_dir", "dir_of_empty_files", "bad_glob"])
 def test_bad_paths(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "in"
