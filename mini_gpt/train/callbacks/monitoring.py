@@ -86,13 +86,14 @@ class DivergedError(MiniGPTError):
 
 
 class DivergenceGuard(StepCallback):
-    """Stops a run whose loss exploded but stayed finite (Muon at lr=1e4 reaches ~6e7 where AdamW goes
+    """Stops a run whose loss exploded but stayed finite (Muon at lr=1e2 reaches ~1e5 where AdamW goes
     NaN) like the NaN guard does: one line, summary.json status `diverged`, last.ckpt left the last good
     one. The yardstick is ln(vocabulary), what a uniform guess scores and about where a fresh model starts:
-    a run has diverged when a val loss exceeds `factor` x ln V (an average over many tokens: no noise),
-    or the logged train loss does for `patience` log intervals in a row (a single spike is forgiven). A
-    healthy run never comes near: it starts at ~ln V and only goes down; a fine-tune starts below it. It
-    reads only the losses the module already logged (host floats): no device sync of its own."""
+    the run has diverged when the logged train loss exceeds `factor` x ln V at `patience` log steps in a
+    row (a single spike is forgiven), or at the last log step before a validation (its checkpoint would
+    hold the exploded state). A healthy run starts near ln V and only goes down; a fine-tune starts below.
+    The val loss is no yardstick: memorising one batch (debug=overfit_batch) sends it past 3 x ln V. Reads
+    only the losses the module already logged (host floats): no device sync of its own."""
 
     def __init__(self, factor: float = 3.0, patience: int = 3) -> None:
         if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 1:
@@ -125,9 +126,10 @@ class DivergenceGuard(StepCallback):
             self._stop(trainer, pl_module, f"train loss {losses} at {self.patience} log steps in a row")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        vals = pl_module.stats.val_history
-        if not trainer.sanity_checking and vals and vals[-1][2] > self.limit(pl_module):
-            self._stop(trainer, pl_module, f"val loss {vals[-1][2]:.4g}")
+        history = pl_module.stats.train_history
+        if not trainer.sanity_checking and history and history[-1][1] > self.limit(pl_module):
+            step, loss = history[-1]
+            self._stop(trainer, pl_module, f"train loss {loss:.4g} at step {step}, before a checkpoint")
 
 
 # The fp32 matmul peak assumed when the CPU probe fails (a small 2-core machine's order of magnitude).
