@@ -24,7 +24,7 @@ register_resolvers()
 def train_app(cfg: DictConfig) -> float | None:
     from mini_gpt.train.callbacks import EXIT_PREEMPTED, DivergedError, NonFiniteLossError, Preempted
     from mini_gpt.train.resume import resumed_config
-    from mini_gpt.train.run import hydra_trial, run_directory, sweep_objective, train
+    from mini_gpt.train.run import hydra_trial, launcher_rank, run_directory, sweep_objective, train
 
     in_sweep = hydra_trial() is not None
     with run_directory(cfg.paths.run_dir, keep_unstarted=in_sweep, output_dir=cfg.paths.output_dir):
@@ -38,7 +38,8 @@ def train_app(cfg: DictConfig) -> float | None:
             )
             sys.exit(130)
         except Preempted as stop:  # SIGTERM / SIGUSR1: last.ckpt saved, summary.json says preempted
-            print(stop, file=sys.stderr)
+            if launcher_rank() == 0:  # every rank stops; one says so
+                print(stop, file=sys.stderr)
             sys.exit(EXIT_PREEMPTED)
         except MiniGPTError as err:  # bad user input or a NaN stop: one line, no traceback
             print(f"error: {err}", file=sys.stderr)
