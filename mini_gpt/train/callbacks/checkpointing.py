@@ -1,6 +1,7 @@
 """Checkpoints: written atomically (`AtomicCheckpointIO`), last.ckpt at every evaluation (`EvalCheckpoint`),
-and one saved on Ctrl-C between two optimizer steps (`SaveOnInterrupt`). The two uses of Lightning internals
-(checked on Lightning 2.6.6, the version pyproject pins) are here, each with its reason beside it.
+and one saved on Ctrl-C between two optimizer steps (`SaveOnInterrupt`), or for a preemption
+(`save_last_now`, `save_hpc_checkpoint`: preemption.py). The uses of Lightning internals (checked on
+Lightning 2.6.6, the version pyproject pins) are here, each with its reason beside it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import lightning as L
 import psutil
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -32,7 +34,9 @@ __all__ = [
     "SaveOnInterrupt",
     "last_checkpoint_path",
     "resume_command",
+    "save_hpc_checkpoint",
     "save_last_now",
+    "slurm_requeue_signal",
 ]
 
 
@@ -184,6 +188,25 @@ def save_last_now(trainer: L.Trainer, pl_module: L.LightningModule, why: str) ->
             file=sys.stderr,
             flush=True,
         )
+    return path
+
+
+def slurm_requeue_signal(trainer: L.Trainer) -> int | None:
+    """The signal on which Lightning's SLURM environment requeues the job; None without auto-requeue."""
+    # Where Lightning's own signal connector looks (2.6.6): single-device strategies have no environment.
+    env = trainer._accelerator_connector.cluster_environment
+    if isinstance(env, SLURMEnvironment) and env.auto_requeue:
+        return int(env.requeue_signal or signal.SIGUSR1)
+    return None
+
+
+def save_hpc_checkpoint(trainer: L.Trainer) -> Path:
+    """Write the current state as Lightning's `hpc_ckpt_<n>.ckpt` in the trainer's root dir: a requeued
+    SLURM job's fit resumes from the newest one there (Lightning 2.6.6's checkpoint connector: no public
+    call names the file or writes it without a barrier)."""
+    connector = trainer._checkpoint_connector
+    path = Path(connector.hpc_save_path(trainer.default_root_dir))
+    trainer.strategy.save_checkpoint(connector.dump_checkpoint(weights_only=False), path)
     return path
 
 

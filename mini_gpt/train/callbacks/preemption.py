@@ -16,10 +16,9 @@ import threading
 from typing import Any
 
 import lightning as L
-from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from mini_gpt.train.callbacks.base import StepCallback
-from mini_gpt.train.callbacks.checkpointing import save_last_now
+from mini_gpt.train.callbacks.checkpointing import save_hpc_checkpoint, save_last_now, slurm_requeue_signal
 
 __all__ = ["EXIT_PREEMPTED", "PREEMPT_SIGNALS", "Preempted", "SaveOnPreemption"]
 
@@ -30,15 +29,6 @@ EXIT_PREEMPTED = 75
 
 class Preempted(Exception):
     """Training stopped on a preemption signal after saving last.ckpt (its message: the one line)."""
-
-
-def _slurm_requeue_signal(trainer: L.Trainer) -> int | None:
-    """The signal on which Lightning's SLURM environment requeues the job (None: no auto-requeue)."""
-    # Where Lightning's own signal connector looks (2.6.6): single-device strategies have no environment.
-    env = trainer._accelerator_connector.cluster_environment
-    if isinstance(env, SLURMEnvironment) and env.auto_requeue:
-        return int(env.requeue_signal or signal.SIGUSR1)
-    return None
 
 
 def _requeue() -> str:
@@ -99,12 +89,9 @@ class SaveOnPreemption(StepCallback):
         signum = self.signum if self.signum is not None else signal.SIGTERM  # another rank's signal
         name = signal.Signals(signum).name
         path = save_last_now(trainer, pl_module, f"preempted ({name})")
-        requeue_on = _slurm_requeue_signal(trainer)
         requeued = ""
-        if requeue_on == signum and path is not None:
-            # Lightning resumes a requeued job from the newest hpc_ckpt_<n>.ckpt of its root dir.
-            hpc = trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)  # Lightning 2.6.6
-            trainer.strategy.save_checkpoint(trainer._checkpoint_connector.dump_checkpoint(), hpc)
+        if slurm_requeue_signal(trainer) == signum and path is not None:
+            save_hpc_checkpoint(trainer)  # what the requeued job's fit resumes from
             requeued = "; " + _requeue() if trainer.is_global_zero else ""
         self._restore()
         saved = "last.ckpt saved" if path else "nothing saved (no checkpoint callback, or a NaN/inf loss)"
