@@ -6,12 +6,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_write", "make_dirs", "read_json", "remove_empty", "sha256_file", "write_json_atomic"]
+__all__ = [
+    "atomic_write",
+    "make_dirs",
+    "read_json",
+    "remove_empty",
+    "sha256_file",
+    "space_note",
+    "write_json_atomic",
+]
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -56,6 +65,16 @@ def atomic_write(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
         tmp.unlink(missing_ok=True)
         remove_empty(made)
         raise
+
+
+def space_note(directory: Path, needed_bytes: int) -> str:
+    """`needs ~N bytes, M free there` for a failed write into `directory` (the free space as it is now,
+    after the failed write's temporary was removed)."""
+    try:
+        free = f"{shutil.disk_usage(directory).free:,}"
+    except OSError:
+        free = "unknown"
+    return f"needs ~{needed_bytes:,} bytes, {free} free there"
 
 
 def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:

@@ -254,3 +254,18 @@ def write_meta(path: Path, chars: str = NANOGPT_CHARS) -> Path:
     }
     path.write_bytes(pickle.dumps(meta))
     return path
+
+
+def signal_at_step(step: int, signum: int = 15) -> Any:
+    """A Lightning callback (for `+callbacks.x._target_=helpers.signal_at_step`) that sends this process
+    `signum` as optimizer step `step` (counted from 1) begins, once: a preemption at a chosen moment."""
+    import os
+
+    import lightning as L
+
+    class SignalAtStep(L.Callback):
+        def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == step - 1:
+                os.kill(os.getpid(), signum)
+
+    return SignalAtStep()

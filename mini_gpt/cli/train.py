@@ -22,9 +22,9 @@ register_resolvers()
 # Hydra names the job after this module ("train"): runs go to outputs/train/runs/..., as from train.py.
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def train_app(cfg: DictConfig) -> float | None:
-    from mini_gpt.train.callbacks import NonFiniteLossError
+    from mini_gpt.train.callbacks import EXIT_PREEMPTED, DivergedError, NonFiniteLossError, Preempted
     from mini_gpt.train.resume import resumed_config
-    from mini_gpt.train.run import hydra_trial, run_directory, sweep_objective, train
+    from mini_gpt.train.run import hydra_trial, launcher_rank, run_directory, sweep_objective, train
 
     in_sweep = hydra_trial() is not None
     with run_directory(cfg.paths.run_dir, keep_unstarted=in_sweep, output_dir=cfg.paths.output_dir):
@@ -37,11 +37,15 @@ def train_app(cfg: DictConfig) -> float | None:
                 file=sys.stderr,
             )
             sys.exit(130)
+        except Preempted as stop:  # SIGTERM / SIGUSR1: last.ckpt saved, summary.json says preempted
+            if launcher_rank() == 0:  # every rank stops; one says so
+                print(stop, file=sys.stderr)
+            sys.exit(EXIT_PREEMPTED)
         except MiniGPTError as err:  # bad user input or a NaN stop: one line, no traceback
             print(f"error: {err}", file=sys.stderr)
             if not in_sweep:
                 sys.exit(2)
-            if isinstance(err, NonFiniteLossError):
+            if isinstance(err, NonFiniteLossError | DivergedError):
                 return math.inf  # a diverged trial: worst value, so the sampler learns to avoid it
             raise  # the sweeper records a failed trial and goes on (sys.exit would end the whole sweep)
     return sweep_objective(result.best_val_loss) if in_sweep else result.best_val_loss

@@ -161,7 +161,7 @@ class HFDataConfig:
     text_field: str = "text"  # the column holding each document's text
     tokenizer: str = "gpt2"  # gpt2, any tiktoken encoding, or char
     bpe_file: str | None = None  # local .tiktoken ranks file (no network)
-    val_fraction: float = 0.001  # probability that a document is held out for validation
+    val_fraction: float | None = None  # probability that a document is held out; None = sized to the corpus
     split_seed: int = 0  # seed of the document hash that picks validation documents
     max_tokens: int | None = None  # prepare only this many train tokens (a prefix); null = everything
     shard_tokens: int = DEFAULT_SHARD_TOKENS  # tokens per train shard
@@ -182,7 +182,8 @@ class HFDataConfig:
         if not isinstance(self.split, str) or not self.split:
             raise DataConfigError(f"data.split={self.split!r} must name a split, e.g. train")
         _check_tokenizer(self.tokenizer, self.bpe_file)
-        self.val_fraction = _check_fraction(self.val_fraction, "0.001")
+        if self.val_fraction is not None:  # None: split.auto_val_fraction, when the corpus is read
+            self.val_fraction = _check_fraction(self.val_fraction, "0.001")
         check_ints(error=DataConfigError, minimum=0, **{"data.split_seed": self.split_seed})
         check_ints(error=DataConfigError, **{"data.shard_tokens": self.shard_tokens})
         if self.shard_tokens > 2**31 - 1:

@@ -22,7 +22,13 @@ from mini_gpt.data import prepare
 from mini_gpt.data.config import AnyDataConfig, DataConfig, HFDataConfig, ShardsDataConfig, data_config
 from mini_gpt.data.shard_corpus import ShardedCorpus
 from mini_gpt.data.text import PreparedData, cache_dir
-from mini_gpt.data.windows import ShardTrainBatches, TrainBatches, ValBatches, ValWindows
+from mini_gpt.data.windows import (
+    ShardTrainBatches,
+    TrainBatches,
+    ValBatches,
+    ValWindows,
+    val_window_count,
+)
 from mini_gpt.errors import MiniGPTError, check_ints
 from mini_gpt.tokenizer import Tokenizer
 
@@ -40,21 +46,21 @@ class GPTDataModule(L.LightningDataModule):
         num_workers: int = 0,
         pin_memory: bool = False,
         seed: int = 1337,
-        val_windows: int | None = None,
+        val_windows: int | str | None = "auto",
         align_to_documents: bool = False,
     ) -> None:
         super().__init__()
         self.cfg: AnyDataConfig = data_config(data)
         check_ints(block_size=block_size, batch_size=batch_size)
-        if val_windows is not None:  # null = all windows
-            check_ints(val_windows=val_windows)
         check_ints(minimum=0, num_workers=num_workers)
         self.block_size = block_size
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.seed = seed
-        self.val_windows = val_windows
+        self.val_windows = val_window_count(val_windows, block_size)  # None = all
+        self.val_estimate_tokens: int | None = None  # target tokens per evaluation (all ranks), once known
+        self.val_split_tokens: int | None = None  # tokens in the whole val split
         if not isinstance(align_to_documents, bool):
             raise MiniGPTError(f"loader.align_to_documents={align_to_documents!r} must be true or false")
         if align_to_documents and isinstance(self.cfg, DataConfig):
@@ -201,4 +207,6 @@ class GPTDataModule(L.LightningDataModule):
         """Each rank its share of the fixed windows, no padding (see windows.ValBatches)."""
         prep = self.prepared_data()
         windows = ValWindows(prep.val, self.block_size, self.val_windows)
+        self.val_estimate_tokens = len(windows) * self.block_size
+        self.val_split_tokens = sum(f.n_tokens for f in prep.val)
         return self._loader(ValBatches(windows, self.batch_size, rank=self._rank(), world=self._world()))

@@ -26,7 +26,7 @@ from rich.progress import (
 )
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.files import make_dirs, remove_empty
+from mini_gpt.files import make_dirs, remove_empty, space_note
 from mini_gpt.tokenizer import TiktokenTokenizer, Tokenizer
 
 # What writing to a full, read-only or foreign directory raises.
@@ -38,9 +38,12 @@ def log_to_stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def unwritable(where: Path, err: OSError) -> MiniGPTError:
-    """One line for a data dir we cannot write to (read-only, no permission, disk full)."""
+def unwritable(where: Path, err: OSError, needed_bytes: int | None = None) -> MiniGPTError:
+    """One line for a data dir we cannot write to (read-only, no permission, disk full); on a full disk
+    with `needed_bytes` (an upper bound of what the files take), how much that is and how much is free."""
     reason = err.strerror or type(err).__name__
+    if needed_bytes is not None and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason += f"; {space_note(where, needed_bytes).replace('needs ~', 'needs up to ')}"
     return MiniGPTError(
         f"cannot write the token cache in {where} ({reason}); free some space or point "
         "data.data_dir (or MINI_GPT_DATA_DIR) at a writable directory"

@@ -12,6 +12,7 @@ each complete train shard `.state.json` records where the next one starts: an in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -28,10 +29,23 @@ from typing import Any
 import numpy as np
 
 from mini_gpt.data.config import HFDataConfig, ShardsDataConfig, token_dtype
-from mini_gpt.data.preparation import TokenizeProgress, log_to_stderr, preparation_lock, tokenizer_key
+from mini_gpt.data.preparation import (
+    WRITE_ERRNOS,
+    TokenizeProgress,
+    log_to_stderr,
+    preparation_lock,
+    tokenizer_key,
+    unwritable,
+)
 from mini_gpt.data.shard_format import ShardInfo, ShardWriter, read_header
 from mini_gpt.data.sources import Source, glob_files, is_local, iter_texts, open_source
-from mini_gpt.data.split import SPLIT_RULE, val_mask
+from mini_gpt.data.split import (
+    CHARS_PER_BPE_TOKEN,
+    SPLIT_RULE,
+    auto_val_fraction,
+    chars_to_decide,
+    val_mask,
+)
 from mini_gpt.data.text import encoder
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import read_json, write_json_atomic
@@ -432,7 +446,15 @@ def prepare_shards(
         with preparation_lock(out, out.name, say):
             meta = _valid_meta(out, key)  # another process may have finished it while we waited
             if meta is None:
-                meta = _tokenize_into_shards(cfg, source, tok, out, key, progress, say)
+                try:
+                    meta = _tokenize_into_shards(cfg, source, tok, out, key, progress, say)
+                except OSError as err:  # writing the shards: disk full, read-only, permissions
+                    if err.errno not in WRITE_ERRNOS or not str(err.filename or out).startswith(str(out)):
+                        raise
+                    # the complete shards stay for resuming; with max_tokens the size is known
+                    itemsize = 4 if (tok is not None and tok.vocab_size > 65535) else 2
+                    needed = cfg.max_tokens * itemsize if cfg.max_tokens else None
+                    raise unwritable(out, err, needed) from None
     return _sharded_corpus(out, meta, tok)
 
 
@@ -488,6 +510,29 @@ def _check_same_tokenizer(tok: Tokenizer, meta: dict[str, Any], where: Path) -> 
             f"the shards in {where} were written by {theirs!r}, not by data.tokenizer's {tok!r}; drop "
             "data.tokenizer (the one in their meta.json is used) or prepare the shards with this tokenizer"
         )
+
+
+def _with_val_fraction(
+    cfg: HFDataConfig, source: Source, tok: Tokenizer | None, say: Callable[[str], None]
+) -> HFDataConfig:
+    """`cfg` with `val_fraction: null` resolved for this corpus: a first pass counts the characters of
+    the documents that will be read (stopping once the minimum share is proven enough, so a big corpus
+    costs a bounded read), then `auto_val_fraction`. The shards' key keeps null: a valid cache is reused
+    without this pass, and the same source always resolves to the same fraction."""
+    if cfg.val_fraction is not None:
+        return cfg
+    per_token = 1.0 if tok is None else float(CHARS_PER_BPE_TOKEN)
+    limit = chars_to_decide(per_token)
+    if cfg.max_tokens is not None:  # only a prefix is read
+        limit = min(limit, int(cfg.max_tokens * per_token) + 1)
+    chars = 0
+    for texts in iter_texts(source):
+        chars += sum(len(t) for t in texts if isinstance(t, str))
+        if chars >= limit:
+            break
+    fraction = auto_val_fraction(chars, per_token)
+    say(f"data.val_fraction=null: {fraction:.4g} of the documents held out ({chars:,} characters read)")
+    return dataclasses.replace(cfg, val_fraction=fraction)
 
 
 def _scan_chars(source: Source, cfg: HFDataConfig) -> str:
@@ -610,6 +655,7 @@ def _tokenize_into_shards(
     returns it. `tok` None: the char tokenizer of the documents' characters."""
     t0 = time.perf_counter()
     state = _resume_state(out, key, say)
+    cfg = _with_val_fraction(cfg, source, tok, say)
     if tok is None:
         tok = CharTokenizer(state["chars"] if state else _scan_chars(source, cfg))
     dtype = token_dtype(tok.vocab_size, cfg.dtype)

@@ -1,6 +1,7 @@
 """The validation split of `data=hf` documents: a seeded hash of the document's index decides, so the
-split is the same whatever the batching, `num_proc` or `max_tokens` (shard_corpus.py). splitmix64 also
-seeds the window order of the shard train stream (windows.py)."""
+split is the same whatever the batching, `num_proc` or `max_tokens` (shard_corpus.py); `val_fraction:
+null` sizes it to the corpus (`auto_val_fraction`). splitmix64 also seeds the window order of the shard
+train stream (windows.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,27 @@ SPLIT_RULE = (
     "document i is validation when "
     "splitmix64(i + (split_seed + 1) * 0x9E3779B97F4A7C15) / 2**64 < val_fraction"
 )
+
+
+# `loader.val_windows: auto` estimates val loss on about this many tokens (windows.py), and an automatic
+# split aims to hold them.
+AUTO_VAL_TOKENS = 131_072
+# The automatic share of documents held out: at least the old default (a big corpus keeps ~0.1% of its
+# documents, already far more than the estimate reads), at most a tenth (a small corpus trains on 90%).
+AUTO_VAL_FRACTION_MIN, AUTO_VAL_FRACTION_MAX = 0.001, 0.1
+CHARS_PER_BPE_TOKEN = 4  # English text under GPT-2-like BPE; fewer in other text: more val tokens, not less
+
+
+def auto_val_fraction(corpus_chars: int, chars_per_token: float) -> float:
+    """The validation share of documents for a corpus of `corpus_chars` characters (those read, counted
+    up to what proves the minimum share enough): enough for AUTO_VAL_TOKENS, within the bounds above."""
+    wanted = AUTO_VAL_TOKENS * chars_per_token / max(corpus_chars, 1)
+    return min(AUTO_VAL_FRACTION_MAX, max(AUTO_VAL_FRACTION_MIN, wanted))
+
+
+def chars_to_decide(chars_per_token: float) -> int:
+    """Characters after which a corpus is big enough for the minimum share: counting can stop there."""
+    return int(AUTO_VAL_TOKENS * chars_per_token / AUTO_VAL_FRACTION_MIN) + 1
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:

@@ -40,6 +40,11 @@ from mini_gpt.tokenizer import (
 
 FORMAT_VERSION = 1
 PIECE_CHARS = 1 << 20  # characters per encoded piece: big enough to amortise calls, small for memory
+# Not text: a NUL byte in a file's first SNIFF_BYTES (binaries, UTF-16), or more than this share of the
+# corpus's bytes invalid UTF-8 (random or compressed data: ~half; a Latin-1 text: a few percent, kept
+# with a warning).
+SNIFF_BYTES = 1 << 16
+MAX_INVALID_UTF8_SHARE = 0.1
 
 
 @dataclass
@@ -175,6 +180,27 @@ def _pieces(
     if carry:
         assert key is not None
         yield key[0], key[1], carry, carry_bytes
+
+
+def _check_no_nul(files: list[Path]) -> None:
+    """One line for a file whose first SNIFF_BYTES hold a NUL byte: no UTF-8 text file has one."""
+    for path in files:
+        with open(path, "rb") as fh:
+            if b"\0" in fh.read(SNIFF_BYTES):
+                raise MiniGPTError(
+                    f"{path} is not UTF-8 text (it holds NUL bytes: a binary file, or UTF-16 text); point "
+                    "data.path at UTF-8 text files (convert UTF-16 with iconv -f utf-16 -t utf-8)"
+                )
+
+
+def _check_mostly_utf8(where: str, bad: int, total_bytes: int) -> None:
+    """One line when more than MAX_INVALID_UTF8_SHARE of the bytes are not UTF-8 (not text at all)."""
+    if bad > MAX_INVALID_UTF8_SHARE * total_bytes:
+        raise MiniGPTError(
+            f"{where} is not UTF-8 text: {bad:,} of its {total_bytes:,} bytes ({bad / total_bytes:.0%}) are "
+            f"not valid UTF-8 (at most {MAX_INVALID_UTF8_SHARE:.0%} is taken for text with a few stray "
+            "bytes); point data.path at UTF-8 text, or convert it (iconv -f latin1 -t utf-8)"
+        )
 
 
 def _scan(files: list[Path], chunk_chars: int, want_chars: bool) -> tuple[int, str, int]:
@@ -357,7 +383,9 @@ def _tokenize_corpus(
 ) -> dict[str, Any]:
     """Tokenize `files` into `out_dir`'s train.bin / val.bin, then write meta.json; returns it.
     `tok` None: the char tokenizer of the corpus' characters."""
+    _check_no_nul(files)
     n_chars, chars, bad = _scan(files, piece_chars, want_chars=tok is None)
+    _check_mostly_utf8(f"data.path={cfg.path or files[0]}", bad, total_bytes)
     if n_chars == 0:
         raise MiniGPTError(
             f"data.path={cfg.path or files[0]} holds no text after decoding; add text or fix it"
@@ -394,6 +422,10 @@ def _tokenize_corpus(
                 os.fsync(fh.fileno())
         os.replace(tmp["train"], out_dir / "train.bin")
         os.replace(tmp["val"], out_dir / "val.bin")
+    except OSError as err:  # a full disk: what the token files take at most (a token per byte or fewer)
+        if err.errno in WRITE_ERRNOS and err.filename not in {str(f) for f in files}:
+            raise unwritable(out_dir, err, total_bytes * np.dtype(dtype).itemsize) from None
+        raise
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from mini_gpt.data.shard_format import ShardInfo, open_shard, token_file
-from mini_gpt.data.split import GOLDEN_GAMMA, splitmix64
+from mini_gpt.data.split import AUTO_VAL_TOKENS, GOLDEN_GAMMA, splitmix64
 from mini_gpt.data.text import check_split_length
 from mini_gpt.errors import MiniGPTError
 
@@ -240,6 +240,26 @@ def _evenly(n: int, most: int | None) -> np.ndarray:
     if most is None or not 0 < most < n:
         return np.arange(n)
     return np.unique(np.linspace(0, n - 1, most).round().astype(np.int64))
+
+
+# `loader.val_windows: auto`: AUTO_VAL_TOKENS target tokens per evaluation, so the cost of a validation is
+# bounded on any corpus (nanoGPT estimates on 200 batches for the same reason). At block_size 64 that is
+# 2,048 windows: tiny Shakespeare's whole val split (1,742 windows of its 111,540 characters) still counts.
+
+
+def val_window_count(setting: int | str | None, block_size: int) -> int | None:
+    """Windows per evaluation for `loader.val_windows` (None = every window of the split): an integer as
+    given, `auto` = AUTO_VAL_TOKENS' worth (at least one), `all` (or null, the old default) = no bound."""
+    if setting is None or setting == "all":
+        return None
+    if setting == "auto":
+        return max(1, AUTO_VAL_TOKENS // block_size)
+    if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
+        raise MiniGPTError(
+            f"loader.val_windows={setting!r} must be a positive integer, auto (about "
+            f"{AUTO_VAL_TOKENS:,} tokens) or all (the whole val split)"
+        )
+    return setting
 
 
 def val_window_starts(n_tokens: int, block_size: int, max_windows: int | None = None) -> np.ndarray:

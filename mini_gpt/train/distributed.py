@@ -19,7 +19,42 @@ from hydra.utils import get_class
 
 from mini_gpt.errors import MiniGPTError, check_ints
 
-__all__ = ["BatchLayout", "accumulation_for", "fsdp_strategy"]
+__all__ = ["BatchLayout", "accumulation_for", "dead_ranks", "fsdp_strategy"]
+
+# What a collective raises on a surviving rank when a peer process died (gloo, NCCL, the TCP store).
+_PEER_GONE = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "nccl",
+    "socket timeout",
+)
+
+
+def dead_ranks(trainer: Any, err: BaseException) -> str | None:
+    """Which rank's death `err` (raised in this rank's fit) comes from, in words; None when it is not a
+    lost peer. The ranks that `python train.py trainer=ddp` started itself are Lightning's launcher's
+    child processes (local rank i + 1), so the dead one is named with its exit; the survivors among
+    them are killed, so nothing is left behind. Under torchrun / SLURM the launcher owns the processes:
+    a collective's lost connection is all there is to go on."""
+    if getattr(trainer, "world_size", 1) <= 1:
+        return None
+    procs = list(getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or [])
+    dead = []
+    for local_rank, proc in enumerate(procs, start=1):
+        code = proc.poll()
+        if code:  # killed by a signal: -N
+            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            dead.append(f"rank {local_rank} (pid {proc.pid}, {how})")
+    if dead:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        return " and ".join(dead) + " died"
+    text = f"{type(err).__name__}: {err}".lower()
+    if any(marker in text for marker in _PEER_GONE):
+        return f"another rank died or lost its connection (this is rank {trainer.global_rank})"
+    return None
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class RunStats:
     train_history: list[tuple[int, float]] = field(default_factory=list)  # (step, train loss), log steps
     val_history: list[tuple[int, float, float]] = field(default_factory=list)  # (step, unix time, val loss)
     start_step: int = 0  # global_step when this fit started (> 0 after a resume)
+    val_tokens: int = 0  # target tokens the last val loss averaged (all ranks; loader.val_windows bounds it)
 
 
 class GPTLitModule(L.LightningModule):
@@ -199,6 +200,7 @@ class GPTLitModule(L.LightningModule):
             logger.log_metrics({"val/loss": val_loss, "val/ppl": ppl}, step=self.global_step)
         self.stats.val_history.append((self.global_step, time.time(), val_loss))
         self.stats.latest["val_loss"] = val_loss
+        self.stats.val_tokens = int(count.item())
 
     def setup(self, stage: str) -> None:
         plain = type(self.trainer.strategy) in (SingleDeviceStrategy, DDPStrategy)

@@ -35,7 +35,7 @@ from mini_gpt.conf.schema import checked_config
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, thread_note
 from mini_gpt.train.console_log import record_console
-from mini_gpt.train.distributed import BatchLayout, accumulation_for
+from mini_gpt.train.distributed import BatchLayout, accumulation_for, dead_ranks
 
 if TYPE_CHECKING:
     import lightning as L
@@ -345,6 +345,19 @@ def budget_steps(max_flops: Any, per_token: float, tokens_per_step: int) -> int:
     return steps
 
 
+def _dead_rank_line(dead: str, trainer: L.Trainer) -> str:
+    """`rank 1 (...) died at step N; ... resume with: ...` (every rank must live through a DDP run)."""
+    from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path, resume_command
+
+    last = last_checkpoint_path(trainer)
+    resume = (
+        f"resume from the last checkpoint with: {resume_command(last)}"
+        if last is not None and last.is_file()
+        else "no checkpoint was saved yet: run again"
+    )
+    return f"{dead} during step {trainer.global_step + 1}; the run stopped (every rank must live); {resume}"
+
+
 def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> RunResult:
     """Build everything from the composed config and fit; `callbacks`: extra Lightning callbacks."""
     started = _run_start()
@@ -455,6 +468,10 @@ def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> RunResult:
         if init_from:  # the pretrained model's val loss is the curve's step 0
             trainer.validate(module, datamodule=dm, verbose=False)
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    except Exception as err:  # a dead rank: one line, not a collective's traceback on the survivors
+        if (dead := dead_ranks(trainer, err)) is None:
+            raise
+        raise MiniGPTError(_dead_rank_line(dead, trainer)) from None
     finally:
         best = ckpt and (ckpt.best_model_path or ckpt.last_model_path)
         finish_wandb(loggers, log_model, best or None)

@@ -273,3 +273,99 @@ def test_multirun_allows_ranks_started_by_slurm(compose: Any, monkeypatch: pytes
     assert trainer.strategy.cluster_environment.creates_processes_externally
     assert (trainer.global_rank, trainer.local_rank) == (1, 1)  # rank known before fit (data prep guard)
     train.check_multirun_strategy(trainer, multirun=True)
+
+
+def test_a_dead_rank_ends_the_run_with_one_line_and_the_resume_command(
+    tmp_path: Path, shakespeare_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """kill -9 of rank 1 in `trainer=ddp` (2 CPU processes): rank 0 stops within seconds with one line
+    naming the rank and the resume command (no Hydra report, no traceback), and no process is left."""
+    import signal
+    import time
+
+    import psutil
+
+    from mini_gpt.data import DataConfig, prepare_data
+
+    data_dir = tmp_path_factory.getbasetemp() / "mini_gpt_char_cache"
+    prepare_data(DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(data_dir)))
+    run_dir = tmp_path / "ddp"
+    args = [*_common(data_dir, shakespeare_path), "trainer.max_steps=100000", "trainer.val_check_interval=2"]
+    rank0 = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *args, "trainer=ddp", "trainer.devices=2", "logger=none",
+         f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=_env(tmp_path, WANDB_MODE="disabled"), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        last = run_dir / "checkpoints" / "last.ckpt"
+        deadline = time.monotonic() + 240
+        while not last.exists() and time.monotonic() < deadline and rank0.poll() is None:
+            time.sleep(0.05)
+        assert last.exists(), "the DDP run never saved a checkpoint"
+        (rank1,) = psutil.Process(rank0.pid).children()
+        rank1.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        _, stderr = rank0.communicate(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        if rank0.poll() is None:
+            rank0.kill()
+    assert rank0.returncode == 2, stderr[-3000:]
+    assert took < 10, took  # within seconds (measured 1.7 s)
+    assert "Traceback" not in stderr and "Error executing job" not in stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: rank 1 (pid {rank1.pid}, killed by signal 9) died during step "), line
+    assert "; resume from the last checkpoint with: " in line  # python (or this interpreter) train.py ...
+    assert line.endswith(f"{REPO / 'train.py'} ckpt_path={last}")
+    assert not psutil.pid_exists(rank1.pid) or rank1.status() == psutil.STATUS_ZOMBIE
+
+
+def test_sigterm_to_rank_0_stops_both_ranks_after_the_same_step(
+    tmp_path: Path, shakespeare_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Preemption of a DDP run where only rank 0 gets the signal: the ranks agree at the next log
+    interval, rank 0 writes last.ckpt at that step for both, both exit with status 75, one line says so."""
+    import signal
+    import time
+
+    import psutil
+    import torch
+
+    from mini_gpt.data import DataConfig, prepare_data
+
+    data_dir = tmp_path_factory.getbasetemp() / "mini_gpt_char_cache"
+    prepare_data(DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(data_dir)))
+    run_dir = tmp_path / "ddp"
+    args = [*_common(data_dir, shakespeare_path), "trainer.max_steps=100000", "trainer.val_check_interval=2"]
+    args += ["trainer.log_every_n_steps=3"]
+    rank0 = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *args, "trainer=ddp", "trainer.devices=2", "logger=none",
+         f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=_env(tmp_path, WANDB_MODE="disabled"), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        last = run_dir / "checkpoints" / "last.ckpt"
+        deadline = time.monotonic() + 240
+        while not last.exists() and time.monotonic() < deadline and rank0.poll() is None:
+            time.sleep(0.05)
+        assert last.exists(), "the DDP run never saved a checkpoint"
+        (rank1,) = psutil.Process(rank0.pid).children()
+        rank0.send_signal(signal.SIGTERM)
+        _, stderr = rank0.communicate(timeout=60)
+        rank1.wait(timeout=60)  # rank 1 stopped too (not our child: its status is not ours to read)
+    finally:
+        if rank0.poll() is None:
+            rank0.kill()
+    assert rank0.returncode == 75, stderr[-3000:]
+    assert "Traceback" not in stderr and "Error executing job" not in stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    step = summary["steps"]
+    assert summary["status"] == "preempted" and step % 3 == 0  # at a log interval: where the ranks agree
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == step
+    assert stderr.count("preempted by SIGTERM") == 1  # rank 0 alone says so
+    assert stderr.strip().splitlines()[-1] == (
+        f"preempted by SIGTERM: stopped after step {step}, last.ckpt saved (summary.json status preempted, "
+        "exit status 75)"
+    )

@@ -8,6 +8,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +100,8 @@ def test_compose_train_summary_and_loss_decreases(
     assert set(summary) >= SUMMARY_KEYS
     assert summary["steps"] == 40
     assert summary["tokens"] == 40 * 8 * 64
+    assert summary["val_tokens"] == 32 * 64  # loader.val_windows=32
+    assert summary["val_split_tokens"] == 111_540
     # evaluations at 15, 30 and the end (40), with wall times from process start, increasing
     assert [row[0] for row in summary["val_curve"]] == [15, 30, 40]
     times = [row[1] for row in summary["val_curve"]]
@@ -154,6 +158,38 @@ def test_exact_resume_and_same_seed(
     assert resumed_module.stats.train_history == full_module.stats.train_history[k:]  # bit-identical
     assert resumed["final_val_loss"] == full["final_val_loss"]
     assert resumed["steps"] == 2 * k
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_preemption_at_a_random_step_saves_and_resumes_exactly(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, signum: int
+) -> None:
+    """SIGTERM / SIGUSR1 at a random step: that step finishes, last.ckpt holds it, summary.json says
+    preempted; resuming ends on the uninterrupted run's val loss."""
+    from mini_gpt.train.callbacks import Preempted
+
+    step = random.Random().randint(1, 11)
+    common = ("trainer.max_steps=12", "trainer.val_check_interval=5", "optim.warmup_steps=2", "optim.lr=3e-3")
+    whole, _ = _fit(compose, _overrides(tmp_path / "whole", char_data_dir, shakespeare_path, *common))
+    hit = ("+callbacks.preempt._target_=helpers.signal_at_step", f"+callbacks.preempt.step={step}")
+    hit_dir = tmp_path / "hit"
+    with pytest.raises(Preempted, match=f"stopped after step {step}, last.ckpt saved"):
+        _fit(
+            compose,
+            _overrides(
+                hit_dir, char_data_dir, shakespeare_path, *common, *hit, f"+callbacks.preempt.signum={signum}"
+            ),
+        )
+    summary = json.loads((hit_dir / "summary.json").read_text())
+    assert (summary["status"], summary["steps"]) == ("preempted", step), f"signal at step {step}"
+    last = hit_dir / "checkpoints" / "last.ckpt"
+    assert summary["last_ckpt"] == str(last) and torch.load(last, weights_only=True)["global_step"] == step
+    resumed, _ = _fit(
+        compose,
+        _overrides(tmp_path / "resumed", char_data_dir, shakespeare_path, *common, f"ckpt_path={last}"),
+    )
+    assert resumed["status"] == "completed" and resumed["start_step"] == step
+    assert resumed["final_val_loss"] == whole["final_val_loss"], f"signal at step {step}"
 
 
 def test_resume_restores_the_run_config_and_prints_what_changes(
@@ -633,3 +669,49 @@ def test_a_bad_input_found_inside_the_fit_leaves_no_run_directory(
     # the validation split is found too short by the datamodule's setup, inside Lightning's fit
     assert proc.stderr.strip().splitlines()[-1].startswith("error: validation split has ")
     assert not (tmp_path / "run").exists()  # no summary.json with status failed, no train.log
+
+
+def test_sigterm_from_outside_saves_and_exits_75_with_the_resume_command(
+    tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+) -> None:
+    """`kill <pid>` (docker stop, SLURM preemption): no traceback, last.ckpt at the step it stopped after,
+    summary.json `preempted`, status 75."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    args = _overrides(run_dir, char_data_dir, shakespeare_path, "trainer.max_steps=100000")
+    args += ["trainer.val_check_interval=2", "callbacks.sample_text.at_end=false", f"hydra.run.dir={run_dir}"]
+    child = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        last = run_dir / "checkpoints" / "last.ckpt"
+        deadline = time.monotonic() + 120
+        while not last.exists() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+        assert last.exists(), "training never saved its first checkpoint"
+        child.send_signal(signal.SIGTERM)
+        _, stderr = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 75, stderr[-2000:]
+    assert "Traceback" not in stderr and "Error executing job" not in stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    step = summary["steps"]
+    assert summary["status"] == "preempted" and step >= 2
+    assert torch.load(last, weights_only=True)["global_step"] == step
+    lines = stderr.strip().splitlines()
+    assert f"preempted (SIGTERM) at step {step}: saved {last}" in lines
+    assert lines[lines.index(f"preempted (SIGTERM) at step {step}: saved {last}") + 1].endswith(
+        f"ckpt_path={last}"
+    )
+    assert lines[-1] == (
+        f"preempted by SIGTERM: stopped after step {step}, last.ckpt saved (summary.json status preempted, "
+        "exit status 75)"
+    )

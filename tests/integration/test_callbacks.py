@@ -143,6 +143,61 @@ def test_without_guard_nan_would_be_checkpointed(tmp_path: Path, dm: Any) -> Non
     assert not all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
 
 
+def test_a_finite_explosion_stops_as_diverged_and_keeps_the_last_good_checkpoint(
+    tmp_path: Path, dm: Any
+) -> None:
+    """Muon warming up to lr=1e2 explodes to a huge but finite loss (the NaN guard sees nothing): the run
+    stops with one line, summary.json says diverged, and last.ckpt is the last good evaluation's."""
+    from mini_gpt.train.callbacks import DivergedError, DivergenceGuard
+
+    module = _module(dm)
+    # warming up towards lr=100: healthy for a few steps, then a loss in the hundreds, never NaN
+    module.optim_config = OptimConfig(name="muon", lr=1e2, warmup_steps=1000)
+    summary = RunSummary(tmp_path / "summary.json")
+    trainer = _trainer(tmp_path, [NaNGuard(1), DivergenceGuard(), summary], max_steps=40)
+    with pytest.raises(DivergedError) as info:
+        trainer.fit(module, datamodule=dm)
+    msg = str(info.value)
+    limit = 3 * math.log(65)
+    assert "\n" not in msg and msg.startswith("training diverged by step ")
+    assert f"> 3 x ln(vocab) = {limit:.2f}" in msg and "lower optim.lr" in msg
+    assert f"last good checkpoint: {tmp_path / 'ckpt' / 'last.ckpt'}" in msg
+    losses = [loss for _, loss in module.stats.train_history]
+    assert all(math.isfinite(x) for x in losses) and max(losses) > limit  # the NaN guard saw nothing
+    assert summary.summary is not None and summary.summary["status"] == "diverged"
+    saved, logged = _ckpt_step(tmp_path / "ckpt" / "last.ckpt"), dict(module.stats.train_history)
+    assert 2 <= saved < trainer.global_step and logged[saved] <= limit  # the last good state, not this one
+
+
+def test_divergence_guard_rule() -> None:
+    from mini_gpt.train.callbacks import DivergedError, DivergenceGuard
+
+    guard = DivergenceGuard(factor=3.0, patience=3)
+    limit = 3 * math.log(65)
+    stats = SimpleNamespace(train_history=[], val_history=[(100, 0.0, 40.0)])  # overfit_batch's val: ignored
+    module = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=65), stats=stats)
+    trainer = SimpleNamespace(
+        global_step=9, gradient_clip_val=1.0, checkpoint_callback=None, sanity_checking=False
+    )
+    for history in (
+        [(1, 4.2), (2, 50.0), (3, 3.9)],
+        [(1, 99.0), (2, 99.0)],
+        [(1, 1e9), (2, limit), (3, 1e9)],
+    ):
+        stats.train_history = history  # one spike, too few, one at the limit: healthy
+        guard.on_optimizer_step(trainer, module)  # type: ignore[arg-type]
+    stats.train_history = [(1, 4.2), (2, 50.0), (3, 3.9)]
+    guard.on_validation_end(trainer, module)  # type: ignore[arg-type]  # the last logged loss is healthy
+    stats.train_history = [(1, 4.0), (2, limit + 0.01), (3, 6e7), (4, 1e3)]
+    with pytest.raises(DivergedError, match=r"train loss 12.53, 6e\+07, 1000 at 3 log steps in a row"):
+        guard.on_optimizer_step(trainer, module)  # type: ignore[arg-type]
+    stats.train_history = [(1, 4.0), (2, 50.0)]  # one spike, but a checkpoint is about to be written
+    with pytest.raises(DivergedError, match="train loss 50 at step 2, before a checkpoint"):
+        guard.on_validation_end(trainer, module)  # type: ignore[arg-type]
+    with pytest.raises(MiniGPTError, match="factor"):
+        DivergenceGuard(factor=1.0)
+
+
 def test_sigint_saves_last_checkpoint_between_steps(
     tmp_path: Path, dm: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -175,6 +230,41 @@ def test_sigint_saves_last_checkpoint_between_steps(
     assert (
         err[err.index(f"interrupted at step 3: saved {saver.saved_path}") + 1] == f"resume with: {expected}"
     )
+
+
+def test_sigusr1_under_slurm_saves_at_a_step_and_requeues(
+    tmp_path: Path, dm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SLURM's warning signal: the step finishes, last.ckpt and Lightning's hpc checkpoint (what the
+    requeued job resumes from) hold it, and `scontrol requeue <job>` is called."""
+    from helpers import signal_at_step
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from mini_gpt.train.callbacks import Preempted, SaveOnPreemption
+
+    calls = tmp_path / "scontrol.args"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {calls}\n')
+    (tmp_path / "bin" / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    for key, value in {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    trainer = _trainer(
+        tmp_path,
+        [signal_at_step(3, signal.SIGUSR1), SaveOnPreemption()],
+        plugins=[SLURMEnvironment(auto_requeue=True)],
+        default_root_dir=tmp_path,
+        val_check_interval=100,
+    )
+    with pytest.raises(
+        Preempted, match=r"stopped after step 3, last.ckpt saved .*; SLURM job 4242 requeued$"
+    ):
+        trainer.fit(_module(dm), datamodule=dm)
+    assert _ckpt_step(tmp_path / "ckpt" / "last.ckpt") == 3
+    assert _ckpt_step(tmp_path / "hpc_ckpt_1.ckpt") == 3
+    assert calls.read_text().split() == ["requeue", "4242"]
+    assert signal.getsignal(signal.SIGUSR1) is not None  # handlers given back (Lightning's teardown)
 
 
 def test_throughput_logs_tokens_per_sec_and_mfu(tmp_path: Path, dm: Any) -> None:
@@ -292,6 +382,14 @@ def test_progress_bar_shows_python_side_metrics(dm: Any) -> None:
     assert bar.shown_stats == "loss 2.346 val 2.500 12,346 tok/s 43.2% mfu"
     assert bar.get_metrics(SimpleNamespace(callbacks=[bar]), module) == {}  # type: ignore[arg-type]
     assert bar.shown_stats == "loss 2.346 val 2.500"  # no Throughput callback: no tok/s
+
+
+def test_validation_bar_says_how_many_tokens_the_estimate_uses() -> None:
+    bar = ProgressBar()
+    bar._trainer = SimpleNamespace(datamodule=SimpleNamespace(val_estimate_tokens=131_072))  # type: ignore[assignment]
+    assert bar.validation_description == "val 131,072 tok"
+    bar._trainer = SimpleNamespace(datamodule=None)  # type: ignore[assignment]  # a model fitted without one
+    assert bar.validation_description == "val"
 
 
 @pytest.mark.parametrize("steps", [500, 25_000])
@@ -422,7 +520,28 @@ def test_checkpoint_survives_a_hard_kill_while_the_next_is_written(tmp_path: Pat
     assert not left.exists() and live.exists() and other.exists()
 
 
-def test_full_disk_while_writing_a_checkpoint_is_one_line(tmp_path: Path, monkeypatch) -> None:
+class _FullAfter:
+    """A file whose disk fills up after `room` bytes: the next write raises ENOSPC (as on a tmpfs)."""
+
+    def __init__(self, fh: Any, room: int) -> None:
+        self.fh, self.room = fh, room
+
+    def write(self, data: bytes) -> int:
+        import errno
+
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+@pytest.mark.parametrize("full_at", ["first byte", "inside a tensor", "near the end", "fsync"])
+def test_full_disk_while_writing_a_checkpoint_is_one_line(tmp_path: Path, monkeypatch, full_at: str) -> None:
+    """ENOSPC anywhere in the write (torch's zip writer turns it into RuntimeError 'unexpected pos'):
+    one line naming the file and the bytes it needs, the previous checkpoint intact, no temporary."""
     import errno
 
     import mini_gpt.train.callbacks.checkpointing as checkpointing
@@ -430,18 +549,49 @@ def test_full_disk_while_writing_a_checkpoint_is_one_line(tmp_path: Path, monkey
     io = checkpointing.AtomicCheckpointIO()
     path = tmp_path / "last.ckpt"
     io.save_checkpoint({"step": 1}, path)
+    state = {"step": 2, "w": torch.ones(100_000)}  # 400,000 bytes of tensor data
+    real_save = torch.save
+    if full_at == "fsync":
 
-    def full(_fd: int) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
+        def full(_fd: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpointing.os, "fsync", full)
+        monkeypatch.setattr(checkpointing.os, "fsync", full)
+    else:
+        room = {"first byte": 0, "inside a tensor": 200_000, "near the end": 400_500}[full_at]
+        monkeypatch.setattr(torch, "save", lambda obj, fh: real_save(obj, _FullAfter(fh, room)))
     with pytest.raises(MiniGPTError) as info:
-        io.save_checkpoint({"step": 2}, path)
+        io.save_checkpoint(state, path)
     msg = str(info.value)
-    assert msg.startswith(f"cannot write checkpoint {path} (No space left on device)")
-    assert "the previous one is unchanged" in msg and "paths.run_dir" in msg and "\n" not in msg
+    assert msg.startswith(f"cannot write checkpoint {path} (No space left on device; needs ~400,000 bytes, ")
+    assert " free there); the previous one is unchanged" in msg and "paths.run_dir" in msg and "\n" not in msg
     assert torch.load(path, weights_only=True) == {"step": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary file left
+
+
+def test_zip_writer_failures_without_an_os_error_and_other_runtime_errors(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A write failure torch reports alone (no OSError behind it) still names the bytes; a RuntimeError
+    that is not about writing stays what it is."""
+    import mini_gpt.train.callbacks.checkpointing as checkpointing
+
+    io, path = checkpointing.AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    for raised in ("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598", "cannot pickle"):
+
+        def broken(obj: Any, fh: Any, raised: str = raised) -> None:
+            raise RuntimeError(raised)
+
+        monkeypatch.setattr(torch, "save", broken)
+        expected = MiniGPTError if "unexpected pos" in raised else RuntimeError
+        with pytest.raises(expected) as info:
+            io.save_checkpoint({"w": torch.ones(10)}, path)
+        assert list(tmp_path.iterdir()) == []
+        if expected is MiniGPTError:
+            assert str(info.value).startswith(
+                f"cannot write checkpoint {path} (the write failed: is the disk full?; needs ~40 bytes, "
+            )
+    assert "cannot pickle" in str(info.value)
 
 
 def test_unreadable_checkpoint_is_one_line(tmp_path: Path) -> None:

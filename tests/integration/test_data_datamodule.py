@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -105,6 +106,33 @@ def test_val_windows_option(cfg: DataConfig) -> None:
     module.prepare_data()
     module.setup("validate")
     assert sum(len(x) for x, _ in module.val_dataloader()) == 10
+
+
+def test_val_windows_default_is_bounded_and_all_keeps_every_window(tmp_path: Path) -> None:
+    """The default estimates val loss on a bounded, evenly spaced set of windows on a big val split and
+    reports how many tokens that is; `all` reads every window; tiny Shakespeare's split stays whole."""
+    from mini_gpt.data.shard_format import write_shard
+
+    val = write_shard(tmp_path / "val_000000.bin", np.arange(2_000_001, dtype=np.uint32) % 50_000)
+    dm = GPTDataModule({"name": "shakespeare_char"}, block_size=64, batch_size=512)
+    dm.prepared = SimpleNamespace(val=[val])  # type: ignore[assignment]  # a 2M-token val split
+    xs = torch.cat([x for x, _ in dm.val_dataloader()])
+    assert xs.shape == (2048, 64) and dm.val_estimate_tokens == 2048 * 64
+    assert dm.val_split_tokens == 2_000_001
+    starts = xs[:, 0].numpy().astype(np.int64)  # token value = position % 50,000: back to window numbers
+    windows = np.unwrap(starts, period=50_000) // 64
+    assert windows[0] == 0 and windows[-1] == 2_000_000 // 64 - 1  # spread over the whole split
+    assert set(np.diff(windows).tolist()) == {15, 16}  # evenly: 31,250 windows / 2,047 gaps = 15.27
+    dm_all = GPTDataModule({"name": "shakespeare_char"}, block_size=64, batch_size=512, val_windows="all")
+    dm_all.prepared = SimpleNamespace(val=[val])  # type: ignore[assignment]
+    assert sum(len(x) for x, _ in dm_all.val_dataloader()) == 2_000_000 // 64
+
+
+def test_val_windows_default_keeps_tiny_shakespeare_whole(cfg: DataConfig) -> None:
+    module = GPTDataModule(cfg, block_size=64, batch_size=256)  # the default model's block size
+    module.prepare_data()
+    assert sum(len(x) for x, _ in module.val_dataloader()) == (111_540 - 1) // 64
+    assert module.val_estimate_tokens == (111_540 - 1) // 64 * 64
 
 
 def test_val_split_too_short_reports_tokens(cfg: DataConfig) -> None:

@@ -316,6 +316,54 @@ def test_empty_dataset(tmp_path, gpt2_bpe_file):
     assert "holds no documents" in msg
 
 
+def test_default_val_split_fits_a_small_corpus(tmp_path, corpus, docs, gpt2_bpe_file, monkeypatch):
+    """val_fraction: null holds out the capped 10% of a small corpus's documents (the old 0.001 kept ~3 of
+    these 3,000); counting stops once a corpus is proven big, which then gets the 0.1% floor."""
+    said: list[str] = []
+    cfg = cfg_for(corpus / "pq", tmp_path / "a", gpt2_bpe_file, val_fraction=None)
+    prep = prepare_shards(cfg, log=said.append)
+    assert prep.meta["split"]["val_fraction"] == 0.1
+    assert 0.08 * len(docs) < prep.meta["documents"]["val"] < 0.12 * len(docs)
+    chars = sum(len(d) for d in docs)
+    assert f"data.val_fraction=null: 0.1 of the documents held out ({chars:,} characters read)" in said
+    assert prepare_shards(cfg, log=None).meta == prep.meta  # the cache (key: null) is found again
+    counted: list[int] = []
+    monkeypatch.setattr(sharding, "chars_to_decide", lambda per_token: 20_000)  # "big" after 20,000 chars
+    monkeypatch.setattr(sharding, "auto_val_fraction", lambda n, per_token: counted.append(n) or 0.001)
+    big = prepare_shards(cfg_for(corpus / "pq", tmp_path / "b", gpt2_bpe_file, val_fraction=None), log=None)
+    assert big.meta["split"]["val_fraction"] == 0.001 and 20_000 <= counted[0] < chars  # stopped early
+    explicit = prepare_shards(
+        cfg_for(corpus / "pq", tmp_path / "c", gpt2_bpe_file, val_fraction=0.3), log=None
+    )
+    assert explicit.meta["split"]["val_fraction"] == 0.3  # a number is used as given
+
+
+def test_full_disk_while_writing_shards_is_one_line(tmp_path, corpus, gpt2_bpe_file, monkeypatch):
+    import errno
+
+    from mini_gpt.data.shard_format import ShardWriter
+
+    real = ShardWriter.write
+    written = {"n": 0}
+
+    def fills_up(self, tokens):
+        written["n"] += len(tokens)
+        if written["n"] > 30_000:  # the second train shard
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, tokens)
+
+    monkeypatch.setattr(ShardWriter, "write", fills_up)
+    cfg = cfg_for(corpus / "pq", tmp_path, gpt2_bpe_file, max_tokens=60_000)
+    msg = one_line_error(cfg)
+    out = sharding.shard_dir(cfg)
+    assert msg.startswith(f"cannot write the token cache in {out} (No space left on device; needs up to ")
+    assert "120,000 bytes" in msg and "data.data_dir" in msg  # max_tokens x uint16
+    assert not (out / "meta.json").exists() and (out / ".state.json").exists()
+    # the unfinished train shard is gone; the validation file stays on purpose: the next run resumes
+    assert [p.name for p in out.glob("*.tmp")] == [".val_000000.bin.tmp"]
+    assert sorted(p.name for p in out.glob("train_*.bin")) == ["train_000000.bin"]
+
+
 def test_too_few_documents_for_validation(tmp_path, gpt2_bpe_file):
     pq.write_table(pa.table({"text": ["one short document"]}), tmp_path / "one.parquet")
     msg = one_line_error(cfg_for(tmp_path / "one.parquet", tmp_path / "d", gpt2_bpe_file, val_fraction=0.001))

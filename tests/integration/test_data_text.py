@@ -265,6 +265,42 @@ def test_non_utf8_bytes_replaced_and_counted(tmp_path: Path) -> None:
     assert "é" in prep.tokenizer.to_dict()["chars"] and "\ufffd" in prep.tokenizer.to_dict()["chars"]
 
 
+@pytest.mark.parametrize("kind", ["random bytes", "random bytes without NUL", "utf-16", "nul after text"])
+def test_a_file_that_is_not_text_is_refused_with_one_line(tmp_path: Path, kind: str) -> None:
+    """3,000 random bytes trained before (val loss 10.8 on replacement characters); now refused, whether
+    a NUL byte gives it away or only its share of invalid UTF-8. Nothing is left in the cache."""
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 256, 3000, dtype=np.uint8).tobytes()
+    data = {
+        "random bytes": noise,
+        "random bytes without NUL": noise.replace(b"\0", b"\x01"),
+        "utf-16": "To be, or not to be\n".encode("utf-16") * 50,
+        "nul after text": b"plain text\n" * 100 + b"\0",
+    }[kind]
+    src = tmp_path / "input.bin"
+    src.write_bytes(data)
+    cfg = DataConfig(name="text", path=str(src), tokenizer="char", data_dir=str(tmp_path / "d"))
+    with pytest.raises(MiniGPTError) as info:
+        prepare_data(cfg, progress=False)
+    msg = str(info.value)
+    assert "\n" not in msg and "is not UTF-8 text" in msg and "data.path" in msg
+    if kind == "random bytes without NUL":
+        assert msg.startswith(f"data.path={src} is not UTF-8 text: ") and "of its 3,000 bytes" in msg
+    else:
+        assert msg.startswith(f"{src} is not UTF-8 text (it holds NUL bytes")
+    assert [p.name for p in (tmp_path / "d").rglob("*") if p.is_file() and p.name != ".prepare.lock"] == []
+
+
+def test_latin1_text_is_still_taken_with_a_warning(tmp_path: Path) -> None:
+    src = tmp_path / "fr.txt"
+    src.write_bytes(
+        "Où allons-nous ce soir? Je ne sais pas, mais allons-y ensemble.\n".encode("latin-1") * 40
+    )
+    cfg = DataConfig(name="text", path=str(src), tokenizer="char", data_dir=str(tmp_path / "d"))
+    with pytest.warns(UnicodeWarning, match="40 byte"):  # one accent a line: 1.6% of the bytes
+        assert prepare_data(cfg, progress=False).train_tokens > 0
+
+
 @pytest.mark.parametrize("kind", ["missing", "empty_file", "empty_dir", "dir_of_empty_files", "bad_glob"])
 def test_bad_paths(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "in"
@@ -464,6 +500,7 @@ def test_another_process_temp_files_are_left_alone(tmp_path: Path) -> None:
         (errno.EROFS, "Read-only file system", "mkdir"),
         (errno.EACCES, "Permission denied", "mkdir"),
         (errno.ENOSPC, "No space left on device", "fsync"),
+        (errno.ENOSPC, "No space left on device", "write"),
     ],
 )
 def test_unwritable_cache_is_one_line(tmp_path: Path, monkeypatch, failure) -> None:
@@ -476,6 +513,24 @@ def test_unwritable_cache_is_one_line(tmp_path: Path, monkeypatch, failure) -> N
     cfg = DataConfig(data_dir=str(tmp_path / "d"))
     if where == "mkdir":
         monkeypatch.setattr(Path, "mkdir", fail)
+    elif where == "write":  # the disk fills up after 100,000 bytes of train.bin
+        real = data._write_token_files
+
+        class Full:
+            def __init__(self, fh, room: int) -> None:
+                self.fh, self.room = fh, room
+
+            def write(self, b: bytes) -> int:
+                if len(b) > self.room:
+                    fail()
+                self.room -= len(b)
+                return self.fh.write(b)
+
+        monkeypatch.setattr(
+            data,
+            "_write_token_files",
+            lambda p, e, eot, outs, *a: real(p, e, eot, [Full(outs[0], 100_000), outs[1]], *a),
+        )
     else:
         monkeypatch.setattr(data.os, "fsync", fail)
     with pytest.raises(MiniGPTError) as info:
@@ -483,8 +538,10 @@ def test_unwritable_cache_is_one_line(tmp_path: Path, monkeypatch, failure) -> N
     msg = str(info.value)
     assert "\n" not in msg and reason in msg and "data.data_dir" in msg
     assert msg.startswith(f"cannot write the token cache in {tmp_path / 'd' / 'shakespeare_char'}")
+    if code == errno.ENOSPC:  # the bytes the files take at most: 1,115,394 characters x uint16
+        assert f"({reason}; needs up to 2,230,788 bytes, " in msg and " free there)" in msg
     monkeypatch.undo()
-    if where == "fsync":  # nothing half-written: no temporary files, no meta.json claiming a cache
+    if where in ("fsync", "write"):  # nothing half-written: no temporary files, no meta.json claiming a cache
         assert list((tmp_path / "d" / "shakespeare_char").glob(".*.tmp")) == []
         assert not (tmp_path / "d" / "shakespeare_char" / "meta.json").exists()
     assert prepare_data(cfg, progress=False).train_tokens == 1_003_854  # fine once writable again

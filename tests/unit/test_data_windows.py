@@ -146,3 +146,16 @@ def test_val_batches_split_the_windows_across_ranks_without_padding(shards) -> N
         assert sum(len(p) for p in parts) == 23  # every window once, none twice, whatever the device count
         rows = sorted(tuple(row.tolist()) for p in parts for row in p)
         assert rows == sorted(tuple(row.tolist()) for row in whole)
+
+
+def test_val_window_count_bounds_the_default() -> None:
+    from mini_gpt.data.windows import AUTO_VAL_TOKENS, val_window_count
+
+    assert val_window_count("auto", 64) == AUTO_VAL_TOKENS // 64 == 2048  # > tiny Shakespeare's 1,742
+    assert val_window_count("auto", 1024) == 128
+    assert val_window_count("auto", 10**6) == 1  # never zero windows
+    assert val_window_count("all", 64) is None and val_window_count(None, 64) is None
+    assert val_window_count(7, 64) == 7
+    for bad in (0, -3, True, "some", 2.5):
+        with pytest.raises(MiniGPTError, match=r"loader.val_windows=.* auto .* all"):
+            val_window_count(bad, 64)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.train.distributed import BatchLayout, accumulation_for, fsdp_strategy
+from mini_gpt.train.distributed import BatchLayout, accumulation_for, dead_ranks, fsdp_strategy
 
 
 def test_tokens_per_step_single_device() -> None:
@@ -97,3 +99,41 @@ def test_fsdp_strategy_wraps_blocks() -> None:
 def test_fsdp_strategy_bad_class_path(bad: str) -> None:
     with pytest.raises(MiniGPTError, match="cannot import the module class"):
         fsdp_strategy(wrap=[bad])
+
+
+class _Proc:
+    """A launcher child process as `subprocess.Popen` shows it: `poll()` is its exit code or None."""
+
+    def __init__(self, pid: int, code: int | None) -> None:
+        self.pid, self.code, self.killed = pid, code, False
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def kill(self) -> None:
+        self.killed, self.code = True, -9
+
+
+def _ddp_trainer(procs: list[_Proc], world_size: int = 3) -> Any:
+    from types import SimpleNamespace
+
+    launcher = SimpleNamespace(procs=procs)
+    return SimpleNamespace(world_size=world_size, global_rank=0, strategy=SimpleNamespace(launcher=launcher))
+
+
+def test_dead_ranks_names_the_dead_child_and_kills_the_survivors() -> None:
+    survivor, dead = _Proc(11, None), _Proc(12, -9)
+    error = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    assert dead_ranks(_ddp_trainer([survivor, dead]), error) == "rank 2 (pid 12, killed by signal 9) died"
+    assert survivor.killed  # nothing left behind
+    assert dead_ranks(_ddp_trainer([_Proc(11, 3)], 2), error) == "rank 1 (pid 11, exit status 3) died"
+
+
+def test_dead_ranks_without_launcher_children_goes_by_the_lost_connection() -> None:
+    torchrun = _ddp_trainer([], world_size=2)
+    lost = RuntimeError("[gloo] Read error [127.0.0.1]:43914: Connection reset by peer")
+    assert dead_ranks(torchrun, lost) == "another rank died or lost its connection (this is rank 0)"
+    assert (
+        dead_ranks(torchrun, ValueError("a bug of our own")) is None
+    )  # not a lost peer: the traceback stays
+    assert dead_ranks(_ddp_trainer([_Proc(5, -9)], world_size=1), lost) is None  # one process: no peers

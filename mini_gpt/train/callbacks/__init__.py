@@ -14,27 +14,35 @@ from mini_gpt.train.callbacks.checkpointing import (
 )
 from mini_gpt.train.callbacks.evaluate import EvaluateCallback
 from mini_gpt.train.callbacks.monitoring import (
+    DivergedError,
+    DivergenceGuard,
     NaNGuard,
     NonFiniteLossError,
     Throughput,
     measure_cpu_matmul_flops,
     peak_flops,
 )
+from mini_gpt.train.callbacks.preemption import EXIT_PREEMPTED, Preempted, SaveOnPreemption
 from mini_gpt.train.callbacks.progress import ProgressBar
 from mini_gpt.train.callbacks.samples import SampleText
 from mini_gpt.train.callbacks.summary import RunSummary, ValidateAtEnd
 
 __all__ = [
+    "EXIT_PREEMPTED",
     "AtomicCheckpointIO",
     "AttentionMaps",
+    "DivergedError",
+    "DivergenceGuard",
     "EvalCheckpoint",
     "EvaluateCallback",
     "NaNGuard",
     "NonFiniteLossError",
+    "Preempted",
     "ProgressBar",
     "RunSummary",
     "SampleText",
     "SaveOnInterrupt",
+    "SaveOnPreemption",
     "Throughput",
     "ValidateAtEnd",
     "measure_cpu_matmul_flops",

@@ -1,10 +1,12 @@
 """Checkpoints: written atomically (`AtomicCheckpointIO`), last.ckpt at every evaluation (`EvalCheckpoint`),
-and one saved on Ctrl-C between two optimizer steps (`SaveOnInterrupt`). The two uses of Lightning internals
-(checked on Lightning 2.6.6, the version pyproject pins) are here, each with its reason beside it.
+and one saved on Ctrl-C between two optimizer steps (`SaveOnInterrupt`), or for a preemption
+(`save_last_now`, `save_hpc_checkpoint`: preemption.py). The uses of Lightning internals (checked on
+Lightning 2.6.6, the version pyproject pins) are here, each with its reason beside it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import shutil
@@ -17,11 +19,12 @@ from typing import Any
 import lightning as L
 import psutil
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.files import atomic_write
+from mini_gpt.files import atomic_write, space_note
 from mini_gpt.interop.checkpoint import unreadable_checkpoint
 from mini_gpt.train.callbacks.base import StepCallback
 
@@ -31,6 +34,9 @@ __all__ = [
     "SaveOnInterrupt",
     "last_checkpoint_path",
     "resume_command",
+    "save_hpc_checkpoint",
+    "save_last_now",
+    "slurm_requeue_signal",
 ]
 
 
@@ -59,10 +65,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             with atomic_write(path, "wb") as fh:
                 torch.save(checkpoint, fh)
             _fsync_dir(path.parent)
-        except OSError as err:
+        except (OSError, RuntimeError) as err:
+            # torch's zip writer reports a full disk as RuntimeError ("... unexpected pos" or "file write
+            # failed"), not OSError; any other RuntimeError is not about writing.
+            if isinstance(err, RuntimeError):
+                if not any(m in str(err) for m in _ZIP_WRITE_FAILURES):
+                    raise
+                # the OSError of the file's write, when Python raised it inside torch's writer
+                err = err.__context__ if isinstance(err.__context__, OSError) else err
+            if isinstance(err, OSError) and err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                reason = err.strerror or str(err)
+            else:
+                what = err.strerror if isinstance(err, OSError) else "the write failed: is the disk full?"
+                reason = f"{what}; {space_note(path.parent, _state_bytes(checkpoint))}"
             kept = "the previous one is unchanged" if path.exists() else "nothing was written"
             raise MiniGPTError(
-                f"cannot write checkpoint {path} ({err.strerror or err}); {kept}; free some space or set "
+                f"cannot write checkpoint {path} ({reason}); {kept}; free some space or set "
                 "paths.run_dir (or callbacks.model_checkpoint.dirpath) to a writable directory"
             ) from None
 
@@ -75,6 +93,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise
         except Exception as err:  # truncated, corrupt, not a checkpoint: the message generate/export give
             raise unreadable_checkpoint(path, err) from None
+
+
+# What torch's zip writer (inline_container.cc) raises when a write fails, e.g. on a full disk.
+_ZIP_WRITE_FAILURES = ("unexpected pos", "file write failed")
+
+
+def _state_bytes(obj: Any) -> int:
+    """The bytes of the tensors in a checkpoint dict: about its size on disk."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_state_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_state_bytes(v) for v in obj)
+    return 0
 
 
 def _remove_stale_temporaries(directory: Path) -> None:
@@ -135,6 +168,48 @@ def resume_command(ckpt: Path) -> str:
     return shlex.join([*program, f"ckpt_path={Path(ckpt).resolve()}"])
 
 
+def save_last_now(trainer: L.Trainer, pl_module: L.LightningModule, why: str) -> Path | None:
+    """Write last.ckpt at the current step (between two optimizer steps, so resuming is exact) and print
+    `<why> at step N: saved PATH` + the resume command; None (nothing written) without a checkpoint
+    callback or after a NaN/inf loss. Every rank calls it; the strategy writes on rank 0's behalf."""
+    path = last_checkpoint_path(trainer)
+    if path is None or pl_module.saw_nonfinite_loss():
+        return None
+    # The one use of a Trainer private (Lightning 2.6.6). The public trainer.save_checkpoint ends at
+    # a barrier, and a rank interrupted alone must not wait there for the others; no public call
+    # returns the checkpoint dict, so it is dumped here and written by the strategy (public).
+    checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    trainer.strategy.save_checkpoint(checkpoint, path)
+    if isinstance(trainer.checkpoint_callback, ModelCheckpoint):  # what summary.json reports
+        trainer.checkpoint_callback.last_model_path = str(path)
+    if trainer.is_global_zero:
+        print(
+            f"{why} at step {trainer.global_step}: saved {path}\nresume with: {resume_command(path)}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return path
+
+
+def slurm_requeue_signal(trainer: L.Trainer) -> int | None:
+    """The signal on which Lightning's SLURM environment requeues the job; None without auto-requeue."""
+    # Where Lightning's own signal connector looks (2.6.6): single-device strategies have no environment.
+    env = trainer._accelerator_connector.cluster_environment
+    if isinstance(env, SLURMEnvironment) and env.auto_requeue:
+        return int(env.requeue_signal or signal.SIGUSR1)
+    return None
+
+
+def save_hpc_checkpoint(trainer: L.Trainer) -> Path:
+    """Write the current state as Lightning's `hpc_ckpt_<n>.ckpt` in the trainer's root dir: a requeued
+    SLURM job's fit resumes from the newest one there (Lightning 2.6.6's checkpoint connector: no public
+    call names the file or writes it without a barrier)."""
+    connector = trainer._checkpoint_connector
+    path = Path(connector.hpc_save_path(trainer.default_root_dir))
+    trainer.strategy.save_checkpoint(connector.dump_checkpoint(weights_only=False), path)
+    return path
+
+
 class SaveOnInterrupt(StepCallback):
     """First Ctrl-C (SIGINT): finish the current optimizer step, save last.ckpt, exit. A second
     Ctrl-C interrupts at once. Saving between steps keeps the checkpoint consistent, so resuming from
@@ -162,25 +237,8 @@ class SaveOnInterrupt(StepCallback):
             self._previous = None
 
     def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Path | None:
-        path = last_checkpoint_path(trainer)
-        if path is None or pl_module.saw_nonfinite_loss():
-            return None
-        # The one use of a Trainer private (Lightning 2.6.6). The public trainer.save_checkpoint ends at
-        # a barrier, and a rank interrupted alone must not wait there for the others; no public call
-        # returns the checkpoint dict, so it is dumped here and written by the strategy (public).
-        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
-        trainer.strategy.save_checkpoint(checkpoint, path)
-        self.saved_path = path
-        if isinstance(trainer.checkpoint_callback, ModelCheckpoint):  # what summary.json reports
-            trainer.checkpoint_callback.last_model_path = str(path)
-        if trainer.is_global_zero:
-            print(
-                f"interrupted at step {trainer.global_step}: saved {path}\n"
-                f"resume with: {resume_command(path)}",
-                file=sys.stderr,
-                flush=True,
-            )
-        return path
+        self.saved_path = save_last_now(trainer, pl_module, "interrupted")
+        return self.saved_path
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.requested:

@@ -5,6 +5,7 @@ Both read the device only at log intervals or at events that sync anyway (valida
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,8 @@ from mini_gpt.train.callbacks.base import StepCallback
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
 
 __all__ = [
+    "DivergedError",
+    "DivergenceGuard",
     "NaNGuard",
     "NonFiniteLossError",
     "Throughput",
@@ -76,6 +79,57 @@ class NaNGuard(StepCallback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
             self.check(trainer, pl_module)
+
+
+class DivergedError(MiniGPTError):
+    """The loss exploded while staying finite; raised (so nothing more is saved) by DivergenceGuard."""
+
+
+class DivergenceGuard(StepCallback):
+    """Stops a run whose loss exploded but stayed finite (Muon at lr=1e2 reaches ~1e5 where AdamW goes
+    NaN) like the NaN guard does: one line, summary.json status `diverged`, last.ckpt left the last good
+    one. The yardstick is ln(vocabulary), what a uniform guess scores and about where a fresh model starts:
+    the run has diverged when the logged train loss exceeds `factor` x ln V at `patience` log steps in a
+    row (a single spike is forgiven), or at the last log step before a validation (its checkpoint would
+    hold the exploded state). A healthy run starts near ln V and only goes down; a fine-tune starts below.
+    The val loss is no yardstick: memorising one batch (debug=overfit_batch) sends it past 3 x ln V. Reads
+    only the losses the module already logged (host floats): no device sync of its own."""
+
+    def __init__(self, factor: float = 3.0, patience: int = 3) -> None:
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 1:
+            raise MiniGPTError(f"callbacks.divergence_guard.factor={factor!r} must be a number > 1 (e.g. 3)")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+            raise MiniGPTError(f"callbacks.divergence_guard.patience={patience!r} must be a positive integer")
+        self.factor, self.patience = float(factor), patience
+
+    def limit(self, pl_module: L.LightningModule) -> float:
+        """The loss above which the run counts as diverged: factor x ln(vocabulary size)."""
+        tokenizer = getattr(pl_module, "tokenizer", None)
+        vocab = getattr(tokenizer, "vocab_size", None) or pl_module.model.config.vocab_size
+        return self.factor * math.log(vocab)
+
+    def _stop(self, trainer: L.Trainer, pl_module: L.LightningModule, what: str) -> None:
+        last = last_checkpoint_path(trainer)
+        kept = f"last good checkpoint: {last}" if last and last.exists() else "no checkpoint was saved yet"
+        raise DivergedError(
+            f"training diverged by step {trainer.global_step}: {what} > {self.factor:g} x ln(vocab) = "
+            f"{self.limit(pl_module):.2f} (a uniform guess scores ln(vocab)); stopped without saving this "
+            f"state ({kept}); lower optim.lr"
+            + ("" if trainer.gradient_clip_val else " or set trainer.gradient_clip_val=1.0")
+        )
+
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        recent = pl_module.stats.train_history[-self.patience :]
+        limit = self.limit(pl_module)
+        if len(recent) == self.patience and all(loss > limit for _, loss in recent):
+            losses = ", ".join(f"{loss:.4g}" for _, loss in recent)
+            self._stop(trainer, pl_module, f"train loss {losses} at {self.patience} log steps in a row")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        history = pl_module.stats.train_history
+        if not trainer.sanity_checking and history and history[-1][1] > self.limit(pl_module):
+            step, loss = history[-1]
+            self._stop(trainer, pl_module, f"train loss {loss:.4g} at step {step}, before a checkpoint")
 
 
 # The fp32 matmul peak assumed when the CPU probe fails (a small 2-core machine's order of magnitude).

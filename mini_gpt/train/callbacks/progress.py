@@ -116,6 +116,12 @@ class ProgressBar(RichProgressBar):
         ]
 
     @property
+    def validation_description(self) -> str:
+        """`val 131,072 tok`: how many tokens the val loss estimate averages (loader.val_windows)."""
+        tokens = getattr(self.trainer.datamodule, "val_estimate_tokens", None)
+        return f"val {tokens:,} tok" if tokens else "val"
+
+    @property
     def total_train_batches(self) -> int | float:
         # The bar counts micro-batches from the start of training, also after a resume, so its total is
         # the whole run (max_steps x accumulation), not Lightning's steps *remaining*.

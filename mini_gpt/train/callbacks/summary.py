@@ -14,7 +14,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import write_json_atomic
 from mini_gpt.train.callbacks.evaluate import EvaluateCallback
-from mini_gpt.train.callbacks.monitoring import NonFiniteLossError, Throughput
+from mini_gpt.train.callbacks.monitoring import DivergedError, NonFiniteLossError, Throughput
+from mini_gpt.train.callbacks.preemption import Preempted
 
 __all__ = ["RunSummary", "ValidateAtEnd", "process_start_time"]
 
@@ -46,7 +47,8 @@ class RunSummary(Callback):
     It only reads the run's numbers: the val curve and tokens per step from the module (`pl_module.stats`),
     tokens/s from the Throughput callback (None without one), checkpoint paths from the checkpoint
     callback (listed after SaveOnInterrupt, it sees a Ctrl-C save). `status`: completed, interrupted,
-    nonfinite (NaN guard) or failed. Times count from `start` (unix time; default: process start).
+    preempted (SIGTERM / SIGUSR1), nonfinite (NaN guard), diverged (DivergenceGuard) or failed. Times
+    count from `start` (unix time; default: process start).
     """
 
     def __init__(self, path: str | Path, start: float | None = None) -> None:
@@ -60,12 +62,17 @@ class RunSummary(Callback):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        if isinstance(exception, NonFiniteLossError):
+        status = "failed"
+        if isinstance(exception, KeyboardInterrupt):
+            status = "interrupted"
+        elif isinstance(exception, Preempted):
+            status = "preempted"
+        elif isinstance(exception, NonFiniteLossError):
             status = "nonfinite"
+        elif isinstance(exception, DivergedError):
+            status = "diverged"
         elif isinstance(exception, MiniGPTError) and trainer.global_step == pl_module.stats.start_step:
             return  # a bad input found before the first step: its one line, and no run directory kept
-        else:
-            status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
         self.write(trainer, pl_module, status)
 
     @rank_zero_only
@@ -90,6 +97,9 @@ class RunSummary(Callback):
             "tokens_per_sec": throughput.tokens_per_sec if throughput and throughput.total_seconds else None,
             "val_curve": [[s, t - start, v] for s, t, v in vals],
             "eval": _last_eval(trainer),  # callbacks.evaluate's last metrics (eval/bpb/bits_per_byte, ...)
+            # val losses are estimates on `val_tokens` of the `val_split_tokens` (loader.val_windows)
+            "val_tokens": pl_module.stats.val_tokens or None,
+            "val_split_tokens": getattr(trainer.datamodule, "val_split_tokens", None),
             "best_ckpt": str(Path(best).resolve()) if best else None,
             "last_ckpt": str(Path(last).resolve()) if last else None,
         }
