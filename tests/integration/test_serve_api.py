@@ -253,3 +253,23 @@ def test_busy_server_answers_429(ckpt) -> None:
             assert json.loads(http.get("/health").text)["model"] == ckpt.parent.name
     finally:
         engine.close()
+
+
+def test_cli_errors_are_one_line(ckpt, capsys) -> None:
+    import socket
+
+    from mini_gpt.cli.serve import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            main([f"ckpt={ckpt}", f"port={port}", "device=cpu", "log_level=critical"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    expected = f"error: could not serve on 127.0.0.1:{port} (is the port in use? try port=8001)"
+    assert err.splitlines()[-1] == expected
+    with pytest.raises(SystemExit):
+        main(["port=70000"])
+    assert capsys.readouterr().err == "error: port=70000 must be at most 65535\n"
