@@ -273,3 +273,15 @@ def test_cli_errors_are_one_line(ckpt, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["port=70000"])
     assert capsys.readouterr().err == "error: port=70000 must be at most 65535\n"
+
+
+def test_bench_section_times_the_same_text(server, ckpt) -> None:
+    from mini_gpt.bench.serve import measure
+
+    rows = measure(server[0], ckpt, tokens=12, repeats=2, threads=1)
+    assert [r["contender"] for r in rows] == ["generate", "serve-stream"]
+    assert all(r["same_text"] for r in rows)  # the stream is generate's text for the same seed
+    generate, stream = rows
+    assert generate["first_token_s"] is None and generate["vs_generate"] == 1.0
+    assert 0 < stream["first_token_s"] <= stream["median_s"]
+    assert stream["tokens_per_s"] == pytest.approx(12 / stream["median_s"], rel=0.5)
