@@ -47,7 +47,8 @@ def served(tmp_path: Path):
     ckpt = write_lightning_ckpt(tmp_path / "last.ckpt", model, tokenizer)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mini_gpt.cli", "serve", f"ckpt={ckpt}", f"port={port}", "device=cpu"],
+        [sys.executable, "-m", "mini_gpt.cli", "serve", f"ckpt={ckpt}", f"port={port}", "device=cpu",
+         "model_name=tiny-shakespeare-char"],
         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
