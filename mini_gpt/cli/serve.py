@@ -108,7 +108,15 @@ def run(cfg: ServeConfig, err: TextIO | None = None) -> None:
         app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=2,
         access_log=cfg.log_level in ("info", "debug"),
     )  # fmt: skip
-    server = uvicorn.Server(config)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Ctrl-C: end the running and queued generations first, so that open streams finish (with
+            # what they have) and uvicorn's graceful shutdown need not cancel them mid-response.
+            engine.cancel_all()
+            super().handle_exit(sig, frame)
+
+    server = Server(config)
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then raises it again

@@ -361,6 +361,8 @@ def create_app(engine: Engine, model_name: str, limits: Limits | None = None) ->
         async for batch in steps:
             for step in batch:
                 groups[step.row].append(step)
+        if not job.streams:
+            raise ApiError(503, "The server is stopping: this request was cancelled before it ran.")
         choices = []
         for row, stream in enumerate(job.streams):
             group = groups[row]

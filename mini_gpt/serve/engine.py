@@ -131,6 +131,7 @@ class Engine:
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._busy = threading.Lock()  # held while a job runs (also by `attention`)
         self.waiting = 0  # jobs queued or running
+        self._events: dict[int, threading.Event] = {}  # their cancel events, for cancel_all
         self._count_lock = threading.Lock()
         self._worker = threading.Thread(target=self._work, name="mini-gpt-serve", daemon=True)
         self._worker.start()
@@ -153,7 +154,14 @@ class Engine:
         check_sampling_args(job.temperature, job.top_k, job.top_p)
         with self._count_lock:
             self.waiting += 1
+            self._events[id(job)] = job.cancel
         self._jobs.put(job)
+
+    def cancel_all(self) -> None:
+        """Cancel every queued and running job (shutting down): their streams end at the next token."""
+        with self._count_lock:
+            for event in self._events.values():
+                event.set()
 
     def close(self) -> None:
         """Stop the worker after the job it runs (callers cancel their jobs first)."""
@@ -165,7 +173,9 @@ class Engine:
         while (job := self._jobs.get()) is not None:
             error: BaseException | None = None
             try:
-                if not job.cancel.is_set():
+                if job.cancel.is_set():  # its client left, or the server stops, before it started
+                    job.finish = ["stop"] * job.n
+                else:
                     with self._busy:
                         self._run(job)
             except BaseException as err:  # reported to the client, never kills the worker
@@ -173,6 +183,7 @@ class Engine:
             finally:
                 with self._count_lock:
                     self.waiting -= 1
+                    self._events.pop(id(job), None)
             job.done(error)
 
     def _run(self, job: Job) -> None:

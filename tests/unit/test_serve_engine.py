@@ -173,3 +173,18 @@ def test_bpe_text_never_shows_half_a_character() -> None:
     assert "".join(s.text for s in steps) == job.streams[0].text
     tokens = [s.token for s in steps if s.token >= 0]
     assert len(tokens) == 24
+
+
+def test_cancel_all_ends_running_and_queued_jobs(engine) -> None:
+    started, done = threading.Event(), [threading.Event(), threading.Event()]
+    running = Job(ids=engine.encode("a"), max_tokens=5000, temperature=1.0, seed=1,
+                  emit=lambda step: started.set(), done=lambda e: done[0].set())  # fmt: skip
+    queued = Job(ids=engine.encode("a"), max_tokens=5000, done=lambda e: done[1].set())
+    engine.submit(running)
+    engine.submit(queued)
+    assert started.wait(30)
+    engine.cancel_all()
+    assert done[0].wait(30) and done[1].wait(30)
+    assert running.streams[0].tokens < 5000 and running.finish == ["length"]
+    assert queued.streams == [] and queued.finish == ["stop"]  # never ran
+    assert engine.waiting == 0
