@@ -136,6 +136,19 @@ def test_page_streams_shades_explains_and_stops_cleanly(served, tmp_path: Path) 
             assert shot.stat().st_size > 20_000
             if os.environ.get("MINI_GPT_SCREENSHOT"):  # docs/img/serve.png is taken this way
                 shutil.copy(shot, os.environ["MINI_GPT_SCREENSHOT"])
+
+            # Stop: the stream ends on the page and the generation on the server
+            page.fill("#max_tokens", "1000")
+            page.click("#generate")
+            expect(generated.first).to_be_visible()
+            page.click("#stop")
+            expect(page.locator("#output")).to_have_attribute("data-state", "stopped")
+            expect(page.locator("#status")).to_contain_text("stopped after")
+            assert generated.count() < 1000
+            deadline = time.monotonic() + 5
+            while httpx.get(url + "/health").json()["waiting"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert httpx.get(url + "/health").json()["waiting"] == 0
         finally:
             browser.close()
 

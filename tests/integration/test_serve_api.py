@@ -109,6 +109,20 @@ def test_stream_equals_the_whole_answer(client) -> None:
         assert max(top.values()) >= logprob - 1e-6  # the best alternatives include anything better
 
 
+def test_stream_of_several_samples(client) -> None:
+    kw = {"model": "tiny", "prompt": "To be", "max_tokens": 25, "seed": 6, "n": 3}
+    whole = [c.text for c in client.completions.create(**kw).choices]
+    streamed = ["", "", ""]
+    finish = {}
+    for chunk in client.completions.create(stream=True, **kw):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+    assert streamed == whole and len(set(whole)) == 3
+    assert finish == {0: "length", 1: "length", 2: "length"}
+
+
 def test_greedy_logprobs_top_is_the_chosen_token(client) -> None:
     got = client.completions.create(model="tiny", prompt="a", max_tokens=10, temperature=0, logprobs=1)
     lp = got.choices[0].logprobs
