@@ -297,11 +297,12 @@ def create_app(engine: Engine, model_name: str, limits: Limits | None = None) ->
         if len(stops) > 4:
             raise ApiError(400, "stop may hold at most 4 strings.", "stop")
         n = 1 if req.n is None else req.n
-        check_common(req.max_tokens, n)
+        max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
+        check_common(max_tokens, n)
         ids = prompt_ids(req.prompt)
         top_p = None if req.top_p is None or req.top_p == 1.0 else req.top_p
         job = Job(
-            ids, req.max_tokens or 0, 1.0 if req.temperature is None else req.temperature, req.top_k, top_p,
+            ids, max_tokens, 1.0 if req.temperature is None else req.temperature, req.top_k, top_p,
             req.seed, n, [s for s in stops if s], req.logprobs or 0, logprobs=req.logprobs is not None,
         )  # fmt: skip
         steps = submit_checked(job)
@@ -314,13 +315,18 @@ def create_app(engine: Engine, model_name: str, limits: Limits | None = None) ->
                 return None
             real = [s for s in group if s.token >= 0]
             tok = engine.tokenizer
+            offsets = []  # where each token's released text starts in the completion
+            for s in group:
+                if s.token >= 0:
+                    offsets.append(offset)
+                offset += len(s.text)
             return {
                 "tokens": [token_text(tok, s.token) for s in real],
                 "token_logprobs": [s.logprob for s in real],
                 "top_logprobs": [
                     {token_text(tok, i): lp for i, lp in s.top[: req.logprobs]} for s in real
                 ] if req.logprobs else None,
-                "text_offset": [offset] * len(real),
+                "text_offset": offsets,
             }  # fmt: skip
 
         if req.stream:
@@ -367,13 +373,6 @@ def create_app(engine: Engine, model_name: str, limits: Limits | None = None) ->
         for row, stream in enumerate(job.streams):
             group = groups[row]
             lp = logprobs_of(group, 0)
-            if lp is not None:  # each token's offset: where its released text starts
-                offsets, at = [], 0
-                for s in group:
-                    if s.token >= 0:
-                        offsets.append(at)
-                    at += len(s.text)
-                lp["text_offset"] = offsets
             choices.append(
                 {"index": row, "text": stream.text, "logprobs": lp, "finish_reason": job.finish[row]}
             )

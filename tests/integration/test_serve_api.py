@@ -101,6 +101,8 @@ def test_stream_equals_the_whole_answer(client) -> None:
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
     streamed = [lp for c in chunks if c.choices[0].logprobs for lp in c.choices[0].logprobs.token_logprobs]
     assert streamed == pytest.approx(whole.choices[0].logprobs.token_logprobs)
+    offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert offsets == whole.choices[0].logprobs.text_offset
     lp = whole.choices[0].logprobs
     assert len(lp.tokens) == 30 and "".join(lp.tokens) == whole.choices[0].text
     assert lp.text_offset == list(range(30))  # one character per token
