@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.infer.sampling import check_sampling_args
 from mini_gpt.serve.engine import Engine, Job, Step, prompt_groups, token_text
 
 STATIC = Path(__file__).parent / "static"
@@ -247,10 +248,8 @@ def create_app(engine: Engine, model_name: str, limits: Limits | None = None) ->
         if engine.waiting >= limits.max_waiting:
             raise ApiError(429, f"The server is busy ({engine.waiting} requests waiting); try again soon.")
 
-    def submit_checked(job: Job) -> AsyncIterator[Step]:
+    def submit_checked(job: Job) -> AsyncIterator[list[Step]]:
         try:
-            from mini_gpt.infer.sampling import check_sampling_args
-
             check_sampling_args(job.temperature, job.top_k, job.top_p)
         except MiniGPTError as err:
             raise ApiError(400, sentence(err)) from None
