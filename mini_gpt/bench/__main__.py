@@ -1,4 +1,4 @@
-"""`mini-gpt bench {attention,train,generate,data,all} [--json out.json] [section options]` (alias
+"""`mini-gpt bench {attention,train,generate,data,serve,all} [--json out.json] [section options]` (alias
 `python -m mini_gpt.bench ...`). The one verb of mini-gpt with argparse flags rather than Hydra overrides:
 each section's options are its own `--flags`.
 
@@ -28,6 +28,7 @@ SECTIONS = (
     "data",
     "attention_maps",
     "evaluate",
+    "serve",
     "tokenizer_train",
     "sweep",
 )

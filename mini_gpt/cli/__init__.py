@@ -22,6 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "attention-maps": ("mini_gpt.cli.attention_maps", "draw a model's attention maps for a prompt"),
     "compare": ("mini_gpt.cli.compare", "one table + curves of runs: compare PATH... [--scaling] (argparse)"),
     "sweep": ("mini_gpt.cli.sweep", "Optuna search: sweep hparams_search=NAME [key=value ...]"),
+    "serve": ("mini_gpt.cli.serve", "a local playground page + OpenAI-compatible API: serve ckpt=PATH"),
     "bench": ("mini_gpt.bench.__main__", "benchmarks: bench SECTION [--flags] (argparse, not overrides)"),
     "harness": ("mini_gpt.cli.harness", "lm-evaluation-harness with the mini-gpt model (lm_eval's flags)"),
 }

@@ -31,6 +31,7 @@ VERBS = (
     "attention-maps",
     "compare",
     "sweep",
+    "serve",
     "bench",
     "harness",
 )
@@ -43,6 +44,7 @@ CONFIGS = {
     "prepare": "prepare",
     "plot": "plot",
     "attention-maps": "attention_maps",
+    "serve": "serve",
 }
 TINY_TRAIN = (
     "model=tiny",

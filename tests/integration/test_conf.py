@@ -300,6 +300,8 @@ def test_regular_install_finds_its_configs(tmp_path: Path) -> None:
         cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert where.stdout.strip() == str(tmp_path / "site" / "mini_gpt" / "configs")  # the installed copy
+    static = tmp_path / "site" / "mini_gpt" / "serve" / "static"  # the playground page is package data
+    assert sorted(p.name for p in static.iterdir()) == ["app.js", "index.html", "style.css"]
     done = subprocess.run(
         [sys.executable, "-m", "mini_gpt.generate", f"ckpt={tmp_path / 'model'}", "prompt=ab",
          "max_new_tokens=5", "temperature=0"],

@@ -43,3 +43,13 @@ def test_harness_without_lm_eval(monkeypatch, capsys) -> None:
     assert exit_info.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: ") and 'pip install -e ".[eval]"' in line
+
+
+def test_serve_without_fastapi(monkeypatch) -> None:
+    hide(monkeypatch, "fastapi", "uvicorn")
+    from mini_gpt.cli.serve import ServeConfig, build
+
+    with pytest.raises(MiniGPTError) as err:
+        build(ServeConfig(ckpt="never-read.ckpt"))
+    msg = str(err.value)
+    assert 'pip install -e ".[serve]"' in msg and "ModuleNotFound" not in msg and "\n" not in msg

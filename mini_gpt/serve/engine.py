@@ -1,0 +1,240 @@
+"""The model side of `mini-gpt serve`, with no web framework: one loaded model, one generation at a time.
+
+`Engine.submit(job)` queues a `Job` on a single worker thread (first come, first served: the lock around
+the model is that one thread); the job runs `mini_gpt.infer.sampling.generate`, the very loop `mini-gpt
+generate` runs, with a per-request `torch.Generator` seeded as the CLI seeds it, so the same prompt, seed
+and settings give the same text. Each sampled token becomes a `Step`: its id, the log-probability the
+model gave it (softmax of the raw logits, before temperature and top-k/top-p), the top alternatives, and
+the text it releases (`TextStream`: whole UTF-8 characters only, cut at stop strings). A job whose
+`cancel` event is set (the client went away) stops at its next token.
+
+`Engine.attention(ids, position)` reads the exact attention path (`GPT(..., return_attention=True)`): the
+weights that `position` put on each earlier token, per layer and head.
+"""
+
+from __future__ import annotations
+
+import queue
+import secrets
+import threading
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.infer.device import autocast_context
+from mini_gpt.infer.packing import can_pack, prepare_for_inference
+from mini_gpt.infer.sampling import check_sampling_args, generate
+from mini_gpt.infer.stream import TextStream, encode_prompt
+from mini_gpt.tokenizer import Tokenizer
+
+__all__ = ["Engine", "Job", "Step", "prompt_groups", "token_text"]
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    """One token's own text; a BPE token holding part of a UTF-8 character shows its bytes as \\xNN."""
+    encoding = getattr(tokenizer, "encoding", None)
+    if encoding is not None and hasattr(encoding, "decode_single_token_bytes"):
+        return encoding.decode_single_token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+    return tokenizer.decode([token_id])
+
+
+def prompt_groups(tokenizer: Any, ids: list[int]) -> list[dict[str, Any]]:
+    """The prompt as the page shows it: runs of ids that make whole characters, with their text."""
+    stream, groups, run = TextStream(tokenizer, []), [], []
+    for i in ids:
+        run.append(i)
+        piece = stream.push(i)
+        if piece:
+            groups.append({"ids": run, "texts": [token_text(tokenizer, t) for t in run], "text": piece})
+            run = []
+    rest = stream.flush()
+    if run:
+        groups.append({"ids": run, "texts": [token_text(tokenizer, t) for t in run], "text": rest})
+    return groups
+
+
+@dataclass
+class Step:
+    """One sampled token of one sample (`row`), as the clients see it."""
+
+    row: int
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]  # (id, logprob) of the most likely tokens, best first
+    text: str  # the printable text this token releases ("" while half a character is held back)
+
+
+@dataclass
+class Job:
+    """One request: what to generate, and where its steps go.
+
+    `emit(step)` is called on the worker thread for every token, `done(error)` once at the end (None on
+    success). Set `cancel` to stop it (at its next token, or before it starts)."""
+
+    ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    n: int = 1
+    stops: list[str] = field(default_factory=list)
+    top_logprobs: int = 0
+    logprobs: bool = True  # False: steps carry no log-probabilities (logprob 0.0, top []): a little faster
+    emit: Callable[[Step], None] = lambda step: None
+    done: Callable[[BaseException | None], None] = lambda error: None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    # filled in by the engine
+    streams: list[TextStream] = field(default_factory=list)
+    finish: list[str] = field(default_factory=list)  # per row: "stop" or "length"
+
+
+class _LastLogits(nn.Module):
+    """The model as `generate` sees it, keeping the logits of each call's last position for the steps
+    (the sampler itself is untouched: it gets exactly what the model returned)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        self.last: Tensor | None = None
+
+    def new_kv_caches(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model.new_kv_caches(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
+        logits = self.model(*args, **kwargs)
+        self.last = logits[:, -1, :]
+        return logits
+
+
+class Engine:
+    """A loaded model and tokenizer behind one worker thread (module docstring)."""
+
+    def __init__(
+        self, model: nn.Module, tokenizer: Tokenizer, device: torch.device, dtype: str = "auto"
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.device = device
+        self.config = model.config
+        self.amp: Any = autocast_context(device, dtype)
+        weights = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
+        if weights is not None and can_pack(device, weights):
+            # As `mini-gpt generate` does on a CPU: weights packed once (in place) instead of autocast.
+            model, self.amp = prepare_for_inference(model, weights), nullcontext()
+        self.model = model
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._busy = threading.Lock()  # held while a job runs (also by `attention`)
+        self.waiting = 0  # jobs queued or running
+        self._events: dict[int, threading.Event] = {}  # their cancel events, for cancel_all
+        self._count_lock = threading.Lock()
+        self._worker = threading.Thread(target=self._work, name="mini-gpt-serve", daemon=True)
+        self._worker.start()
+
+    # ---- requests ------------------------------------------------------------------------------------
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        """Prompt ids: text through the tokenizer (an empty one starts from end-of-text), or ids checked."""
+        if isinstance(prompt, str):
+            return encode_prompt(self.tokenizer, prompt)
+        vocab = self.config.vocab_size
+        bad = [i for i in prompt if not 0 <= i < vocab]
+        if bad or not prompt:
+            raise MiniGPTError(
+                f"prompt token ids must be 0..{vocab - 1} and not empty, got {bad[:3] or '[]'}"
+            )
+        return list(prompt)
+
+    def submit(self, job: Job) -> None:
+        """Queue `job` (checked first: a bad setting raises MiniGPTError here, not on the worker)."""
+        check_sampling_args(job.temperature, job.top_k, job.top_p)
+        with self._count_lock:
+            self.waiting += 1
+            self._events[id(job)] = job.cancel
+        self._jobs.put(job)
+
+    def cancel_all(self) -> None:
+        """Cancel every queued and running job (shutting down): their streams end at the next token."""
+        with self._count_lock:
+            for event in self._events.values():
+                event.set()
+
+    def close(self) -> None:
+        """Stop the worker after the job it runs (callers cancel their jobs first)."""
+        self._jobs.put(None)
+        self._worker.join(timeout=10)
+
+    # ---- the worker ----------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            error: BaseException | None = None
+            try:
+                if job.cancel.is_set():  # its client left, or the server stops, before it started
+                    job.finish = ["stop"] * job.n
+                else:
+                    with self._busy:
+                        self._run(job)
+            except BaseException as err:  # reported to the client, never kills the worker
+                error = err
+            finally:
+                with self._count_lock:
+                    self.waiting -= 1
+                    self._events.pop(id(job), None)
+            job.done(error)
+
+    def _run(self, job: Job) -> None:
+        seed = job.seed if job.seed is not None else secrets.randbelow(2**31)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        job.streams = [TextStream(self.tokenizer, job.stops) for _ in range(job.n)]
+        model = _LastLogits(self.model)
+        top = max(1, job.top_logprobs)
+
+        def on_token(token: Tensor) -> bool:
+            chosen, alternatives = [0.0] * job.n, [[] for _ in range(job.n)]
+            if job.logprobs:
+                logprobs = torch.log_softmax(model.last.float(), dim=-1).expand(job.n, -1)  # (n, V)
+                chosen = logprobs.gather(1, token[:, None])[:, 0].tolist()
+                best, best_ids = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)
+                alternatives = [
+                    list(zip(i, lp, strict=True)) for i, lp in zip(best_ids.tolist(), best.tolist())
+                ]
+            for row, (t, stream) in enumerate(zip(token.tolist(), job.streams, strict=True)):
+                if stream.stopped:
+                    continue
+                job.emit(Step(row, t, chosen[row], alternatives[row], stream.push(t)))
+            return job.cancel.is_set() or all(s.stopped for s in job.streams)
+
+        idx = torch.tensor([job.ids], dtype=torch.long, device=self.device)
+        with self.amp:
+            generate(
+                model, idx, job.max_tokens, temperature=job.temperature, top_k=job.top_k,
+                top_p=job.top_p, generator=generator, num_samples=job.n, stream=on_token,
+            )  # fmt: skip
+        job.finish = []
+        for row, stream in enumerate(job.streams):
+            stopped = stream.stopped
+            rest = stream.flush()
+            if rest:
+                job.emit(Step(row, -1, 0.0, [], rest))  # held-back bytes at the end: text only
+            job.finish.append("stop" if stopped else "length")
+
+    # ---- the attention view --------------------------------------------------------------------------
+    @torch.no_grad()
+    def attention(self, ids: list[int], position: int) -> dict[str, Any]:
+        """What token `position` of `ids` attended to: weights[layer][head][j] over the keys `start + j`
+        (its context: at most block_size tokens ending at `position`), from the exact attention path."""
+        if not 0 <= position < len(ids):
+            raise MiniGPTError(f"position={position} is outside the {len(ids)} tokens")
+        self.encode(ids)  # range check
+        start = max(0, position + 1 - self.config.block_size)
+        idx = torch.tensor([ids[start : position + 1]], dtype=torch.long, device=self.device)
+        with self._busy:
+            self.model.eval()
+            with self.amp:
+                _, attentions = self.model(idx, return_attention=True)
+        weights = [att[0, :, -1, :].float().cpu().tolist() for att in attentions]  # (nh, S) per layer
+        return {"start": start, "position": position, "weights": weights}

@@ -1,0 +1,160 @@
+"""The playground as a person uses it: `mini-gpt serve` in its own process, the page in a real headless
+Chromium (Playwright's Python API driving Debian's `chromium`: docs/development.md). Type a prompt, click
+Generate, read the streamed text (it must be `mini-gpt generate`'s greedy output), hover a token for its
+alternatives, click one for the attention view, save a screenshot, and stop the server with Ctrl-C."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import REPO, train_tiny_char_model, write_lightning_ckpt
+from playwright.sync_api import expect, sync_playwright
+
+from mini_gpt.cli.generate import GenerateConfig
+from mini_gpt.cli.generate import run as generate_cli
+
+PROMPT = "ROMEO:\nWhat"
+NEW_TOKENS = 60
+
+
+def browser_path() -> str:
+    for name in ("chromium", "chromium-browser"):
+        if path := shutil.which(name):
+            return path
+    pytest.fail("no chromium on the PATH: apt-get install -y chromium (see docs/development.md)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def served(tmp_path: Path):
+    """A trained tiny char model served by `mini-gpt serve` in a subprocess: (url, ckpt, process)."""
+    model, tokenizer, _ = train_tiny_char_model(steps=300)  # ~3 s: greedy text of words, not spaces
+    ckpt = write_lightning_ckpt(tmp_path / "last.ckpt", model, tokenizer)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mini_gpt.cli", "serve", f"ckpt={ckpt}", f"port={port}", "device=cpu",
+         "model_name=tiny-shakespeare-char"],
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "mini-gpt serve did not answer /health within 60 s"
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.1)
+    try:
+        yield url, ckpt, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_page_streams_shades_explains_and_stops_cleanly(served, tmp_path: Path) -> None:
+    url, ckpt, proc = served
+    records = generate_cli(
+        GenerateConfig(ckpt=str(ckpt), prompt=PROMPT, max_new_tokens=NEW_TOKENS, temperature=0, device="cpu"),
+        out=io.StringIO(), err=io.StringIO(),
+    )  # fmt: skip
+    expected = PROMPT + records[0]["sample"]
+    assert len(records[0]["sample"]) == NEW_TOKENS
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path(), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            page.goto(url + "/")
+            expect(page.locator("#model-info")).to_contain_text("2 layers x 2 heads")
+            page.fill("#prompt", PROMPT)
+            page.fill("#temperature", "0")
+            page.fill("#max_tokens", str(NEW_TOKENS))
+            page.click("#generate")
+            expect(page.locator("#output")).to_have_attribute("data-state", "done", timeout=20_000)
+            assert page.eval_on_selector("#output", "e => e.textContent") == expected
+            expect(page.locator("#status")).to_contain_text(f"{NEW_TOKENS} tokens in")
+
+            generated = page.locator("#output .tok.gen")
+            assert generated.count() == NEW_TOKENS  # one span per character token
+            probs = [float(p) for p in generated.evaluate_all("els => els.map(e => e.dataset.prob)")]
+            assert all(0 < p <= 1 for p in probs) and len(set(probs)) > 5
+            colors = set(generated.evaluate_all("els => els.map(e => e.style.background)"))
+            assert len(colors) > 5  # shaded by probability, not one colour
+
+            generated.nth(5).hover()
+            tooltip = page.locator("#tooltip")
+            expect(tooltip).to_be_visible()
+            rows = tooltip.locator("table.alternatives tr")
+            expect(rows).to_have_count(5)
+            expect(rows.first).to_have_class("chosen")  # greedy: the chosen token is the most likely
+            alternatives = [float(x) for x in rows.locator("td:nth-child(2)").all_inner_texts()]
+            assert alternatives == sorted(alternatives, reverse=True) and sum(alternatives) <= 1.001
+
+            generated.nth(NEW_TOKENS - 1).click()
+            attention = page.locator("#attention")
+            expect(attention).to_be_visible()
+            panels = page.locator("#att-grid .head-panel")
+            expect(panels).to_have_count(2)  # "all heads": one panel per head of the layer
+            length = len(PROMPT) + NEW_TOKENS
+            cells = panels.first.locator(".strip span")
+            expect(cells).to_have_count(32)  # the model's context: block_size tokens ending at the click
+            weights = [
+                float(t.rsplit(": ", 1)[1]) for t in cells.evaluate_all("els => els.map(e => e.title)")
+            ]
+            assert sum(weights) == pytest.approx(1.0, abs=0.01)
+            expect(page.locator("#att-pos")).to_have_text(str(length - 1))
+            page.select_option("#att-layer", "1")
+            page.select_option("#att-head", "1")
+            expect(panels).to_have_count(1)
+            expect(panels.first.locator(".title")).to_contain_text("layer 1 head 1")
+
+            page.select_option("#att-head", "all")
+            expect(panels).to_have_count(2)
+            generated.nth(20).hover()  # the screenshot shows the alternatives too
+            expect(tooltip).to_be_visible()
+            shot = tmp_path / "serve.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 20_000
+            if os.environ.get("MINI_GPT_SCREENSHOT"):  # docs/img/serve.png is taken this way
+                shutil.copy(shot, os.environ["MINI_GPT_SCREENSHOT"])
+
+            # Stop: the stream ends on the page and the generation on the server
+            page.fill("#max_tokens", "1000")
+            page.click("#generate")
+            expect(generated.first).to_be_visible()
+            page.click("#stop")
+            expect(page.locator("#output")).to_have_attribute("data-state", "stopped")
+            expect(page.locator("#status")).to_contain_text("stopped after")
+            assert generated.count() < 1000
+            deadline = time.monotonic() + 5
+            while httpx.get(url + "/health").json()["waiting"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert httpx.get(url + "/health").json()["waiting"] == 0
+        finally:
+            browser.close()
+
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert "bound to 127.0.0.1: only this machine can connect" in err
+    assert err.rstrip().endswith("mini-gpt serve: stopped")
+    assert "Traceback" not in err

@@ -1,0 +1,303 @@
+"""`mini-gpt serve`'s OpenAI-compatible API, driven by the official `openai` client and plain HTTP against a
+real uvicorn server (in a thread of this process, on a free port): the text `mini-gpt generate` gives for
+the same seed and settings, streaming, logprobs, one-sentence errors, disconnects and 8 clients at once."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import torch
+import uvicorn
+from helpers import write_lightning_ckpt
+
+from mini_gpt.cli.generate import GenerateConfig
+from mini_gpt.cli.generate import run as generate_cli
+from mini_gpt.cli.serve import ServeConfig, build
+from mini_gpt.model.gpt import GPT, GPTConfig
+from mini_gpt.tokenizer import CharTokenizer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # tiny Shakespeare's 65
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=len(CHARS), block_size=32))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.0)  # spread the logits: samples differ from seed to seed
+    return write_lightning_ckpt(tmp_path_factory.mktemp("serve") / "last.ckpt", model, CharTokenizer(CHARS))
+
+
+@pytest.fixture(scope="module")
+def server(ckpt):
+    """(base URL, the app) of a server on a free port; max_tokens raised so a disconnect lands mid-run."""
+    app = build(ServeConfig(ckpt=str(ckpt), device="cpu", model_name="tiny", max_tokens=50_000))
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    port = srv.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}", app
+    srv.should_exit = True
+    thread.join(10)
+    app.state.engine.close()
+
+
+@pytest.fixture()
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="none", max_retries=0, timeout=30)
+
+
+def cli_text(ckpt, prompt: str, **kw) -> list[str]:
+    """What `mini-gpt generate` writes for these settings (its own code path, in this process)."""
+    records = generate_cli(
+        GenerateConfig(ckpt=str(ckpt), prompt=prompt, device="cpu", **kw),
+        out=io.StringIO(),
+        err=io.StringIO(),
+    )
+    return [r["sample"] for r in records]
+
+
+def test_models_and_health(server, client) -> None:
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    health = httpx.get(server[0] + "/health").json()
+    assert health == {"status": "ok", "model": "tiny", "waiting": 0}
+
+
+def test_completion_is_generates_text(ckpt, client) -> None:
+    settings = {"temperature": 0.9, "top_p": 0.9, "seed": 11}
+    got = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=40, **settings)
+    expected = cli_text(ckpt, "ROMEO:", max_new_tokens=40, top_k=None, **settings)
+    assert [c.text for c in got.choices] == expected
+    assert got.choices[0].finish_reason == "length"
+    assert got.usage.prompt_tokens == 6 and got.usage.completion_tokens == 40
+
+    several = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=20, n=3, seed=4,
+                                        extra_body={"top_k": 30})  # fmt: skip
+    expected = cli_text(ckpt, "ROMEO:", max_new_tokens=20, num_samples=3, temperature=1.0, top_k=30, seed=4)
+    assert [c.text for c in several.choices] == expected
+    assert len(set(expected)) == 3  # the samples differ: n really samples n times
+
+
+def test_stream_equals_the_whole_answer(client) -> None:
+    kw = {"model": "tiny", "prompt": "To be", "max_tokens": 30, "seed": 2, "logprobs": 3}
+    whole = client.completions.create(**kw)
+    chunks = list(client.completions.create(stream=True, **kw))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "length"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    streamed = [lp for c in chunks if c.choices[0].logprobs for lp in c.choices[0].logprobs.token_logprobs]
+    assert streamed == pytest.approx(whole.choices[0].logprobs.token_logprobs)
+    offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert offsets == whole.choices[0].logprobs.text_offset
+    lp = whole.choices[0].logprobs
+    assert len(lp.tokens) == 30 and "".join(lp.tokens) == whole.choices[0].text
+    assert lp.text_offset == list(range(30))  # one character per token
+    for _token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert len(top) == 3 and logprob < 0
+        assert max(top.values()) >= logprob - 1e-6  # the best alternatives include anything better
+
+
+def test_stream_of_several_samples(client) -> None:
+    kw = {"model": "tiny", "prompt": "To be", "max_tokens": 25, "seed": 6, "n": 3}
+    whole = [c.text for c in client.completions.create(**kw).choices]
+    streamed = ["", "", ""]
+    finish = {}
+    for chunk in client.completions.create(stream=True, **kw):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+    assert streamed == whole and len(set(whole)) == 3
+    assert finish == {0: "length", 1: "length", 2: "length"}
+
+
+def test_greedy_logprobs_top_is_the_chosen_token(client) -> None:
+    got = client.completions.create(model="tiny", prompt="a", max_tokens=10, temperature=0, logprobs=1)
+    lp = got.choices[0].logprobs
+    assert [list(t) for t in lp.top_logprobs] == [[tok] for tok in lp.tokens]
+
+
+def test_stop_strings(client) -> None:
+    free = client.completions.create(model="tiny", prompt="a", max_tokens=40, seed=9).choices[0].text
+    stop = free[20:22]
+    for stream in (False, True):
+        got = client.completions.create(model="tiny", prompt="a", max_tokens=40, seed=9, stop=[stop, "QQQ"],
+                                        stream=stream)  # fmt: skip
+        if stream:
+            chunks = list(got)
+            text, finish = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+        else:
+            text, finish = got.choices[0].text, got.choices[0].finish_reason
+        assert text == free[: free.index(stop)] and finish == "stop"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"prompt": "a", "max_tokens": 60_000}, 400, "max_tokens must be between 1 and 50000."),
+        ({"prompt": "a", "max_tokens": 0}, 400, "max_tokens must be between 1 and 50000."),
+        ({"prompt": "a", "n": 9}, 400, "n must be between 1 and 8."),
+        ({"prompt": "a", "logprobs": 6}, 400, "logprobs must be between 0 and 5."),
+        ({"prompt": "a", "top_p": 0}, 400, "top_p=0.0 must be in (0, 1] or null."),
+        ({"prompt": "a", "temperature": -1}, 400, "temperature=-1.0 must be >= 0 (0 = greedy)."),
+        ({"prompt": "a", "stop": ["1", "2", "3", "4", "5"]}, 400, "stop may hold at most 4 strings."),
+        ({"prompt": "a", "echo": True}, 400, "echo is not supported."),
+        ({"prompt": "€uro"}, 400, None),
+        ({"prompt": [1, 999]}, 400, "prompt token ids must be 0..64 and not empty, got [999]."),
+        ({"prompt": ["a", "b"]}, 400, "Send one prompt per request (a list of several is not supported)."),
+        ({"prompt": "a", "model": "gpt-4"}, 404, "The model 'gpt-4' does not exist; this server has 'tiny'."),
+        (
+            {"prompt": "a", "max_tokens": "5"},
+            422,
+            "Field 'max_tokens' is invalid: input should be a valid integer.",
+        ),
+        (
+            {"prompt": "a", "stream": "yes"},
+            422,
+            "Field 'stream' is invalid: input should be a valid boolean.",
+        ),
+        ({"prompt": {"text": "a"}}, 422, None),
+        ([1, 2], 422, "The request body must be a JSON object."),
+    ],
+)
+def test_bad_requests_get_one_sentence(server, body, status, message) -> None:
+    response = httpx.post(server[0] + "/v1/completions", json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    text = error["message"]
+    assert "\n" not in text and "Traceback" not in text and text.endswith(".") and text.count(". ") == 0
+    if message is not None:
+        assert text == message
+    if body == {"prompt": "€uro"}:
+        assert "€" in text and error["param"] == "prompt"
+
+
+def test_bad_json_routes_and_methods(server) -> None:
+    url = server[0]
+    bad = httpx.post(
+        url + "/v1/completions", content=b'{"prompt": "a",', headers={"content-type": "application/json"}
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["message"] == "The request body is not valid JSON."
+    assert httpx.get(url + "/v1/nothing").json()["error"]["message"] == "No route /v1/nothing."
+    assert httpx.get(url + "/v1/completions").status_code == 405
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be between"):
+        openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0).completions.create(
+            model="tiny", prompt="a", max_tokens=10**6
+        )
+
+
+def test_a_client_that_disconnects_stops_its_generation(server) -> None:
+    url, app = server
+    engine = app.state.engine
+    jobs = []
+    submit = engine.submit
+    engine.submit = lambda job: (jobs.append(job), submit(job))[1]
+    try:
+        body = {"prompt": "a", "max_tokens": 50_000, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+    finally:
+        engine.submit = submit
+    deadline = time.monotonic() + 10
+    while engine.waiting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    [job] = jobs
+    assert engine.waiting == 0 and job.cancel.is_set()
+    assert 1 <= job.streams[0].tokens < 50_000  # stopped early, not run to the end
+
+
+def test_eight_clients_streaming_at_once_each_get_their_own_answer(server) -> None:
+    url = server[0]
+
+    def ask(seed: int) -> tuple[str, str, float]:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+        t0 = time.perf_counter()
+        text = "".join(
+            c.choices[0].text
+            for c in client.completions.create(
+                model="tiny", prompt="ROMEO:", max_tokens=64, seed=seed, stream=True
+            )
+        )
+        seconds = time.perf_counter() - t0
+        alone = (
+            client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=64, seed=seed).choices[0].text
+        )
+        return text, alone, seconds
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(ask, range(8)))
+    wall = time.perf_counter() - t0
+    for text, alone, _ in results:
+        assert text == alone and len(text) == 64
+    assert len({text for text, _, _ in results}) == 8  # nobody got another's tokens
+    assert wall < 30
+
+
+def test_busy_server_answers_429(ckpt) -> None:
+    from fastapi.testclient import TestClient
+
+    app = build(ServeConfig(ckpt=str(ckpt), device="cpu", max_waiting=1))
+    engine = app.state.engine
+    try:
+        engine.waiting = 1  # as if one request were running
+        with TestClient(app) as http:
+            response = http.post("/v1/completions", json={"prompt": "a"})
+            assert response.status_code == 429
+            assert (
+                response.json()["error"]["message"]
+                == "The server is busy (1 requests waiting); try again soon."
+            )
+            engine.waiting = 0
+            assert http.post("/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
+            assert json.loads(http.get("/health").text)["model"] == ckpt.parent.name
+    finally:
+        engine.close()
+
+
+def test_cli_errors_are_one_line(ckpt, capsys) -> None:
+    import socket
+
+    from mini_gpt.cli.serve import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            main([f"ckpt={ckpt}", f"port={port}", "device=cpu", "log_level=critical"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    expected = f"error: could not serve on 127.0.0.1:{port} (is the port in use? try port=8001)"
+    assert err.splitlines()[-1] == expected
+    with pytest.raises(SystemExit):
+        main(["port=70000"])
+    assert capsys.readouterr().err == "error: port=70000 must be at most 65535\n"
+
+
+def test_bench_section_times_the_same_text(server, ckpt) -> None:
+    from mini_gpt.bench.serve import measure
+
+    rows = measure(server[0], ckpt, tokens=12, repeats=2, threads=1)
+    assert [r["contender"] for r in rows] == ["generate", "serve-stream"]
+    assert all(r["same_text"] for r in rows)  # the stream is generate's text for the same seed
+    generate, stream = rows
+    assert generate["first_token_s"] is None and generate["vs_generate"] == 1.0
+    assert 0 < stream["first_token_s"] <= stream["median_s"]
+    assert stream["tokens_per_s"] == pytest.approx(12 / stream["median_s"], rel=0.5)
