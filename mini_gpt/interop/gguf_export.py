@@ -40,6 +40,7 @@ from mini_gpt.tokenizer import (
     TiktokenTokenizer,
     Tokenizer,
 )
+from mini_gpt.tokenizer.bpe import merge_parts
 
 __all__ = [
     "GGUF_ARCHITECTURES",
@@ -138,22 +139,6 @@ def bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def _merge_of(token: bytes, ranks: dict[bytes, int], rank: int) -> tuple[bytes, bytes] | None:
-    """The two tokens whose merge made `token`: byte-level BPE on its bytes with the merges ranked before
-    it (tiktoken keeps only ranks). None when that does not end in exactly two parts."""
-    parts = [bytes([b]) for b in token]
-    while len(parts) > 2:
-        best, best_rank = -1, rank
-        for i in range(len(parts) - 1):
-            r = ranks.get(parts[i] + parts[i + 1])
-            if r is not None and r < best_rank:
-                best, best_rank = i, r
-        if best < 0:
-            return None
-        parts[best : best + 2] = [parts[best] + parts[best + 1]]
-    return (parts[0], parts[1]) if len(parts) == 2 else None
-
-
 @dataclass
 class GGUFVocab:
     tokens: list[str]
@@ -174,10 +159,10 @@ def _bpe_vocab(tokenizer: TiktokenTokenizer, n_vocab: int, types: Any) -> GGUFVo
     char = bytes_to_unicode()
     text = {i: "".join(char[b] for b in tok) for tok, i in tokenizer.ranks.items()}
     merges = []
-    for tok, rank in sorted(tokenizer.ranks.items(), key=lambda kv: kv[1]):
+    for tok in sorted(tokenizer.ranks, key=tokenizer.ranks.__getitem__):
         if len(tok) < 2:
             continue
-        pair = _merge_of(tok, tokenizer.ranks, rank)
+        pair = merge_parts(tok, tokenizer.ranks)
         if pair is None:
             raise MiniGPTError(
                 f"tokenizer {tokenizer.name!r}: token {tok!r} is not one BPE merge of earlier tokens, so "

@@ -21,6 +21,7 @@ from mini_gpt.tokenizer import (
     Tokenizer,
     tokenizer_from_dict,
 )
+from mini_gpt.tokenizer.bpe import merge_parts
 
 __all__ = [
     "HF_TOKENIZER_FILE",
@@ -58,21 +59,6 @@ def _bytes_to_unicode() -> dict[int, str]:
     return bytes_to_unicode()
 
 
-def _bpe_parts(token: bytes, ranks: dict[bytes, int], max_rank: int) -> list[bytes]:
-    """Run byte-level BPE on `token` using only merges ranked below `max_rank`."""
-    parts = [bytes([b]) for b in token]
-    while len(parts) > 1:
-        best, best_rank = -1, max_rank
-        for i in range(len(parts) - 1):
-            rank = ranks.get(parts[i] + parts[i + 1])
-            if rank is not None and rank < best_rank:
-                best, best_rank = i, rank
-        if best < 0:
-            break
-        parts[best : best + 2] = [parts[best] + parts[best + 1]]
-    return parts
-
-
 def _vocab_and_merges(tokenizer: TiktokenTokenizer) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """The ranks as a byte-level BPE's vocabulary and merges, in GPT-2's printable byte alphabet. tiktoken
     stores only ranks (token bytes -> id): each token's merge is recovered by running BPE on its bytes
@@ -85,11 +71,11 @@ def _vocab_and_merges(tokenizer: TiktokenTokenizer) -> tuple[dict[str, int], lis
     ranks = tokenizer.ranks
     vocab = {text(tok): rank for tok, rank in ranks.items()}
     merges = []
-    for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+    for tok in sorted(ranks, key=ranks.__getitem__):
         if len(tok) < 2:
             continue
-        parts = _bpe_parts(tok, ranks, rank)
-        if len(parts) != 2:
+        parts = merge_parts(tok, ranks)
+        if parts is None:
             raise MiniGPTError(
                 f"tokenizer {tokenizer.name!r}: token {tok!r} is not one BPE merge; use format=safetensors"
             )

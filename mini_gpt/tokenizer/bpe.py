@@ -47,6 +47,24 @@ def pattern_regex(pattern: str) -> str:
     return pattern
 
 
+def merge_parts(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes] | None:
+    """The two tokens whose merge made `token` (tiktoken keeps ranks, not merges): byte-level BPE on its
+    bytes with only the merges ranked before it. None when that does not end in exactly two parts, a
+    vocabulary whose merges list (transformers, llama.cpp) could not rebuild this token."""
+    rank = ranks[token]
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 2:
+        best, best_rank = -1, rank
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1])
+            if r is not None and r < best_rank:
+                best, best_rank = i, r
+        if best < 0:
+            return None
+        parts[best : best + 2] = [parts[best] + parts[best + 1]]
+    return (parts[0], parts[1]) if len(parts) == 2 else None
+
+
 def _require_rustbpe() -> Any:
     try:
         import rustbpe
