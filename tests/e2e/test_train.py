@@ -558,37 +558,38 @@ def test_wrong_typed_config_values_are_one_line(
 def test_cli_resume_mismatch_and_bad_types_are_one_line(
     tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, tiny_ckpt: Path
 ) -> None:
-    def run(*overrides: str) -> subprocess.CompletedProcess:
-        args = [a for a in _overrides(tmp_path / "r", char_data_dir, shakespeare_path) if "run_dir" not in a]
-        return subprocess.run(
-            [sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={tmp_path / 'r'}", *overrides],
-            cwd=tmp_path,
-            env=_env(tmp_path),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+    def start(name: str, *overrides: str) -> subprocess.Popen:
+        run_dir = tmp_path / name
+        args = [a for a in _overrides(run_dir, char_data_dir, shakespeare_path) if "run_dir" not in a]
+        return subprocess.Popen(
+            [sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={run_dir}", *overrides],
+            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
 
-    mismatch = run(f"ckpt_path={tiny_ckpt}", "model.n_layer=3", "trainer.max_steps=4")
-    assert mismatch.returncode == 2
-    assert mismatch.stderr.strip().splitlines() == [
+    # Four commands that each fail in their first seconds (mostly imports): started together.
+    runs = {
+        "mismatch": start("m", f"ckpt_path={tiny_ckpt}", "model.n_layer=3", "trainer.max_steps=4"),
+        "seed": start("s", "seed=abc"),
+        "steps": start("t", "trainer.max_steps=abc"),
+        "done": start("d", f"ckpt_path={tiny_ckpt}", "trainer.max_steps=2"),  # the checkpoint is at step 2
+    }
+    errors = {}
+    for name, proc in runs.items():
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 2, (name, stderr[-2000:])
+        errors[name] = stderr.strip().splitlines()
+    assert errors["mismatch"] == [
         f"error: cannot resume {tiny_ckpt}: the model differs from the checkpoint's in n_layer (this run: "
         "model.n_layer=3); resume with the checkpoint's settings (model.n_layer=2) or drop ckpt_path to "
         "start a new run"
     ]
-    seed = run("seed=abc")
-    assert seed.returncode == 2
-    assert seed.stderr.strip().splitlines() == [
+    assert errors["seed"] == [
         "error: seed='abc' must be an integer; fix it on the command line or in the config"
     ]
-    steps = run("trainer.max_steps=abc")
-    assert steps.returncode == 2
-    assert steps.stderr.strip().splitlines() == [
+    assert errors["steps"] == [
         "error: trainer.max_steps='abc' must be a number; fix it on the command line or in the config"
     ]
-    done = run(f"ckpt_path={tiny_ckpt}", "trainer.max_steps=2")  # the checkpoint is at step 2 already
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
+    assert errors["done"] == [
         "error: ckpt_path is at step 2 and trainer.max_steps=2: nothing is left to train; raise "
         "trainer.max_steps above 2"
     ]
