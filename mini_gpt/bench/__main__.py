@@ -28,6 +28,7 @@ SECTIONS = (
     "data",
     "attention_maps",
     "evaluate",
+    "validation",
     "serve",
     "tokenizer_train",
     "sweep",

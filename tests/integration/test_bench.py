@@ -248,3 +248,39 @@ def test_data_section_shards_counts_match_tiktoken(
         by[("mini-gpt", 2)]["seconds"] / by[("tiktoken", 2)]["seconds"], 2
     )
     assert extra["corpus_mb"] == 1.0 and extra["other_load"] >= 0
+
+
+def test_validation_section_bounds_auto_and_sums_the_loss_like_plain_math(tmp_path: Path) -> None:
+    from mini_gpt.bench import validation as bench_validation
+    from mini_gpt.data.shard_format import token_file
+    from mini_gpt.data.windows import ValWindows
+    from mini_gpt.model.gpt import GPT
+
+    args = argparse.Namespace(
+        val_tokens=300_000, all_tokens=5_000, model="tiny", batch_size=8, repeats=1, threads=1,
+        workdir=str(tmp_path),
+    )  # fmt: skip
+    rows, extra = bench_validation.run(args)
+    by_name = {row["contender"]: row for row in rows}
+    # tiny's block is 64: auto reads 131,072 / 64 = 2,048 windows of 64 predictions each
+    assert by_name["auto"]["windows"] == 2048 and by_name["auto"]["tokens"] == 2048 * 64
+    assert by_name["all-prefix"]["windows"] == (5_000 - 1) // 64
+    assert extra["all_windows"] == (300_000 - 1) // 64 and extra["val_split_tokens"] == 300_000
+    assert list(tmp_path.iterdir()) == []  # the token file was removed
+
+    # validate(): the mean next-token loss over the windows, against a plain cross-entropy per window
+    ids = torch.randint(0, 65, (1000,), generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    path = tmp_path / "val.bin"
+    path.write_bytes(ids.numpy().astype("uint16").tobytes())
+    torch.manual_seed(0)
+    model = GPT(bench_validation.model_config("tiny")).eval()
+    windows = ValWindows([token_file(path, "uint16")], 64, 5)
+    loss, count = bench_validation.validate(model, windows, batch_size=2)
+    losses = []
+    with torch.no_grad():
+        for k in range(len(windows)):
+            start = int(windows.starts[k])
+            x, y = ids[start : start + 64].long(), ids[start + 1 : start + 65].long()
+            losses.append(F.cross_entropy(model(x[None])[0], y, reduction="sum"))
+    assert count == 5 * 64 and math.isclose(loss, float(sum(losses)) / count, rel_tol=1e-5)
+    path.unlink()

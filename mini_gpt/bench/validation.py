@@ -1,0 +1,117 @@
+"""What one validation costs on a big corpus (bench validation): `loader.val_windows=auto` against
+`all`, on the default model and a flat token file as large as a 1 GB corpus's val split.
+
+The val split is `--val-tokens` random character ids in a memory-mapped uint16 file (what `data=text`
+writes; the cost does not depend on the ids), read through the same ValWindows / ValBatches and summed
+loss that training's validation uses. Contenders, alternated, medians:
+
+- `auto`: the default, AUTO_VAL_TOKENS' worth of evenly spaced windows of the whole split;
+- `all-prefix`: every window of the first `--all-tokens` tokens (every window of the whole split would
+  take an hour or more on a CPU); its rate gives the extrapolated time of `all` on the whole split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from mini_gpt.bench.common import alternate, machine_info
+from mini_gpt.conf import CONF_DIR
+from mini_gpt.data.shard_format import token_file
+from mini_gpt.data.windows import ValBatches, ValWindows, val_window_count
+from mini_gpt.machine import LoadMeter
+from mini_gpt.model.gpt import GPT, GPTConfig
+
+CHAR_VOCAB = 65  # tiny Shakespeare's characters: the default run's vocabulary
+
+
+def model_config(name: str) -> GPTConfig:
+    """conf/model/<name>.yaml's architecture with the character vocabulary."""
+    keys = yaml.safe_load((CONF_DIR / "model" / f"{name}.yaml").read_text())
+    return GPTConfig(**{**keys, "vocab_size": CHAR_VOCAB})
+
+
+def write_tokens(path: Path, n_tokens: int, vocab: int, seed: int = 0) -> Path:
+    """`n_tokens` random ids as a headerless uint16 file, written in chunks (no n_tokens array in RAM)."""
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as fh:
+        for start in range(0, n_tokens, 1 << 24):
+            fh.write(rng.integers(0, vocab, min(1 << 24, n_tokens - start), dtype=np.uint16).tobytes())
+    return path
+
+
+def validate(model: GPT, windows: ValWindows, batch_size: int) -> tuple[float, int]:
+    """Mean loss and token count over `windows`, as GPTLitModule's validation sums them."""
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for x, y in ValBatches(windows, batch_size):
+            total += float(model(x, targets=y, reduction="sum"))
+            count += y.numel()
+    return total / count, count
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--val-tokens", type=int, default=100_000_000, help="tokens in the val split")
+    parser.add_argument("--all-tokens", type=int, default=1_000_000, help="prefix `all-prefix` reads")
+    parser.add_argument("--model", default="char", help="a conf/model/ config (char: the default run's)")
+    parser.add_argument("--batch-size", type=int, default=12, help="windows per batch (loader.batch_size)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per contender, alternated")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--workdir", default=None, help="where the token file goes (default: a temp dir)")
+
+
+def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp, LoadMeter() as load:
+        model = GPT(model_config(args.model)).eval()
+        block = model.config.block_size
+        val = token_file(write_tokens(Path(tmp) / "val.bin", args.val_tokens, CHAR_VOCAB), "uint16")
+        prefix = dataclasses.replace(val, n_tokens=min(args.all_tokens, val.n_tokens))
+        auto = ValWindows([val], block, val_window_count("auto", block))
+        every = ValWindows([prefix], block, val_window_count("all", block))
+        counts: dict[str, int] = {}
+
+        def contender(name: str, windows: ValWindows) -> Any:
+            def fn() -> None:
+                counts[name] = validate(model, windows, args.batch_size)[1]
+
+            return fn
+
+        timings = alternate(
+            {"auto": contender("auto", auto), "all-prefix": contender("all-prefix", every)},
+            repeats=args.repeats,
+        )
+    all_windows = len(ValWindows([val], block, None))
+    rows = []
+    for name, windows in (("auto", auto), ("all-prefix", every)):
+        seconds = timings.median(name)
+        rows.append(
+            {
+                "contender": name,
+                "windows": len(windows),
+                "tokens": counts[name],
+                "median_s": round(seconds, 2),
+                "tokens_per_s": round(counts[name] / seconds),
+            }
+        )
+    rate = rows[1]["tokens_per_s"]
+    extra = {
+        "val_split_tokens": val.n_tokens,
+        "all_windows": all_windows,
+        "all_extrapolated_s": round(all_windows * block / rate),
+        "other_load": round(load.other_load, 2),
+        "wall_s": round(load.wall, 1),
+        "machine": machine_info(),
+        "settings": f"{args.model} random weights, vocab {CHAR_VOCAB}, block {block}, float32, CPU, "
+        f"{torch.get_num_threads()} threads, batch {args.batch_size}",
+    }
+    return rows, extra
