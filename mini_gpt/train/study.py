@@ -301,7 +301,13 @@ def run_study(
     study = open_study(settings, space)
     sweep_dir = Path(settings.dir)
 
+    # Counting the study's trials and creating the next one is one step under this lock: two workers
+    # that both see n_trials - 1 trials would otherwise both start one (n_trials + 1 in all).
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    ask_lock = FileLock(sweep_dir / ".next-trial.lock")
+
     def objective(trial: optuna.Trial) -> float:
+        ask_lock.release()  # the trial is in the storage now, so the next worker's count includes it
         # The sampler's seed + the trial number: reproducible with one worker, and parallel workers (each
         # with its own sampler) never draw the same values.
         if settings.sampler.get("seed") is not None:
@@ -324,18 +330,25 @@ def run_study(
         loss = summary.get("best_val_loss")
         return float(loss) if loss is not None and math.isfinite(loss) else math.inf
 
-    def stop_at_n_trials(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if _finished(study) >= settings.n_trials:
-            study.stop()
+    def run_one_trial() -> bool:
+        """Start and run the study's next trial unless it has n_trials already; whether one ran."""
+        ask_lock.acquire()
+        try:
+            waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+            if not waiting and _finished(study) >= settings.n_trials:  # a queued retry still runs
+                return False
+            study.optimize(objective, n_trials=1, catch=(MiniGPTError,), gc_after_trial=True)
+            return True
+        finally:
+            if ask_lock.is_locked:  # objective() never started
+                ask_lock.release()
 
     while True:
         with warnings.catch_warnings():  # "experimental" since Optuna 2.9, unchanged since
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)  # a killed worker's trial: FAIL, and a retry is queued
-        if _finished(study) < settings.n_trials:
-            study.optimize(
-                objective, callbacks=[stop_at_n_trials], catch=(MiniGPTError,), gc_after_trial=True
-            )
+        while run_one_trial():
+            pass
         running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         if not running or not _heartbeat(settings):  # a journal file cannot tell killed trials from live ones
             return study
