@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mini_gpt.conf.schema import checked_config
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import remove_empty
 from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, thread_note
 from mini_gpt.train.console_log import record_console
 from mini_gpt.train.distributed import BatchLayout, accumulation_for, dead_ranks
@@ -104,11 +105,7 @@ def _remove_unstarted(run_dir: Path, output_dir: Path | None) -> None:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     inside = output_dir is not None and output_dir in run_dir.parents
     parents = [p for p in run_dir.parents if inside and output_dir in p.parents]
-    for folder in (run_dir, *parents):  # the run dir, then emptied folders below output_dir
-        try:
-            folder.rmdir()  # only if empty
-        except OSError:
-            break
+    remove_empty([run_dir, *parents])  # the run dir, then emptied folders below output_dir
 
 
 def _run_start() -> float:
