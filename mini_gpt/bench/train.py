@@ -10,8 +10,10 @@ Three comparisons, each alternating its contenders in one process so background 
   precision. Lightning's fit runs, and after every `--steps` Lightning steps a callback runs `--steps`
   raw steps (that time is cut out of Lightning's clock); tokens/s, their ratio and MFU.
 - `nanogpt`: one forward + backward + clip + AdamW step of our GPT against a model written here from
-  nanoGPT's published architecture, on its CPU recipe's shape (4x128, T64, B12) and its baby GPT's
-  (6x384, T256); also our GPT with GPT-2's tanh GELU, to show what that costs.
+  nanoGPT's published architecture (which trains in float32 on a CPU), on the shapes of our model presets
+  (tiny 2x32; char 4x128 T64 B12, nanoGPT's CPU recipe; baby 6x384 T256, its baby GPT; gpt2 12x768), our
+  GPT in float32 and in bf16 autocast (Lightning's bf16-mixed), and which of the two
+  `trainer.precision=auto` picks for that shape on this machine.
 - `loss`: a training step of the baby model with GPT-2's 50,257-token vocabulary, the loss over all
   (B, T, V) logits at once against `mini_gpt.model.loss` (chunked): seconds and peak memory.
 """
@@ -40,7 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per timed chunk")
     parser.add_argument("--repeats", type=int, default=7, help="timed chunks per contender")
     parser.add_argument("--optim", default="adamw", help="conf/optim/<name>.yaml")
-    parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
+    parser.add_argument(
+        "--precision", default="32-true", choices=["auto", "32-true", "bf16-mixed", "16-mixed"]
+    )
     parser.add_argument("--device", default="auto", help="cpu | cuda | auto")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--corpus", default=None, help="tiny Shakespeare's input.txt (default: data/)")
@@ -52,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "step vs a nanoGPT-style model), loss (full-logits vs chunked loss with a big vocabulary)",
     )
     parser.add_argument("--nanogpt-configs", default="char,baby", help=f"any of {', '.join(NANO_CONFIGS)}")
+    parser.add_argument("--nanogpt-batch-size", type=int, default=None, help="default: each shape's own")
     parser.add_argument("--nanogpt-steps", type=int, default=5, help="steps per alternated chunk")
     parser.add_argument("--nanogpt-repeats", type=int, default=5, help="chunks per contender (median)")
     parser.add_argument("--loss-vocab", type=int, default=50257, help="vocabulary of the loss comparison")
@@ -73,7 +78,9 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     if "nanogpt" in compare:
         names = [n.strip() for n in args.nanogpt_configs.split(",") if n.strip()]
         with LoadMeter() as load:
-            rows = nanogpt_rows(names, args.nanogpt_steps, args.nanogpt_repeats, device)
+            rows = nanogpt_rows(
+                names, args.nanogpt_steps, args.nanogpt_repeats, device, args.nanogpt_batch_size
+            )
         print_table(f"train: one AdamW step, mini-gpt vs a nanoGPT-style model ({device}, "
                     f"{torch.get_num_threads()} threads, alternated)", rows)  # fmt: skip
         print(f"other_load={load.other_load:.2f} cores")
@@ -100,6 +107,7 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
     from mini_gpt.train.callbacks import NaNGuard, ProgressBar, Throughput, peak_flops
     from mini_gpt.train.module import GPTLitModule
     from mini_gpt.train.optim import OptimConfig, build_optimizer, build_scheduler
+    from mini_gpt.train.precision import choose_precision
 
     device = torch.device(
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -117,6 +125,7 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
     max_steps = args.steps * total_chunks
     tokens_per_step = batch_size * gpt_cfg.block_size
     clip = 1.0
+    precision = choose_precision(args.precision, device.type, gpt_cfg.n_embd).precision
 
     # ---- raw PyTorch contender -----------------------------------------------------------------
     torch.manual_seed(0)
@@ -126,8 +135,8 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
     prep = dm.prepared_data()
     raw_data = TrainBatches(prep.train_path, prep.dtype, gpt_cfg.block_size, batch_size, seed=1337)
     raw_iter = iter(raw_data)
-    amp_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(args.precision)
-    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "16-mixed")
+    amp_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
 
     def raw_chunk() -> None:
         raw_model.train()
@@ -181,7 +190,7 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
     trainer = L.Trainer(
         accelerator=device.type if device.type != "cuda" else "gpu",
         devices=1,
-        precision=args.precision,
+        precision=precision,
         max_steps=max_steps,
         max_epochs=-1,
         limit_val_batches=0,
@@ -199,7 +208,7 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
         trainer.fit(module, datamodule=dm)
 
     fpt = module.model.flops_per_token(gpt_cfg.block_size)
-    peak = peak_flops(device, args.precision)
+    peak = peak_flops(device, precision)
     rows = []
     for name in ("raw", "lightning"):
         tps = tokens_per_step * args.steps / statistics.median(samples[name])
@@ -218,7 +227,7 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
         "batch_size": batch_size,
         "block_size": gpt_cfg.block_size,
         "optim": args.optim,
-        "precision": args.precision,
+        "precision": precision,
         "device": str(device),
         "steps_per_chunk": args.steps,
         "repeats": args.repeats,
@@ -237,8 +246,11 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
 # with weight decay on every >= 2-D tensor, torch's default (foreach) implementation on a CPU.
 
 NANO_CONFIGS = {  # name: (n_layer, n_head, n_embd, block_size, batch_size, dropout)
-    "char": (4, 4, 128, 64, 12, 0.0),  # nanoGPT's CPU recipe for shakespeare_char
+    "tiny": (2, 2, 32, 64, 12, 0.0),  # conf/model/tiny.yaml
+    "char": (4, 4, 128, 64, 12, 0.0),  # nanoGPT's CPU recipe for shakespeare_char (our default's shape)
+    "wide": (4, 4, 256, 64, 12, 0.0),  # the char model twice as wide: where bf16 starts to pay
     "baby": (6, 6, 384, 256, 8, 0.2),  # its baby GPT (batch 64 there; 8 keeps a CPU step near 1 s)
+    "gpt2": (12, 12, 768, 256, 2, 0.0),  # GPT-2 small's body at context 256 (a CPU step of seconds)
 }
 NANO_VOCAB = 65  # the character vocabulary of tiny Shakespeare
 
@@ -309,14 +321,19 @@ class NanoGPT(torch.nn.Module):
         return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99), fused=next(self.parameters()).is_cuda)
 
 
-def train_step_fn(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list, ours: bool) -> Any:
-    """One optimizer step per call, the same loop for both: loss, backward, clip at 1, AdamW, zero."""
+def train_step_fn(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list, ours: bool, bf16: bool = False
+) -> Any:
+    """One optimizer step per call, the same loop for both: loss, backward, clip at 1, AdamW, zero. With
+    `bf16`, forward and loss run under bf16 autocast as Lightning's bf16-mixed does (fp32 weights)."""
     state = {"i": 0}
+    device_type = next(model.parameters()).device.type
 
     def step() -> None:
         x, y = batches[state["i"] % len(batches)]
         state["i"] += 1
-        loss = model(x, targets=y) if ours else model(x, y)
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+            loss = model(x, targets=y) if ours else model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -325,27 +342,37 @@ def train_step_fn(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: l
     return step
 
 
-def our_step_fn(config: str, mlp: str, batches: list, device: torch.device) -> Any:
-    """Our GPT on a NANO_CONFIGS shape (learned positions, LayerNorm, biases) with our AdamW."""
+def our_step_fn(config: str, batches: list, device: torch.device, bf16: bool) -> Any:
+    """Our GPT on a NANO_CONFIGS shape (learned positions, LayerNorm, biases, erf GELU) with our AdamW."""
     from mini_gpt.model.gpt import GPT, GPTConfig
     from mini_gpt.train.optim import OptimConfig, build_optimizer
 
     n_layer, n_head, n_embd, T, _, dropout = NANO_CONFIGS[config]
     cfg = GPTConfig(
         vocab_size=NANO_VOCAB, block_size=T, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-        dropout=dropout, pos_embedding="learned", mlp=mlp, norm="layernorm", bias=True,
+        dropout=dropout, pos_embedding="learned", mlp="gelu_exact", norm="layernorm", bias=True,
     )  # fmt: skip
     model = GPT(cfg).to(device).train()
-    return train_step_fn(model, build_optimizer(model, OptimConfig(name="adamw", lr=1e-3)), batches, True)
+    optimizer = build_optimizer(model, OptimConfig(name="adamw", lr=1e-3))
+    return train_step_fn(model, optimizer, batches, True, bf16=bf16)
 
 
-def nanogpt_rows(names: list[str], steps: int, repeats: int, device: torch.device) -> list[dict[str, Any]]:
-    """Our GPT + our AdamW against the nanoGPT-style model, chunks of `steps` steps alternated."""
+def nanogpt_rows(
+    names: list[str], steps: int, repeats: int, device: torch.device, batch_size: int | None = None
+) -> list[dict[str, Any]]:
+    """Our GPT + our AdamW, in float32 and in bf16 autocast, against the nanoGPT-style model (float32, as
+    nanoGPT trains on a CPU); chunks of `steps` steps alternated. `auto_picks`: trainer.precision=auto's
+    choice for the shape here, and `vs_nanogpt` of the row it picks is the comparison that counts."""
     from mini_gpt.bench.common import alternate
+    from mini_gpt.train.precision import choose_precision
 
+    unknown = [n for n in names if n not in NANO_CONFIGS]
+    if unknown:
+        raise SystemExit(f"error: --nanogpt-configs {unknown} unknown; choose from {', '.join(NANO_CONFIGS)}")
     rows = []
     for name in names:
         n_layer, n_head, n_embd, T, B, dropout = NANO_CONFIGS[name]
+        B = batch_size or B
         torch.manual_seed(0)
         gen = torch.Generator().manual_seed(0)
         batches = [
@@ -354,23 +381,27 @@ def nanogpt_rows(names: list[str], steps: int, repeats: int, device: torch.devic
         ]
         nano = NanoGPT(NANO_VOCAB, n_layer, n_head, n_embd, T, dropout).to(device).train()
         nano_step = train_step_fn(nano, nano.configure_optimizer(1e-3), batches, False)
+        auto = choose_precision("auto", device.type, n_embd).precision
 
         def chunk(step: Any) -> Any:
             return lambda: [step() for _ in range(steps)]
 
-        contenders = {  # mlp=gelu_exact is nanoGPT's GELU; mlp=gelu (tanh, GPT-2's) shown for its cost
+        contenders = {  # nanoGPT's model in float32; ours in both precisions
             "nanogpt": chunk(nano_step),
-            "mini-gpt": chunk(our_step_fn(name, "gelu_exact", batches, device)),
-            "mini-gpt-tanh-gelu": chunk(our_step_fn(name, "gelu", batches, device)),
+            "mini-gpt": chunk(our_step_fn(name, batches, device, bf16=False)),
+            "mini-gpt-bf16": chunk(our_step_fn(name, batches, device, bf16=True)),
         }
         timings = alternate(contenders, repeats, warmup=1, sync=device.type == "cuda")
         base = timings.median("nanogpt")
         for contender in contenders:
             seconds = timings.median(contender) / steps
+            precision = "bf16-mixed" if contender.endswith("bf16") else "32-true"
             rows.append(
                 {
                     "config": f"{name} {n_layer}x{n_embd} T{T} B{B}",
                     "contender": contender,
+                    "precision": precision,
+                    "auto_picks": "<-" if contender != "nanogpt" and precision == auto else "",
                     "ms_per_step": round(1e3 * seconds, 2),
                     "tokens_per_s": round(B * T / seconds),
                     "vs_nanogpt": round(base / steps / seconds, 3),

@@ -382,6 +382,7 @@ def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> RunResult:
     from mini_gpt.train.loggers import build_loggers, finish_wandb
     from mini_gpt.train.module import GPTLitModule
     from mini_gpt.train.optim import OptimConfig
+    from mini_gpt.train.precision import choose_precision
     from mini_gpt.train.resume import explicit_model_keys, run_overrides
 
     # Lightning has its own console handler; Hydra's root handler would print every line twice.
@@ -421,6 +422,12 @@ def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> RunResult:
     loggers, log_model = build_loggers(_plain(cfg.get("logger")), trial)
     trainer_cfg = _plain(cfg.trainer)
     max_flops = trainer_cfg.pop("max_flops", None)  # ours, not a Trainer argument
+    precision = choose_precision(
+        trainer_cfg.get("precision", "auto"),
+        trainer_cfg.get("accelerator", "auto"),
+        plan.config.n_embd if plan else cfg.model.n_embd,
+    )
+    trainer_cfg["precision"] = precision.precision
     all_callbacks = _callbacks(cfg, run_summary, callbacks)
     trainer: L.Trainer = _instantiate(
         trainer_cfg, "trainer", callbacks=all_callbacks, logger=loggers or False, _convert_="all"
@@ -429,6 +436,7 @@ def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> RunResult:
     layout = apply_batch_layout(trainer, dm.batch_size, dm.block_size, cfg.get("global_batch_tokens"))
     if trainer.is_global_zero:
         print(layout.describe(), flush=True)
+        print(precision.describe(), flush=True)
         _note_busy_cpu(trainer, cfg.get("threads"), load)
 
     tokenizer = dm.prepare_once(trainer.local_rank).tokenizer  # DDP children start later, find it ready

@@ -28,6 +28,7 @@ SUMMARY_KEYS = {
     "tokens",
     "wall_seconds",
     "tokens_per_sec",
+    "precision",
     "val_curve",
     "best_ckpt",
     "last_ckpt",
@@ -109,6 +110,7 @@ def test_compose_train_summary_and_loss_decreases(
     assert summary["final_val_loss"] == summary["val_curve"][-1][2]
     assert summary["best_val_loss"] == min(row[2] for row in summary["val_curve"])
     assert summary["tokens_per_sec"] > 0
+    assert summary["precision"] == "32-true"  # auto: a 32-wide model stays float32 on any CPU
     # ln(65) = 4.17 for a uniform guess; 40 steps at lr 1e-2 must learn the character frequencies
     assert summary["val_curve"][0][2] < 4.0
     assert summary["final_val_loss"] < summary["val_curve"][0][2]
@@ -124,6 +126,29 @@ def test_compose_train_summary_and_loss_decreases(
         rows = [r for r in csv.DictReader(f) if r["val/loss"]]
     assert [int(r["step"]) for r in rows] == [15, 30, 40]
     assert [float(r["val/loss"]) for r in rows] == pytest.approx([row[2] for row in summary["val_curve"]])
+
+
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_precision_auto_follows_the_cpus_bf16_support(
+    compose: Any,
+    tmp_path: Path,
+    char_data_dir: Path,
+    shakespeare_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    native_bf16: bool,
+) -> None:
+    # The CPU's answer forced both ways: a 256-wide model trains in bf16 autocast only where it says yes
+    for check in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, check, lambda: native_bf16, raising=False)
+    overrides = _overrides(
+        tmp_path / "run", char_data_dir, shakespeare_path, "model.n_embd=256", "trainer.max_steps=2"
+    )
+    summary, module = _fit(compose, overrides)
+    expected = "bf16-mixed" if native_bf16 else "32-true"
+    assert summary["precision"] == expected
+    assert f"precision: {expected} (auto: " in capsys.readouterr().out
+    assert module.model.lm_head.weight.dtype == torch.float32  # mixed: the weights stay float32
 
 
 def test_exact_resume_and_same_seed(

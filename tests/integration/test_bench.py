@@ -183,6 +183,30 @@ def test_nanogpt_contender_computes_what_our_gpt_computes() -> None:
     torch.testing.assert_close(nano(x, y), ours(x, targets=y), atol=1e-6, rtol=0)
 
 
+def test_nanogpt_rows_time_both_precisions_and_mark_autos_pick(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mini_gpt.bench import train as bench_train
+
+    seen: list[torch.dtype] = []  # the dtype of an MLP matmul output, per step of our GPT
+    real_step = bench_train.train_step_fn
+
+    def spying_step(model, opt, batches, ours, bf16=False):
+        if ours:
+            model.transformer.h[0].mlp.c_fc.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+        return real_step(model, opt, batches, ours, bf16=bf16)
+
+    monkeypatch.setattr(bench_train, "train_step_fn", spying_step)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    rows = bench_train.nanogpt_rows(["tiny", "wide"], steps=1, repeats=1, device=torch.device("cpu"))
+    assert [r["contender"] for r in rows] == ["nanogpt", "mini-gpt", "mini-gpt-bf16"] * 2
+    assert {torch.float32, torch.bfloat16} == set(seen)
+    # auto keeps the 32-wide model in float32 and takes bf16 for the 256-wide one
+    picks = {(r["config"].split()[0], r["precision"]) for r in rows if r["auto_picks"]}
+    assert picks == {("tiny", "32-true"), ("wide", "bf16-mixed")}
+    assert all(r["vs_nanogpt"] == 1 for r in rows if r["contender"] == "nanogpt")
+    with pytest.raises(SystemExit, match="unknown"):
+        bench_train.nanogpt_rows(["huge"], 1, 1, torch.device("cpu"))
+
+
 @pytest.mark.parametrize("section", bench_main.SECTIONS)
 def test_section_help_describes_the_section_in_whole_sentences(section: str) -> None:
     module = bench_main.load_section(section)

@@ -93,6 +93,7 @@ class RunSummary(Callback):
             "flops": trainer.global_step * pl_module.tokens_per_step * pl_module.model.flops_per_token(),
             "params": pl_module.model.num_params(non_embedding=False),
             "non_embedding_params": pl_module.model.num_params(non_embedding=True),
+            "precision": str(trainer.precision),  # what trainer.precision=auto chose
             "wall_seconds": time.time() - start,
             "tokens_per_sec": throughput.tokens_per_sec if throughput and throughput.total_seconds else None,
             "val_curve": [[s, t - start, v] for s, t, v in vals],

@@ -1,0 +1,87 @@
+"""`trainer.precision=auto`: bf16 autocast where it pays, float32 elsewhere.
+
+- A CUDA GPU: bf16-mixed when it supports bfloat16 (Ampere or newer), else 32-true.
+- A CPU: bf16-mixed when the CPU has native bfloat16 instructions (AVX512-BF16 on Zen 4 and Cooper Lake
+  or newer, AMX on Sapphire Rapids or newer) and the model is at least `CPU_BF16_MIN_WIDTH` wide; else
+  32-true. On a CPU without them bf16 is emulated and slower than float32; on narrow models the matrices
+  are too small for the faster multiply to outweigh the casts around it (docs/benchmarks.md, "bf16 on
+  the CPU": the 4x128 default gains nothing, the 6x384 baby model ~1.6x).
+- Anything else (Apple's MPS, other accelerators): 32-true.
+
+Any other value of trainer.precision is used as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["CPU_BF16_MIN_WIDTH", "PrecisionChoice", "choose_precision", "cpu_has_native_bf16"]
+
+# The narrowest model (n_embd) whose training step bf16 autocast speeds up on a CPU, by measurement
+# (`mini-gpt bench train --compare nanogpt`): width 128 gains nothing, 384 ~1.6x.
+CPU_BF16_MIN_WIDTH = 256
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The precision a run trains in and, for `auto`, why (printed at start)."""
+
+    precision: str
+    reason: str = ""
+
+    def describe(self) -> str:
+        return f"precision: {self.precision}" + (f" (auto: {self.reason})" if self.reason else "")
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX), not by emulation.
+
+    torch has no public query for it: these two helpers exist since torch 2.1 and are looked up by name,
+    so a release that drops them gives False (float32), never an error. oneDNN's own bf16 check is no
+    substitute: it also says yes on plain AVX-512, where bf16 is emulated and slower than float32.
+    """
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    try:
+        return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+    except RuntimeError:
+        return False
+
+
+def _device_type(accelerator: object) -> str:
+    """cpu | cuda | other for a trainer.accelerator value, resolving `auto` as Lightning does."""
+    name = str(accelerator).lower()
+    if name in ("gpu", "cuda") or (name == "auto" and torch.cuda.is_available()):
+        return "cuda"
+    if name == "cpu":
+        return "cpu"
+    if name == "auto":
+        mps = getattr(torch.backends, "mps", None)
+        return "other" if mps is not None and mps.is_available() else "cpu"
+    return "other"
+
+
+def choose_precision(
+    requested: object, accelerator: object, n_embd: int, *, cpu_bf16: bool | None = None
+) -> PrecisionChoice:
+    """Resolve trainer.precision for a model `n_embd` wide on `accelerator` (trainer.accelerator).
+
+    `cpu_bf16` overrides the CPU capability check (None: ask the CPU)."""
+    if str(requested) != "auto":
+        return PrecisionChoice(str(requested))
+    device = _device_type(accelerator)
+    if device == "cuda":
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return PrecisionChoice("bf16-mixed", "this GPU supports bfloat16")
+        return PrecisionChoice("32-true", "this GPU has no bfloat16")
+    if device != "cpu":
+        return PrecisionChoice("32-true", f"accelerator {accelerator}")
+    native = cpu_has_native_bf16() if cpu_bf16 is None else cpu_bf16
+    if not native:
+        return PrecisionChoice("32-true", "this CPU has no native bfloat16 (AVX512-BF16 or AMX)")
+    if n_embd < CPU_BF16_MIN_WIDTH:
+        return PrecisionChoice(
+            "32-true", f"n_embd={n_embd} < {CPU_BF16_MIN_WIDTH}: too narrow for bfloat16 to pay on a CPU"
+        )
+    return PrecisionChoice("bf16-mixed", f"this CPU has native bfloat16 and n_embd={n_embd}")
