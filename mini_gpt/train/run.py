@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from mini_gpt.train.callbacks import RunSummary
     from mini_gpt.train.module import GPTLitModule
+    from mini_gpt.train.precision import PrecisionChoice
 
 __all__ = [
     "RunResult",
@@ -57,6 +58,7 @@ __all__ = [
     "run_directory",
     "sweep_objective",
     "train",
+    "trainer_arguments",
 ]
 
 # What Hydra and a run that never reached training leave in a run directory (removed on such a failure).
@@ -274,6 +276,20 @@ _TRAINER_NUMBERS = (
 )  # fmt: skip
 
 
+def trainer_arguments(trainer: dict[str, Any], n_embd: int) -> tuple[dict[str, Any], Any, PrecisionChoice]:
+    """conf/trainer as the Trainer's arguments, and what of it is ours: `max_flops` taken out (train()
+    turns it into steps) and `precision=auto` resolved for a model `n_embd` wide on its accelerator."""
+    from mini_gpt.train.precision import choose_precision
+
+    arguments = dict(trainer)
+    max_flops = arguments.pop("max_flops", None)
+    precision = choose_precision(
+        arguments.get("precision", "auto"), arguments.get("accelerator", "auto"), n_embd
+    )
+    arguments["precision"] = precision.precision
+    return arguments, max_flops, precision
+
+
 def check_trainer_numbers(trainer: dict[str, Any]) -> None:
     """One line for `trainer.max_steps=abc` (or true) instead of Lightning's TypeError."""
     for key in _TRAINER_NUMBERS:
@@ -382,7 +398,6 @@ def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> RunResult:
     from mini_gpt.train.loggers import build_loggers, finish_wandb
     from mini_gpt.train.module import GPTLitModule
     from mini_gpt.train.optim import OptimConfig
-    from mini_gpt.train.precision import choose_precision
     from mini_gpt.train.resume import explicit_model_keys, run_overrides
 
     # Lightning has its own console handler; Hydra's root handler would print every line twice.
@@ -420,14 +435,9 @@ def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> RunResult:
     run_summary = RunSummary(run_dir / "summary.json", started)
     trial = hydra_trial()
     loggers, log_model = build_loggers(_plain(cfg.get("logger")), trial)
-    trainer_cfg = _plain(cfg.trainer)
-    max_flops = trainer_cfg.pop("max_flops", None)  # ours, not a Trainer argument
-    precision = choose_precision(
-        trainer_cfg.get("precision", "auto"),
-        trainer_cfg.get("accelerator", "auto"),
-        plan.config.n_embd if plan else cfg.model.n_embd,
+    trainer_cfg, max_flops, precision = trainer_arguments(
+        _plain(cfg.trainer), plan.config.n_embd if plan else cfg.model.n_embd
     )
-    trainer_cfg["precision"] = precision.precision
     all_callbacks = _callbacks(cfg, run_summary, callbacks)
     trainer: L.Trainer = _instantiate(
         trainer_cfg, "trainer", callbacks=all_callbacks, logger=loggers or False, _convert_="all"

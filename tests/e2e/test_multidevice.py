@@ -27,8 +27,10 @@ def _trainer(trainer_cfg: Any) -> Any:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    plain = OmegaConf.to_container(trainer_cfg)
-    plain.pop("max_flops")  # ours (train() turns it into max_steps), not a Trainer argument
+    from mini_gpt.train.run import trainer_arguments
+
+    # as train() does: max_flops out, precision=auto resolved (float32 for a 32-wide model)
+    plain, _, _ = trainer_arguments(OmegaConf.to_container(trainer_cfg), n_embd=32)
     return instantiate(
         plain, logger=False, enable_checkpointing=False, callbacks=[], default_root_dir="unused"
     )
