@@ -4,8 +4,8 @@
 - A CPU: bf16-mixed when the CPU has native bfloat16 instructions (AVX512-BF16 on Zen 4 and Cooper Lake
   or newer, AMX on Sapphire Rapids or newer) and the model is at least `CPU_BF16_MIN_WIDTH` wide; else
   32-true. On a CPU without them bf16 is emulated and slower than float32; on narrow models the matrices
-  are too small for the faster multiply to outweigh the casts around it (docs/benchmarks.md, "bf16 on
-  the CPU": the 4x128 default gains nothing, the 6x384 baby model ~1.6x).
+  are too small for the faster multiply to outweigh the casts around it (measured per model preset:
+  docs/benchmarks.md, "bf16 on the CPU").
 - Anything else (Apple's MPS, other accelerators): 32-true.
 
 Any other value of trainer.precision is used as given.
@@ -19,8 +19,8 @@ import torch
 
 __all__ = ["CPU_BF16_MIN_WIDTH", "PrecisionChoice", "choose_precision", "cpu_has_native_bf16"]
 
-# The narrowest model (n_embd) whose training step bf16 autocast speeds up on a CPU, by measurement
-# (`mini-gpt bench train --compare nanogpt`): width 128 gains nothing, 384 ~1.6x.
+# The narrowest model (n_embd) whose training step bf16 autocast clearly speeds up on a CPU, set by
+# `mini-gpt bench train --compare nanogpt` (docs/benchmarks.md, "bf16 on the CPU").
 CPU_BF16_MIN_WIDTH = 256
 
 
