@@ -55,7 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma list of the comparisons to run: lightning (Lightning vs a raw loop), nanogpt (our "
         "step vs a nanoGPT-style model), loss (full-logits vs chunked loss with a big vocabulary)",
     )
-    parser.add_argument("--nanogpt-configs", default="char,baby", help=f"any of {', '.join(NANO_CONFIGS)}")
+    parser.add_argument(
+        "--nanogpt-configs", default="tiny,char,baby,gpt2", help=f"any of {', '.join(NANO_CONFIGS)}"
+    )
     parser.add_argument("--nanogpt-batch-size", type=int, default=None, help="default: each shape's own")
     parser.add_argument("--nanogpt-steps", type=int, default=5, help="steps per alternated chunk")
     parser.add_argument("--nanogpt-repeats", type=int, default=5, help="chunks per contender (median)")
