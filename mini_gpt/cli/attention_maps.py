@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mini_gpt.conf import hydra_main, split_free_text
+from mini_gpt.conf import run_tool, split_free_text
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.stream import prompt_text
 from mini_gpt.interop.checkpoint import load_model
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     """`mini-gpt attention-maps ARGS`; `argv` default: the command line."""
     # prompt= takes any text, commas included
     overrides, text = split_free_text(argv)
-    hydra_main("attention_maps", lambda cfg: run({**cfg, **text}), overrides)
+    run_tool("attention_maps", lambda cfg: run({**cfg, **text}), overrides)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import torch
 
-from mini_gpt.conf import hydra_main
+from mini_gpt.conf import run_tool
 from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.files import write_json_atomic
 from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device, watch_cpu_load
@@ -200,7 +200,7 @@ def config_from_dict(d: dict[str, Any]) -> EvaluateConfig:
 
 def main(argv: list[str] | None = None) -> None:
     """`mini-gpt evaluate key=value ...`; `argv` default: the command line."""
-    hydra_main("evaluate", lambda cfg: run(config_from_dict(cfg)), argv)
+    run_tool("evaluate", lambda cfg: run(config_from_dict(cfg)), argv)
 
 
 if __name__ == "__main__":

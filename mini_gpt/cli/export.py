@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mini_gpt.conf import hydra_main
+from mini_gpt.conf import run_tool
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.checkpoint import load_model
 from mini_gpt.interop.export import check_format, export_model, modelfile_path
@@ -42,7 +42,7 @@ def lm_eval_note(start_id: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """`mini-gpt export ARGS` / `python -m mini_gpt.export ARGS`; `argv` default: the command line."""
-    hydra_main("export", _run, argv)
+    run_tool("export", _run, argv)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 import torch
 
-from mini_gpt.conf import hydra_main, split_free_text
+from mini_gpt.conf import run_tool, split_free_text
 from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device, watch_cpu_load
 from mini_gpt.infer.packing import can_pack, prepare_for_inference
@@ -193,7 +193,7 @@ def config_from_dict(d: dict[str, Any]) -> GenerateConfig:
 def main(argv: list[str] | None = None) -> None:
     """`mini-gpt generate ARGS`; `argv` default: the command line."""
     overrides, text = split_free_text(argv)
-    hydra_main("generate", lambda cfg: run(config_from_dict({**cfg, **text})), overrides)
+    run_tool("generate", lambda cfg: run(config_from_dict({**cfg, **text})), overrides)
 
 
 if __name__ == "__main__":

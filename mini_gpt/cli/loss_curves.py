@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mini_gpt.conf import hydra_main, split_free_text
+from mini_gpt.conf import run_tool, split_free_text
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.viz.loss_curves import plot_run
 
@@ -38,7 +38,7 @@ def _run(cfg: dict[str, Any]) -> Path:
 def main(argv: list[str] | None = None) -> None:
     """`mini-gpt plot ARGS` / `python -m mini_gpt.loss_curves ARGS`; `argv` default: the command line."""
     overrides, paths = split_free_text(overrides_of(sys.argv[1:] if argv is None else argv), PATH_KEYS)
-    hydra_main("plot", lambda cfg: _run({**cfg, **paths}), overrides)
+    run_tool("plot", lambda cfg: _run({**cfg, **paths}), overrides)
 
 
 if __name__ == "__main__":

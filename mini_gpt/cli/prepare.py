@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mini_gpt.conf import hydra_main
+from mini_gpt.conf import run_tool
 from mini_gpt.data import AnyDataConfig, ShardedCorpus, data_config, prepare
 
 
@@ -33,4 +33,4 @@ def _run(data: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """`mini-gpt prepare OVERRIDES`; `argv` default: the command line."""
-    hydra_main("prepare", _run, argv, node="data")
+    run_tool("prepare", _run, argv, node="data")

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 import torch
 
-from mini_gpt.conf import hydra_main
+from mini_gpt.conf import run_tool
 from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.infer.device import check_dtype, resolve_device
 
@@ -136,7 +136,7 @@ def config_from_dict(d: dict[str, Any]) -> ServeConfig:
 
 def main(argv: list[str] | None = None) -> None:
     """`mini-gpt serve ARGS`; `argv` default: the command line."""
-    hydra_main("serve", lambda cfg: run(config_from_dict(cfg)), argv)
+    run_tool("serve", lambda cfg: run(config_from_dict(cfg)), argv)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ HELP = __doc__
 
 def _train_trial(cfg: Any, callbacks: Sequence[Any]) -> dict[str, Any] | None:
     """Train one trial in its folder; its summary, or None when it failed (the error is in its train.log)."""
-    from mini_gpt.train.callbacks import NonFiniteLossError
-    from mini_gpt.train.run import run_directory, train
+    from mini_gpt.train.console_log import run_directory
+    from mini_gpt.train.run import train
+    from mini_gpt.train.stops import NonFiniteLossError
 
     run_dir = Path(cfg.paths.run_dir)
     with run_directory(run_dir, keep_unstarted=True):

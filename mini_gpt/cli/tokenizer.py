@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mini_gpt.conf import hydra_main
+from mini_gpt.conf import run_tool
 from mini_gpt.data import DataConfig, data_config
 from mini_gpt.data.documents import split_documents, text_bytes
 from mini_gpt.data.preparation import byte_progress
@@ -161,4 +161,4 @@ def main(argv: Sequence[str] | None = None) -> Any:
         print(f"error: unknown action {args[0]!r}; {USAGE.removeprefix('usage: ')}", file=sys.stderr)
         return 2
     config_name, task = ACTIONS[args[0]]
-    return hydra_main(config_name, task, args[1:])
+    return run_tool(config_name, task, args[1:])

@@ -9,28 +9,37 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from mini_gpt.conf import CONF_DIR, exit_on_bad_overrides, exit_with_help_if_asked, register_resolvers
+from mini_gpt.conf import CONF_DIR, exit_on_bad_overrides, exit_with_help_if_asked, register
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.train.console_log import run_directory
+from mini_gpt.train.distributed import launcher_rank
+from mini_gpt.train.stops import EXIT_PREEMPTED, DivergedError, NonFiniteLossError, Preempted
 
-register_resolvers()
+
+def _train(cfg: DictConfig) -> Any:
+    from mini_gpt.train.resume import checkpoint_path
+
+    checkpoint_path(cfg.ckpt_path)  # a typo fails in a second, before Lightning is imported
+    from mini_gpt.train.run import train  # Lightning: seconds to import, which --help and typos skip
+
+    return train(cfg)
 
 
 # Hydra names the job after this module ("train"): runs go to outputs/train/runs/..., as from train.py.
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def train_app(cfg: DictConfig) -> float | None:
-    from mini_gpt.train.callbacks import EXIT_PREEMPTED, DivergedError, NonFiniteLossError, Preempted
-    from mini_gpt.train.resume import resumed_config
-    from mini_gpt.train.run import hydra_trial, launcher_rank, run_directory, sweep_objective, train
-
-    in_sweep = hydra_trial() is not None
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     with run_directory(cfg.paths.run_dir, keep_unstarted=in_sweep, output_dir=cfg.paths.output_dir):
         try:
-            result = train(resumed_config(cfg))  # ckpt_path=...: the run's own config + the command line's
-        except KeyboardInterrupt:  # Ctrl-C before fit (during fit, SaveOnInterrupt saves, Lightning exits)
+            result = _train(cfg)
+        except KeyboardInterrupt:  # Ctrl-C before fit (during fit, StopOnSignal saves, Lightning exits)
             print(
                 "interrupted (Ctrl-C) before training started; nothing half-written was kept, "
                 "run again to continue",
@@ -51,11 +60,18 @@ def train_app(cfg: DictConfig) -> float | None:
     return sweep_objective(result.best_val_loss) if in_sweep else result.best_val_loss
 
 
+def sweep_objective(value: float | None) -> float:
+    """What a sweeper gets: +inf for a missing or non-finite loss. Optuna aborts a whole sweep on NaN,
+    while +inf is recorded as a complete, worst trial."""
+    return float(value) if value is not None and math.isfinite(value) else math.inf
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """`python train.py ARGS` / `mini-gpt train ARGS`; `argv` default: the command line."""
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]  # Hydra reads its command line from sys.argv
-    exit_with_help_if_asked("train")  # the groups and keys of train.yaml, with their comments
+    register()  # the schemas and resolvers hydra.main composes with
+    exit_with_help_if_asked("train")  # every key of train.yaml and its groups, with types and comments
     if any(arg.startswith("hparams_search=") for arg in sys.argv[1:]):  # the Optuna plugin's old spelling
         print(
             "error: Optuna searches run with `mini-gpt sweep hparams_search=NAME ...` (the same overrides, "

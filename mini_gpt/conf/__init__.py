@@ -1,19 +1,38 @@
-"""Where every mini-gpt tool finds its Hydra configs (`CONF_DIR`), and how it composes them (`hydra_main`).
+"""How every mini-gpt verb reads its configuration: one YAML file per verb in `CONF_DIR` (values and
+comments), one dataclass schema per verb (keys, types, defaults, the comments `--help` shows), composed by
+Hydra.
 
-The YAML lives in `conf/` at the top of a checkout (a wheel carries it as `mini_gpt/configs/`):
-`train.yaml` and its groups for `mini-gpt train`, one `<verb>.yaml` for each other verb. Hydra is
-imported lazily.
+- `compose(overrides, name)`: the config a verb would run with. Each `<name>.yaml` starts its defaults list
+  with `<name>_schema`, the verb's dataclass in Hydra's ConfigStore, so Hydra refuses unknown keys and
+  converts or refuses values of the wrong type (`compose_command_line`: refusals as one line).
+- `config_error(err, name)`: the one place where what Hydra or OmegaConf refuses becomes one `MiniGPTError`
+  line; `checked_config` applies the same check to a section read later (`data`, whose dataclass depends
+  on its `name`).
+- `run_tool(name, task, argv)`: a one-shot verb's `main`: `--help` from the schema, compose, the config as
+  its dataclass, `task(config)`; a user error is one `error:` line and exit status 2. `mini-gpt train` is
+  the one Hydra app (hydra.main: run directories, -m sweeps, launchers) and checks its overrides the same
+  way before Hydra runs (`exit_on_bad_overrides`).
+
+The YAML lives in `conf/` at the top of a checkout (a wheel carries it as `mini_gpt/configs/`).
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import functools
+import inspect
+import io
 import sys
-from collections.abc import Callable, Sequence
+import tokenize
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, TypeVar
 
 from mini_gpt.errors import MiniGPTError, exit_on_user_error
+
+T = TypeVar("T")
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 _CHECKOUT = _PACKAGE_DIR.parent
@@ -23,7 +42,6 @@ CONF_DIR = _CHECKOUT / "conf" if _IN_CHECKOUT else _PACKAGE_DIR / "configs"
 # A checkout keeps outputs/ and data/ in the checkout, whatever the working directory; an installed
 # package uses the working directory.
 PROJECT_ROOT = _CHECKOUT if _IN_CHECKOUT else Path.cwd()
-
 
 # Keys whose values are free text: taken from the command line verbatim, never parsed by Hydra (whose
 # override grammar rejects braces and non-ASCII letters and splits values on commas).
@@ -48,55 +66,139 @@ def split_free_text(
     return overrides, text
 
 
-def register_resolvers() -> None:
-    """`${project_root:}` (used by paths/default.yaml); call before Hydra composes a config."""
+def schemas() -> dict[str, type]:
+    """{config name: its schema dataclass} for every verb that has one."""
+    from mini_gpt.conf.train import TrainConfig
+
+    return {"train": TrainConfig}
+
+
+@functools.cache
+def register() -> None:
+    """Store every schema in Hydra's ConfigStore (`<name>_schema`) and the `${project_root:}` resolver
+    (paths/default.yaml); call before Hydra composes a config."""
+    from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
+    for name, cls in schemas().items():
+        ConfigStore.instance().store(name=f"{name}_schema", node=cls)
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "train", hydra: bool = False) -> Any:
-    """The config `python train.py OVERRIDES` (or another tool) would run with, without running it;
-    `hydra=True` also returns the `hydra` node (sweeper, launcher, run dirs)."""
+    """The config `mini-gpt <verb> OVERRIDES` would run with, without running it (`hydra=True`: with the
+    `hydra` node: sweeper, launcher, run dirs). What Hydra refuses raises as Hydra raised it."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    register_resolvers()
+    register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=hydra)
 
 
-def _segments(text: str) -> list[tuple[str, list[str]]]:
-    """A YAML file as (top-level key, its lines): each key with the comment lines just above it and
-    everything indented below it; ("", lines) for comments before the first key."""
-    segments: list[tuple[str, list[str]]] = [("", [])]
-    pending: list[str] = []  # comments / blank lines not yet attached to a key
-    for line in text.splitlines():
-        if not line.strip() or line.startswith("#"):
-            pending.append(line)
-        elif line[0] not in " -":  # a top-level key
-            segments.append((line.split(":", 1)[0], [*pending, line]))
-            pending = []
+def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
+    """`compose` for a command line: what Hydra refuses (an unknown key, a wrong type, bad syntax, a list
+    without brackets) is one `MiniGPTError` line."""
+    _refuse_sweep_values(overrides, config_name)
+    try:
+        return compose(overrides, config_name)
+    except Exception as err:
+        raise config_error(err, config_name) from None
+
+
+def _refuse_sweep_values(overrides: Sequence[str], config_name: str) -> None:
+    """`tasks=a,b` outside a sweep is a list written without brackets: say how to write it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([o for o in overrides if not o.startswith("-")])
+    except OverrideParseException as err:
+        raise config_error(err, config_name) from None
+    for override in parsed:
+        if override.is_sweep_override():
+            key, value = override.key_or_group, override.input_line.split("=", 1)[1]
+            raise MiniGPTError(
+                f"{config_name}: {key}={value} is ambiguous: write a list in brackets, {key}=[{value}] "
+                f"(quoted for the shell: '{key}=[{value}]')"
+            )
+
+
+_WHAT = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _what(hint: Any) -> str:
+    """A type hint in words: `int | None` -> "an integer or null"."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if type(None) in typing.get_args(hint):
+        return f"{_what(args[0])} or null"
+    if typing.get_origin(hint) in (tuple, list) or hint in (tuple, list):
+        return "a list"
+    return _WHAT.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def config_error(err: BaseException, config_name: str, schema: Any = None) -> MiniGPTError:
+    """What Hydra or OmegaConf refused, as one line naming the key and how to fix it; `schema`: the
+    dataclass the config follows (default: the verb's), whose type hints say what a value must be."""
+    from hydra.errors import MissingConfigException
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    if isinstance(err, MiniGPTError):
+        return err
+    cause = err.__cause__ or err
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and "/" in err.missing_cfg_file:
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        options = ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+        why = f"{group}={option}: there is no conf/{group}/{option}.yaml; the options are {options}"
+    elif isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
+        key = str(cause.full_key)
+        parent = key.rpartition(".")[0]
+        node = cause.parent_node if isinstance(cause.parent_node, DictConfig) else None
+        keys = ", ".join(str(k) for k in node if k != "hydra") if node is not None else ""
+        where = f" of {parent}" if parent else ""
+        why = f"unknown key {key!r}" + (f"; the keys{where} are {keys}" if keys else "")
+    elif isinstance(cause, ValidationError) and cause.full_key:
+        key = str(cause.full_key)
+        value = OmegaConf.to_container(cause.value) if OmegaConf.is_config(cause.value) else cause.value
+        hint = _hint_at(schema if schema is not None else schemas().get(config_name), key)
+        return MiniGPTError(
+            f"{key}={value!r} must be {_what(hint)}; fix it on the command line or in the config"
+        )
+    else:
+        first = " ".join(str(cause).strip().split("\n")[0].split()).split(" See https://")[0][:300]
+        why = f"bad override ({first}); write key=value ({command(config_name)} --help)"
+    return MiniGPTError(f"{config_name}: {why}")
+
+
+def _hint_at(cls: Any, key: str) -> Any:
+    """The type hint of a dotted key (`optim.betas[0]`) in a schema dataclass; Any where unknown."""
+    hint: Any = cls
+    for part in key.replace("[", ".[").split("."):
+        if part.startswith("["):  # an element of a list or tuple
+            hint = (typing.get_args(hint) or (Any,))[0]
+        elif dataclasses.is_dataclass(hint):
+            hint = typing.get_type_hints(hint).get(part, Any)
         else:
-            segments[-1][1].extend([*pending, line])
-            pending = []
-    segments[-1][1].extend(pending)
-    return segments
+            return Any
+    return hint
 
 
-def _groups(config_name: str, included: bool = True) -> list[str]:
-    """The config groups a top-level config's defaults list names, in order, with (`included`) those of a
-    config it includes (`- train` in prepare.yaml); Hydra's own groups left out."""
+def checked_config(cls: type[T], d: Mapping[str, Any], section: str) -> T:
+    """`cls(**d)` with `d`'s keys and value types checked (and converted) by OmegaConf first; `section`
+    prefixes the keys in the error line (`data`, `hparams_search`)."""
     from omegaconf import OmegaConf
 
-    config = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{config_name}.yaml"))
-    groups: list[str] = []
-    for entry in config.get("defaults") or []:  # type: ignore[union-attr]
-        if isinstance(entry, dict) and not next(iter(entry)).startswith(("override ", "hydra")):
-            groups.append(next(iter(entry)))
-        elif included and isinstance(entry, str) and entry != "_self_":
-            groups += _groups(entry)
-    return groups
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(cls), dict(d))
+        return OmegaConf.to_object(node)  # type: ignore[return-value]  # runs __post_init__
+    except MiniGPTError:
+        raise
+    except Exception as err:
+        line = str(config_error(err, section, cls))
+        if line.startswith(f"{section}: "):
+            raise MiniGPTError(line) from None
+        raise MiniGPTError(f"{section}.{line}" if section else line) from None
 
 
 def command(config_name: str) -> str:
@@ -108,40 +210,58 @@ def command(config_name: str) -> str:
     return f"mini-gpt {config_name.replace('_', '-')}"
 
 
-# The `key=value` example in a tool's --help footer: one of that tool's own keys.
-HELP_EXAMPLES = {
-    "train": "model.n_layer=6",
-    "prepare": "data.val_fraction=0.05",
-    "evaluate": "hellaswag.limit=100",
-}
+def field_comments(cls: type) -> dict[str, str]:
+    """{field: the comment at the end of its line} of a dataclass's source: what `--help` says of a key."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    comments: dict[str, str] = {}
+    line_key: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        row, col = token.start
+        if token.type == tokenize.NAME and token.string in names and col == 4 and row not in line_key:
+            line_key[row] = token.string
+        elif token.type == tokenize.COMMENT and row in line_key:
+            comments[line_key[row]] = token.string.lstrip("#").strip()
+    return comments
 
 
 def tool_help(config_name: str) -> str:
-    """`--help` of a tool: its config file's keys with their comments, and the options of its groups."""
-    text = (CONF_DIR / f"{config_name}.yaml").read_text()
-    groups = _groups(config_name)
-    lines = []
-    for key, segment in _segments(text):
-        if key == "hydra":  # Hydra plumbing, not the tool's keys
-            continue
-        if key == "defaults" and not _groups(config_name, included=False):  # no groups of its own to show:
-            segment = segment[: segment.index("defaults:")]  # only the comments above it
-        lines += segment
-    help_text = "\n".join(lines).strip("\n")
+    """`--help` of a verb: every key of its composed config with its value, type and comment (from the
+    schema dataclasses), and the options of its config groups."""
+    from omegaconf import DictConfig, OmegaConf
+
+    cfg = compose((), config_name)
+    lines = [f"usage: {command(config_name)} [group=option ...] [key=value ...]", ""]
+
+    def walk(node: Any, raw: dict[str, Any], prefix: str) -> None:
+        cls = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+        typed = dataclasses.is_dataclass(cls)
+        hints = typing.get_type_hints(cls) if typed else {}
+        comments = field_comments(cls) if typed else {}  # type: ignore[arg-type]
+        for key, value in raw.items():
+            about = f"  # {comments[key]}" if key in comments else ""
+            if isinstance(value, dict) and value and not str(key).startswith("_"):
+                lines.append(f"{prefix}{key}:{about}")
+                walk(node[key] if isinstance(node, DictConfig) else None, value, prefix + "  ")
+                continue
+            hint = hints.get(key, Any)
+            what = f" ({_what(hint)})" if hint is not Any else ""
+            shown = OmegaConf.to_yaml({"v": value}).strip()[3:].replace("\n", "\\n")
+            lines.append(f"{prefix}{key}: {shown}{what}{about}")
+
+    walk(cfg, OmegaConf.to_container(cfg, resolve=False), "")  # type: ignore[arg-type]
+    groups = sorted(d.name for d in CONF_DIR.iterdir() if d.is_dir() and d.name in cfg and d.name != "hydra")
     if groups:
-        options = [
-            f"  {group}: {', '.join(sorted(p.stem for p in (CONF_DIR / group).glob('*.yaml')))}"
-            for group in groups
-        ]
-        help_text += "\n\nOptions of each group (conf/<group>/<option>.yaml):\n" + "\n".join(options)
-        example = HELP_EXAMPLES.get(config_name, "model.n_layer=6")
-        help_text += f"\nPick an option with group=option, set any key with key=value (e.g. {example})."
-        if config_name == "train":  # the one Hydra app (hydra.main): Hydra's flags work
-            help_text += "\n--cfg job prints every key of the composed config; -m runs a sweep."
-        help_text += "\nA key that does not exist is an error."
-    else:
-        help_text += "\n\nSet any key above with key=value; a key that is not listed is an error."
-    return help_text + "\n"
+        lines += ["", "Options of each group (conf/<group>/<option>.yaml), picked with group=option:"]
+        for group in groups:
+            lines.append(f"  {group}: {', '.join(sorted(p.stem for p in (CONF_DIR / group).glob('*.yaml')))}")
+    if config_name == "train":  # the one Hydra app (hydra.main): Hydra's flags work
+        lines.append("--cfg job prints every key of the composed config; -m runs a sweep.")
+    lines.append("Set any key with key=value; a key that does not exist is an error.")
+    return "\n".join(lines) + "\n"
 
 
 def exit_with_help_if_asked(config_name: str, argv: Sequence[str] | None = None) -> None:
@@ -150,40 +270,6 @@ def exit_with_help_if_asked(config_name: str, argv: Sequence[str] | None = None)
     if {"--help", "-h"} & set(sys.argv[1:] if argv is None else argv):
         print(tool_help(config_name), end="")
         raise SystemExit(0)
-
-
-def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
-    """`compose`, with an override Hydra refuses (an unknown key, bad syntax) as one `MiniGPTError` line."""
-    from hydra.errors import HydraException
-    from omegaconf import DictConfig, OmegaConf
-
-    try:
-        return compose(overrides, config_name)
-    except HydraException as err:
-        first = str(err).strip().splitlines()[0]
-        unknown = re.match(r"Could not override '([^']+)'", first)
-        if unknown:
-            key = unknown.group(1)
-            full = compose((), config_name)
-            parent = key.rpartition(".")[0]
-            node = OmegaConf.select(full, parent) if parent else None
-            if not isinstance(node, DictConfig):  # a top-level key, or below a key that holds a value
-                node, parent = full, ""
-            keys = ", ".join(str(k) for k in node)
-            why = f"unknown key {key!r}; the keys{f' of {parent}' if parent else ''} are {keys}"
-        elif missing := re.search(r"Could not find '([^'/]+)/([^']+)'", first):
-            group, option = missing.groups()
-            options = ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
-            why = f"{group}={option}: there is no conf/{group}/{option}.yaml; the options are {options}"
-        elif ambiguous := re.search(r"Ambiguous value for argument '([^'=]+)=([^']*)'", first):
-            key, value = ambiguous.groups()
-            why = (
-                f"{key}={value} is ambiguous: write a list in brackets, {key}=[{value}] "
-                f"(quoted for the shell: '{key}=[{value}]')"
-            )
-        else:
-            why = f"bad override ({first}); write key=value ({command(config_name)} --help)"
-        raise MiniGPTError(f"{config_name}: {why}") from None
 
 
 def exit_on_bad_overrides(config_name: str) -> None:
@@ -195,17 +281,13 @@ def exit_on_bad_overrides(config_name: str) -> None:
         exit_on_user_error(compose_command_line)(config_name, overrides)
 
 
-def hydra_main(
-    config_name: str,
-    task: Callable[[dict[str, Any]], Any],
-    argv: Sequence[str] | None = None,
-    node: str | None = None,
+def run_tool(
+    config_name: str, task: Callable[[Any], Any], argv: Sequence[str] | None = None, node: str | None = None
 ) -> Any:
-    """Run `task(cfg)` on `CONF_DIR/<config_name>.yaml` plus the `key=value` overrides in `argv` (default:
-    the command line), `cfg` a resolved plain dict: the whole config, or only its `node` (prepare: data;
-    the rest of train.yaml has keys only a Hydra run can resolve). Hydra's compose API, not hydra.main: a
-    one-shot tool needs no run directory. A refused override or a `MiniGPTError` becomes one `error:` line
-    and exit status 2; `--help` / `-h` prints `tool_help(config_name)`."""
+    """Run `task(config)` on `CONF_DIR/<config_name>.yaml` plus the `key=value` overrides in `argv` (default:
+    the command line): `config` is the verb's schema dataclass (or a plain dict without one), or only its
+    `node` (prepare: data). A refused override or a `MiniGPTError` is one `error:` line and exit status 2;
+    `--help` / `-h` prints `tool_help(config_name)`."""
     from omegaconf import OmegaConf
 
     overrides = sys.argv[1:] if argv is None else list(argv)
@@ -213,7 +295,51 @@ def hydra_main(
     def run() -> Any:
         cfg = compose_command_line(config_name, overrides)
         cfg = cfg if node is None else cfg[node]
-        return task(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+        try:
+            config = OmegaConf.to_object(cfg) if OmegaConf.get_type(cfg) is not dict else None
+        except Exception as err:
+            raise config_error(err, config_name) from None
+        return task(config if config is not None else OmegaConf.to_container(cfg, resolve=True))
 
     exit_with_help_if_asked(config_name, overrides)
     return exit_on_user_error(run)()
+
+
+_PLAIN = (int, float, bool, str)
+
+
+def _checkable(hint: Any) -> Any:
+    """`hint` if OmegaConf can check it (a plain type, optional or not), else Any."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if hint in _PLAIN or (
+        typing.get_origin(hint) in (typing.Union, UnionType) and len(args) == 1 and args[0] in _PLAIN
+    ):
+        return hint
+    return Any
+
+
+def checked_arguments(node: Mapping[str, Any], section: str) -> dict[str, Any]:
+    """A `_target_` node's arguments checked against its class's signature: an argument it does not take,
+    or a value of the wrong type, is one `MiniGPTError` line (`callbacks.x.y='a' must be an integer`)."""
+    from hydra.utils import get_object
+    from omegaconf import OmegaConf
+
+    target = get_object(str(node["_target_"]))
+    params = inspect.signature(target).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return dict(node)  # takes anything: nothing to check here
+    hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+    fields = [
+        (p.name, _checkable(hints.get(p.name, Any)),
+         dataclasses.field(default=p.default) if p.default is not p.empty and not isinstance(p.default, list)
+         else dataclasses.field(default_factory=list) if isinstance(p.default, list) else dataclasses.field())
+        for p in params if p.kind is not p.VAR_POSITIONAL
+    ]  # fmt: skip
+    schema = dataclasses.make_dataclass(f"{getattr(target, '__name__', 'target')}Arguments", fields)
+    arguments = {k: v for k, v in node.items() if k != "_target_"}
+    try:
+        checked = OmegaConf.merge(OmegaConf.structured(schema), arguments)
+    except Exception as err:
+        line = str(config_error(err, section, schema))
+        raise MiniGPTError(line if line.startswith(f"{section}: ") else f"{section}.{line}") from None
+    return {"_target_": node["_target_"], **{k: checked[k] for k in arguments}}

@@ -14,8 +14,7 @@ from typing import Any
 
 import tiktoken.registry
 
-from mini_gpt.conf import PROJECT_ROOT
-from mini_gpt.conf.schema import checked_config
+from mini_gpt.conf import PROJECT_ROOT, checked_config
 from mini_gpt.errors import MiniGPTError, check_ints
 from mini_gpt.tokenizer import is_tokenizer_dir
 
@@ -224,4 +223,9 @@ def data_config(d: AnyDataConfig | Mapping[str, Any]) -> AnyDataConfig:
     if isinstance(d, DataConfig | HFDataConfig | ShardsDataConfig):
         return d
     kind = {"hf": HFDataConfig, "shards": ShardsDataConfig}.get(d.get("name", ""), DataConfig)
-    return checked_config(kind, d, "data", DataConfigError)
+    try:
+        return checked_config(kind, d, "data")
+    except DataConfigError:
+        raise
+    except MiniGPTError as err:
+        raise DataConfigError(str(err)) from None

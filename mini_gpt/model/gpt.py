@@ -29,7 +29,7 @@ MLPS = ("gelu", "gelu_exact", "swiglu")  # gelu: GPT-2's tanh approximation; gel
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 50257  # GPT-2 BPE; training sets it from the tokenizer
+    vocab_size: int | None = 50257  # GPT-2 BPE; null: training sets it from the tokenizer
     block_size: int = 1024  # longest context the model sees
     n_layer: int = 12
     n_head: int = 12
@@ -44,8 +44,9 @@ class GPTConfig:
     def __post_init__(self) -> None:
         # Plain checks only (the model imports no OmegaConf): a composed config's types were checked
         # where it became this dataclass (mini_gpt.conf.schema).
-        names = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+        names = ("block_size", "n_layer", "n_head", "n_embd")
         check_ints(**{f"GPTConfig.{name}": getattr(self, name) for name in names})
+        check_ints(allow_none=True, **{"GPTConfig.vocab_size": self.vocab_size})
         if self.n_embd % self.n_head:
             lower = self.n_embd - self.n_embd % self.n_head
             raise MiniGPTError(
@@ -156,6 +157,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
+        if config.vocab_size is None:
+            raise MiniGPTError("GPTConfig.vocab_size is null; set it (training takes the tokenizer's)")
         self.config = config
         self.transformer = nn.ModuleDict(
             dict(

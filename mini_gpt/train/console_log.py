@@ -1,4 +1,5 @@
-"""`train.log`: a copy of what the console showed during a run, as plain text.
+"""The run directory around one run (`run_directory`), and its `train.log`: a copy of what the console
+showed during the run, as plain text.
 
 `record_console(path)` tees stdout and stderr into `path`, the console still getting every byte. The
 file gets what a terminal would end up displaying: a progress bar's in-place redraws (carriage returns,
@@ -8,6 +9,7 @@ erase line, cursor up) once in their final state, no colour codes, and a traceba
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 import traceback
 from collections.abc import Iterator
@@ -15,7 +17,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Screen", "record_console"]
+from mini_gpt.files import remove_empty
+from mini_gpt.train.distributed import launcher_rank
+
+__all__ = ["Screen", "record_console", "run_directory"]
+
+# What Hydra and a run that never reached training leave in a run directory (removed on such a failure).
+_UNSTARTED_ENTRIES = {".hydra", "train.log", "wandb", "csv", "checkpoints", "attention_maps"}
+_KEPT_IF_FILLED = {"checkpoints", "attention_maps"}  # a run that never trained writes no file in these
 
 # CSI (ESC [ params letter), OSC (ESC ] ... BEL or ESC \), or another two-character escape.
 _ESCAPE = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -118,3 +127,38 @@ def record_console(path: str | Path) -> Iterator[None]:
         finally:
             sys.stdout, sys.stderr = saved
             screen.close()
+
+
+@contextmanager
+def run_directory(
+    run_dir: str | Path, keep_unstarted: bool = False, output_dir: str | Path | None = None
+) -> Iterator[None]:
+    """The run directory around one run (rank 0; other ranks just run the block). `train.log` records the
+    console, a failure's traceback included. A run that fails before training started (no summary.json)
+    leaves no folder, unless `keep_unstarted` (a sweep trial's folder holds its error for the table): what
+    Hydra and the run wrote is removed, then the folder and its emptied parents below `output_dir`."""
+    if launcher_rank() != 0:
+        yield
+        return
+    run_dir = Path(run_dir)
+    completed = False
+    try:
+        with record_console(run_dir / "train.log"):
+            yield
+        completed = True
+    finally:
+        if not completed and not keep_unstarted and not (run_dir / "summary.json").exists():
+            _remove_unstarted(run_dir.resolve(), Path(output_dir).resolve() if output_dir else None)
+
+
+def _remove_unstarted(run_dir: Path, output_dir: Path | None) -> None:
+    if not run_dir.is_dir():
+        return
+    for entry in run_dir.iterdir():
+        if entry.name in _KEPT_IF_FILLED and any(p.is_file() for p in entry.rglob("*")):
+            continue  # an earlier run's checkpoints in a reused paths.run_dir: never ours to delete
+        if entry.name in _UNSTARTED_ENTRIES:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    inside = output_dir is not None and output_dir in run_dir.parents
+    parents = [p for p in run_dir.parents if inside and output_dir in p.parents]
+    remove_empty([run_dir, *parents])  # the run dir, then emptied folders below output_dir

@@ -1,4 +1,5 @@
-"""Multi-device helpers: the batch arithmetic of data-parallel training, and the FSDP strategy factory.
+"""Multi-device helpers: this process's rank, the batch arithmetic of data-parallel training (known before
+the Trainer is built), a dead rank in words, and the FSDP strategy factory.
 
 Each of the `devices x num_nodes` processes draws micro-batches of `micro_batch` sequences of
 `block_size` tokens and accumulates `accumulate` of them per optimizer step, so
@@ -6,11 +7,12 @@ Each of the `devices x num_nodes` processes draws micro-batches of `micro_batch`
     tokens per optimizer step = micro_batch x accumulate x devices x num_nodes x block_size
 
 and lr, warmup and max_steps keep their meaning only while that product stays fixed (`accumulation_for`
-derives `accumulate` from a global batch in tokens). Pure arithmetic: run.py imports it before torch.
+derives `accumulate` from a global batch in tokens).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -19,7 +21,35 @@ from hydra.utils import get_class
 
 from mini_gpt.errors import MiniGPTError, check_ints
 
-__all__ = ["BatchLayout", "accumulation_for", "dead_ranks", "fsdp_strategy"]
+__all__ = [
+    "BatchLayout",
+    "accumulation_for",
+    "batch_layout",
+    "dead_ranks",
+    "devices_per_node",
+    "fsdp_strategy",
+    "launcher_rank",
+    "local_rank",
+]
+
+
+def _env_rank(keys: Sequence[str]) -> int:
+    for key in keys:
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
+
+
+def launcher_rank() -> int:
+    """This process's global rank as its launcher set it (Lightning's DDP re-launch, torchrun, SLURM),
+    else 0: known before the Trainer is built (printing, data preparation)."""
+    return _env_rank(("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"))
+
+
+def local_rank() -> int:
+    """This process's rank on its node as its launcher set it, else 0."""
+    return _env_rank(("LOCAL_RANK", "SLURM_LOCALID", "JSM_NAMESPACE_LOCAL_RANK"))
+
 
 # What a collective raises on a surviving rank when a peer process died (gloo, NCCL, the TCP store).
 _PEER_GONE = (
@@ -98,6 +128,38 @@ class BatchLayout:
             f"{self.devices} devices x {self.num_nodes} nodes x {self.block_size} block_size "
             f"= {self.tokens_per_step:,}"
         )
+
+
+def devices_per_node(accelerator: str, devices: Any) -> int:
+    """The processes Lightning starts per node for trainer.accelerator / trainer.devices, resolved the way
+    its accelerators do (`auto`: every GPU; 1 on a CPU)."""
+    import torch
+    from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+
+    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    if gpu:
+        return (
+            CUDAAccelerator.auto_device_count()
+            if devices == "auto"
+            else len(CUDAAccelerator.parse_devices(devices) or [])
+        )
+    if devices == "auto" or accelerator not in ("cpu", "auto"):
+        return 1  # Apple's MPS and other single-device accelerators
+    return CPUAccelerator.parse_devices(devices)
+
+
+def batch_layout(
+    trainer: Any, micro_batch: int, block_size: int, global_batch_tokens: int | None
+) -> BatchLayout:
+    """The run's BatchLayout from conf/trainer (`trainer`: its dataclass): devices resolved, accumulation
+    derived from `global_batch_tokens` when set."""
+    devices = devices_per_node(trainer.accelerator, trainer.devices)
+    accumulate = trainer.accumulate_grad_batches
+    if global_batch_tokens is not None:
+        accumulate = accumulation_for(
+            global_batch_tokens, micro_batch, block_size, devices * trainer.num_nodes
+        )
+    return BatchLayout(micro_batch, block_size, accumulate, devices, trainer.num_nodes)
 
 
 def accumulation_for(global_batch_tokens: int, micro_batch: int, block_size: int, world_size: int) -> int:

@@ -19,15 +19,16 @@ from typing import Any
 
 from torch import nn
 
-from mini_gpt.conf.schema import checked_config
-from mini_gpt.errors import MiniGPTError, check_ints
+from mini_gpt.conf import checked_config
+from mini_gpt.conf.train import FinetuneConfig
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.checkpoint import load_source
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import ENCODINGS, CharTokenizer, Tokenizer
 from mini_gpt.train.lora import LoraSpec, add_lora
+from mini_gpt.train.resume import Resume
 
 __all__ = [
-    "FinetuneConfig",
     "FinetunePlan",
     "build_model",
     "check_tokenizer",
@@ -40,46 +41,7 @@ __all__ = [
     "prepare_model",
 ]
 
-_METHODS = ("full", "lora")
-_LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
 _MUTABLE_MODEL_KEYS = ("dropout", "block_size")  # the model keys a fine-tuning run may change
-
-
-@dataclass
-class FinetuneConfig:
-    """What trains when a run starts from pretrained weights. Mirrored by conf/finetune/*.yaml."""
-
-    method: str = "full"  # full | lora
-    freeze_embeddings: bool = False  # full: freeze wte (and a head tied to it) and wpe
-    train_last_n_blocks: int | None = None  # train (full) or adapt (lora) only the last N blocks
-    lora_rank: int = 8
-    lora_alpha: float = 16.0  # the update is scaled by lora_alpha / lora_rank
-    lora_dropout: float = 0.05  # dropout on the adapters' input
-    lora_targets: tuple[str, ...] = _LORA_TARGETS  # projections that get adapters
-
-    def __post_init__(self) -> None:
-        if self.method not in _METHODS:
-            raise MiniGPTError(f"finetune.method={self.method!r} must be one of {_METHODS}")
-        check_ints(allow_none=True, **{"finetune.train_last_n_blocks": self.train_last_n_blocks})
-        self.lora_targets = tuple(self.lora_targets)
-        bad = sorted(set(self.lora_targets) - set(_LORA_TARGETS))
-        if bad or not self.lora_targets:
-            raise MiniGPTError(
-                f"finetune.lora_targets={list(self.lora_targets)} must be a non-empty subset of "
-                f"{list(_LORA_TARGETS)}"
-            )
-        check_ints(**{"finetune.lora_rank": self.lora_rank})
-        if not self.lora_alpha > 0:
-            raise MiniGPTError(f"finetune.lora_alpha={self.lora_alpha} must be > 0")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise MiniGPTError(f"finetune.lora_dropout={self.lora_dropout} must be in [0, 1)")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "lora_targets": list(self.lora_targets)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> FinetuneConfig:
-        return checked_config(cls, d, "finetune")
 
 
 def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_from: str) -> GPTConfig:
@@ -224,13 +186,12 @@ def plan_finetune(
     init_from: str | None,
     cfg: FinetuneConfig,
     requested: Mapping[str, Any],
-    ckpt_path: str | Path | None = None,
-    checkpoint_meta: Mapping[str, Any] | None = None,
+    resume: Resume | None = None,
     bpe_file: str | Path | None = None,
 ) -> FinetunePlan | None:
-    """The FinetunePlan of a run: from `init_from`, or resuming a fine-tuning checkpoint
-    (`checkpoint_meta`, its `mini_gpt` entry); None for a run from scratch or the resume of one."""
-    if init_from and ckpt_path:
+    """The FinetunePlan of a run: from `init_from`, or resuming a fine-tuning checkpoint (`resume`); None
+    for a run from scratch or the resume of one."""
+    if init_from and resume:
         raise MiniGPTError(
             "ckpt_path= resumes a run and init_from= starts a new one from pretrained weights; pass one "
             "of them (to resume a fine-tuning run, add init_from=null)"
@@ -239,18 +200,18 @@ def plan_finetune(
         source, tokenizer = load_source(str(init_from), bpe_file)
         config = finetune_model_config(source.config, requested, str(init_from))
         return FinetunePlan(config, finetune_meta(str(init_from), config, cfg), cfg, source, tokenizer)
-    record = (checkpoint_meta or {}).get("finetune")
+    record = resume.meta.get("finetune") if resume else None
     if isinstance(record, dict):
-        recorded = FinetuneConfig.from_dict(record["config"])
+        assert resume is not None
+        recorded = checked_config(FinetuneConfig, record["config"], "finetune")
         if recorded != cfg:
             theirs, ours = recorded.to_dict(), cfg.to_dict()
             changed = " ".join(f"finetune.{k}={v}" for k, v in theirs.items() if v != ours[k])
             raise MiniGPTError(
-                f"ckpt_path={ckpt_path} was trained with {changed}; resume with the same finetune "
+                f"ckpt_path={resume.path} was trained with {changed}; resume with the same finetune "
                 f"settings (finetune={recorded.method} ...), or start a new run from it with init_from="
             )
-        assert checkpoint_meta is not None
-        config = GPTConfig.from_dict(dict(checkpoint_meta["model_config"]))
+        config = GPTConfig.from_dict(dict(resume.meta["model_config"]))
         return FinetunePlan(config, dict(record), recorded)
     if cfg.method == "lora" or cfg.freeze_embeddings or cfg.train_last_n_blocks is not None:
         raise MiniGPTError(

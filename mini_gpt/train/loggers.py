@@ -13,10 +13,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import WandbLogger
 
-__all__ = ["build_loggers", "default_wandb_group", "finish_wandb", "wandb_mode"]
+__all__ = ["build_loggers", "default_wandb_group", "finish_wandb", "hydra_trial", "wandb_mode"]
+
+
+def hydra_trial() -> tuple[str, int] | None:
+    """(sweep dir, job number) inside a Hydra multirun job (`python train.py -m ...`), else None."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return HydraConfig.get().sweep.dir, HydraConfig.get().job.num
 
 
 def wandb_mode() -> str:

@@ -4,9 +4,9 @@ The GPT lives at `self.model` (checkpoint keys `model.<...>`); with `compile=Tru
 the forward passes but owns no weights, so no `_orig_mod.` keys appear. `checkpoint["mini_gpt"]` holds the
 model config and tokenizer as primitives: a checkpoint alone rebuilds both (mini_gpt.interop.checkpoint).
 
-The hot loop never syncs with the device: scalars are read only every `trainer.log_every_n_steps`
-optimizer steps, straight into the loggers and `self.stats` (a `RunStats`); validation sums token losses
-on the device and syncs once per evaluation.
+The hot loop never syncs with the device: every `trainer.log_every_n_steps` optimizer steps the loss is
+read once and logged with `self.log` (train/loss, lr, grad_norm, at the optimizer step's number), and kept
+in `self.stats`; validation sums token losses on the device and syncs once per evaluation.
 """
 
 from __future__ import annotations
@@ -14,33 +14,38 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor
 
+from mini_gpt.conf.train import OptimConfig
 from mini_gpt.interop.checkpoint import check_resume, metadata
 from mini_gpt.model.gpt import GPT, GPTConfig
-from mini_gpt.train.optim import OptimConfig, build_optimizer, build_scheduler
+from mini_gpt.train.optim import build_optimizer, build_scheduler
+
+
+def exact(metrics: dict[str, float]) -> dict[str, Tensor]:
+    """Python numbers as float64 tensors for `self.log`, which would store a float as float32: the loggers
+    get every digit."""
+    return {key: torch.tensor(value, dtype=torch.float64) for key, value in metrics.items()}
 
 
 @dataclass
 class RunStats:
-    """The loss curve of one fit as host-side python numbers (reading them never syncs).
+    """The loss curve of one fit as host-side python numbers (reading them never syncs). The module is the
+    only writer, at its log steps and evaluations; callbacks, the summary and tests only read."""
 
-    Contract: `GPTLitModule` is the only writer, at its log steps and evaluations; everyone else (the
-    progress bar, RunSummary, `train()`'s result, tests) only reads. Callbacks measure their own numbers
-    and keep them (tokens/s and MFU: the Throughput callback), never in here.
-    """
-
-    latest: dict[str, float] = field(default_factory=dict)  # last logged scalars + val_loss (the bar)
     train_history: list[tuple[int, float]] = field(default_factory=list)  # (step, train loss), log steps
     val_history: list[tuple[int, float, float]] = field(default_factory=list)  # (step, unix time, val loss)
     start_step: int = 0  # global_step when this fit started (> 0 after a resume)
     val_tokens: int = 0  # target tokens the last val loss averaged (all ranks; loader.val_windows bounds it)
+    side_seconds: float = 0.0  # time spent in `side_work()` blocks: not training, left out of tokens/s
 
 
 class GPTLitModule(L.LightningModule):
@@ -74,12 +79,12 @@ class GPTLitModule(L.LightningModule):
         self.run_config = run_config
         self.run_overrides = run_overrides
         self.stats = RunStats()
-        self._grad_norm: Tensor | None = None
-        self._pending_step = -1
+        self._pending_step = -1  # the log step whose micro-batch losses are summed on the device
         self._pending_loss: Tensor | None = None
         self._pending_n = 0
-        self._nonfinite: Tensor | None = None
         self._pending_lr = 0.0
+        self._grad_norm: Tensor | None = None
+        self._nonfinite: Tensor | None = None  # sticky on-device flag: any NaN/inf loss so far
         self._prebuilt_optimizer: torch.optim.Optimizer | None = None  # FSDP: see setup()
         self._val_sum: Tensor | None = None
         self._val_count: Tensor | None = None
@@ -99,49 +104,54 @@ class GPTLitModule(L.LightningModule):
     def loss(self, x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
         return self.net(x, targets=y, reduction=reduction)  # never all (B, T, V) logits at once
 
-    def _logs_step(self, step: int) -> bool:
-        """True for optimizer steps (1-based count) whose scalars are logged: the only ones that sync."""
-        return step % max(1, self.trainer.log_every_n_steps) == 0
+    def logs_step(self, step: int) -> bool:
+        """Whether optimizer step `step` (1-based) logs its scalars, the only steps that read the device:
+        every trainer.log_every_n_steps, and the last (Lightning flushes the loggers there)."""
+        return step % max(1, self.trainer.log_every_n_steps) == 0 or step == self.trainer.max_steps
 
     def saw_nonfinite_loss(self) -> bool:
         """Whether any training loss so far was NaN/inf (syncs with the device)."""
         return self._nonfinite is not None and bool(self._nonfinite)
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        loss = self.loss(x, y)
-        # Sticky on-device flag for the NaN guard: one tiny op, no sync (read at log/checkpoint time).
-        bad = ~torch.isfinite(loss.detach())
-        self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
-        step = self.global_step + 1  # the optimizer step this micro-batch contributes to
-        if self._logs_step(step):  # keep the (micro-batch mean) loss on the device until the step ends
-            if self._pending_step != step:
-                self._pending_step, self._pending_loss, self._pending_n = step, loss.detach(), 1
-                # the lr this step uses (a python float; the scheduler steps before on_train_batch_end)
-                self._pending_lr = self.optimizers().param_groups[0]["lr"]
-            else:
-                self._pending_loss = self._pending_loss + loss.detach()
-                self._pending_n += 1
-        return loss
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._pending_step != self.global_step or self._pending_loss is None:
-            return  # not a log step, or still accumulating micro-batches of it
-        step = self.global_step
-        loss = self._pending_loss.item() / self._pending_n  # the one sync per log interval
-        self._pending_loss = None
-        self.stats.train_history.append((step, loss))
-        metrics = {"train/loss": loss, "lr": self._pending_lr}
-        if self._grad_norm is not None:
-            metrics["grad_norm"] = float(self._grad_norm)
-            self._grad_norm = None
-        # python floats straight to the loggers (rank 0 inside each) and the bar: no Lightning bookkeeping
-        self.stats.latest.update(metrics)
-        for logger in self.loggers:
-            logger.log_metrics(metrics, step=step)
+    @contextmanager
+    def side_work(self) -> Iterator[None]:
+        """Work between steps that is not training (samples, attention maps, evaluations): its seconds go
+        to `stats.side_seconds`, which the Throughput callback leaves out of tokens/s."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stats.side_seconds += time.perf_counter() - t0
 
     def on_train_start(self) -> None:
         self.stats.start_step = self.global_step
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        rng, self._resume_rng = self._resume_rng, None
+        if rng:
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"], self.device)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = self.loss(x, y)
+        bad = ~torch.isfinite(loss.detach())  # one tiny op, no sync: read at log and checkpoint time
+        self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
+        step = self.global_step + 1  # the optimizer step this micro-batch contributes to
+        if self.logs_step(step):  # keep the (micro-batch mean) losses on the device until the step ends
+            if self._pending_step != step:
+                self._pending_step, self._pending_loss, self._pending_n = step, loss.detach(), 1
+                self._pending_lr = self.optimizers().param_groups[0]["lr"]  # this step's lr
+            else:
+                self._pending_loss, self._pending_n = self._pending_loss + loss.detach(), self._pending_n + 1
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        fsdp = isinstance(self.trainer.strategy, FSDPStrategy)  # its norm comes from its clipping, below
+        if self.logs_step(self.global_step + 1) and not fsdp:
+            grads = [p.grad for p in self.parameters() if p.grad is not None]
+            self._grad_norm = torch.nn.utils.get_total_norm(grads)  # before clipping
 
     def configure_gradient_clipping(
         self,
@@ -149,30 +159,27 @@ class GPTLitModule(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Clip like Lightning does, but keep the total norm clip_grad_norm_ returns (no extra pass)."""
         strategy = self.trainer.strategy
         if isinstance(strategy, FSDPStrategy) and gradient_clip_val and gradient_clip_algorithm != "value":
-            # Lightning refuses norm clipping under FSDP; the root FSDP module computes the norm over
-            # all shards (clip_grad_norm_ on the local shards alone would be wrong).
+            # Lightning refuses norm clipping under FSDP; the root FSDP module clips over all shards.
             norm = strategy.model.clip_grad_norm_(gradient_clip_val)
-            if self._logs_step(self.global_step + 1):
-                self._grad_norm = norm.detach()
+            self._grad_norm = norm.detach() if self.logs_step(self.global_step + 1) else None
             return
-        if not isinstance(strategy, SingleDeviceStrategy | DDPStrategy):
-            # sharded strategies (FSDP, DeepSpeed) compute norms over shards: use theirs
-            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-            return
-        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        if gradient_clip_val and (gradient_clip_algorithm or "norm") == "norm":
-            norm = torch.nn.utils.clip_grad_norm_(params, gradient_clip_val, foreach=True)
-            if self._logs_step(self.global_step + 1):
-                self._grad_norm = norm.detach()
-            return
-        if self._logs_step(self.global_step + 1):  # no clipping: measure the norm on log steps only
-            norms = torch._foreach_norm([p.grad for p in params])
-            self._grad_norm = torch.linalg.vector_norm(torch.stack(norms))
-        if gradient_clip_val:  # "value"
-            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = self.global_step
+        if 0 < self.trainer.max_steps <= step:  # the last step: validate (and checkpoint) after it, even
+            self.trainer.should_stop = True  # when max_steps is not a multiple of val_check_interval
+        if self._pending_loss is None or self._pending_step != step:
+            return  # not a log step, or still accumulating micro-batches of it
+        loss = self._pending_loss.item() / self._pending_n  # the one sync per log interval
+        self._pending_loss = None
+        self.stats.train_history.append((step, loss))
+        metrics = {"train/loss": loss, "lr": self._pending_lr, "step": step}  # step: the loggers' x-axis
+        if self._grad_norm is not None:
+            metrics["grad_norm"], self._grad_norm = self._grad_norm.item(), None
+        self.log_dict(exact(metrics))
 
     def on_validation_epoch_start(self) -> None:
         self._val_sum = torch.zeros((), device=self.device, dtype=torch.float64)
@@ -188,27 +195,22 @@ class GPTLitModule(L.LightningModule):
         assert self._val_sum is not None and self._val_count is not None
         total = self.trainer.strategy.reduce(self._val_sum, reduce_op="sum")
         count = self.trainer.strategy.reduce(self._val_count, reduce_op="sum")
-        val_loss = (total / count.clamp(min=1)).item()  # mean over every token of every window
+        val_loss = (total / count.clamp(min=1)).item()  # mean over every token of every window (all ranks)
         if self.trainer.sanity_checking:
             return
+        # reduced above: the same numbers on every rank
         ppl = math.exp(min(val_loss, 50.0))
-        # self.log so ModelCheckpoint(monitor="val/loss") and train.py's return value see it, but not
-        # to the loggers: during validation Lightning would stamp them one step behind train/loss.
-        self.log("val/loss", val_loss, prog_bar=False, sync_dist=False, logger=False)
-        self.log("val/ppl", ppl, prog_bar=False, sync_dist=False, logger=False)
-        for logger in self.loggers:  # rank-zero only inside each logger
-            logger.log_metrics({"val/loss": val_loss, "val/ppl": ppl}, step=self.global_step)
+        self.log_dict(exact({"val/loss": val_loss, "val/ppl": ppl, "step": self.global_step}))
         self.stats.val_history.append((self.global_step, time.time(), val_loss))
-        self.stats.latest["val_loss"] = val_loss
         self.stats.val_tokens = int(count.item())
 
     def setup(self, stage: str) -> None:
-        plain = type(self.trainer.strategy) in (SingleDeviceStrategy, DDPStrategy)
-        if stage == "fit" and plain and not self.compile:
+        fsdp = isinstance(self.trainer.strategy, FSDPStrategy)
+        if stage == "fit" and not fsdp and not self.compile and self.trainer.world_size == 1:
             # Lightning's model summary counts FLOPs only with an example input (else "Total FLOPs: 0"): one
-            # sequence, one eval-mode forward pass on rank 0. Not under FSDP (sharded weights) or compile.
+            # sequence, one eval-mode forward pass. Not under FSDP (sharded weights) or compile.
             self.example_input_array = torch.zeros(1, self.model.config.block_size, dtype=torch.long)
-        if stage == "fit" and isinstance(self.trainer.strategy, FSDPStrategy):
+        if stage == "fit" and fsdp:
             # FSDP (use_orig_params) keeps these Parameter objects but turns them into flat 1-D shard views
             # when it wraps the model, after this hook and before configure_optimizers; param groups are
             # chosen by shape (2-D weights decay), so build the optimizer now, while the shapes are real.
@@ -253,10 +255,3 @@ class GPTLitModule(L.LightningModule):
         # the sanity-check and train DataLoader iterators, and each draws its base seed from the global
         # generator, which the uninterrupted run did not do at this point (its dropout masks would differ).
         self._resume_rng = checkpoint.get("rng_state") or None
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        rng, self._resume_rng = self._resume_rng, None
-        if rng:
-            torch.set_rng_state(rng["torch"])
-            if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state(rng["cuda"], self.device)

@@ -10,77 +10,15 @@ once per optimizer step, so any peak lr (a sweep's draw, Muon's) gets the same s
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from mini_gpt.conf.schema import checked_config
+from mini_gpt.conf.train import SCHEDULES, OptimConfig
 from mini_gpt.errors import MiniGPTError
-
-OPTIMIZERS = ("adamw", "muon")
-SCHEDULES = ("cosine", "linear", "constant")
-
-
-@dataclass
-class OptimConfig:
-    name: str = "adamw"  # adamw | muon (Muon for hidden 2-D matrices, AdamW for the rest)
-    lr: float = 1e-3  # peak AdamW learning rate
-    min_lr_ratio: float = 0.1  # the decay ends at min_lr_ratio * lr (for Muon: * muon_lr)
-    weight_decay: float = 0.1  # applied to 2-D matmul weights only (see decay_embeddings)
-    betas: tuple[float, float] = (0.9, 0.99)
-    eps: float = 1e-8
-    decay_embeddings: bool = False  # also decay token/position embeddings (and a tied head)
-    fused: bool | None = None  # None: fused AdamW where supported, else foreach
-    schedule: str = "cosine"  # cosine | linear | constant
-    warmup_steps: int = 100
-    decay_steps: int | None = None  # step where the decay reaches its floor; None = trainer.max_steps
-    muon_lr: float = 0.02  # Muon's peak learning rate (its updates are orthogonalised, scale differs)
-    muon_momentum: float = 0.95
-    muon_weight_decay: float = 0.0
-    muon_nesterov: bool = True
-    muon_ns_steps: int = 5  # Newton-Schulz iterations
-    muon_adjust_lr_fn: str | None = None  # None/"original": lr*sqrt(max(1,A/B)); "match_rms_adamw"
-
-    def __post_init__(self) -> None:
-        if self.name not in OPTIMIZERS:
-            raise MiniGPTError(f"optim.name={self.name!r} must be one of {OPTIMIZERS}")
-        if self.schedule not in SCHEDULES:
-            raise MiniGPTError(f"optim.schedule={self.schedule!r} must be one of {SCHEDULES}")
-        for key in ("lr", "muon_lr"):
-            if not getattr(self, key) > 0:
-                raise MiniGPTError(f"optim.{key}={getattr(self, key)} must be > 0")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise MiniGPTError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1] (floor / peak lr)")
-        if self.weight_decay < 0 or self.muon_weight_decay < 0:
-            raise MiniGPTError("optim.weight_decay and optim.muon_weight_decay must be >= 0")
-        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]  # YAML gives a list
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise MiniGPTError(f"optim.betas={list(self.betas)} must be two numbers in [0, 1)")
-        if self.warmup_steps < 0:
-            raise MiniGPTError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
-        if self.decay_steps is not None and self.decay_steps < 1:
-            raise MiniGPTError(f"optim.decay_steps={self.decay_steps} must be >= 1 (or null)")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> OptimConfig:
-        if "min_lr" in d:
-            raise MiniGPTError(
-                "optim.min_lr was replaced by optim.min_lr_ratio, the floor as a fraction of the peak lr "
-                "(min_lr / lr, e.g. 0.1)"
-            )
-        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            name = d.get("name", "adamw")
-            where = f"conf/optim/{name}.yaml" + (
-                " (and adamw.yaml, which it extends)" if name != "adamw" else ""
-            )
-            raise MiniGPTError(f"optim: unknown key(s) {sorted(unknown)}; the keys are listed in {where}")
-        return checked_config(cls, d, "optim")
 
 
 def lr_at(

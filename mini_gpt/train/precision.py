@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CPU_BF16_MIN_WIDTH", "PrecisionChoice", "choose_precision", "cpu_has_native_bf16"]
+__all__ = ["CPU_BF16_MIN_WIDTH", "PrecisionChoice", "choose_precision", "cpu_has_native_bf16", "device_type"]
 
 # The narrowest model (n_embd) whose training step bf16 autocast clearly speeds up on a CPU, set by
 # `mini-gpt bench train --compare nanogpt` (docs/benchmarks.md, "bf16 on the CPU").
@@ -49,7 +49,7 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
-def _device_type(accelerator: object) -> str:
+def device_type(accelerator: object) -> str:
     """cpu | cuda | other for a trainer.accelerator value, resolving `auto` as Lightning does."""
     name = str(accelerator).lower()
     if name in ("gpu", "cuda") or (name == "auto" and torch.cuda.is_available()):
@@ -70,7 +70,7 @@ def choose_precision(
     `cpu_bf16` overrides the CPU capability check (None: ask the CPU)."""
     if str(requested) != "auto":
         return PrecisionChoice(str(requested))
-    device = _device_type(accelerator)
+    device = device_type(accelerator)
     if device == "cuda":
         if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
             return PrecisionChoice("bf16-mixed", "this GPU supports bfloat16")

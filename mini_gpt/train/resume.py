@@ -1,17 +1,19 @@
-"""A run's overrides, and the config of a resumed run: `python train.py ckpt_path=.../last.ckpt [key=value]`.
+"""Resuming: `python train.py ckpt_path=.../last.ckpt [key=value]` continues a run with its own config.
 
-Each checkpoint records the overrides that composed its run's config (`run_overrides`) beside the config
-itself (`run_config`, unresolved). Resuming composes conf/ again from the saved overrides followed by the
-command line's, so the command line wins and everything else continues as the run was started; what
-differs from the trained config is printed (`trainer.max_steps: 500 -> 900`) and the new run directory's
-`.hydra/config.yaml` records the config that runs. A checkpoint without overrides resumes its saved config
-with the command line's `key=value` changes applied (no group choices). The checkpoint, the run
-directory and `init_from` are always this process's (`_NEVER_RESTORED`).
+`read_resume` reads the checkpoint once into a `Resume` record: its step, its `mini_gpt` entry (model
+config, tokenizer, a fine-tuning record), the overrides that composed its run's config (`run_overrides`)
+and that config itself (`run_config`, unresolved). `resumed_config` composes conf/ again from the saved
+overrides followed by the command line's, so the command line wins and everything else continues as the
+run was started; what differs from the trained config is printed (`trainer.max_steps: 500 -> 900`) and
+the new run directory's `.hydra/config.yaml` records the config that runs. A checkpoint without overrides
+resumes its saved config with the command line's `key=value` changes applied (no group choices). The
+checkpoint, the run directory and `init_from` are always this process's (`_NEVER_RESTORED`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +22,22 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from mini_gpt.conf import compose
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.checkpoint import read_checkpoint
-from mini_gpt.train.run import launcher_rank
+from mini_gpt.train.distributed import launcher_rank
 
-__all__ = ["explicit_model_keys", "resumed_config", "run_overrides", "saved_run_config"]
+__all__ = [
+    "Resume",
+    "checkpoint_path",
+    "explicit_model_keys",
+    "read_resume",
+    "resumed_config",
+    "run_overrides",
+]
 
-_RUN_CONFIG_KEY = "run_config"  # the checkpoint entry holding the run's unresolved config
-_RUN_OVERRIDES_KEY = "run_overrides"  # ... and the overrides that composed it (a list of strings)
 # Always this process's: the checkpoint, the new run dir, and init_from (a resumed run's weights come from
 # the checkpoint; a fine-tuning run's adapters and frozen parts are rebuilt from its record there).
 _NEVER_RESTORED = ("ckpt_path", "paths.run_dir", "init_from")
@@ -39,17 +45,58 @@ _SAVED_CONFIG = "_resumed_run"  # ConfigStore name of a saved config that has no
 _MISSING = object()
 
 
-def _compose_run(
-    overrides: Sequence[str], config_name: str = "train", hydra_node: bool = False
-) -> DictConfig:
+@dataclass(frozen=True)
+class Resume:
+    """A checkpoint to resume from, read once (memory-mapped: the weights stay on disk until Lightning
+    loads them)."""
+
+    path: Path
+    step: int
+    meta: dict[str, Any]  # the `mini_gpt` entry: model config, tokenizer, finetune record
+    run_config: dict[str, Any] | None  # the run's config, unresolved (None: a checkpoint from elsewhere)
+    run_overrides: list[str] | None  # the overrides that composed it (None: not a Hydra run's)
+    config_source: str = "the checkpoint"  # where run_config came from
+
+
+def checkpoint_path(value: str | None) -> Path | None:
+    """`ckpt_path=` as an absolute path, None when unset; a file that does not exist is one line."""
+    if value is None:
+        return None
+    path = Path(value).expanduser().resolve()
+    if not path.is_file():
+        raise MiniGPTError(f"ckpt_path={path} does not exist; pass an existing .ckpt to resume")
+    return path
+
+
+def read_resume(value: str | None) -> Resume | None:
+    """The checkpoint `ckpt_path=` names, read once; None for a fresh run."""
+    path = checkpoint_path(value)
+    if path is None:
+        return None
+    ckpt = read_checkpoint(path)
+    saved, source = ckpt.get("run_config"), "the checkpoint"
+    beside = path.parent.parent / ".hydra" / "config.yaml"  # a run directory's record of its config
+    if not isinstance(saved, dict) and path.parent.name == "checkpoints" and beside.is_file():
+        saved, source = OmegaConf.to_container(OmegaConf.load(beside), resolve=False), str(beside)
+    return Resume(
+        path=path,
+        step=int(ckpt.get("global_step", 0)),
+        meta=dict(ckpt.get("mini_gpt") or {}),
+        run_config=saved if isinstance(saved, dict) else None,
+        run_overrides=ckpt.get("run_overrides"),
+        config_source=source,
+    )
+
+
+def _compose_run(overrides: Sequence[str], config_name: str = "train", hydra_node: bool = False) -> DictConfig:
     """Compose `config_name` with `overrides`; inside train.py's Hydra job through that job's Hydra (which
     refuses a second initialization), elsewhere as the tools do. A refused override is one line."""
     try:
         if GlobalHydra.instance().is_initialized():
             return hydra.compose(config_name, list(overrides), return_hydra_config=hydra_node)
         return compose(overrides, config_name, hydra=hydra_node)
-    except HydraException as err:
-        first = str(err).strip().splitlines()[0]
+    except Exception as err:
+        first = " ".join(str(err.__cause__ or err).strip().splitlines()[0].split())
         raise MiniGPTError(f"cannot compose the resumed run's config: {first}") from None
 
 
@@ -69,16 +116,15 @@ def _restorable(overrides: Sequence[str]) -> list[str]:
     ]
 
 
-def run_overrides(cfg: DictConfig) -> list[str] | None:
+def run_overrides(cfg: DictConfig, resume: Resume | None) -> list[str] | None:
     """The overrides that compose `cfg` from conf/, as its checkpoints record them: Hydra's task overrides,
     after the resumed checkpoint's own; None outside a Hydra run or resuming a checkpoint that has none."""
     if not HydraConfig.initialized():
         return None
     task = list(HydraConfig.get().overrides.task)
-    if cfg.get("ckpt_path") is None:
+    if resume is None:
         return task
-    saved = read_checkpoint(Path(cfg.ckpt_path).expanduser().resolve()).get(_RUN_OVERRIDES_KEY)
-    return None if saved is None else [*_restorable(saved), *task]
+    return None if resume.run_overrides is None else [*_restorable(resume.run_overrides), *task]
 
 
 def explicit_model_keys(cfg: DictConfig) -> dict[str, Any]:
@@ -96,18 +142,6 @@ def explicit_model_keys(cfg: DictConfig) -> dict[str, Any]:
     if "model" in keys:
         return model
     return {k: v for k, v in model.items() if f"model.{k}" in keys or v != default.model.get(k, _MISSING)}
-
-
-def saved_run_config(ckpt_path: Path) -> tuple[dict[str, Any] | None, str]:
-    """(the run's config, where it was found) from the checkpoint, else `.hydra/config.yaml` of the run
-    directory holding `checkpoints/<ckpt>`; (None, "") when neither exists (a checkpoint from elsewhere)."""
-    saved = read_checkpoint(ckpt_path).get(_RUN_CONFIG_KEY)  # memory-mapped: the weights stay on disk
-    if isinstance(saved, dict):
-        return saved, "the checkpoint"
-    beside = ckpt_path.parent.parent / ".hydra" / "config.yaml"
-    if ckpt_path.parent.name == "checkpoints" and beside.is_file():
-        return OmegaConf.to_container(OmegaConf.load(beside), resolve=False), str(beside)  # type: ignore[return-value]
-    return None, ""
 
 
 def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -145,32 +179,31 @@ def _on_saved_config(saved: Mapping[str, Any], overrides: Sequence[str]) -> Dict
         ) from None
 
 
-def resumed_config(cfg: DictConfig, overrides: Sequence[str] | None = None) -> DictConfig:
-    """The config to run: `cfg` itself for a fresh run; for `ckpt_path=...` the run's saved overrides
-    followed by the command line's `overrides` (default: Hydra's task overrides), composed again. Rank 0
-    prints the changes and saves the config in the run directory's `.hydra/config.yaml` (in a Hydra job)."""
-    ckpt = cfg.get("ckpt_path")
-    if ckpt is None:
-        return cfg
-    ckpt_path = Path(ckpt).expanduser().resolve()
-    if not ckpt_path.is_file():
-        raise MiniGPTError(f"ckpt_path={ckpt_path} does not exist; pass an existing .ckpt to resume")
+def resumed_config(
+    cfg: DictConfig, resume: Resume | None, overrides: Sequence[str] | None = None
+) -> DictConfig:
+    """The config to run: `cfg` itself for a fresh run; resuming, the run's saved overrides followed by the
+    command line's `overrides` (default: Hydra's task overrides), composed again. Rank 0 prints the changes
+    and saves the config in the run directory's `.hydra/config.yaml` (in a Hydra job). Outside Hydra and
+    without `overrides` (a library call with a config of its own), `cfg` is what runs."""
     in_hydra = HydraConfig.initialized()
+    if resume is None or (overrides is None and not in_hydra):
+        return cfg
     if overrides is None:
-        overrides = list(HydraConfig.get().overrides.task) if in_hydra else []
+        overrides = list(HydraConfig.get().overrides.task)
     new = [o for o, key in zip(overrides, _keys(overrides)) if not _is_hydra(key)]
     announce = launcher_rank() == 0
-    saved_overrides = read_checkpoint(ckpt_path).get(_RUN_OVERRIDES_KEY)
-    saved, source = saved_run_config(ckpt_path)
-    if saved_overrides is not None:
-        restored = _compose_run([*_restorable(saved_overrides), *new])
+    if resume.run_overrides is not None:
+        restored = _compose_run([*_restorable(resume.run_overrides), *new])
         how = "its run's overrides and the command line's"
-    elif saved is not None:
-        restored = _on_saved_config(saved, new)
-        how = f"its run's config (from {source}) and the command line's key=value changes"
+    elif resume.run_config is not None:
+        restored = _on_saved_config(resume.run_config, new)
+        how = f"its run's config (from {resume.config_source}) and the command line's key=value changes"
     else:
         if announce:
-            print(f"resuming {ckpt_path}: it carries no run config; training with the command line's config")
+            print(
+                f"resuming {resume.path}: it carries no run config; training with the command line's config"
+            )
         return cfg
     now = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(now, dict)
@@ -179,9 +212,9 @@ def resumed_config(cfg: DictConfig, overrides: Sequence[str] | None = None) -> D
         OmegaConf.update(restored, key, (now.get(section, {}) if section else now).get(leaf), merge=False)
     if announce:
         after = OmegaConf.to_container(restored, resolve=False)
-        changes = _config_changes(saved if saved is not None else {}, after)  # type: ignore[arg-type]
+        changes = _config_changes(resume.run_config or {}, after)  # type: ignore[arg-type]
         what = "\n".join(f"  {line}" for line in changes) or "  (none: the run continues as it was started)"
-        print(f"resuming {ckpt_path} with {how}; changes from the run's config:\n{what}")
+        print(f"resuming {resume.path} with {how}; changes from the run's config:\n{what}")
         subdir = HydraConfig.get().output_subdir if in_hydra else None
         if subdir is not None:  # the run directory records the config that runs, not the command line's
             OmegaConf.save(restored, Path(HydraConfig.get().runtime.output_dir) / subdir / "config.yaml")

@@ -22,17 +22,19 @@ STEPS = 8
 GLOBAL_TOKENS = 1024  # = 8 sequences x 64 tokens x (2 devices x 1 micro-batch | 1 device x 2 micro-batches)
 
 
-def _trainer(trainer_cfg: Any) -> Any:
-    """The Trainer a config describes (no fit: DDP processes start only in fit)."""
+def _trainer(trainer_cfg: Any, global_batch_tokens: int | None = None) -> Any:
+    """The Trainer a config describes, built as train() builds it (no fit: DDP processes start only in
+    fit): the batch layout of 8 x 64-token micro-batches, float32 for a 32-wide model."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
+    from mini_gpt.train.distributed import batch_layout
     from mini_gpt.train.run import trainer_arguments
 
-    # as train() does: max_flops out, precision=auto resolved (float32 for a 32-wide model)
-    plain, _, _ = trainer_arguments(OmegaConf.to_container(trainer_cfg), n_embd=32)
+    layout = batch_layout(OmegaConf.to_object(trainer_cfg), 8, 64, global_batch_tokens)
+    arguments = trainer_arguments(trainer_cfg, layout, trainer_cfg.max_steps, "32-true")
     return instantiate(
-        plain, logger=False, enable_checkpointing=False, callbacks=[], default_root_dir="unused"
+        arguments, logger=False, enable_checkpointing=False, callbacks=[], default_root_dir="unused"
     )
 
 
@@ -94,23 +96,24 @@ def test_fsdp_is_refused_on_cpu() -> None:
 
 
 def test_global_batch_tokens_sets_accumulation(compose: Any) -> None:
+    from omegaconf import OmegaConf
 
     from mini_gpt.errors import MiniGPTError
-    from mini_gpt.train import run as train
+    from mini_gpt.train.distributed import batch_layout
 
     cfg = compose(["model=tiny", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"])
-    trainer = _trainer(cfg.trainer)
-    layout = train.apply_batch_layout(trainer, micro_batch=8, block_size=64, global_batch_tokens=4096)
+    layout = batch_layout(OmegaConf.to_object(cfg.trainer), 8, 64, global_batch_tokens=4096)
     assert layout.accumulate == 4  # 4096 / (8 x 64 x 2)
+    assert layout.tokens_per_step == 4096
+    trainer = _trainer(cfg.trainer, global_batch_tokens=4096)
+    assert trainer.world_size == layout.world_size == 2  # what batch_layout counted before the Trainer
     assert trainer.accumulate_grad_batches == 4
     assert trainer.val_check_interval == cfg.trainer.val_check_interval * 4  # counted in micro-batches
-    assert layout.tokens_per_step == 4096
     with pytest.raises(MiniGPTError, match="not a multiple"):
-        train.apply_batch_layout(trainer, micro_batch=8, block_size=64, global_batch_tokens=1000)
+        batch_layout(OmegaConf.to_object(cfg.trainer), 8, 64, global_batch_tokens=1000)
 
     # no global batch: the configured accumulation stands
-    trainer = _trainer(cfg.trainer)
-    kept = train.apply_batch_layout(trainer, micro_batch=8, block_size=64, global_batch_tokens=None)
+    kept = batch_layout(OmegaConf.to_object(cfg.trainer), 8, 64, global_batch_tokens=None)
     assert (kept.accumulate, kept.world_size, kept.tokens_per_step) == (1, 2, 1024)
 
 
@@ -124,10 +127,12 @@ def test_multirun_with_multi_device_strategies_is_refused(compose: Any) -> None:
     for extra in ([], ["trainer.strategy.start_method=spawn"]):
         trainer = _trainer(compose([*base, *extra]).trainer)
         with pytest.raises(MiniGPTError, match="one device per trial"):
-            train.check_multirun_strategy(trainer, multirun=True)
-        train.check_multirun_strategy(trainer, multirun=False)  # a single run is fine
+            train.check_world(trainer, 2, multirun=True)
+        train.check_world(trainer, 2, multirun=False)  # a single run is fine
+        with pytest.raises(MiniGPTError, match="gives 1 processes but Lightning started 2"):
+            train.check_world(trainer, 1, multirun=False)
     one_device = _trainer(compose(["trainer.accelerator=cpu"]).trainer)
-    train.check_multirun_strategy(one_device, multirun=True)
+    train.check_world(one_device, 1, multirun=True)
 
 
 # ---- DDP end to end ---------------------------------------------------------------------------------
@@ -270,11 +275,13 @@ def test_multirun_allows_ranks_started_by_slurm(compose: Any, monkeypatch: pytes
 
     monkeypatch.setattr(rank_zero_only, "rank", rank_zero_only.rank)
     from mini_gpt.train import run as train
+    from mini_gpt.train.distributed import launcher_rank, local_rank
 
+    assert (launcher_rank(), local_rank()) == (1, 1)  # known before the Trainer (data preparation, printing)
     trainer = _trainer(compose(["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]).trainer)
     assert trainer.strategy.cluster_environment.creates_processes_externally
-    assert (trainer.global_rank, trainer.local_rank) == (1, 1)  # rank known before fit (data prep guard)
-    train.check_multirun_strategy(trainer, multirun=True)
+    assert (trainer.global_rank, trainer.local_rank) == (1, 1)
+    train.check_world(trainer, 2, multirun=True)
 
 
 def test_a_dead_rank_ends_the_run_with_one_line_and_the_resume_command(

@@ -112,13 +112,13 @@ def _search_space_lr_bounds() -> list[float]:
 
 @pytest.mark.parametrize("optim", ["muon", "adamw"])
 def test_every_lr_of_the_shipped_search_spaces_is_valid(optim: str, compose: Any) -> None:
-    from mini_gpt.train.optim import OptimConfig, lr_multiplier
+    from mini_gpt.train.optim import lr_multiplier
 
     bounds = _search_space_lr_bounds()
     assert min(bounds) == pytest.approx(1e-4)  # the low end that used to fall under an absolute min_lr
     for lr in bounds:
         cfg = compose([f"optim={optim}", f"optim.lr={lr}"])
-        optim_cfg = OptimConfig.from_dict(OmegaConf.to_container(cfg.optim, resolve=True))
+        optim_cfg = OmegaConf.to_object(cfg.optim)
         factor = lr_multiplier(optim_cfg, max_steps=100)
         assert factor(100) * lr == pytest.approx(optim_cfg.min_lr_ratio * lr)  # the floor follows the peak
         assert 0 < factor(100) * lr < lr
@@ -126,12 +126,12 @@ def test_every_lr_of_the_shipped_search_spaces_is_valid(optim: str, compose: Any
 
 def test_nonfinite_objective_becomes_inf_in_multirun() -> None:
     """A Hydra sweeper plugin may refuse a NaN objective; train.py hands it +inf instead, the worst value."""
-    from mini_gpt.train import run as train
+    from mini_gpt.cli.train import sweep_objective
 
-    assert train.sweep_objective(float("nan")) == math.inf
-    assert train.sweep_objective(None) == math.inf
-    assert train.sweep_objective(-math.inf) == math.inf
-    assert train.sweep_objective(1.25) == 1.25
+    assert sweep_objective(float("nan")) == math.inf
+    assert sweep_objective(None) == math.inf
+    assert sweep_objective(-math.inf) == math.inf
+    assert sweep_objective(1.25) == 1.25
 
 
 def test_wandb_group_for_sweeps() -> None:

@@ -1,8 +1,9 @@
-"""Callbacks: NaN guard keeps the last good checkpoint, Ctrl-C saves one, throughput/MFU, samples,
-attention maps, the run summary."""
+"""Callbacks: the loss guard keeps the last good checkpoint, Ctrl-C and SIGUSR1 save one, throughput/MFU,
+samples, the progress bar, and the run summary train() writes from the module and callback_metrics."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shlex
@@ -17,21 +18,20 @@ import pytest
 import torch
 from helpers import quiet_trainer
 
+from mini_gpt.conf.train import OptimConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.model.gpt import GPTConfig
 from mini_gpt.train.callbacks import (
-    NaNGuard,
-    NonFiniteLossError,
+    LossGuard,
     ProgressBar,
-    RunSummary,
     SampleText,
-    SaveOnInterrupt,
+    StopOnSignal,
     Throughput,
-    ValidateAtEnd,
     measure_cpu_matmul_flops,
     peak_flops,
 )
-from mini_gpt.train.optim import OptimConfig
+from mini_gpt.train.stops import DivergedError, NonFiniteLossError, Preempted
+from mini_gpt.train.summary import run_status, write_summary
 
 BLOCK = 32
 
@@ -69,6 +69,22 @@ def _trainer(tmp_path: Path, callbacks: list[Any], **kwargs: Any) -> Any:
     )
 
 
+def _fit_with_summary(trainer: Any, module: Any, dm: Any, path: Path) -> dict[str, Any]:
+    """Fit as train() does: summary.json written whatever ends the fit; returns what it holds."""
+    error = None
+    try:
+        trainer.fit(module, datamodule=dm)
+    except BaseException as err:
+        error = err
+        raise
+    finally:
+        summary = write_summary(path, run_status(error, trainer.global_step, 0), START, trainer, module)
+    return summary
+
+
+START = __import__("psutil").Process().create_time()  # the run's clock: process start, as train()'s
+
+
 def _ckpt_step(path: Path) -> int:
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
@@ -76,7 +92,7 @@ def _ckpt_step(path: Path) -> int:
 
 
 def test_nan_guard_stops_at_log_interval_and_keeps_last_good(tmp_path: Path, dm: Any) -> None:
-    trainer = _trainer(tmp_path, [NaNGuard()])
+    trainer = _trainer(tmp_path, [LossGuard()])
     with pytest.raises(NonFiniteLossError, match="NaN/inf by step 5") as err:
         trainer.fit(_module(dm, nan_from_step=5), datamodule=dm)
     assert str(tmp_path / "ckpt" / "last.ckpt") in str(err.value)
@@ -88,9 +104,9 @@ def test_summary_written_when_the_run_stops_and_when_it_ends(tmp_path: Path, dm:
     import json
 
     path = tmp_path / "summary.json"
-    trainer = _trainer(tmp_path, [NaNGuard(), RunSummary(path)])
+    trainer = _trainer(tmp_path, [LossGuard()])
     with pytest.raises(NonFiniteLossError):
-        trainer.fit(_module(dm, nan_from_step=5), datamodule=dm)
+        _fit_with_summary(trainer, _module(dm, nan_from_step=5), dm, path)
     stopped = json.loads(path.read_text())
     assert (stopped["status"], stopped["steps"]) == ("nonfinite", 5)
     assert [row[0] for row in stopped["val_curve"]] == [2, 4]  # evaluations before the NaN
@@ -99,13 +115,14 @@ def test_summary_written_when_the_run_stops_and_when_it_ends(tmp_path: Path, dm:
 
     module = _module(dm)
     module.tokens_per_step = 4 * BLOCK
-    throughput, summary = Throughput(peak_flops=1e10), RunSummary(path)
-    trainer = _trainer(tmp_path / "ok", [summary, throughput], max_steps=4)  # the summary listed first
-    trainer.fit(module, datamodule=dm)
-    done = json.loads(path.read_text())
-    assert done == summary.summary
+    throughput = Throughput(peak_flops=1e10)
+    trainer = _trainer(tmp_path / "ok", [throughput], max_steps=4)
+    done = _fit_with_summary(trainer, module, dm, path)
+    assert done == json.loads(path.read_text())
     assert (done["status"], done["steps"], done["tokens"]) == ("completed", 4, 4 * 4 * BLOCK)
-    assert done["tokens_per_sec"] == throughput.tokens_per_sec > 0  # the run's whole average
+    # the run's whole average (Throughput's totals), read from callback_metrics
+    assert done["tokens_per_sec"] == pytest.approx(throughput.total_tokens / throughput.total_seconds)
+    assert throughput.total_tokens == 4 * 4 * BLOCK and done["tokens_per_sec"] > 0
     vals = [row[2] for row in done["val_curve"]]
     assert (done["best_val_loss"], done["final_val_loss"]) == (min(vals), vals[-1])
     assert 0 < done["val_curve"][0][1] < done["wall_seconds"]  # seconds since the process started
@@ -114,7 +131,7 @@ def test_summary_written_when_the_run_stops_and_when_it_ends(tmp_path: Path, dm:
 
 def test_nan_guard_runs_before_checkpointing_at_validation(tmp_path: Path, dm: Any) -> None:
     # Logging (and so the interval check) only every 50 steps: validation at step 4 must catch it.
-    trainer = _trainer(tmp_path, [NaNGuard()], log_every_n_steps=50)
+    trainer = _trainer(tmp_path, [LossGuard()], log_every_n_steps=50)
     with pytest.raises(NonFiniteLossError, match="by step 4"):
         trainer.fit(_module(dm, nan_from_step=3), datamodule=dm)
     assert _ckpt_step(tmp_path / "ckpt" / "last.ckpt") == 2  # the NaN state of step 4 was not saved
@@ -146,38 +163,39 @@ def test_without_guard_nan_would_be_checkpointed(tmp_path: Path, dm: Any) -> Non
 def test_a_finite_explosion_stops_as_diverged_and_keeps_the_last_good_checkpoint(
     tmp_path: Path, dm: Any
 ) -> None:
-    """Muon warming up to lr=1e2 explodes to a huge but finite loss (the NaN guard sees nothing): the run
+    """Muon warming up to lr=1e2 explodes to a huge but finite loss (the NaN check sees nothing): the run
     stops with one line, summary.json says diverged, and last.ckpt is the last good evaluation's."""
-    from mini_gpt.train.callbacks import DivergedError, DivergenceGuard
-
     module = _module(dm)
     # warming up towards lr=100: healthy for a few steps, then a loss in the hundreds, never NaN
     module.optim_config = OptimConfig(name="muon", lr=1e2, warmup_steps=1000)
-    summary = RunSummary(tmp_path / "summary.json")
-    trainer = _trainer(tmp_path, [NaNGuard(1), DivergenceGuard(), summary], max_steps=40)
+    trainer = _trainer(tmp_path, [LossGuard(check_every_n_steps=1)], max_steps=40)
     with pytest.raises(DivergedError) as info:
-        trainer.fit(module, datamodule=dm)
+        _fit_with_summary(trainer, module, dm, tmp_path / "summary.json")
     msg = str(info.value)
     limit = 3 * math.log(65)
     assert "\n" not in msg and msg.startswith("training diverged by step ")
     assert f"> 3 x ln(vocab) = {limit:.2f}" in msg and "lower optim.lr" in msg
     assert f"last good checkpoint: {tmp_path / 'ckpt' / 'last.ckpt'}" in msg
     losses = [loss for _, loss in module.stats.train_history]
-    assert all(math.isfinite(x) for x in losses) and max(losses) > limit  # the NaN guard saw nothing
-    assert summary.summary is not None and summary.summary["status"] == "diverged"
+    assert all(math.isfinite(x) for x in losses) and max(losses) > limit  # the NaN check saw nothing
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
     saved, logged = _ckpt_step(tmp_path / "ckpt" / "last.ckpt"), dict(module.stats.train_history)
     assert 2 <= saved < trainer.global_step and logged[saved] <= limit  # the last good state, not this one
 
 
-def test_divergence_guard_rule() -> None:
-    from mini_gpt.train.callbacks import DivergedError, DivergenceGuard
-
-    guard = DivergenceGuard(factor=3.0, patience=3)
+def test_divergence_rule() -> None:
+    guard = LossGuard(factor=3.0, patience=3)
     limit = 3 * math.log(65)
     stats = SimpleNamespace(train_history=[], val_history=[(100, 0.0, 40.0)])  # overfit_batch's val: ignored
-    module = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=65), stats=stats)
+    module = SimpleNamespace(
+        tokenizer=SimpleNamespace(vocab_size=65), stats=stats, saw_nonfinite_loss=lambda: False
+    )
     trainer = SimpleNamespace(
-        global_step=9, gradient_clip_val=1.0, checkpoint_callback=None, sanity_checking=False
+        global_step=9,
+        gradient_clip_val=1.0,
+        checkpoint_callback=None,
+        sanity_checking=False,
+        log_every_n_steps=10,
     )
     for history in (
         [(1, 4.2), (2, 50.0), (3, 3.9)],
@@ -195,7 +213,7 @@ def test_divergence_guard_rule() -> None:
     with pytest.raises(DivergedError, match="train loss 50 at step 2, before a checkpoint"):
         guard.on_validation_end(trainer, module)  # type: ignore[arg-type]
     with pytest.raises(MiniGPTError, match="factor"):
-        DivergenceGuard(factor=1.0)
+        LossGuard(factor=1.0)
 
 
 def test_sigint_saves_last_checkpoint_between_steps(
@@ -208,28 +226,25 @@ def test_sigint_saves_last_checkpoint_between_steps(
             if trainer.global_step == 2:  # the signal arrives during step 3
                 os.kill(os.getpid(), signal.SIGINT)
 
-    saver = SaveOnInterrupt()
-    trainer = _trainer(tmp_path, [CtrlC(), saver], val_check_interval=100)
+    trainer = _trainer(tmp_path, [CtrlC(), StopOnSignal()], val_check_interval=100)
     previous = signal.getsignal(signal.SIGINT)
     try:
         with pytest.raises(SystemExit):  # Lightning's graceful shutdown after KeyboardInterrupt
             trainer.fit(_module(dm), datamodule=dm)
     finally:
         signal.signal(signal.SIGINT, previous)  # Lightning leaves SIGINT ignored after an interrupt
-    assert saver.saved_path == tmp_path / "ckpt" / "last.ckpt"
-    assert _ckpt_step(saver.saved_path) == 3  # step 3 finished, then saved
+    saved = tmp_path / "ckpt" / "last.ckpt"
+    assert _ckpt_step(saved) == 3  # step 3 finished, then saved
     # the exact command that resumes: this script with the checkpoint (the rest comes from the checkpoint)
     err = capsys.readouterr().err.splitlines()
-    assert f"interrupted at step 3: saved {saver.saved_path}" in err
+    assert f"interrupted at step 3: saved {saved}" in err
     python = (
         "python"
         if shutil.which("python") and Path(shutil.which("python")).resolve() == Path(sys.executable).resolve()
         else sys.executable
     )
-    expected = shlex.join([python, sys.argv[0], f"ckpt_path={saver.saved_path}"])
-    assert (
-        err[err.index(f"interrupted at step 3: saved {saver.saved_path}") + 1] == f"resume with: {expected}"
-    )
+    expected = shlex.join([python, sys.argv[0], f"ckpt_path={saved}"])
+    assert err[err.index(f"interrupted at step 3: saved {saved}") + 1] == f"resume with: {expected}"
 
 
 def test_sigusr1_under_slurm_saves_at_a_step_and_requeues(
@@ -239,8 +254,6 @@ def test_sigusr1_under_slurm_saves_at_a_step_and_requeues(
     requeued job resumes from) hold it, and `scontrol requeue <job>` is called."""
     from helpers import signal_at_step
     from lightning.fabric.plugins.environments import SLURMEnvironment
-
-    from mini_gpt.train.callbacks import Preempted, SaveOnPreemption
 
     calls = tmp_path / "scontrol.args"
     (tmp_path / "bin").mkdir()
@@ -252,7 +265,7 @@ def test_sigusr1_under_slurm_saves_at_a_step_and_requeues(
     monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
     trainer = _trainer(
         tmp_path,
-        [signal_at_step(3, signal.SIGUSR1), SaveOnPreemption()],
+        [signal_at_step(3, signal.SIGUSR1), StopOnSignal()],
         plugins=[SLURMEnvironment(auto_requeue=True)],
         default_root_dir=tmp_path,
         val_check_interval=100,
@@ -283,13 +296,32 @@ def test_throughput_logs_tokens_per_sec_and_mfu(tmp_path: Path, dm: Any) -> None
         tps, mfu = float(r["tokens_per_sec"]), float(r["mfu"])
         assert tps > 0
         assert mfu == pytest.approx(flops_per_token * tps / peak, rel=1e-6)
-    assert throughput.total_tokens == 6 * 4 * BLOCK
-    assert throughput.total_seconds > 0 and throughput.tokens_per_sec > 0
-    # after training, `latest` holds the run's averages (what the progress bar and summary.json show)
-    assert throughput.latest == {
-        "tokens_per_sec": throughput.tokens_per_sec,
-        "mfu": pytest.approx(flops_per_token * throughput.tokens_per_sec / peak, rel=1e-9),
-    }
+    assert throughput.total_tokens == 6 * 4 * BLOCK and throughput.total_seconds > 0
+    # after training, run/* hold the run's averages (what the progress bar and summary.json show)
+    run = throughput.total_tokens / throughput.total_seconds
+    assert float(trainer.callback_metrics["run/tokens_per_sec"]) == pytest.approx(run)
+    assert float(trainer.callback_metrics["run/mfu"]) == pytest.approx(flops_per_token * run / peak, rel=1e-5)
+
+
+def test_time_spent_on_side_work_is_left_out_of_tokens_per_sec(tmp_path: Path, dm: Any) -> None:
+    """A callback's side work (a sample, a drawing) inside `pl_module.side_work()` is not training time."""
+    import time
+
+    import lightning as L
+
+    class SlowSideWork(L.Callback):
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+            with pl_module.side_work():
+                time.sleep(0.2)
+
+    throughput = Throughput(peak_flops=1e10)
+    module = _module(dm)
+    trainer = _trainer(tmp_path, [throughput, SlowSideWork()], max_steps=4, val_check_interval=100)
+    t0 = time.perf_counter()
+    trainer.fit(module, datamodule=dm)
+    wall = time.perf_counter() - t0
+    assert module.stats.side_seconds == pytest.approx(0.8, abs=0.1)
+    assert throughput.total_seconds < wall - 0.75  # the four side-work sleeps are not in it
 
 
 def test_progress_bar_ends_on_the_run_averages_whatever_the_callback_order(tmp_path: Path, dm: Any) -> None:
@@ -299,7 +331,7 @@ def test_progress_bar_ends_on_the_run_averages_whatever_the_callback_order(tmp_p
     )  # the bar listed before the callback whose numbers it shows
     trainer.fit(_module(dm), datamodule=dm)
     assert throughput.total_tokens == 4 * 4 * BLOCK  # the tail after the last log interval counted
-    assert f" {throughput.tokens_per_sec:,.0f} tok/s" in f" {bar.shown_stats}"
+    assert f" {throughput.total_tokens / throughput.total_seconds:,.0f} tok/s" in f" {bar.shown_stats}"
     assert bar.shown_stats.startswith("loss ") and bar.shown_stats.endswith("% mfu")
 
 
@@ -310,7 +342,7 @@ def test_cpu_peak_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path)
     import json
 
     from mini_gpt import machine
-    from mini_gpt.train.callbacks import monitoring
+    from mini_gpt.train.callbacks import throughput as monitoring
 
     monkeypatch.setenv("MINI_GPT_CACHE_DIR", str(tmp_path))
     probes = iter([3.0e11, 5.0e11, 7.0e11])
@@ -362,7 +394,7 @@ def test_samples_printed_during_training_and_final_validation(
 ) -> None:
     module = _module(dm)
     cb = SampleText(every_n_steps=3, max_new_tokens=10)
-    trainer = _trainer(tmp_path, [cb, ValidateAtEnd()], max_steps=5, val_check_interval=3)
+    trainer = _trainer(tmp_path, [cb], max_steps=5, val_check_interval=3)
     trainer.fit(module, datamodule=dm)
     assert [row[0] for row in cb.rows] == [3, 5]  # every 3 steps, plus at the end
     assert "--- sample at step 3 ---" in capsys.readouterr().out
@@ -371,17 +403,23 @@ def test_samples_printed_during_training_and_final_validation(
     assert math.isfinite(module.stats.val_history[-1][2])
 
 
-def test_progress_bar_shows_python_side_metrics(dm: Any) -> None:
+def test_progress_bar_shows_the_module_losses_and_the_logged_throughput(dm: Any) -> None:
     module = _module(dm)
-    module.stats.latest.update({"train/loss": 2.34567, "val_loss": 2.5})  # the module's
-    throughput = Throughput()
-    throughput.latest = {"tokens_per_sec": 12345.6, "mfu": 0.4321}  # the Throughput callback's
+    module.stats.train_history.append((10, 2.34567))  # the module's loss curve
+    module.stats.val_history.append((10, 0.0, 2.5))
+    metrics = {"tokens_per_sec": torch.tensor(12345.6), "mfu": torch.tensor(0.4321)}  # Throughput's, logged
+    module._trainer = SimpleNamespace(log_every_n_steps=10, max_steps=100)
     bar = ProgressBar()
-    trainer = SimpleNamespace(callbacks=[bar, throughput])
+    trainer = SimpleNamespace(global_step=10, callback_metrics=metrics)
     assert bar.get_metrics(trainer, module) == {}  # type: ignore[arg-type]  # Lightning's column stays empty
     assert bar.shown_stats == "loss 2.346 val 2.500 12,346 tok/s 43.2% mfu"
-    assert bar.get_metrics(SimpleNamespace(callbacks=[bar]), module) == {}  # type: ignore[arg-type]
-    assert bar.shown_stats == "loss 2.346 val 2.500"  # no Throughput callback: no tok/s
+    metrics.clear()
+    trainer.global_step = 11  # not a log step: nothing is read (no device sync), the numbers stay
+    bar.get_metrics(trainer, module)  # type: ignore[arg-type]
+    assert bar.shown_stats == "loss 2.346 val 2.500 12,346 tok/s 43.2% mfu"
+    trainer.global_step = 20
+    bar.get_metrics(trainer, module)  # type: ignore[arg-type]
+    assert bar.shown_stats == "loss 2.346 val 2.500"  # nothing logged tokens/s: no tok/s
 
 
 def test_validation_bar_says_how_many_tokens_the_estimate_uses() -> None:
@@ -399,11 +437,11 @@ def test_progress_bar_is_one_line_in_80_columns(steps: int) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
-    module = SimpleNamespace(stats=SimpleNamespace(latest={"train/loss": 1.82345, "val_loss": 1.819}))
-    throughput = Throughput()
-    throughput.latest = {"tokens_per_sec": 126580.4, "mfu": 0.316}
+    stats = SimpleNamespace(train_history=[(5, 1.82345)], val_history=[(5, 0.0, 1.819)])
+    module = SimpleNamespace(stats=stats, logs_step=lambda step: True)
+    metrics = {"tokens_per_sec": 126580.4, "mfu": 0.316}
     bar = ProgressBar()
-    bar.get_metrics(SimpleNamespace(callbacks=[throughput]), module)  # type: ignore[arg-type]
+    bar.get_metrics(SimpleNamespace(global_step=5, callback_metrics=metrics), module)  # type: ignore[arg-type]
     out = io.StringIO()
     console = Console(file=out, width=80)
     progress = Progress(*bar.configure_columns(None), console=console)  # type: ignore[arg-type]
@@ -445,7 +483,7 @@ def test_nan_message_suggests_only_what_the_run_has_not_tried(precision: str, cl
     )
     module = SimpleNamespace(saw_nonfinite_loss=lambda: True)
     with pytest.raises(NonFiniteLossError) as err:
-        NaNGuard().check(trainer, module)
+        LossGuard().check_finite(trainer, module)
     assert str(err.value).endswith(f"(no checkpoint was saved yet); {advice}")
 
 

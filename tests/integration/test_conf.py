@@ -21,7 +21,7 @@ from mini_gpt.conf import CONF_DIR
 from mini_gpt.conf.guards import WritableOutputDir, check_writable
 from mini_gpt.data.config import AnyDataConfig, data_config
 from mini_gpt.model.gpt import GPTConfig
-from mini_gpt.train.optim import OptimConfig
+from mini_gpt.conf.train import OptimConfig
 
 
 def _help(*argv: str, cwd: Path) -> str:
@@ -211,7 +211,8 @@ def _settings(cfg: Any) -> tuple[GPTConfig, AnyDataConfig, OptimConfig]:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model["vocab_size"] = model["vocab_size"] or 65  # null: the tokenizer's, known only after preparation
     data = data_config(OmegaConf.to_container(cfg.data, resolve=True))
-    optim = OptimConfig.from_dict(OmegaConf.to_container(cfg.optim, resolve=True))
+    optim = OmegaConf.to_object(cfg.optim)
+    assert isinstance(optim, OptimConfig)
     return GPTConfig.from_dict(model), data, optim
 
 

@@ -14,11 +14,12 @@ import pytest
 import torch
 from helpers import REPO
 
+from mini_gpt.conf import checked_config
+from mini_gpt.conf.train import FinetuneConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer, build_tokenizer
 from mini_gpt.train.finetune import (
-    FinetuneConfig,
     build_model,
     check_tokenizer,
     count_parameters,
@@ -201,7 +202,7 @@ def test_lora_on_the_last_block_only() -> None:
     assert count_parameters(model)[0] == 4 * ((C + 3 * C) + (C + 4 * C))
     meta = finetune_meta("src", SOURCE, cfg)
     assert meta["lora"]["target_modules"] == ["transformer.h.1.attn.c_attn", "transformer.h.1.mlp.c_fc"]
-    assert FinetuneConfig.from_dict(meta["config"]) == cfg
+    assert checked_config(FinetuneConfig, meta["config"], "finetune") == cfg
     json.dumps(meta)  # primitives only
 
 
@@ -209,14 +210,14 @@ def test_finetune_config_validation() -> None:
     for bad, match in (
         (dict(method="qlora"), "finetune.method='qlora' must be one of"),
         (dict(lora_targets=["c_attn", "wte"]), r"finetune.lora_targets=\['c_attn', 'wte'\] must be"),
-        (dict(train_last_n_blocks=0), "train_last_n_blocks=0 must be a positive integer"),
+        (dict(train_last_n_blocks=0), "train_last_n_blocks=0 must be >= 1"),
         (dict(lora_rank=0), "lora_rank=0"),
         (dict(lora_dropout=1.0), "lora_dropout=1.0"),
     ):
         with pytest.raises(MiniGPTError, match=match):
             FinetuneConfig(**bad)
-    with pytest.raises(MiniGPTError, match=r"unknown key\(s\) \['rank'\]"):
-        FinetuneConfig.from_dict({"rank": 4})
+    with pytest.raises(MiniGPTError, match=r"^finetune: unknown key 'rank'; the keys are method, "):
+        checked_config(FinetuneConfig, {"rank": 4}, "finetune")
 
 
 # ---- end to end: python train.py init_from=... ---------------------------------------------------

@@ -92,7 +92,8 @@ def test_subset_of_targets_and_bad_inputs() -> None:
 def test_lora_trains_with_either_optimizer(name: str) -> None:
     """Under Muon every adapter is a hidden matrix and AdamW owns nothing: the optimizer must still build
     (torch refuses an empty parameter list), own each adapter exactly once, and move the adapters."""
-    from mini_gpt.train.optim import OptimConfig, build_optimizer
+    from mini_gpt.conf.train import OptimConfig
+    from mini_gpt.train.optim import build_optimizer
 
     _, model = _adapted()
     opt = build_optimizer(model, OptimConfig(name=name, warmup_steps=0))

@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.train.resume import explicit_model_keys, resumed_config, run_overrides, saved_run_config
+from mini_gpt.train.resume import explicit_model_keys, read_resume, resumed_config, run_overrides
 
 FIRST = ["model=tiny", "optim.lr=7e-3", "trainer.max_steps=6", "seed=7"]
 
@@ -38,7 +38,7 @@ def _checkpoint(path: Path, compose: Any, overrides: list[str] | None, record: b
 
 def _resume(compose: Any, ckpt: Path, *overrides: str) -> DictConfig:
     args = [*overrides, f"ckpt_path={ckpt}"]
-    return resumed_config(compose(args), args)
+    return resumed_config(compose(args), read_resume(str(ckpt)), args)
 
 
 def test_resume_composes_the_saved_overrides_then_the_new(
@@ -97,49 +97,52 @@ def test_a_checkpoint_without_overrides_resumes_its_saved_config(
         _resume(compose, ckpt, "trainer=cpu")
 
 
-def test_saved_config_from_the_checkpoint_else_beside_it(tmp_path: Path) -> None:
+def test_the_checkpoint_is_read_once_into_a_record_with_its_config_else_the_one_beside_it(tmp_path: Path) -> None:
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / ".hydra").mkdir()
     (run / ".hydra" / "config.yaml").write_text("seed: 5\ntrainer:\n  max_steps: 3\n")
     with_config = run / "checkpoints" / "a.ckpt"
-    torch.save({"global_step": 2, "run_config": {"seed": 9}}, with_config)
-    assert saved_run_config(with_config) == ({"seed": 9}, "the checkpoint")
+    torch.save({"global_step": 2, "run_config": {"seed": 9}, "mini_gpt": {"x": 1}}, with_config)
+    resume = read_resume(str(with_config))
+    assert (resume.path, resume.step, resume.meta) == (with_config, 2, {"x": 1})
+    assert (resume.run_config, resume.config_source, resume.run_overrides) == ({"seed": 9}, "the checkpoint", None)
     without = run / "checkpoints" / "b.ckpt"
     torch.save({"global_step": 2}, without)
-    config, source = saved_run_config(without)
-    assert config == {"seed": 5, "trainer": {"max_steps": 3}}
-    assert source == str(run / ".hydra" / "config.yaml")
+    resume = read_resume(str(without))
+    assert resume.run_config == {"seed": 5, "trainer": {"max_steps": 3}}
+    assert resume.config_source == str(run / ".hydra" / "config.yaml")
     elsewhere = tmp_path / "c.ckpt"
     torch.save({"global_step": 2}, elsewhere)
-    assert saved_run_config(elsewhere) == (None, "")
+    assert read_resume(str(elsewhere)).run_config is None
+    assert read_resume(None) is None
 
 
 def test_no_checkpoint_or_no_saved_config(
     compose: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fresh = compose(["trainer.max_steps=9"])
-    assert resumed_config(fresh, []) is fresh  # no ckpt_path: nothing to restore
+    assert resumed_config(fresh, None, []) is fresh  # no ckpt_path: nothing to restore
     with pytest.raises(MiniGPTError, match=r"does not exist; pass an existing \.ckpt to resume"):
-        resumed_config(compose([f"ckpt_path={tmp_path / 'nope.ckpt'}"]), [])
+        read_resume(str(tmp_path / "nope.ckpt"))
     bare = tmp_path / "bare.ckpt"
     torch.save({"global_step": 2}, bare)
     cfg = compose([f"ckpt_path={bare}"])
-    assert resumed_config(cfg, [f"ckpt_path={bare}"]) is cfg
+    assert resumed_config(cfg, read_resume(str(bare)), [f"ckpt_path={bare}"]) is cfg
     assert "carries no run config" in capsys.readouterr().out
 
 
 def test_run_overrides_chain_through_resumes(compose: Any, tmp_path: Path) -> None:
-    assert run_overrides(compose(FIRST)) is None  # library use: no Hydra run, nothing recorded
+    assert run_overrides(compose(FIRST), None) is None  # library use: no Hydra run, nothing recorded
     with hydra_job(compose, FIRST) as cfg:
-        assert run_overrides(cfg) == FIRST
+        assert run_overrides(cfg, None) == FIRST
     ckpt = _checkpoint(tmp_path / "a.ckpt", compose, [*FIRST, "paths.run_dir=/runs/a"])
     again = ["trainer.max_steps=9", f"ckpt_path={ckpt}"]
     with hydra_job(compose, again) as cfg:
-        assert run_overrides(cfg) == [*FIRST, *again]  # the next resume composes both
+        assert run_overrides(cfg, read_resume(str(ckpt))) == [*FIRST, *again]  # the next resume composes both
     old = _checkpoint(tmp_path / "b.ckpt", compose, FIRST, record=False)
     with hydra_job(compose, [f"ckpt_path={old}"]) as cfg:
-        assert run_overrides(cfg) is None  # what composed that run is unknown: not guessed
+        assert run_overrides(cfg, read_resume(str(old))) is None  # what composed that run is unknown
 
 
 def test_explicit_model_keys(compose: Any) -> None:

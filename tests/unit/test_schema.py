@@ -1,37 +1,75 @@
-"""conf.schema: OmegaConf checks a config section against its dataclass; refusals are one line."""
+"""The configs' schemas: Hydra checks every key and type of a composed config against the verb's dataclass,
+`checked_config` checks a section read later the same way, and `checked_arguments` a `_target_` node
+against its class's signature; every refusal is one line naming the key and what it must be."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from mini_gpt.conf.schema import checked_config
+from mini_gpt.conf import checked_arguments, checked_config, compose_command_line
+from mini_gpt.conf.train import OptimConfig, TrainConfig
+from mini_gpt.data.config import DataConfig
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.model.gpt import GPTConfig
-from mini_gpt.train.optim import OptimConfig
 
 
 @pytest.mark.parametrize(
-    "section, cls, d, line",
+    ("overrides", "line"),
     [
-        ("model", GPTConfig, {"n_layer": "abc"}, "model.n_layer='abc' must be an integer; fix it"),
-        ("model", GPTConfig, {"n_layer": 2.5}, "model.n_layer=2.5 must be an integer"),
-        ("model", GPTConfig, {"bias": "maybe"}, "model.bias='maybe' must be true or false"),
-        ("optim", OptimConfig, {"lr": "fast"}, "optim.lr='fast' must be a number"),
-        ("optim", OptimConfig, {"decay_steps": "x"}, "optim.decay_steps='x' must be an integer or null"),
-        ("optim", OptimConfig, {"betas": ["a", 0.9]}, "optim.betas[0]='a' must be a number"),
-        ("model", GPTConfig, {"n_embed": 3, "x": 1}, "model: unknown key(s) ['n_embed', 'x']; the keys are"),
+        (["model.n_layer=abc"], "model.n_layer='abc' must be an integer; fix it on the command line or"),
+        (["model.n_layer=2.5"], "model.n_layer=2.5 must be an integer"),
+        (["model.bias=maybe"], "model.bias='maybe' must be true or false"),
+        (["optim.lr=fast"], "optim.lr='fast' must be a number"),
+        (["optim.decay_steps=x"], "optim.decay_steps='x' must be an integer or null"),
+        (["optim.betas=[a,0.9]"], "optim.betas[0]='a' must be a number"),
+        (["trainer.max_steps=abc"], "trainer.max_steps='abc' must be an integer"),
+        (["trainer.val_check_interval=true"], "trainer.val_check_interval=True must be an integer"),
+        (["trainer.max_flops=lots"], "trainer.max_flops='lots' must be a number or null"),
+        (["seed=1.5"], "seed=1.5 must be an integer"),
+        (["model.n_embed=3"], "train: unknown key 'model.n_embed'; the keys of model are vocab_size, block_size"),
+        (["optim.min_lr=1e-4"], "train: unknown key 'optim.min_lr'; the keys of optim are name, lr, min_lr_ratio"),
+        (["tags=a,b"], "train: tags=a,b is ambiguous: write a list in brackets, tags=[a,b]"),
     ],
 )
-def test_refusals_are_one_line(section: str, cls: type, d: dict, line: str) -> None:
+def test_a_refused_override_is_one_line(overrides: list[str], line: str) -> None:
     with pytest.raises(MiniGPTError) as info:
-        checked_config(cls, d, section)
+        compose_command_line("train", overrides)
     assert str(info.value).startswith(line) and "\n" not in str(info.value)
 
 
-def test_values_are_converted_to_the_field_types() -> None:
-    config = checked_config(OptimConfig, {"lr": 1, "warmup_steps": "7", "decay_steps": None}, "optim")
-    assert (config.lr, config.warmup_steps, config.decay_steps) == (1.0, 7, None)
-    assert isinstance(config.lr, float) and config.betas == (0.9, 0.99)
-    # the dataclass still checks the ranges
-    with pytest.raises(MiniGPTError, match=r"optim\.lr=-1\.0 must be > 0"):
-        checked_config(OptimConfig, {"lr": -1}, "optim")
+def test_composed_values_have_the_schema_types(compose: Any) -> None:
+    cfg = compose(["optim.lr=1", "optim.warmup_steps=7", "trainer.max_flops=1e12"])
+    assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.trainer.max_flops) == (1.0, 7, 1e12)
+    assert isinstance(cfg.optim.lr, float) and isinstance(cfg.trainer.max_flops, float)
+
+
+@pytest.mark.parametrize(
+    ("cls", "section", "d", "line"),
+    [
+        (DataConfig, "data", {"val_fraction": "lots"}, "data.val_fraction='lots' must be a number; fix it"),
+        (DataConfig, "data", {"pth": "x.txt"}, "data: unknown key 'pth'; the keys are name, path, tokenizer"),
+        (OptimConfig, "optim", {"lr": -1}, "optim.lr=-1.0 must be > 0"),  # the dataclass's own range check
+    ],
+)
+def test_a_section_read_later_is_checked_the_same_way(cls: type, section: str, d: dict, line: str) -> None:
+    with pytest.raises(MiniGPTError) as info:
+        checked_config(cls, d, section)
+    assert str(info.value).startswith(line) and "\n" not in str(info.value)
+    assert checked_config(OptimConfig, {"lr": 1, "warmup_steps": "7"}, "optim").warmup_steps == 7
+
+
+def test_a_target_nodes_arguments_are_checked_against_its_signature() -> None:
+    node = {"_target_": "mini_gpt.train.callbacks.SampleText", "max_new_tokens": "12", "top_k": None}
+    assert checked_arguments(node, "callbacks.sample_text") == {**node, "max_new_tokens": 12}
+    with pytest.raises(MiniGPTError, match=r"^callbacks\.sample_text\.max_new_tokens='abc' must be an integer"):
+        checked_arguments({**node, "max_new_tokens": "abc"}, "callbacks.sample_text")
+    with pytest.raises(MiniGPTError, match=r"^callbacks\.throughput: unknown key 'peak'; the keys are peak_flops"):
+        checked_arguments({"_target_": "mini_gpt.train.callbacks.Throughput", "peak": 1}, "callbacks.throughput")
+
+
+def test_the_train_schema_is_the_dataclass_every_section_becomes() -> None:
+    from mini_gpt.model.gpt import GPTConfig
+
+    hints = TrainConfig.__dataclass_fields__
+    assert hints["model"].default_factory is GPTConfig and hints["optim"].default_factory is OptimConfig

@@ -150,8 +150,6 @@ def test_budget_steps_from_flops_per_token() -> None:
     assert budget_steps(1e9, 1000.0, 768) == 1302  # floor(1e9 / 768_000)
     with pytest.raises(MiniGPTError, match=r"trainer.max_flops=1e\+05 is less than one optimizer step"):
         budget_steps(1e5, 1000.0, 768)
-    with pytest.raises(MiniGPTError, match=r"trainer.max_flops='abc' must be a positive number"):
-        budget_steps("abc", 1000.0, 768)
 
 
 def test_a_missing_sweep_extra_is_one_line_with_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,50 +1,29 @@
-"""The Lightning callbacks of a training run, one job per module (conf/callbacks/default.yaml lists them).
+"""The Lightning callbacks of a training run, one job each (conf/callbacks/default.yaml lists them).
 
-Who owns which number: the LightningModule its loss curve (`module.stats`, a `RunStats`), the Throughput
-callback tokens/s and MFU; the progress bar and the run summary only read them, and callbacks doing other
-work (samples, maps, evaluations) leave its time out of tokens/s with `monitoring.not_training(trainer)`.
+A callback talks to the LightningModule (its loss curve `stats`, `logs_step`, `side_work`) and to the
+trainer's `callback_metrics`, never to another callback: the Throughput callback logs tokens/s and MFU,
+which the progress bar and summary.json read back from `callback_metrics`.
 """
 
 from mini_gpt.train.callbacks.attention_maps import AttentionMaps
-from mini_gpt.train.callbacks.checkpointing import (
-    AtomicCheckpointIO,
-    EvalCheckpoint,
-    SaveOnInterrupt,
-    resume_command,
-)
+from mini_gpt.train.callbacks.checkpointing import AtomicCheckpointIO, EvalCheckpoint, resume_command
 from mini_gpt.train.callbacks.evaluate import EvaluateCallback
-from mini_gpt.train.callbacks.monitoring import (
-    DivergedError,
-    DivergenceGuard,
-    NaNGuard,
-    NonFiniteLossError,
-    Throughput,
-    measure_cpu_matmul_flops,
-    peak_flops,
-)
-from mini_gpt.train.callbacks.preemption import EXIT_PREEMPTED, Preempted, SaveOnPreemption
+from mini_gpt.train.callbacks.guard import LossGuard
 from mini_gpt.train.callbacks.progress import ProgressBar
 from mini_gpt.train.callbacks.samples import SampleText
-from mini_gpt.train.callbacks.summary import RunSummary, ValidateAtEnd
+from mini_gpt.train.callbacks.stop import StopOnSignal
+from mini_gpt.train.callbacks.throughput import Throughput, measure_cpu_matmul_flops, peak_flops
 
 __all__ = [
-    "EXIT_PREEMPTED",
     "AtomicCheckpointIO",
     "AttentionMaps",
-    "DivergedError",
-    "DivergenceGuard",
     "EvalCheckpoint",
     "EvaluateCallback",
-    "NaNGuard",
-    "NonFiniteLossError",
-    "Preempted",
+    "LossGuard",
     "ProgressBar",
-    "RunSummary",
     "SampleText",
-    "SaveOnInterrupt",
-    "SaveOnPreemption",
+    "StopOnSignal",
     "Throughput",
-    "ValidateAtEnd",
     "measure_cpu_matmul_flops",
     "peak_flops",
     "resume_command",

@@ -20,7 +20,6 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from mini_gpt.errors import MiniGPTError, check_ints
 from mini_gpt.train.callbacks.base import StepCallback
-from mini_gpt.train.callbacks.monitoring import not_training
 from mini_gpt.viz.attention_maps import (
     attention_maps,
     attention_summary,
@@ -129,7 +128,7 @@ class AttentionMaps(StepCallback):
     @rank_zero_only
     def log_maps(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Draw the figures for the current weights and log (W&B) or save (PNG) them."""
-        with not_training(trainer):
+        with pl_module.side_work():
             tok, step = pl_module.tokenizer, trainer.global_step
             prompt = self._prompt_text or self._resolve_prompt(tok)
             figures = self.draw(pl_module.model, tok, prompt, step)

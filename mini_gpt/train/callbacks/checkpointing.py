@@ -1,7 +1,7 @@
 """Checkpoints: written atomically (`AtomicCheckpointIO`), last.ckpt at every evaluation (`EvalCheckpoint`),
-and one saved on Ctrl-C between two optimizer steps (`SaveOnInterrupt`), or for a preemption
-(`save_last_now`, `save_hpc_checkpoint`: preemption.py). The uses of Lightning internals (checked on
-Lightning 2.6.6, the version pyproject pins) are here, each with its reason beside it.
+and saved between two optimizer steps when a run is stopped (`save_last_now`, `save_hpc_checkpoint`: the
+StopOnSignal callback). The uses of Lightning internals (checked on Lightning 2.6.6, the version pyproject
+pins) are here, each with its reason beside it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import shlex
 import shutil
 import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,10 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import atomic_write, space_note
 from mini_gpt.interop.checkpoint import unreadable_checkpoint
-from mini_gpt.train.callbacks.base import StepCallback
 
 __all__ = [
     "AtomicCheckpointIO",
     "EvalCheckpoint",
-    "SaveOnInterrupt",
     "last_checkpoint_path",
     "resume_command",
     "save_hpc_checkpoint",
@@ -180,8 +177,6 @@ def save_last_now(trainer: L.Trainer, pl_module: L.LightningModule, why: str) ->
     # returns the checkpoint dict, so it is dumped here and written by the strategy (public).
     checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
     trainer.strategy.save_checkpoint(checkpoint, path)
-    if isinstance(trainer.checkpoint_callback, ModelCheckpoint):  # what summary.json reports
-        trainer.checkpoint_callback.last_model_path = str(path)
     if trainer.is_global_zero:
         print(
             f"{why} at step {trainer.global_step}: saved {path}\nresume with: {resume_command(path)}",
@@ -208,53 +203,3 @@ def save_hpc_checkpoint(trainer: L.Trainer) -> Path:
     path = Path(connector.hpc_save_path(trainer.default_root_dir))
     trainer.strategy.save_checkpoint(connector.dump_checkpoint(weights_only=False), path)
     return path
-
-
-class SaveOnInterrupt(StepCallback):
-    """First Ctrl-C (SIGINT): finish the current optimizer step, save last.ckpt, exit. A second
-    Ctrl-C interrupts at once. Saving between steps keeps the checkpoint consistent, so resuming from
-    it is exact. Nothing is saved if the loss had become NaN/inf (`pl_module.saw_nonfinite_loss()`)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.saved_path: Path | None = None
-        self._previous: Any = None
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        if self.requested:  # second Ctrl-C
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\nCtrl-C: saving last.ckpt after this step (press again to quit now)", file=sys.stderr)
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_start(trainer, pl_module)
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
-
-    def _restore(self) -> None:
-        if self._previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
-
-    def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Path | None:
-        self.saved_path = save_last_now(trainer, pl_module, "interrupted")
-        return self.saved_path
-
-    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.requested:
-            return
-        self.save(trainer, pl_module)
-        self._restore()
-        raise KeyboardInterrupt  # Lightning shuts down gracefully and exits with status 1
-
-    def on_exception(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
-    ) -> None:
-        self._restore()
-        # A KeyboardInterrupt that did not come through our handler (e.g. SIGINT handled elsewhere):
-        # save what we have. After a second Ctrl-C the user asked to quit now: save nothing more.
-        if isinstance(exception, KeyboardInterrupt) and not self.requested and trainer.global_step > 0:
-            self.save(trainer, pl_module)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore()

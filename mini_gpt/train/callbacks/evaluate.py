@@ -21,7 +21,6 @@ from mini_gpt.eval.bpb import document_windows, prepared_split_documents, split_
 from mini_gpt.eval.hellaswag import evaluate_hellaswag, load_hellaswag
 from mini_gpt.eval.scoring import score_windows
 from mini_gpt.train.callbacks.base import StepCallback
-from mini_gpt.train.callbacks.monitoring import not_training
 
 TASKS = ("bpb", "hellaswag")
 
@@ -86,13 +85,16 @@ class EvaluateCallback(StepCallback):
     @torch.no_grad()
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         """Run the tasks on this rank's share, reduce across ranks, log on rank 0; returns the metrics."""
-        with not_training(trainer):
+        with pl_module.side_work():
             metrics = self._measure(trainer, pl_module)
             step = trainer.global_step
             self.history.append((step, metrics))
+            # To the loggers at the step measured (Lightning's own logging waits for the next log step),
+            # and to callback_metrics for summary.json.
             if trainer.is_global_zero:
                 for logger in trainer.loggers:
                     logger.log_metrics(metrics, step=step)
+            pl_module.log_dict(metrics, logger=False)
         return metrics
 
     def _measure(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:

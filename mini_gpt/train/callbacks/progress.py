@@ -11,8 +11,6 @@ from rich.progress import ProgressColumn, Task, TextColumn
 from rich.table import Column
 from rich.text import Text
 
-from mini_gpt.train.callbacks.monitoring import Throughput
-
 __all__ = ["ProgressBar"]
 
 
@@ -66,14 +64,16 @@ class _StatsColumn(ProgressColumn):
 class ProgressBar(RichProgressBar):
     """Rich bar, one line within 80 columns:
     `train ━━━━━━━━━━ <done>/<total> <elapsed><<left> loss <train> val <val> <rate> tok/s <mfu>% mfu`.
-    Losses come from the module's `stats.latest`, tokens/s and MFU from the Throughput callback's `latest`
-    (host numbers: refreshing never syncs); at the end tok/s is the run's average (summary.json's)."""
+    Losses come from the module's loss curve (`stats`, host numbers), tokens/s and MFU from the trainer's
+    callback_metrics (logged by the Throughput callback), read only at log steps and evaluations, so
+    refreshing never syncs in between; at the end tok/s and MFU are the run's averages (summary.json's)."""
 
     TRAIN = "train"
 
     def __init__(self, refresh_rate: int = 10, leave: bool = True) -> None:
         super().__init__(refresh_rate=refresh_rate, leave=leave)
         self._stats = _StatsColumn(self)
+        self._shown_for: tuple[int, int] = (-1, -1)  # (step, evaluations) the numbers were read at
 
     def is_train_task(self, task: Task) -> bool:
         return self.train_progress_bar_id is not None and task.id == self.train_progress_bar_id
@@ -88,20 +88,34 @@ class ProgressBar(RichProgressBar):
         parts = []
         if "train/loss" in latest:
             parts.append(f"loss {latest['train/loss']:.3f}")
-        if "val_loss" in latest:
-            parts.append(f"val {latest['val_loss']:.3f}")
+        if "val/loss" in latest:
+            parts.append(f"val {latest['val/loss']:.3f}")
         if "tokens_per_sec" in latest:
             parts.append(f"{latest['tokens_per_sec']:,.0f} tok/s")
         if "mfu" in latest:
             parts.append(f"{100 * latest['mfu']:.1f}% mfu")
         return " ".join(parts)
 
-    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-        shown = dict(pl_module.stats.latest)
-        throughput = Throughput.of(trainer)
-        if throughput is not None:
-            shown.update(throughput.latest)
+    def _read(self, trainer: L.Trainer, pl_module: Any, ended: bool = False) -> None:
+        stats, metrics = pl_module.stats, trainer.callback_metrics
+        shown: dict[str, float] = {}
+        if stats.train_history:
+            shown["train/loss"] = stats.train_history[-1][1]
+        if stats.val_history:
+            shown["val/loss"] = stats.val_history[-1][2]
+        prefix = "run/" if ended else ""  # the run's averages at the end, else the last interval's
+        for key in ("tokens_per_sec", "mfu"):
+            if prefix + key in metrics:
+                shown[key] = float(metrics[prefix + key])
         self._stats.text = self.stats_text(shown)
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: Any) -> dict[str, Any]:
+        moment = (trainer.global_step, len(pl_module.stats.val_history))
+        if moment != self._shown_for and (
+            pl_module.logs_step(trainer.global_step) or moment[1] != self._shown_for[1]
+        ):
+            self._shown_for = moment
+            self._read(trainer, pl_module)
         return {}  # Lightning's own metrics column stays empty: ours is compact and never wraps
 
     def configure_columns(self, trainer: L.Trainer) -> list[Any]:
@@ -131,6 +145,6 @@ class ProgressBar(RichProgressBar):
         return super().total_train_batches
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Throughput put the run's averages in its `latest` when the epoch ended, before this hook.
-        self.get_metrics(trainer, pl_module)
+        # The Throughput callback logged the run's averages when the epoch ended, before this hook.
+        self._read(trainer, pl_module, ended=True)
         self.refresh(hard=True)

@@ -12,7 +12,6 @@ from lightning.pytorch.utilities import rank_zero_only
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.sampling import generate
 from mini_gpt.train.callbacks.base import StepCallback
-from mini_gpt.train.callbacks.monitoring import not_training
 
 __all__ = ["SampleText"]
 
@@ -66,7 +65,7 @@ class SampleText(StepCallback):
 
     @rank_zero_only
     def _emit(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        with not_training(trainer):
+        with pl_module.side_work():
             text = self.sample(pl_module)
             step = trainer.global_step
             if self.print_samples:

@@ -1,0 +1,125 @@
+"""Stopping a run on a signal without losing it: Ctrl-C (SIGINT), SIGTERM (SLURM preemption and time limits,
+`docker stop`, `kill`) and SIGUSR1 (what SLURM sends ahead of the time limit with `#SBATCH
+--signal=USR1@90`) finish the current optimizer step, save last.ckpt at that step (so resuming from it is
+exact) and stop: Ctrl-C as an interrupt (summary.json status `interrupted`, exit status 1), the others with
+`Preempted` (status `preempted`, exit status EXIT_PREEMPTED). Under SLURM with Lightning's auto-requeue
+(its SLURMEnvironment, detected under srun) the job is also requeued, and the requeued job resumes from
+the checkpoint Lightning looks for in the run dir. Nothing is saved after a NaN/inf loss.
+
+Not Lightning's OnExceptionCheckpoint: it saves when the exception arrives, which can be in the middle of
+an optimizer step (a state no uninterrupted run ever had), and after a NaN as well.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import lightning as L
+
+from mini_gpt.train.callbacks.base import StepCallback
+from mini_gpt.train.callbacks.checkpointing import save_hpc_checkpoint, save_last_now, slurm_requeue_signal
+from mini_gpt.train.stops import EXIT_PREEMPTED, Preempted
+
+__all__ = ["PREEMPT_SIGNALS", "StopOnSignal"]
+
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def _requeue() -> str:
+    """`scontrol requeue` this SLURM job (array task); returns what happened, for the stop line."""
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ.get("SLURM_JOB_ID", "")
+    if not re.fullmatch(r"[0-9_]+", job):
+        return "not requeued (no SLURM job id)"
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"requeue of SLURM job {job} failed ({err})"
+    if done.returncode:
+        return f"requeue of SLURM job {job} failed ({done.stderr.strip() or done.returncode})"
+    return f"SLURM job {job} requeued"
+
+
+class StopOnSignal(StepCallback):
+    """Ctrl-C, SIGTERM or SIGUSR1: save last.ckpt after the current optimizer step, then stop. A second
+    Ctrl-C interrupts at once. For SIGTERM / SIGUSR1 one process checks its flag every step; the ranks of
+    a multi-process run agree at each log step (one all-reduce, where the loss is read anyway), so they all
+    stop after the same step, whichever of them got the signal. Lightning's own SIGUSR1 handler (SLURM
+    auto-requeue) would save from inside the signal handler, in the middle of a step: ours replaces it
+    and requeues after the save."""
+
+    def __init__(self) -> None:
+        self.interrupted = False  # Ctrl-C pressed
+        self.preempted_by: int | None = None  # SIGTERM or SIGUSR1
+        self._previous: dict[int, Any] = {}
+
+    def _on_interrupt(self, signum: int, frame: Any) -> None:
+        if self.interrupted:  # the second Ctrl-C
+            raise KeyboardInterrupt
+        self.interrupted = True
+        print("\nCtrl-C: saving last.ckpt after this step (press again to quit now)", file=sys.stderr)
+
+    def _on_preemption(self, signum: int, frame: Any) -> None:
+        if self.preempted_by is None:
+            self.preempted_by = signum
+            name = signal.Signals(signum).name
+            print(f"\n{name}: saving last.ckpt after this step, then stopping", file=sys.stderr, flush=True)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        if threading.current_thread() is threading.main_thread():
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)
+            for signum in PREEMPT_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._on_preemption)
+
+    def _restore(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
+        self._previous = {}
+
+    def _preempt_now(self, trainer: L.Trainer) -> bool:
+        if trainer.world_size == 1:
+            return self.preempted_by is not None
+        if trainer.global_step % max(1, trainer.log_every_n_steps):
+            return False
+        return bool(trainer.strategy.reduce_boolean_decision(self.preempted_by is not None, all=False))
+
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.interrupted:
+            save_last_now(trainer, pl_module, "interrupted")
+            self._restore()
+            raise KeyboardInterrupt  # Lightning shuts down gracefully and exits with status 1
+        if not self._preempt_now(trainer):
+            return
+        signum = self.preempted_by if self.preempted_by is not None else signal.SIGTERM  # another rank's
+        name = signal.Signals(signum).name
+        path = save_last_now(trainer, pl_module, f"preempted ({name})")
+        requeued = ""
+        if slurm_requeue_signal(trainer) == signum and path is not None:
+            save_hpc_checkpoint(trainer)  # what the requeued job's fit resumes from
+            requeued = "; " + _requeue() if trainer.is_global_zero else ""
+        self._restore()
+        saved = "last.ckpt saved" if path else "nothing saved (no checkpoint callback, or a NaN/inf loss)"
+        raise Preempted(
+            f"preempted by {name}: stopped after step {trainer.global_step}, {saved} (summary.json status "
+            f"preempted, exit status {EXIT_PREEMPTED}){requeued}"
+        )
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore()
+        # A KeyboardInterrupt that did not come through our handler (e.g. SIGINT handled elsewhere): save
+        # what we have. After a second Ctrl-C the user asked to quit now: save nothing more.
+        if isinstance(exception, KeyboardInterrupt) and not self.interrupted and trainer.global_step > 0:
+            save_last_now(trainer, pl_module, "interrupted")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore()

@@ -1,0 +1,187 @@
+"""Throughput: tokens/s and MFU, measured in one place (with the peak FLOP/s that MFU needs). It reads the
+device only at log steps or at events that sync anyway (validation): no per-step syncs.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.throughput import get_available_flops
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import read_json, write_json_atomic
+from mini_gpt.machine import LoadMeter, cache_dir, cpu_name
+from mini_gpt.train.callbacks.base import StepCallback
+from mini_gpt.train.module import exact
+
+__all__ = ["Throughput", "cpu_peak_flops", "measure_cpu_matmul_flops", "peak_flops"]
+
+
+# The fp32 matmul peak assumed when the CPU probe fails (a small 2-core machine's order of magnitude).
+_DEFAULT_CPU_PEAK_FLOPS = 185e9
+
+
+@functools.cache
+def measure_cpu_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 512, repeats: int = 5) -> float:
+    """Best-of-`repeats` FLOP/s of an n x n matmul on this CPU with torch's current threads (~0.1 s,
+    once per process). The dtype matters: CPUs with AMX/avx512_bf16 run bf16 faster than fp32."""
+    try:
+        gen = torch.Generator().manual_seed(0)  # not the global generator: dropout masks must not shift
+        a = torch.randn(n, n, dtype=dtype, generator=gen)
+        b = torch.randn(n, n, dtype=dtype, generator=gen)
+        reps = 4
+        torch.mm(a, b)  # warm up (thread pool, kernel choice)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+        return 2 * n**3 * reps / best
+    except (RuntimeError, TypeError):
+        return _DEFAULT_CPU_PEAK_FLOPS
+
+
+CPU_PEAK_FILE = "cpu_peak_flops.json"  # under mini_gpt.machine.cache_dir(): {machine key: FLOP/s}
+
+
+def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
+    """This machine's CPU matmul peak, measured once and kept in cache_dir()/cpu_peak_flops.json (keyed
+    by CPU, thread count, dtype and torch version), so MFU compares like with like between runs: a probe
+    per run swung it between 34% and 56% on one machine. A probe taken while other processes kept half a
+    core busy or more is used for this run only, not cached."""
+    key = f"{cpu_name()} | {torch.get_num_threads()} threads | {dtype} | torch {torch.__version__}"
+    path = cache_dir() / CPU_PEAK_FILE
+    cached = read_json(path) or {}
+    if isinstance(cached.get(key), int | float) and cached[key] > 0:
+        return float(cached[key])
+    with LoadMeter() as load:
+        peak = measure_cpu_matmul_flops(dtype)
+    if peak != _DEFAULT_CPU_PEAK_FLOPS and load.other_load is not None and load.other_load < 0.5:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, {**(read_json(path) or {}), key: peak}, indent=1)
+        except OSError:
+            pass  # a read-only home: measure again next time
+    return peak
+
+
+def _precision_dtype(precision: str) -> torch.dtype:
+    precision = str(precision)
+    if "bf16" in precision:
+        return torch.bfloat16
+    if precision.startswith("16"):
+        return torch.float16
+    return torch.float32
+
+
+def peak_flops(device: torch.device, precision: str = "32-true", override: float | None = None) -> float:
+    """Peak FLOP/s for MFU: `override` if given; on a GPU Lightning's table of dense peaks per dtype
+    (`get_available_flops`; 0 for a GPU it does not know); on a CPU a matmul probe in the training dtype."""
+    if override:
+        return float(override)
+    dtype = _precision_dtype(precision)
+    if device.type == "cuda":
+        return float(get_available_flops(device, dtype) or 0.0)  # 0: MFU is not logged
+    if device.type == "cpu":
+        return cpu_peak_flops(dtype)
+    return 0.0
+
+
+class Throughput(StepCallback):
+    """Tokens/s and MFU of the run. At every log step of the module (`logs_step`) it logs `tokens_per_sec`
+    and `mfu` of the interval since the last one, and, for the progress bar and summary.json (not the
+    loggers), `run/tokens_per_sec` and `run/mfu` of the run so far; when training ends, those two hold the
+    whole run's averages. Time is training wall time: validation and the module's side work
+    (`pl_module.side_work()`: samples, attention maps, evaluations) are left out. Tokens are counted from
+    the batches (x world size), so accumulation and DDP need no setup.
+    MFU = flops_per_token (forward + backward) x tokens/s / (peak FLOP/s of one device x devices).
+    """
+
+    def __init__(self, peak_flops: float | None = None) -> None:
+        if peak_flops is not None and not peak_flops > 0:
+            raise MiniGPTError(
+                f"callbacks.throughput.peak_flops={peak_flops!r} must be a positive number of FLOP/s "
+                "(e.g. 989e12) or null"
+            )
+        self.peak_flops_override = peak_flops
+        self.peak: float | None = None
+        self.total_tokens = 0  # trained tokens in this run (all ranks)
+        self.total_seconds = 0.0  # training seconds in this run
+        self._tokens = 0
+        self._t0 = 0.0
+        self._side_t0 = 0.0  # the module's side-work seconds at the start of the interval
+        self._val_t0 = 0.0
+        self._val_seconds = 0.0
+        self._flops_per_token = 0.0
+        self._seq_len: int | None = None
+
+    def _sync(self, pl_module: L.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._t0, self._side_t0 = time.perf_counter(), pl_module.stats.side_seconds
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        x = batch[0] if isinstance(batch, list | tuple) else batch
+        self._tokens += x.numel() * trainer.world_size
+        self._seq_len = x.shape[-1] if x.dim() > 1 else None
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if not pl_module.logs_step(trainer.global_step):
+            return
+        tokens, seconds = self._close_interval(pl_module)
+        interval = {"tokens_per_sec": tokens / seconds if seconds > 0 else 0.0}
+        if self.peak is None:  # first log interval: the CPU probe runs here, not before step 1
+            self.peak = peak_flops(pl_module.device, str(trainer.precision), self.peak_flops_override)
+            self._flops_per_token = pl_module.model.flops_per_token(self._seq_len)
+            self._t0 = time.perf_counter()  # the probe is not training either
+        if self.peak:
+            interval["mfu"] = self._mfu(interval["tokens_per_sec"], trainer.world_size)
+        pl_module.log_dict(exact(interval))
+        self._log_run(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        # Lightning ends the (one, endless) epoch when training ends: the tail after the last log step.
+        self._close_interval(pl_module)
+        self._log_run(trainer, pl_module)
+
+    def _log_run(self, trainer: L.Trainer, pl_module: Any) -> None:
+        run = {"run/tokens_per_sec": self.total_tokens / self.total_seconds if self.total_seconds > 0 else 0.0}
+        if self.peak:
+            run["run/mfu"] = self._mfu(run["run/tokens_per_sec"], trainer.world_size)
+        pl_module.log_dict(exact(run), logger=False)
+
+    def _mfu(self, tokens_per_sec: float, world_size: int) -> float:
+        assert self.peak
+        return self._flops_per_token * tokens_per_sec / (self.peak * world_size)
+
+    def _close_interval(self, pl_module: Any) -> tuple[int, float]:
+        """Tokens and training seconds since the last call; adds them to the run totals."""
+        self._sync(pl_module)
+        now, side = time.perf_counter(), pl_module.stats.side_seconds
+        seconds = max(now - self._t0 - self._val_seconds - (side - self._side_t0), 0.0)
+        tokens = self._tokens
+        self.total_tokens += tokens
+        self.total_seconds += seconds
+        self._tokens, self._t0, self._side_t0, self._val_seconds = 0, now, side, 0.0
+        return tokens, seconds
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self._sync(pl_module)
+            self._val_t0 = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._val_t0:
+            self._val_seconds += time.perf_counter() - self._val_t0
+            self._val_t0 = 0.0

@@ -1,0 +1,107 @@
+"""`summary.json`: what a run did, written by train() when its fit ends, however it ends.
+
+It reads the module's loss curve (`module.stats`), the trainer and its `callback_metrics` (tokens/s and
+MFU from the Throughput callback, `eval/...` from the evaluation callback); times count from the run's
+start (`run_start`: process start for the first run of a process, so imports and start-up count).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import psutil
+
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import write_json_atomic
+from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
+from mini_gpt.train.module import GPTLitModule
+from mini_gpt.train.stops import DivergedError, NonFiniteLossError, Preempted
+
+__all__ = ["print_summary", "run_start", "run_status", "write_summary"]
+
+_runs_in_process = 0  # train() calls so far: the first run's clock starts at process start
+
+
+def run_start() -> float:
+    """Unix time this run's clock starts: process start for the first run of the process (imports and
+    start-up count), the call itself for later ones (the next trials of a multirun or a sweep)."""
+    global _runs_in_process
+    _runs_in_process += 1
+    return psutil.Process().create_time() if _runs_in_process == 1 else time.time()
+
+
+def run_status(error: BaseException | None, step: int, start_step: int) -> str | None:
+    """completed, interrupted (Ctrl-C), preempted (SIGTERM / SIGUSR1), nonfinite (NaN guard), diverged or
+    failed; None for a bad input found before the first step (its one line, and no run directory kept)."""
+    if error is None:
+        return "completed"
+    if isinstance(error, KeyboardInterrupt | SystemExit):  # Lightning exits with status 1 on Ctrl-C
+        return "interrupted"
+    for kind, status in (
+        (Preempted, "preempted"),
+        (NonFiniteLossError, "nonfinite"),
+        (DivergedError, "diverged"),
+    ):
+        if isinstance(error, kind):
+            return status
+    if isinstance(error, MiniGPTError) and step == start_step:
+        return None
+    return "failed"
+
+
+def _number(metrics: dict[str, Any], key: str) -> float | None:
+    return float(metrics[key]) if key in metrics else None
+
+
+def write_summary(
+    path: Path, status: str, start: float, trainer: L.Trainer, module: GPTLitModule
+) -> dict[str, Any]:
+    """Write summary.json atomically; returns what it holds."""
+    stats, checkpoint, metrics = module.stats, trainer.checkpoint_callback, dict(trainer.callback_metrics)
+    vals = stats.val_history
+    best = getattr(checkpoint, "best_model_path", "")
+    last = getattr(checkpoint, "last_model_path", "")
+    saved = last_checkpoint_path(trainer)  # a save on Ctrl-C or a preemption, before any evaluation
+    if not last and saved is not None and saved.is_file() and saved.stat().st_mtime >= start:
+        last = str(saved)
+    tokens = trainer.global_step * module.tokens_per_step  # includes the steps before a resume
+    summary = {
+        "status": status,
+        "best_val_loss": min((v for _, _, v in vals), default=None),
+        "final_val_loss": vals[-1][2] if vals else None,
+        "start_step": stats.start_step,  # > 0: the step of the checkpoint this fit resumed
+        "steps": trainer.global_step,
+        "tokens": tokens,
+        # training FLOPs as the MFU counts them; the parameter counts a scaling fit needs
+        "flops": tokens * module.model.flops_per_token(),
+        "params": module.model.num_params(non_embedding=False),
+        "non_embedding_params": module.model.num_params(non_embedding=True),
+        "precision": str(trainer.precision),  # what trainer.precision=auto chose
+        "wall_seconds": time.time() - start,
+        "tokens_per_sec": _number(metrics, "run/tokens_per_sec"),  # training time only (Throughput)
+        "val_curve": [[s, t - start, v] for s, t, v in vals],
+        "eval": {k: float(v) for k, v in metrics.items() if k.startswith("eval/")},  # callbacks.evaluate
+        # val losses are estimates on `val_tokens` of the `val_split_tokens` (loader.val_windows)
+        "val_tokens": stats.val_tokens or None,
+        "val_split_tokens": getattr(trainer.datamodule, "val_split_tokens", None),
+        "best_ckpt": str(Path(best).resolve()) if best else None,
+        "last_ckpt": str(Path(last).resolve()) if last else None,
+    }
+    write_json_atomic(path, summary, indent=2)
+    return summary
+
+
+def _loss(value: float | None) -> str:
+    """A loss for the summary line: 4 decimals (summary.json keeps every digit)."""
+    return "none" if value is None else f"{value:.4f}"
+
+
+def print_summary(path: Path, summary: dict[str, Any]) -> None:
+    print(
+        f"summary: {path}\n  steps={summary['steps']} best_val_loss={_loss(summary['best_val_loss'])} "
+        f"final_val_loss={_loss(summary['final_val_loss'])} tokens/s={summary['tokens_per_sec'] or 0:,.0f} "
+        f"wall={summary['wall_seconds']:.1f}s\n  last_ckpt={summary['last_ckpt']}"
+    )
