@@ -2,11 +2,13 @@
 `python -m mini_gpt.bench ...`). The one verb of mini-gpt with argparse flags rather than Hydra overrides:
 each section's options are its own `--flags`.
 
-Each section is a module of this package with `add_arguments(parser)` and `run(args) -> (rows, extra)`.
-Only the section asked for is imported (train pulls in Lightning, ~5 s), and a section whose module is
-missing or broken is reported without stopping the others under `all`. Every table is followed by the
-load other processes put on the machine meanwhile (`other_load`, in cores): numbers measured under load
-are slower than the machine can do.
+Each section is a module of this package with `add_arguments(parser)` and `run(args) -> (rows, extra)`;
+the flags several sections take are defined once, in `common.SHARED_FLAGS`, and this dispatcher applies
+`--threads` (restoring torch's count after the section). Only the section asked for is imported (train
+pulls in Lightning, ~5 s), and a section whose module is missing or broken is reported without stopping
+the others under `all`. Every table is followed by the load other processes put on the machine meanwhile
+(`other_load`, in cores; also in the JSON with `wall_s` and `machine`): numbers measured under load are
+slower than the machine can do.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import time
 from types import ModuleType
 from typing import Any
 
-from mini_gpt.bench.common import machine_info, print_table, write_json
+import torch
+
+from mini_gpt.bench.common import BenchParser, machine_info, print_table, write_json
 from mini_gpt.machine import LoadMeter
 
 SECTIONS = (
@@ -51,7 +54,7 @@ def load_section(name: str) -> ModuleType:
 def section_parser(name: str, module: ModuleType) -> argparse.ArgumentParser:
     # The docstring's first paragraph (which may wrap over several lines), as one sentence.
     summary = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
-    parser = argparse.ArgumentParser(prog=f"mini-gpt bench {name}", description=summary or None)
+    parser = BenchParser(prog=f"mini-gpt bench {name}", description=summary or None)
     module.add_arguments(parser)
     return parser
 
@@ -59,12 +62,17 @@ def section_parser(name: str, module: ModuleType) -> argparse.ArgumentParser:
 def run_section(
     name: str, module: ModuleType, args: argparse.Namespace, json_path: str | None
 ) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    with LoadMeter() as load:
-        rows, extra = module.run(args)
-    extra = dict(extra)
-    extra.setdefault("other_load", load.other_load)
-    extra.setdefault("wall_s", time.perf_counter() - t0)
+    threads = torch.get_num_threads()
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    try:
+        with LoadMeter() as load:
+            rows, extra = module.run(args)
+        extra = {"machine": machine_info(), **extra}  # while the section's threads are set
+    finally:
+        torch.set_num_threads(threads)
+    # a section's own figures win
+    extra = {"other_load": round(load.other_load, 2), "wall_s": round(load.wall, 1), **extra}
     extra["args"] = {
         k: v for k, v in vars(args).items() if isinstance(v, str | int | float | bool | type(None))
     }
@@ -81,7 +89,7 @@ def _print_machine() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    top = argparse.ArgumentParser(
+    top = BenchParser(
         prog="mini-gpt bench",
         description="Benchmarks; `mini-gpt bench SECTION --help` lists a section's options.",
         add_help=False,  # --help after SECTION belongs to the section's parser

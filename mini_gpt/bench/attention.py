@@ -2,6 +2,9 @@
 
     python -m mini_gpt.bench attention [--seq-lens 64,128,...] [--n-embd 384] [--n-head 6] [--quick]
 
+(`--repeats` defaults to 5, 3 for T >= 1024, 2 with `--quick`; `--quick` runs on one thread unless
+`--threads` says otherwise.)
+
 Contenders, all the same function with the same weights (checked before timing):
 - `exact`: `CausalSelfAttention(need_weights=True)`, every step spelled out, (B, nh, T, T) weights kept;
 - `sdpa`: the same module's fast path, `F.scaled_dot_product_attention` (PyTorch picks the kernel);
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mini_gpt.bench.common import alternate
+from mini_gpt.bench.common import alternate, pick_device, shared_flags
 from mini_gpt.machine import LoadMeter
 from mini_gpt.model.attention import CausalSelfAttention
 
@@ -83,18 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch", type=int, default=None, help="fixed batch size (default 4 -> 1 as T grows)"
     )
-    parser.add_argument(
-        "--repeats", type=int, default=None, help="timed repeats (default 5, 3 for T >= 1024)"
-    )
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 with --quick)"
-    )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, for tests (seconds)")
-
-
-def _batch_for(T: int, fixed: int | None) -> int:
-    return fixed or max(1, min(4, 2048 // T))
+    shared_flags(parser, "repeats", "device", "threads", "quick")
+    parser.set_defaults(repeats=None)  # 5, 3 for T >= 1024 (module docstring)
 
 
 def _contenders(attn: CausalSelfAttention, naive: NaiveMultiHead, x: Tensor, cuda: bool) -> dict[str, Any]:
@@ -136,10 +129,7 @@ def _check_same(attn: CausalSelfAttention, naive: NaiveMultiHead, x: Tensor, tol
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    quick = getattr(args, "quick", False)
-    device = getattr(args, "device", "auto")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    quick, device = args.quick, pick_device(args.device)
     cuda = device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
     if args.seq_lens:
@@ -147,54 +137,37 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     else:
         seq_lens = [32, 64] if quick else list(DEFAULT_SEQ_LENS)
     n_embd, n_head = (64, 2) if quick else (args.n_embd, args.n_head)
-    threads = getattr(args, "threads", None) or (1 if quick else None)
-    before = torch.get_num_threads()
-    if threads:  # on a busy shared machine, more threads than free cores makes tiny ops crawl
-        torch.set_num_threads(threads)
-    try:
-        return _run(seq_lens, n_embd, n_head, device, dtype, quick, args)
-    finally:
-        torch.set_num_threads(before)
-
-
-def _run(
-    seq_lens: list[int],
-    n_embd: int,
-    n_head: int,
-    device: str,
-    dtype: torch.dtype,
-    quick: bool,
-    args: argparse.Namespace,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    cuda = device.startswith("cuda")
+    # on a busy shared machine, more threads than free cores make tiny ops crawl (the dispatcher applies
+    # --threads, and restores torch's count after the section)
+    if quick and not args.threads:
+        torch.set_num_threads(1)
     torch.manual_seed(0)
     attn = CausalSelfAttention(n_embd, n_head).to(device, dtype)
     naive = NaiveMultiHead(n_embd, n_head, max(seq_lens)).load_from(attn).to(device, dtype)
     rows: list[dict[str, Any]] = []
-    with LoadMeter() as total_load:
-        for T in seq_lens:
-            B = _batch_for(T, args.batch)
-            repeats = args.repeats or (2 if quick else (3 if T >= 1024 else 5))
-            x = torch.randn(B, T, n_embd, device=device, dtype=dtype)
-            _check_same(attn, naive, x, tol=5e-2 if cuda else 1e-4)
-            contenders = _contenders(attn, naive, x, cuda)
-            with LoadMeter() as load:
-                timings = alternate(contenders, repeats=repeats, warmup=1, sync=cuda)
-            row: dict[str, Any] = {"T": T, "B": B}
-            for name in contenders:
-                row[f"{name}_ms"] = timings.median(name) * 1e3
-            row["exact/sdpa"] = row["exact_ms"] / row["sdpa_ms"]
-            row["naive/sdpa"] = row["naive_ms"] / row["sdpa_ms"]
-            row["sdpa_ktok_s"] = B * T / timings.median("sdpa") / 1e3
-            if cuda:  # peak memory of one step of each contender (weights and grads included)
-                for name, fn in contenders.items():
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                    fn()
-                    torch.cuda.synchronize()
-                    row[f"{name}_MB"] = torch.cuda.max_memory_allocated() / 2**20
-            row["other_load"] = load.other_load
-            rows.append(row)
+    for T in seq_lens:
+        B = args.batch or max(1, min(4, 2048 // T))
+        repeats = args.repeats or (2 if quick else (3 if T >= 1024 else 5))
+        x = torch.randn(B, T, n_embd, device=device, dtype=dtype)
+        _check_same(attn, naive, x, tol=5e-2 if cuda else 1e-4)
+        contenders = _contenders(attn, naive, x, cuda)
+        with LoadMeter() as load:
+            timings = alternate(contenders, repeats=repeats, warmup=1, sync=cuda)
+        row: dict[str, Any] = {"T": T, "B": B}
+        for name in contenders:
+            row[f"{name}_ms"] = timings.median(name) * 1e3
+        row["exact/sdpa"] = row["exact_ms"] / row["sdpa_ms"]
+        row["naive/sdpa"] = row["naive_ms"] / row["sdpa_ms"]
+        row["sdpa_ktok_s"] = B * T / timings.median("sdpa") / 1e3
+        if cuda:  # peak memory of one step of each contender (weights and grads included)
+            for name, fn in contenders.items():
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                fn()
+                torch.cuda.synchronize()
+                row[f"{name}_MB"] = torch.cuda.max_memory_allocated() / 2**20
+        row["other_load"] = load.other_load
+        rows.append(row)
     extra = {
         "device": device,
         "dtype": str(dtype).removeprefix("torch."),
@@ -202,7 +175,5 @@ def _run(
         "n_head": n_head,
         "torch_threads": torch.get_num_threads(),
         "what": "median ms per forward+backward of one causal self-attention layer",
-        "other_load": total_load.other_load,
-        "wall_s": total_load.wall,
     }
     return rows, extra

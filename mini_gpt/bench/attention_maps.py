@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from mini_gpt.bench.common import alternate, machine_info
-from mini_gpt.machine import LoadMeter
+from mini_gpt.bench.common import alternate, shared_flags
 
 UNCAPPED = 1000.0  # inches: no cap, as before max_inches existed
 MODEL_SIZES = {"char": dict(n_layer=4, n_head=4, n_embd=128), "tiny": dict(n_layer=2, n_head=2, n_embd=32)}
@@ -31,10 +30,9 @@ MODEL_SIZES = {"char": dict(n_layer=4, n_head=4, n_embd=128), "tiny": dict(n_lay
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(MODEL_SIZES), default="char", help="conf/model sizes")
-    parser.add_argument("--repeats", type=int, default=5, help="timed renders per contender, alternated")
     parser.add_argument("--dpi", type=int, default=100, help="PNG resolution (the callback's default)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--json", default=None, help="merge the results into this JSON file")
+    shared_flags(parser, "repeats", "threads")
+    parser.set_defaults(repeats=5)
 
 
 def _png(fig: Any, dpi: int) -> int:
@@ -51,8 +49,6 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     from mini_gpt.train.callbacks.attention_maps import DEFAULT_PROMPT, AttentionMaps
     from mini_gpt.viz.attention_maps import attention_maps, attention_summary
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tokenizer = CharTokenizer.from_text(DEFAULT_PROMPT)
     config = GPTConfig(
@@ -88,10 +84,9 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
             model.transformer.h[0].attn.c_attn.weight.mul_(1.01)
         render(kept, next(steps))
 
-    with LoadMeter() as load:
-        timings = alternate(
-            {"rebuild": rebuild, "first-render": first_render, "reuse": reuse}, repeats=args.repeats, warmup=1
-        )
+    timings = alternate(
+        {"rebuild": rebuild, "first-render": first_render, "reuse": reuse}, repeats=args.repeats, warmup=1
+    )
     kept.teardown(None, None, "fit")  # type: ignore[arg-type]
     base = timings.median("rebuild")
     rows = [
@@ -104,9 +99,6 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         for name, samples in timings.samples.items()
     ]
     extra = {
-        "other_load": round(load.other_load, 2),
-        "wall_s": round(load.wall, 1),
-        "machine": machine_info(),
         "settings": f"model {args.model} ({config.n_layer}x{config.n_head}x{config.n_embd}), "
         f"{len(tokenizer.encode(prompt))}-token prompt, dpi {dpi}, maps + summary to PNG in memory, "
         f"{torch.get_num_threads()} threads",

@@ -1,7 +1,8 @@
-"""Shared benchmark plumbing: machine facts, background load, alternating timed repeats, output."""
+"""Shared benchmark plumbing: the flags and parser, machine facts, alternating timed repeats, output."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -10,11 +11,53 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
-from mini_gpt.machine import cpu_name
+from mini_gpt.machine import LoadMeter, cpu_name
+
+
+class BenchParser(argparse.ArgumentParser):
+    """argparse with the house's errors: one `error: ...` line that names the fix, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}; run `{self.prog} --help` for the options\n")
+
+
+# The flags several sections take, each defined here once. A section adds those it uses with
+# `shared_flags(parser, ...)` and gives one another default with `parser.set_defaults` (the help quotes it).
+SHARED_FLAGS: dict[str, dict[str, Any]] = {
+    "repeats": dict(type=int, default=3, help="timed runs per contender, alternated (default %(default)s)"),
+    "threads": dict(
+        type=int, default=None, help="CPU threads (default %(default)s; None: one per core, as torch picks)"
+    ),
+    "device": dict(default="auto", help="auto (cuda where there is a GPU, else cpu) | cpu | cuda"),
+    "quick": dict(action="store_true", help="tiny sizes, for tests (seconds)"),
+    "workdir": dict(default=None, help="folder for the temporary files (default: the system's temp folder)"),
+}
+
+
+def shared_flags(parser: argparse.ArgumentParser, *names: str) -> None:
+    for name in names:
+        parser.add_argument(f"--{name}", **SHARED_FLAGS[name])
+
+
+def comma_choices(*choices: str) -> Callable[[str], str]:
+    """An argparse `type` for a comma-separated subset of `choices` (kept as the string given)."""
+
+    def check(text: str) -> str:
+        unknown = [c for c in text.split(",") if c.strip() and c.strip() not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"{unknown} unknown; choose from {', '.join(choices)}")
+        return text
+
+    return check
+
+
+def pick_device(name: str) -> str:
+    """--device: `auto` is cuda where a GPU is available, else cpu."""
+    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
 
 
 def machine_info() -> dict[str, Any]:
@@ -32,9 +75,10 @@ def machine_info() -> dict[str, Any]:
 
 @dataclass
 class Timings:
-    """Seconds per call of each contender, one entry per repeat."""
+    """Seconds per call of each contender, and what the call returned, one entry per repeat."""
 
     samples: dict[str, list[float]] = field(default_factory=dict)
+    results: dict[str, list[Any]] = field(default_factory=dict)
 
     def median(self, name: str) -> float:
         return statistics.median(self.samples[name])
@@ -47,16 +91,17 @@ def alternate(
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
-    timings = Timings({name: [] for name in contenders})
+    timings = Timings({name: [] for name in contenders}, {name: [] for name in contenders})
     for _ in range(repeats):
         for name, fn in contenders.items():
             if sync and torch.cuda.is_available():
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            fn()
+            result = fn()
             if sync and torch.cuda.is_available():
                 torch.cuda.synchronize()
             timings.samples[name].append(time.perf_counter() - t0)
+            timings.results[name].append(result)
     return timings
 
 
@@ -72,6 +117,13 @@ def print_table(title: str, rows: list[dict[str, Any]]) -> None:
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
     for row in cells:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+
+
+def print_part(title: str, rows: list[dict[str, Any]], load: LoadMeter, note: str = "") -> dict[str, Any]:
+    """One of a section's own tables, with the load it was measured under; its record for the JSON."""
+    print_table(title, rows)
+    print(f"{note}other_load={load.other_load:.2f} cores")
+    return {"rows": rows, "other_load": round(load.other_load, 2)}
 
 
 def write_json(path: str | Path, section: str, rows: list[dict[str, Any]], extra: dict[str, Any]) -> None:

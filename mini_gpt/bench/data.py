@@ -30,15 +30,15 @@ from mini_gpt.tokenizer import TiktokenTokenizer, build_tokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from mini_gpt.bench.common import shared_flags  # (it imports torch: the jobs spawned import this module)
+
     parser.add_argument("--kind", choices=("shards", "text"), default="shards", help="what to prepare")
     parser.add_argument("--procs", default="1,2", help="shards: num_proc values, comma-separated")
-    parser.add_argument("--repeats", type=int, default=1, help="shards: runs per contender (median)")
     parser.add_argument("--text", default=None, help="shards: source of the documents' lines")
     parser.add_argument("--size-mb", type=int, default=200, help="size of the generated corpus in MB")
-    parser.add_argument("--threads", type=int, default=None, help="encoder threads (default: all cores)")
     parser.add_argument("--bpe-file", default=None, help="gpt2.tiktoken (default: the repository's copy)")
-    parser.add_argument("--workdir", default=None, help="where the temporary corpus goes (default: /tmp)")
-    parser.add_argument("--quick", action="store_true", help="a 2 MB corpus, for tests")
+    shared_flags(parser, "repeats", "threads", "workdir", "quick")  # repeats: shards; threads: the encoder's
+    parser.set_defaults(repeats=1)
 
 
 def make_corpus(path: Path, size_mb: int, source: Path, seed: int = 0) -> int:

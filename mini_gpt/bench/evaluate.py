@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mini_gpt.bench.common import alternate, machine_info
+from mini_gpt.bench.common import alternate, shared_flags
 from mini_gpt.eval.scoring import continuation_logprobs
 from mini_gpt.machine import LoadMeter
 from mini_gpt.model.gpt import GPT, GPTConfig
@@ -64,16 +64,13 @@ def transformers_naive(hf: Any, items: list[Any]) -> list[list[float]]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--items", type=int, default=32, help="HellaSwag-shaped items per timed run")
     parser.add_argument("--batch-items", type=int, default=4, help="items per forward pass (ours-batched)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per contender, alternated")
     parser.add_argument("--model", default="gpt2", help="GPTConfig preset (random weights)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    shared_flags(parser, "repeats", "threads")
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from mini_gpt.interop.hf import gpt_to_hf
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     with LoadMeter() as load:
         model = GPT(GPTConfig.from_preset(args.model)).eval()
@@ -105,7 +102,6 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     extra = {
         "other_load": round(load.other_load, 2),
         "wall_s": round(load.wall, 1),
-        "machine": machine_info(),
         "settings": f"{args.model} random weights, float32, CPU, {torch.get_num_threads()} threads, "
         f"ours-batched = {args.batch_items} items ({4 * args.batch_items} rows) per forward pass",
     }

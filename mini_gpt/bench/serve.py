@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from mini_gpt.bench.common import alternate, shared_flags
+
 PROMPT = "ROMEO:"
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # tiny Shakespeare's 65
 
@@ -43,10 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ckpt", default=None, help="a checkpoint or export to serve (default: the char model)"
     )
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per completion")
-    parser.add_argument(
-        "--repeats", type=int, default=5, help="timed runs per contender, alternated (median)"
-    )
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of both (default 1)")
+    shared_flags(parser, "repeats", "threads")
+    parser.set_defaults(repeats=5, threads=1)  # threads: of generate and of the server each
 
 
 def default_model(out: Path) -> Path:
@@ -128,16 +128,11 @@ def generate_once(ckpt: str | Path, tokens: int, threads: int) -> dict[str, Any]
 
 def measure(url: str, ckpt: str | Path, tokens: int, repeats: int, threads: int) -> list[dict[str, Any]]:
     """The rows of the table (module docstring), contenders alternated after one warm-up each."""
-    runs: dict[str, list[dict[str, Any]]] = {"generate": [], "serve-stream": []}
     contenders = {
         "generate": lambda: generate_once(ckpt, tokens, threads),
         "serve-stream": lambda: stream_once(url, tokens),
     }
-    for fn in contenders.values():
-        fn()
-    for _ in range(repeats):
-        for name, fn in contenders.items():
-            runs[name].append(fn())
+    runs: dict[str, list[dict[str, Any]]] = alternate(contenders, repeats=repeats).results
     base = statistics.median(r["tokens_per_s"] for r in runs["generate"])
     reference = runs["generate"][0]["text"]
     rows = []
@@ -159,7 +154,6 @@ def measure(url: str, ckpt: str | Path, tokens: int, repeats: int, threads: int)
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = args.ckpt or default_model(Path(tmp) / "char")
         proc, url = start_server(ckpt, args.threads)

@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from mini_gpt.bench.common import print_table
+from mini_gpt.bench.common import alternate, comma_choices, pick_device, print_part, shared_flags
 from mini_gpt.conf import compose
 from mini_gpt.machine import LoadMeter
 
@@ -40,23 +41,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="char", help="conf/model/<name>.yaml (default: char)")
     parser.add_argument("--batch-size", type=int, default=None, help="default: conf/train.yaml loader")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per timed chunk")
-    parser.add_argument("--repeats", type=int, default=7, help="timed chunks per contender")
+    shared_flags(parser, "repeats", "device", "threads")
+    parser.set_defaults(repeats=7)  # chunks of --steps steps, of the lightning comparison
     parser.add_argument("--optim", default="adamw", help="conf/optim/<name>.yaml")
     parser.add_argument(
         "--precision", default="32-true", choices=["auto", "32-true", "bf16-mixed", "16-mixed"]
     )
-    parser.add_argument("--device", default="auto", help="cpu | cuda | auto")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--corpus", default=None, help="tiny Shakespeare's input.txt (default: data/)")
     parser.add_argument("--data-dir", default=None, help="token cache (default: the data default)")
     parser.add_argument(
         "--compare",
         default="lightning,nanogpt,loss",
+        type=comma_choices("lightning", "nanogpt", "loss"),
         help="comma list of the comparisons to run: lightning (Lightning vs a raw loop), nanogpt (our "
         "step vs a nanoGPT-style model), loss (full-logits vs chunked loss with a big vocabulary)",
     )
     parser.add_argument(
-        "--nanogpt-configs", default="tiny,char,baby,gpt2", help=f"any of {', '.join(NANO_CONFIGS)}"
+        "--nanogpt-configs",
+        default="tiny,char,baby,gpt2",
+        type=comma_choices(*NANO_CONFIGS),
+        help=f"any of {', '.join(NANO_CONFIGS)}",
     )
     parser.add_argument("--nanogpt-batch-size", type=int, default=None, help="default: each shape's own")
     parser.add_argument("--nanogpt-steps", type=int, default=5, help="steps per alternated chunk")
@@ -67,15 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    if args.threads:
-        torch.set_num_threads(args.threads)
     compare = [c.strip() for c in args.compare.split(",") if c.strip()]
-    unknown = set(compare) - {"lightning", "nanogpt", "loss"}
-    if unknown:
-        raise SystemExit(f"error: --compare {sorted(unknown)} unknown; choose from lightning, nanogpt, loss")
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
+    device = torch.device(pick_device(args.device))
     extra: dict[str, Any] = {}
     if "nanogpt" in compare:
         names = [n.strip() for n in args.nanogpt_configs.split(",") if n.strip()]
@@ -83,24 +80,26 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
             rows = nanogpt_rows(
                 names, args.nanogpt_steps, args.nanogpt_repeats, device, args.nanogpt_batch_size
             )
-        print_table(f"train: one AdamW step, mini-gpt vs a nanoGPT-style model ({device}, "
-                    f"{torch.get_num_threads()} threads, alternated)", rows)  # fmt: skip
-        print(f"other_load={load.other_load:.2f} cores")
-        extra["vs_nanogpt"] = {"rows": rows, "other_load": round(load.other_load, 2)}
+        title = (
+            f"train: one AdamW step, mini-gpt vs a nanoGPT-style model ({device}, "
+            f"{torch.get_num_threads()} threads, alternated)"
+        )
+        extra["vs_nanogpt"] = print_part(title, rows, load)
     if "loss" in compare:
         with LoadMeter() as load:
             rows = loss_rows(args.loss_vocab, args.loss_batch_size, args.loss_repeats, device)
-        print_table("train: loss of a big vocabulary, all logits at once vs model.loss (chunked)", rows)
+        title = "train: loss of a big vocabulary, all logits at once vs model.loss (chunked)"
         what = "CUDA allocator" if device.type == "cuda" else "process RSS"
-        print(f"peak_mb: peak memory of the step ({what}); other_load={load.other_load:.2f} cores")
-        extra["loss_memory"] = {"rows": rows, "other_load": round(load.other_load, 2)}
+        extra["loss_memory"] = print_part(title, rows, load, f"peak_mb: peak memory of the step ({what}); ")
     if "lightning" not in compare:
         return [], extra
-    rows, lightning_extra = lightning_vs_raw(args)
+    rows, lightning_extra = lightning_vs_raw(args, device)
     return rows, {**lightning_extra, **extra}
 
 
-def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def lightning_vs_raw(
+    args: argparse.Namespace, device: torch.device
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     import lightning as L
 
     from mini_gpt.data import DataConfig
@@ -111,9 +110,6 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
     from mini_gpt.train.optim import OptimConfig, build_optimizer, build_scheduler
     from mini_gpt.train.precision import choose_precision
 
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
     cfg = compose([f"model={args.model}", f"optim={args.optim}"])
     batch_size = args.batch_size or int(cfg.loader.batch_size)
     data = DataConfig(name="shakespeare_char", path=args.corpus, data_dir=args.data_dir)
@@ -365,12 +361,8 @@ def nanogpt_rows(
     """Our GPT + our AdamW, in float32 and in bf16 autocast, against the nanoGPT-style model (float32, as
     nanoGPT trains on a CPU); chunks of `steps` steps alternated. `auto_picks`: trainer.precision=auto's
     choice for the shape here, and `vs_nanogpt` of the row it picks is the comparison that counts."""
-    from mini_gpt.bench.common import alternate
     from mini_gpt.train.precision import choose_precision
 
-    unknown = [n for n in names if n not in NANO_CONFIGS]
-    if unknown:
-        raise SystemExit(f"error: --nanogpt-configs {unknown} unknown; choose from {', '.join(NANO_CONFIGS)}")
     rows = []
     for name in names:
         n_layer, n_head, n_embd, T, B, dropout = NANO_CONFIGS[name]
@@ -456,35 +448,32 @@ def loss_rows(vocab: int, batch_size: int, repeats: int, device: torch.device) -
     gen = torch.Generator().manual_seed(0)
     x, y = (torch.randint(0, vocab, (batch_size, T), generator=gen).to(device) for _ in range(2))
 
-    def step(chunked: bool) -> None:
-        if chunked:
-            loss = model(x, targets=y)
-        else:  # what the loss was before mini_gpt.model.loss: every logit at once
-            loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    samples: dict[str, list[tuple[float, float | None]]] = {"full-logits": [], "chunked": []}
-    step(True), step(False)  # warm-up: optimizer state, allocator
-    for _ in range(repeats):
-        for name in samples:
+    def step(chunked: bool) -> Callable[[], float | None]:
+        def fn() -> float | None:  # one training step; returns its peak memory
             with PeakMemory(device) as mem:
-                t0 = time.perf_counter()
-                step(name == "chunked")
-                seconds = time.perf_counter() - t0
-            samples[name].append((seconds, mem.peak_mb))
+                if chunked:
+                    loss = model(x, targets=y)
+                else:  # what the loss was before mini_gpt.model.loss: every logit at once
+                    loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            return mem.peak_mb
+
+        return fn
+
+    # one warm-up step each (optimizer state, allocator), then alternated
+    contenders = {"full-logits": step(False), "chunked": step(True)}
+    timings = alternate(contenders, repeats, sync=device.type == "cuda")
     rows = []
-    for name, runs in samples.items():
-        peaks = [p for _, p in runs if p is not None]
+    for name, runs in timings.results.items():
+        peaks = [p for p in runs if p is not None]
         rows.append(
             {
                 "config": f"baby 6x384 T{T} B{batch_size} vocab {vocab}",
                 "loss": name,
-                "s_per_step": round(statistics.median(s for s, _ in runs), 2),
+                "s_per_step": round(timings.median(name), 2),
                 "peak_mb": round(max(peaks)) if peaks else None,
                 "chunk_rows": loss_module.CHUNK_ELEMENTS // vocab if name == "chunked" else batch_size * T,
             }

@@ -22,11 +22,10 @@ import numpy as np
 import torch
 import yaml
 
-from mini_gpt.bench.common import alternate, machine_info
+from mini_gpt.bench.common import alternate, shared_flags
 from mini_gpt.conf import CONF_DIR
 from mini_gpt.data.shard_format import token_file
 from mini_gpt.data.windows import ValBatches, ValWindows, val_window_count
-from mini_gpt.machine import LoadMeter
 from mini_gpt.model.gpt import GPT, GPTConfig
 
 CHAR_VOCAB = 65  # tiny Shakespeare's characters: the default run's vocabulary
@@ -62,16 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--all-tokens", type=int, default=1_000_000, help="prefix `all-prefix` reads")
     parser.add_argument("--model", default="char", help="a conf/model/ config (char: the default run's)")
     parser.add_argument("--batch-size", type=int, default=12, help="windows per batch (loader.batch_size)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per contender, alternated")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--workdir", default=None, help="where the token file goes (default: a temp dir)")
+    shared_flags(parser, "repeats", "threads", "workdir")
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    if args.threads:
-        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp, LoadMeter() as load:
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         model = GPT(model_config(args.model)).eval()
         block = model.config.block_size
         val = token_file(write_tokens(Path(tmp) / "val.bin", args.val_tokens, CHAR_VOCAB), "uint16")
@@ -108,9 +103,6 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         "val_split_tokens": val.n_tokens,
         "all_windows": all_windows,
         "all_extrapolated_s": round(all_windows * block / rate),
-        "other_load": round(load.other_load, 2),
-        "wall_s": round(load.wall, 1),
-        "machine": machine_info(),
         "settings": f"{args.model} random weights, vocab {CHAR_VOCAB}, block {block}, float32, CPU, "
         f"{torch.get_num_threads()} threads, batch {args.batch_size}",
     }

@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,86 @@ def test_unknown_section_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 2
     assert bench_main.main(["--help"]) == 0
     assert "attention" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "wrong", "help_of"),
+    [
+        (["warp"], "argument section: invalid choice: 'warp'", ""),
+        (["attention", "--quick", "--bogus", "1"], "unrecognized arguments: --bogus 1", " attention"),
+        (["evaluate", "--repeats", "x"], "argument --repeats: invalid int value: 'x'", " evaluate"),
+        (["train", "--compare", "lightning,warp"], "--compare: ['warp'] unknown; choose from", " train"),
+        (["train", "--nanogpt-configs", "huge"], "['huge'] unknown; choose from tiny, char", " train"),
+        (["all", "--threads", "many"], "argument --threads: invalid int value: 'many'", " attention"),
+    ],
+)
+def test_a_mistake_is_one_error_line_and_status_2(
+    argv: list[str], wrong: str, help_of: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_main.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1  # no usage line, no traceback
+    assert wrong in err and err.endswith(f"; run `mini-gpt bench{help_of} --help` for the options\n")
+
+
+# The sections that take each shared flag, and their defaults where a section changes the shared one.
+SHARED_FLAG_USERS = {
+    "repeats": {"attention": None, "attention_maps": 5, "data": 1, "evaluate": 3, "generate": 1, "serve": 5,
+                "tokenizer_train": 2, "train": 7, "validation": 3},
+    "threads": {"attention": None, "attention_maps": None, "data": None, "evaluate": None, "generate": None,
+                "serve": 1, "train": None, "validation": None},
+    "device": {"attention": "auto", "train": "auto"},
+    "quick": {"attention": False, "data": False},
+    "workdir": {"data": None, "validation": None},
+}  # fmt: skip
+
+
+SAMPLE_VALUES = {"repeats": ("2", 2), "threads": ("2", 2), "device": ("cpu", "cpu"), "workdir": ("w", "w")}
+
+
+@pytest.mark.parametrize("section", bench_main.SECTIONS)
+def test_shared_flags_are_defined_once_in_common(section: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from mini_gpt.bench.common import SHARED_FLAGS
+
+    assert set(SHARED_FLAG_USERS) == set(SHARED_FLAGS)
+    module = bench_main.load_section(section)
+    source = Path(module.__file__).read_text()
+    parser = bench_main.section_parser(section, module)
+    for flag, users in SHARED_FLAG_USERS.items():
+        assert f'"--{flag}"' not in source  # the section takes it from common.SHARED_FLAGS
+        if section not in users:
+            with pytest.raises(SystemExit):
+                parser.parse_args([f"--{flag}"])
+            assert capsys.readouterr().err.startswith(f"error: unrecognized arguments: --{flag}")
+        elif flag == "quick":
+            assert parser.get_default(flag) is False and parser.parse_args(["--quick"]).quick is True
+        else:
+            text, value = SAMPLE_VALUES[flag]
+            assert parser.get_default(flag) == users[section]
+            assert getattr(parser.parse_args([f"--{flag}", text]), flag) == value
+    if SHARED_FLAG_USERS["repeats"].get(section) is not None:  # the section's default shows in its --help
+        help_text = " ".join(parser.format_help().split())
+        assert f"alternated (default {SHARED_FLAG_USERS['repeats'][section]})" in help_text
+
+
+def test_dispatcher_applies_threads_and_restores_them(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mini_gpt.bench.common import shared_flags
+
+    section = types.ModuleType("mini_gpt.bench.threads_probe", "Reports torch's thread count.")
+    section.add_arguments = lambda parser: shared_flags(parser, "threads")
+    section.run = lambda args: ([{"threads": torch.get_num_threads()}], {})
+    monkeypatch.setitem(sys.modules, section.__name__, section)
+    monkeypatch.setattr(bench_main, "SECTIONS", ("threads_probe",))
+    before = torch.get_num_threads()
+    wanted = 1 if before > 1 else 2
+    assert bench_main.main(["threads_probe", "--threads", str(wanted)]) == 0
+    assert torch.get_num_threads() == before
+    table = capsys.readouterr().out.split("## threads_probe\n")[1].splitlines()
+    assert table[:2] == ["threads", str(wanted).rjust(7)]
 
 
 def test_data_section_wraps_bench_prepare(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -203,8 +284,6 @@ def test_nanogpt_rows_time_both_precisions_and_mark_autos_pick(monkeypatch: pyte
     picks = {(r["config"].split()[0], r["precision"]) for r in rows if r["auto_picks"]}
     assert picks == {("tiny", "32-true"), ("wide", "bf16-mixed")}
     assert all(r["vs_nanogpt"] == 1 for r in rows if r["contender"] == "nanogpt")
-    with pytest.raises(SystemExit, match="unknown"):
-        bench_train.nanogpt_rows(["huge"], 1, 1, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("section", bench_main.SECTIONS)
