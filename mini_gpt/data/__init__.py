@@ -9,7 +9,6 @@ split.py         which documents are validation (a seeded hash of the index), sp
 shard_corpus.py  documents -> shards (a process pool, flat in memory, resumable); existing shards found
 windows.py       training and validation windows over token files and shards (torch)
 datamodule.py    GPTDataModule (Lightning)
-__main__.py      `python -m mini_gpt.data prepare data=...`: prepare without training
 """
 
 from mini_gpt.data.config import (

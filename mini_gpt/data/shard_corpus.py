@@ -440,7 +440,7 @@ def prepare_shards(
         if not build:
             raise MiniGPTError(
                 f"no prepared shards in {out} for this data config; prepare them first: "
-                "python -m mini_gpt.data prepare data=hf data.dataset=..."
+                "mini-gpt prepare data=hf data.dataset=..."
             )
         source = source or open_source(cfg)
         with preparation_lock(out, out.name, say):

@@ -449,7 +449,7 @@ def test_progress_bar_counts_against_the_parquet_row_count(tmp_path, corpus, gpt
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "mini_gpt.data", *args],
+        [sys.executable, "-m", "mini_gpt.cli", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},

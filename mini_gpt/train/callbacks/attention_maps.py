@@ -59,7 +59,7 @@ def _png_image(fig: Any, dpi: int) -> Any:
 class AttentionMaps(StepCallback):
     """Every `every_n_steps` optimizer steps (0 = off), draw the attention of `pl_module.model` on `prompt`
     (None: a short Shakespeare line, minus characters the tokenizer lacks; a user prompt it cannot encode
-    fails at fit start). `layers` / `heads` as in `python -m mini_gpt.attention_maps`; `summary` adds the
+    fails at fit start). `layers` / `heads` as in `mini-gpt attention-maps`; `summary` adds the
     entropy / mean-distance chart; PNGs go to `out_dir` (default `<trainer.default_root_dir>/attention_maps`)
     when W&B is off; `max_inches` caps the heatmap grid's sides. The keys: conf/callbacks/default.yaml."""
 

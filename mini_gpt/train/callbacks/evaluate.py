@@ -2,7 +2,7 @@
 
 Off by default. With `callbacks.evaluate.every_n_steps=N` (N > 0), every N optimizer steps and after the
 last, it runs the chosen tasks on the current weights: `bpb` (bits per byte of the validation split,
-scored like `python -m mini_gpt.evaluate`) and `hellaswag` (acc / acc_norm on the first `hellaswag_limit`
+scored like `mini-gpt evaluate`) and `hellaswag` (acc / acc_norm on the first `hellaswag_limit`
 items). Rank r takes windows / items r, r + world, ... and the sums are reduced, so the devices share the
 work and log one number. The seconds spent are kept out of tokens/s.
 """
