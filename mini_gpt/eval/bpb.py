@@ -23,7 +23,7 @@ import numpy as np
 from torch import nn
 
 from mini_gpt.data import data_config, prepare
-from mini_gpt.data.shard_format import open_shard
+from mini_gpt.data.shards import open_shard
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.scoring import RollingScore, Window, score_windows, windows
 from mini_gpt.tokenizer import Tokenizer
