@@ -1,13 +1,10 @@
-"""Alias of `mini-gpt harness`: `python -m mini_gpt.harness ...` keeps working.
-
-`MiniGPTLM` is also reachable here because an older version's `install-hook` wrote
-`mini_gpt_lm_eval.pth` into site-packages, which registers `mini-gpt` as "mini_gpt.harness:MiniGPTLM"
-at every start-up; without this name that file would break every harness run (delete it when you can).
+"""Only for an older install: its `install-hook` wrote `mini_gpt_lm_eval.pth` into site-packages, which
+registers `mini-gpt` as "mini_gpt.harness:MiniGPTLM" at every start-up; without this name that file would
+break every harness run (delete it when you can). The command is `mini-gpt harness`; this module no longer
+runs as `python -m mini_gpt.harness`.
 """
 
 from typing import Any
-
-from mini_gpt.cli.harness import main
 
 
 def __getattr__(name: str) -> Any:
@@ -16,7 +13,3 @@ def __getattr__(name: str) -> Any:
 
         return MiniGPTLM
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-if __name__ == "__main__":
-    main()

@@ -17,7 +17,6 @@ as the callback does for W&B. Contenders, alternated, medians of the repeats:
 from __future__ import annotations
 
 import argparse
-import io
 from typing import Any
 
 import torch
@@ -35,19 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(repeats=5)
 
 
-def _png(fig: Any, dpi: int) -> int:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.tell()
-
-
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     import matplotlib.pyplot as plt
 
     from mini_gpt.model.gpt import GPT, GPTConfig
     from mini_gpt.tokenizer import CharTokenizer
     from mini_gpt.train.callbacks.attention_maps import DEFAULT_PROMPT, AttentionMaps
-    from mini_gpt.viz.attention_maps import attention_maps, attention_summary
+    from mini_gpt.viz.attention_maps import attention_maps, attention_summary, png_bytes
 
     torch.manual_seed(0)
     tokenizer = CharTokenizer.from_text(DEFAULT_PROMPT)
@@ -62,13 +55,12 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
             attention_maps(model, tokenizer, prompt, max_tokens=max_tokens, max_inches=UNCAPPED),
             attention_summary(model, tokenizer, prompt, max_tokens=max_tokens),
         ):
-            _png(fig, dpi)
+            png_bytes(fig, dpi)
             plt.close(fig)
 
     def render(callback: AttentionMaps, step: int) -> None:
-        for fig in callback.draw(model, tokenizer, prompt, step).values():
-            _png(fig, dpi)
-            fig.set_layout_engine("none")  # as log_maps does after saving
+        for fig, _ in callback.figures.draw(model, tokenizer, prompt, step).values():
+            png_bytes(fig, dpi)
 
     def first_render() -> None:
         callback = AttentionMaps(every_n_steps=1, max_tokens=max_tokens, dpi=dpi)

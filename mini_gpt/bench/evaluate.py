@@ -5,7 +5,7 @@ random: speed does not depend on the text) are scored on a GPT-2 124M-shaped mod
 (this machine cannot download GPT-2's; the work per token is the same). Contenders, alternated, medians:
 
 - `ours-batched`: `mini_gpt.eval.scoring.continuation_logprobs`, `--batch-items` items (4 rows each) per
-  forward pass, as `python -m mini_gpt.evaluate tasks=[hellaswag]` does;
+  forward pass, as `mini-gpt evaluate tasks=[hellaswag]` does;
 - `ours-per-item`: the same, one item (its 4 endings) per pass;
 - `transformers-naive`: `GPT2LMHeadModel` (the same weights) on each context + ending alone, log-softmax,
   the ending's tokens summed: the way a first script scores HellaSwag.

@@ -43,7 +43,7 @@ def peak_rss_mb() -> float:
 
 def _mini_gpt(files: list[str], bpe_file: str | None, work: str, num_proc: int) -> dict[str, Any]:
     from mini_gpt.data.config import HFDataConfig
-    from mini_gpt.data.shard_corpus import prepare_shards
+    from mini_gpt.data.hf import prepare_shards
 
     pattern = str(Path(files[0]).parent / "*.parquet")
     cfg = HFDataConfig(

@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from mini_gpt.train.sweep import TABLE_FILE
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pruners", default="none,median,successive_halving", help="first = baseline")
@@ -42,7 +44,7 @@ def _sweep(args: argparse.Namespace, pruner: str, folder: Path) -> list[dict[str
         "callbacks.sample_text=null",
     ]  # fmt: skip
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with (folder / "trials.csv").open() as f:
+    with (folder / TABLE_FILE).open() as f:
         rows = list(csv.DictReader(f))
     for row in rows:
         row["steps"] = json.loads((folder / row["trial"] / "summary.json").read_text())["steps"]

@@ -24,7 +24,7 @@ import yaml
 
 from mini_gpt.bench.common import alternate, shared_flags
 from mini_gpt.conf import CONF_DIR
-from mini_gpt.data.shard_format import token_file
+from mini_gpt.data.shards import token_file
 from mini_gpt.data.windows import ValBatches, ValWindows, val_window_count
 from mini_gpt.model.gpt import GPT, GPTConfig
 

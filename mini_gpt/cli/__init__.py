@@ -18,7 +18,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "export": ("mini_gpt.cli.export", "write a checkpoint as safetensors or a transformers GPT-2 directory"),
     "prepare": ("mini_gpt.cli.prepare", "tokenize a corpus (train's data=... overrides) without training"),
     "tokenizer": ("mini_gpt.cli.tokenizer", "train your own BPE or judge one: tokenizer train|eval ..."),
-    "plot": ("mini_gpt.cli.loss_curves", "a run's loss and learning-rate curves to a PNG: plot RUN_DIR"),
+    "plot": ("mini_gpt.cli.plot", "a run's loss and learning-rate curves to a PNG: plot RUN_DIR"),
     "attention-maps": ("mini_gpt.cli.attention_maps", "draw a model's attention maps for a prompt"),
     "compare": ("mini_gpt.cli.compare", "one table + curves of runs: compare PATH... [--scaling] (argparse)"),
     "sweep": ("mini_gpt.cli.sweep", "Optuna search: sweep hparams_search=NAME [key=value ...]"),

@@ -32,11 +32,12 @@ def run(cfg: dict[str, Any]) -> list[Path]:
     dpi = int(get("dpi", 120))
     max_tokens = get("max_tokens")
     model, tokenizer = load_model(ckpt, str(get("device", "cpu")))
+    figures = viz.AttentionFigures(
+        get("layer", "all"), get("head", "all"), view != "summary", view != "maps", max_tokens
+    ).draw(model, tokenizer, prompt)
     written, notes = [], []
-    if view in ("maps", "both"):
-        fig, data = viz.attention_maps(
-            model, tokenizer, prompt, get("layer", "all"), get("head", "all"), max_tokens
-        )
+    if "maps" in figures:
+        fig, data = figures["maps"]
         written.append(viz.save_figure(fig, out, dpi))
         if data["shrunk"]:
             zoom = (
@@ -51,10 +52,9 @@ def run(cfg: dict[str, Any]) -> list[Path]:
                 "were shrunk to fit "
                 f"{viz.MAX_FIGURE_INCHES:g} in a side; {zoom}"
             )
-    if view in ("summary", "both"):
+    if "summary" in figures:
         target = out if view == "summary" else Path(str(get("summary_out") or viz.summary_path(out)))
-        fig, _ = viz.attention_summary(model, tokenizer, prompt, get("layer", "all"), max_tokens)
-        written.append(viz.save_figure(fig, target, dpi))
+        written.append(viz.save_figure(figures["summary"][0], target, dpi))
     for line in [f"wrote {path}" for path in written] + notes:
         print(line)
     return written

@@ -1,16 +1,15 @@
 """Evaluate a model: `mini-gpt evaluate ckpt=PATH tasks=[bpb,hellaswag] output=results.json`.
 
-Every key lives in conf/evaluate.yaml. Tasks: `bpb` (bits per byte by sliding windows, mini_gpt.eval.bpb),
-`hellaswag` (acc / acc_norm, mini_gpt.eval.hellaswag) and any lm-evaluation-harness task through
-`harness_tasks` (mini_gpt.eval.harness; the `eval` extra). Prints a markdown table; `output=FILE` also
-writes the results and the checkpoint's step and tokens as JSON.
+Every key lives in conf/evaluate.yaml. Tasks (run by mini_gpt.eval.tasks): `bpb` (bits per byte by sliding
+windows) and `hellaswag` (acc / acc_norm), and any lm-evaluation-harness task through `harness_tasks`
+(mini_gpt.eval.harness; the `eval` extra). Prints a markdown table; `output=FILE` also writes the results
+and the checkpoint's step and tokens as JSON.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -19,11 +18,11 @@ import torch
 
 from mini_gpt.conf import run_tool
 from mini_gpt.errors import MiniGPTError, build_config, check_ints
+from mini_gpt.eval.bpb import prepare_split, read_documents
+from mini_gpt.eval.tasks import TASKS, read_inputs, score_tasks
 from mini_gpt.files import write_json_atomic
 from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device, watch_cpu_load
 from mini_gpt.interop.checkpoint import open_model, read_checkpoint
-
-TASKS = ("bpb", "hellaswag")
 
 
 def _section(cls: type, d: Any, name: str) -> Any:
@@ -145,36 +144,20 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
     with watch_cpu_load(device, cfg.threads, err):
         model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device, cfg.tokenizer)
     results: dict[str, Any] = {"checkpoint": str(cfg.ckpt or cfg.init_from), **checkpoint_info(cfg.ckpt)}
-    # Read every input before the first (possibly long) task, so a wrong path fails in a second.
-    documents = None  # (the texts, where they came from)
-    if "bpb" in cfg.tasks:
-        from mini_gpt.eval.bpb import prepare_split, read_documents
+    bpb, hellaswag = cfg.bpb, cfg.hellaswag
 
-        if cfg.bpb.path:
-            documents = read_documents(cfg.bpb.path), str(cfg.bpb.path)
-        else:
-            documents = prepare_split(cfg.data, cfg.bpb.split, cfg.progress)
-    items = None
-    if "hellaswag" in cfg.tasks:
-        from mini_gpt.data.config import data_root
-        from mini_gpt.eval.hellaswag import load_hellaswag
+    def documents() -> tuple[list[str], str]:  # bpb's text: bpb.path, else the `data` corpus's split
+        if bpb.path:
+            return read_documents(bpb.path), str(bpb.path)
+        return prepare_split(cfg.data, bpb.split, cfg.progress)
 
-        cache = data_root(cfg.data.get("data_dir")) / "hellaswag"
-        items = load_hellaswag(cfg.hellaswag.path, cache, cfg.hellaswag.limit)
+    inputs = read_inputs(
+        cfg.tasks, tokenizer, model.config.block_size, documents, stride=bpb.stride,
+        hellaswag_path=hellaswag.path, hellaswag_limit=hellaswag.limit, data_dir=cfg.data.get("data_dir"),
+    )  # fmt: skip
     with autocast_context(device, cfg.dtype):
-        if documents is not None:
-            from mini_gpt.eval.bpb import bits_per_byte
-
-            t0 = time.perf_counter()
-            docs, where = documents
-            res = bits_per_byte(model, tokenizer, docs, cfg.bpb.stride, cfg.bpb.batch_size)
-            results["bpb"] = {**res.to_dict(), "text": where, "seconds": round(time.perf_counter() - t0, 2)}
-        if items is not None:
-            from mini_gpt.eval.hellaswag import evaluate_hellaswag
-
-            t0 = time.perf_counter()
-            hs = evaluate_hellaswag(model, tokenizer, items, cfg.hellaswag.batch_size, cfg.progress)
-            results["hellaswag"] = {**hs.to_dict(), "seconds": round(time.perf_counter() - t0, 2)}
+        scores = score_tasks(model, tokenizer, inputs, bpb.batch_size, hellaswag.batch_size, cfg.progress)
+    results.update(scores.to_dict())
     if cfg.harness_tasks:
         from mini_gpt.eval.harness import run_harness
 

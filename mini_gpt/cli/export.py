@@ -1,6 +1,5 @@
-"""`mini-gpt export ckpt=PATH format=hf|safetensors|gguf out=DIR|FILE.gguf [outtype=f32|f16|q8_0]`
-(alias `python -m mini_gpt.export`): see
-mini_gpt.interop.export for what each format writes. Every key lives in conf/export.yaml."""
+"""`mini-gpt export ckpt=PATH format=hf|safetensors|gguf out=DIR|FILE.gguf [outtype=f32|f16|q8_0]`:
+see mini_gpt.interop.export for what each format writes. Every key lives in conf/export.yaml."""
 
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ def lm_eval_note(start_id: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`mini-gpt export ARGS` / `python -m mini_gpt.export ARGS`; `argv` default: the command line."""
+    """`mini-gpt export ARGS`; `argv` default: the command line."""
     run_tool("export", _run, argv)
 
 

@@ -7,7 +7,6 @@ trials on the console and in <hparams_search.dir>/trials.csv. See docs/sweeps.md
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from collections.abc import Sequence
@@ -16,8 +15,7 @@ from typing import Any
 
 from mini_gpt.conf import compose_command_line, exit_with_help_if_asked
 from mini_gpt.errors import MiniGPTError, exit_on_user_error
-from mini_gpt.train.study import StudySettings, require_optuna, run_study
-from mini_gpt.train.sweeps import TABLE_FILE, render_table
+from mini_gpt.train.sweep import StudySettings, report_table, require_optuna, run_study, study_table
 
 HELP = __doc__
 
@@ -40,41 +38,6 @@ def _train_trial(cfg: Any, callbacks: Sequence[Any]) -> dict[str, Any] | None:
             return None
 
 
-def _summary(trial_dir: Path) -> dict[str, Any]:
-    path = trial_dir / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def trials_rows(study: Any, sweep_dir: Path) -> tuple[list[str], list[list[str]]]:
-    """(header, rows) of the study's trials: params with 4 significant digits, best marked."""
-    trials = study.get_trials(deepcopy=False)
-    keys = sorted({k for t in trials for k in t.params})
-    try:
-        best = study.best_trial.number
-    except ValueError:  # no completed trial
-        best = None
-    header = ["trial", *keys, "state", "best_val_loss", "steps", "wall_seconds", "best"]
-    body = []
-    for t in trials:
-        summary = _summary(sweep_dir / str(t.number))
-        wall = summary.get("wall_seconds")
-        body.append(
-            [
-                str(t.number),
-                *(
-                    f"{t.params[k]:.4g}" if isinstance(t.params.get(k), float) else str(t.params.get(k, "-"))
-                    for k in keys
-                ),
-                t.state.name.lower(),
-                "-" if t.value is None else f"{t.value:.4f}",
-                str(summary.get("steps", "-")),
-                "-" if wall is None else f"{wall:.1f}",
-                "*" if t.number == best else "",
-            ]
-        )
-    return header, body
-
-
 def sweep(argv: Sequence[str]) -> Any:
     require_optuna()
     overrides = list(argv)
@@ -82,12 +45,7 @@ def sweep(argv: Sequence[str]) -> Any:
     settings = StudySettings.from_config(cfg)
     study = run_study(settings, lambda o: compose_command_line("train", o), overrides, _train_trial)
     sweep_dir = Path(settings.dir)
-    header, body = trials_rows(study, sweep_dir)
-    path = sweep_dir / TABLE_FILE
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        csv.writer(f).writerows([header, *body])
-    print(f"\ntrials of study {settings.study_name} (also in {path}):\n{render_table(header, body)}")
+    report_table(sweep_dir, *study_table(study, sweep_dir), title=f"study {settings.study_name}")
     return study
 
 

@@ -3,13 +3,12 @@
 config.py        what to train on: DataConfig (named corpora, text files), HFDataConfig, ShardsDataConfig
 preparation.py   what every preparer shares: the preparation lock, cache keys, progress bars, the log line
 sources.py       where text comes from: shipped or downloaded corpora, text files, `datasets` documents
+shards.py        token shard files: llm.c's `.bin` format (read, write, check), ShardedCorpus, find_shards
 text.py          text -> train.bin / val.bin + meta.json (streamed, threaded)
-shard_format.py  the llm.c token shard format: read, write, check `.bin` shards
 split.py         which documents are validation (a seeded hash of the index), splitmix64
-shard_corpus.py  documents -> shards (a process pool, flat in memory, resumable); existing shards found
+hf.py            `datasets` documents -> shards (a process pool, flat in memory, resumable)
 windows.py       training and validation windows over token files and shards (torch)
 datamodule.py    GPTDataModule (Lightning)
-__main__.py      `python -m mini_gpt.data prepare data=...`: prepare without training
 """
 
 from mini_gpt.data.config import (
@@ -20,7 +19,8 @@ from mini_gpt.data.config import (
     ShardsDataConfig,
     data_config,
 )
-from mini_gpt.data.shard_corpus import ShardedCorpus, find_shards, prepare_shards
+from mini_gpt.data.hf import prepare_shards
+from mini_gpt.data.shards import ShardedCorpus, find_shards
 from mini_gpt.data.text import PreparedData, load_prepared, prepare_data
 
 __all__ = ["DataConfig", "DataConfigError", "HFDataConfig", "ShardsDataConfig", "data_config", "prepare"]

@@ -1,6 +1,6 @@
 """What to train on: the validated configs of `data=...`, mirrored key for key by conf/data/*.yaml.
 `DataConfig` is a named corpus or your own text files (text.py), `HFDataConfig` (`data=hf`) anything
-`datasets` reads, tokenized into shards (shard_corpus.py), `ShardsDataConfig` (`data=shards`) existing
+`datasets` reads, tokenized into shards (hf.py), `ShardsDataConfig` (`data=shards`) existing
 llm.c-format shards. `data_config(dict)` picks the class by `name`. No Lightning, Hydra or torch here.
 """
 
@@ -151,7 +151,7 @@ class DataConfig:
 
 @dataclass
 class HFDataConfig:
-    """`data=hf`: any dataset `datasets` can read, tokenized once into llm.c shards (see shard_corpus.py)."""
+    """`data=hf`: any dataset `datasets` can read, tokenized once into llm.c shards (see hf.py)."""
 
     name: str = "hf"
     dataset: str | None = None  # hub name (org/name) or local files: a path, directory or glob

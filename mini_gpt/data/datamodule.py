@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from mini_gpt.data import prepare
 from mini_gpt.data.config import AnyDataConfig, DataConfig, HFDataConfig, ShardsDataConfig, data_config
-from mini_gpt.data.shard_corpus import ShardedCorpus
+from mini_gpt.data.shards import ShardedCorpus
 from mini_gpt.data.text import PreparedData, cache_dir
 from mini_gpt.data.windows import (
     ShardTrainBatches,

@@ -1,4 +1,4 @@
-"""What every preparer (text.py, shard_corpus.py) shares: the preparation lock, cache keys, progress bars,
+"""What every preparer (text.py, hf.py) shares: the preparation lock, cache keys, progress bars,
 the log line. Each takes the folder's lock, writes under temporary names and renames, and writes meta.json
 last and atomically, so a folder with a valid meta.json is always complete.
 """

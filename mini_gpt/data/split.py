@@ -1,5 +1,5 @@
 """The validation split of `data=hf` documents: a seeded hash of the document's index decides, so the
-split is the same whatever the batching, `num_proc` or `max_tokens` (shard_corpus.py); `val_fraction:
+split is the same whatever the batching, `num_proc` or `max_tokens` (hf.py); `val_fraction:
 null` sizes it to the corpus (`auto_val_fraction`). splitmix64 also seeds the window order of the shard
 train stream (windows.py)."""
 

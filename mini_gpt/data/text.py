@@ -26,7 +26,7 @@ import numpy as np
 
 from mini_gpt.data.config import TEXT_CORPUS, DataConfig, token_dtype
 from mini_gpt.data.preparation import WRITE_ERRNOS, byte_progress, preparation_lock, tokenizer_key, unwritable
-from mini_gpt.data.shard_format import ShardInfo, token_file
+from mini_gpt.data.shards import ShardInfo, token_file
 from mini_gpt.data.sources import named_corpus_file, text_files
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import read_json, sha256_file, write_json_atomic

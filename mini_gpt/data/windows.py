@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from mini_gpt.data.shard_format import ShardInfo, open_shard, token_file
+from mini_gpt.data.shards import ShardInfo, open_shard, token_file
 from mini_gpt.data.split import AUTO_VAL_TOKENS, GOLDEN_GAMMA, splitmix64
 from mini_gpt.data.text import check_split_length
 from mini_gpt.errors import MiniGPTError

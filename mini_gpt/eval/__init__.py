@@ -1,1 +1,1 @@
-"""Evaluation: scoring windows and continuations, bits per byte, HellaSwag, the lm-eval harness model."""
+"""Evaluation: the tasks (tasks.py: bits per byte, HellaSwag), their scoring, the lm-eval harness model."""

@@ -15,7 +15,7 @@ import glob
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +23,21 @@ import numpy as np
 from torch import nn
 
 from mini_gpt.data import data_config, prepare
-from mini_gpt.data.shard_format import open_shard
+from mini_gpt.data.shards import open_shard
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.scoring import RollingScore, Window, score_windows, windows
 from mini_gpt.tokenizer import Tokenizer
 
 __all__ = [
     "BpbResult",
+    "BpbWindows",
     "bits_per_byte",
-    "document_windows",
+    "bpb_windows",
     "prepare_split",
     "prepared_split_documents",
     "read_documents",
+    "score_bpb",
+    "split_documents",
     "split_token_ids",
 ]
 
@@ -108,13 +111,16 @@ def split_token_ids(prepared: Any, split: str) -> np.ndarray:
     return ids[0] if len(ids) == 1 else np.concatenate(ids)
 
 
+def split_documents(prepared: Any, split: str) -> list[str]:
+    """The documents of a prepared corpus's split (`PreparedData` or `ShardedCorpus`)."""
+    return prepared_split_documents(split_token_ids(prepared, split).tolist(), prepared.tokenizer)
+
+
 def prepare_split(data: dict[str, Any], split: str, progress: bool | None = None) -> tuple[list[str], str]:
     """(documents, description) of a split of the corpus `data` (a `data=` config mapping), preparing
     its token files first when needed: text corpora (`train.bin`/`val.bin`), `data=hf` or `data=shards`."""
     cfg = data_config(dict(data))
-    prepared = prepare(cfg, progress=progress)
-    ids = split_token_ids(prepared, split)
-    return prepared_split_documents(ids.tolist(), prepared.tokenizer), f"{cfg.name}:{split}"
+    return split_documents(prepare(cfg, progress=progress), split), f"{cfg.name}:{split}"
 
 
 def prepared_split_documents(ids: Sequence[int], tokenizer: Tokenizer) -> list[str]:
@@ -132,10 +138,30 @@ def prepared_split_documents(ids: Sequence[int], tokenizer: Tokenizer) -> list[s
     return [text for text in (tokenizer.decode(d) for d in docs if d) if text]
 
 
-def document_windows(
-    tokenizer: Tokenizer, documents: Sequence[str], block_size: int, stride: int
-) -> tuple[list[Window], int]:
-    """(sliding windows over every document, UTF-8 bytes of the text those windows score)."""
+@dataclass
+class BpbWindows:
+    """Documents cut into the sliding windows that score them (`bpb_windows`), read once."""
+
+    windows: list[Window]
+    bytes: int  # UTF-8 bytes of the text the windows score
+    stride: int
+    documents: int
+    source: str = ""  # where the documents came from: a path, or corpus:split
+
+    def share(self, rank: int, world: int) -> BpbWindows:
+        """Device `rank`'s windows (rank, rank + world, ...); `bytes` stays the whole text's."""
+        return replace(self, windows=self.windows[rank::world])
+
+
+def bpb_windows(
+    tokenizer: Tokenizer,
+    documents: Sequence[str],
+    block_size: int,
+    stride: int | None = None,
+    source: str = "",
+) -> BpbWindows:
+    """Sliding windows of `block_size` moving `stride` (None = block_size // 2) over every document."""
+    stride = stride or max(1, block_size // 2)
     wins: list[Window] = []
     n_bytes = 0
     eot = tokenizer.eot_id
@@ -149,7 +175,16 @@ def document_windows(
         wins.extend(windows(ids, block_size, stride, doc=d))
     if not wins:
         raise MiniGPTError("the text is too short to score (it needs at least 2 tokens)")
-    return wins, n_bytes
+    return BpbWindows(wins, n_bytes, stride, len(documents), source)
+
+
+def score_bpb(model: nn.Module, cut: BpbWindows, batch_size: int = 16) -> BpbResult:
+    """Score the windows: NLL and token counts (which add up over shares), bits per byte of the text."""
+    score: RollingScore = score_windows(model, cut.windows, batch_size)[0]
+    return BpbResult(
+        score.nll, score.tokens, cut.bytes, score.context_per_token, score.min_context or 0, cut.stride,
+        cut.documents,
+    )  # fmt: skip
 
 
 def bits_per_byte(
@@ -160,16 +195,4 @@ def bits_per_byte(
     batch_size: int = 16,
 ) -> BpbResult:
     """Score `documents` with `model`: bits per byte, loss per token, context per token."""
-    block_size = model.config.block_size
-    stride = stride or max(1, block_size // 2)
-    wins, n_bytes = document_windows(tokenizer, documents, block_size, stride)
-    score: RollingScore = score_windows(model, wins, batch_size)[0]
-    return BpbResult(
-        score.nll,
-        score.tokens,
-        n_bytes,
-        score.context_per_token,
-        score.min_context or 0,
-        stride,
-        len(documents),
-    )
+    return score_bpb(model, bpb_windows(tokenizer, documents, model.config.block_size, stride), batch_size)

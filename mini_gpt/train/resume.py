@@ -88,7 +88,9 @@ def read_resume(value: str | None) -> Resume | None:
     )
 
 
-def _compose_run(overrides: Sequence[str], config_name: str = "train", hydra_node: bool = False) -> DictConfig:
+def _compose_run(
+    overrides: Sequence[str], config_name: str = "train", hydra_node: bool = False
+) -> DictConfig:
     """Compose `config_name` with `overrides`; inside train.py's Hydra job through that job's Hydra (which
     refuses a second initialization), elsewhere as the tools do. A refused override is one line."""
     try:

@@ -200,7 +200,9 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined.*")
 
 
-def trainer_arguments(trainer: DictConfig, layout: BatchLayout, max_steps: int, precision: str) -> dict[str, Any]:
+def trainer_arguments(
+    trainer: DictConfig, layout: BatchLayout, max_steps: int, precision: str
+) -> dict[str, Any]:
     """conf/trainer as the Trainer's final arguments: max_flops (ours) turned into `max_steps`, precision
     resolved, the accumulation of the batch layout, val_check_interval from steps to micro-batches."""
     arguments = OmegaConf.to_container(trainer, resolve=True)

@@ -1,1 +1,1 @@
-"""Pictures: attention maps and loss curves (matplotlib, Agg)."""
+"""Pictures (matplotlib, Agg): attention maps, a run's loss curves (plot.py) and run comparisons."""

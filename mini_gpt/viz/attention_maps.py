@@ -11,11 +11,13 @@ The summary condenses each head to two numbers, averaged over query positions:
 - mean distance (tokens): sum_s p_ts (t - s). 0 = attends to itself; "previous token" heads give ~1.
 
 The functions return the Figure and the arrays they drew, so callers can log or check exactly what is
-on the picture; `update_attention_maps` / `update_attention_summary` redraw them with new weights.
+on the picture; `update_attention_maps` / `update_attention_summary` redraw them with new weights, and
+`AttentionFigures` keeps both figures of one prompt for repeated renders (the training callback's).
 """
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,11 +38,13 @@ if TYPE_CHECKING:
     from mini_gpt.model.gpt import GPT
 
 __all__ = [
+    "AttentionFigures",
     "attention_maps",
     "attention_stats",
     "attention_summary",
     "compute_attention",
     "parse_selection",
+    "png_bytes",
     "save_figure",
     "token_label",
     "update_attention_maps",
@@ -291,6 +295,55 @@ def update_attention_summary(data: dict[str, Any], weights: list[np.ndarray]) ->
         ax.autoscale_view()
 
 
+class AttentionFigures:
+    """The heatmaps (`maps`) and / or the summary (`summary`) of one prompt, drawn by `draw`: built at the
+    first call, updated in place after (one forward pass per call, no new figures, the layout of the first
+    render kept: a later one only repaints). `layers`, `heads`, `max_tokens`, `max_inches` as in
+    `attention_maps`; `close()` releases the figures."""
+
+    def __init__(
+        self,
+        layers: Any = "all",
+        heads: Any = "all",
+        maps: bool = True,
+        summary: bool = True,
+        max_tokens: int | None = None,
+        max_inches: float | None = None,
+    ) -> None:
+        self.layers, self.heads, self.maps, self.summary = layers, heads, maps, summary
+        self.max_tokens, self.max_inches = max_tokens, max_inches
+        self.drawn: dict[str, tuple[Figure, dict[str, Any]]] = {}  # "maps" / "summary" -> (figure, data)
+
+    def draw(
+        self, model: GPT, tokenizer: Any, prompt: str, step: int | None = None
+    ) -> dict[str, tuple[Figure, dict[str, Any]]]:
+        """The figures for the model's current weights, titled with `step` when given."""
+        attention = compute_attention(model, tokenizer, prompt, self.max_tokens)
+        args = (model, tokenizer, prompt, self.layers)
+        if not self.drawn:
+            if self.maps:
+                maps = attention_maps(*args, self.heads, self.max_tokens, attention, self.max_inches)
+                self.drawn["maps"] = maps
+            if self.summary:
+                self.drawn["summary"] = attention_summary(*args, self.max_tokens, attention)
+        else:
+            for fig, _ in self.drawn.values():
+                fig.set_layout_engine("none")  # keep the layout the first render computed
+            if "maps" in self.drawn:
+                update_attention_maps(self.drawn["maps"][1], attention[2])
+            if "summary" in self.drawn:
+                update_attention_summary(self.drawn["summary"][1], attention[2])
+        if step is not None:
+            for fig, data in self.drawn.values():
+                fig.suptitle(f"{data['title']} · step {step}", fontsize=10)
+        return self.drawn
+
+    def close(self) -> None:
+        for fig, _ in self.drawn.values():
+            plt.close(fig)
+        self.drawn.clear()
+
+
 def _short(text: str, n: int = 60, cut_before: bool = False) -> str:
     text = "".join(_ESCAPES[ch] if ch in "\n\t\r" else ch for ch in text)
     return "“" + ("…" if cut_before else "") + text[:n] + ("…" if len(text) > n else "") + "”"
@@ -321,6 +374,13 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 120, close: bool = Tru
         if close:
             plt.close(fig)
     return path
+
+
+def png_bytes(fig: Figure, dpi: int = 120) -> bytes:
+    """A figure rendered to PNG in memory (the figure stays open)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
 
 
 def summary_path(out: str | Path) -> Path:

@@ -116,13 +116,13 @@ def test_train_resume_generate_evaluate_finetune_export(compose: Any, setup: dic
         torch.testing.assert_close(hf_model(x).logits, model(x), atol=1e-4, rtol=1e-4)
 
 
-def test_python_m_alias_runs_eval(tmp_path: Path) -> None:
+def test_tokenizer_eval_command_line(tmp_path: Path) -> None:
     shipped = Path(__file__).resolve().parents[2] / "data" / "tokenizers" / "shakespeare_2k"
     args = ["eval", f"tokenizer={shipped}", "data=shakespeare_char", "top=3", "compare=[char]"]
-    done = subprocess.run([sys.executable, "-m", "mini_gpt.tokenizer", *args], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)  # fmt: skip
+    tokenizer = [sys.executable, "-m", "mini_gpt.cli", "tokenizer"]
+    done = subprocess.run([*tokenizer, *args], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "111,540 bytes" in done.stdout and "shakespeare_2k" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "mini_gpt.tokenizer", "eval", f"tokenizer={tmp_path}"],
+    bad = subprocess.run([*tokenizer, "eval", f"tokenizer={tmp_path}"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "lacks ranks.tiktoken" in bad.stderr

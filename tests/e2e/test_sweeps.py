@@ -75,7 +75,7 @@ def test_multirun_with_ddp_stops_once_before_the_first_trial(tmp_path: Path) -> 
 
 
 def test_trials_table_from_trial_folders(tmp_path: Path) -> None:
-    from mini_gpt.train.sweeps import read_trials, trials_table
+    from mini_gpt.train.sweep import read_trials, trials_table
 
     def trial(n: int, overrides: list[str], summary: dict[str, Any] | None, log: str = "") -> None:
         folder = tmp_path / str(n)

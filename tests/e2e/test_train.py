@@ -559,7 +559,10 @@ def test_resume_from_a_truncated_checkpoint(
         ("optim.lr=fast", "optim.lr='fast' must be a number"),
         ("model.dropout=abc", "model.dropout='abc' must be a number"),
         ("trainer.max_steps=abc", "trainer.max_steps='abc' must be an integer"),
-        ("callbacks.sample_text.every_n_steps=often", "callbacks.sample_text.every_n_steps='often' must be an"),
+        (
+            "callbacks.sample_text.every_n_steps=often",
+            "callbacks.sample_text.every_n_steps='often' must be an",
+        ),
         ("callbacks.throughput.peak_flops=lots", "callbacks.throughput.peak_flops='lots' must be a number"),
         ("callbacks.sample_text.max_new_tokns=5", "train: unknown key 'callbacks.sample_text.max_new_tokns'"),
     ],

@@ -189,7 +189,8 @@ def test_run_writes_both_views(tmp_path: Path) -> None:
 def test_cli(tmp_path: Path) -> None:
     write_checkpoint(tmp_path / "m.ckpt")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    base = [sys.executable, "-m", "mini_gpt.attention_maps", f"ckpt={tmp_path / 'm.ckpt'}", "prompt=ab ch"]
+    command = [sys.executable, "-m", "mini_gpt.cli", "attention-maps"]
+    base = [*command, f"ckpt={tmp_path / 'm.ckpt'}", "prompt=ab ch"]
     ok = subprocess.run(
         [*base, "layer=[0,1]", "head=1", f"out={tmp_path / 'x.png'}"],
         capture_output=True,

@@ -112,7 +112,7 @@ def test_one_forward_pass_per_render_and_figures_reused(
     cb = AttentionMaps(every_n_steps=2, prompt="abc def")
     drive(cb, trainer, module, [2])
     assert len(forwards) == 1  # heatmaps and summary drawn from one forward pass
-    first = {name: fig for name, (fig, _) in cb._figures.items()}
+    first = {name: fig for name, (fig, _) in cb.figures.drawn.items()}
     open_figures = len(plt.get_fignums())
     with torch.no_grad():  # training moves the weights between renders
         module.model.transformer.h[1].attn.c_attn.weight.mul_(3.0)
@@ -120,14 +120,14 @@ def test_one_forward_pass_per_render_and_figures_reused(
         trainer.global_step = step
         cb.on_train_batch_end(trainer, module, None, None, 0)
     assert len(forwards) == 2
-    assert {name: fig for name, (fig, _) in cb._figures.items()} == first  # the same Figure objects
+    assert {name: fig for name, (fig, _) in cb.figures.drawn.items()} == first  # the same Figure objects
     assert len(plt.get_fignums()) == open_figures  # no new figures per render
     # ...showing the new weights, not the first render's
     idx = torch.tensor([module.tokenizer.encode("abc def")])
     with torch.no_grad():
         _, ref = module.model.eval()(idx, return_attention=True)
     module.model.train()
-    maps, summary = cb._figures["maps"][1], cb._figures["summary"][1]
+    maps, summary = cb.figures.drawn["maps"][1], cb.figures.drawn["summary"][1]
     for (layer, head), image in maps["images"].items():
         np.testing.assert_allclose(image.get_array(), ref[layer][0, head].double().numpy(), atol=1e-6)
     entropy, _ = attention_stats(ref[1][0].double().numpy())

@@ -355,7 +355,7 @@ def test_data_section_shards_counts_match_tiktoken(
 
 def test_validation_section_bounds_auto_and_sums_the_loss_like_plain_math(tmp_path: Path) -> None:
     from mini_gpt.bench import validation as bench_validation
-    from mini_gpt.data.shard_format import token_file
+    from mini_gpt.data.shards import token_file
     from mini_gpt.data.windows import ValWindows
     from mini_gpt.model.gpt import GPT
 

@@ -342,11 +342,11 @@ def test_cpu_peak_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path)
     import json
 
     from mini_gpt import machine
-    from mini_gpt.train.callbacks import throughput as monitoring
+    from mini_gpt.train.callbacks import throughput
 
     monkeypatch.setenv("MINI_GPT_CACHE_DIR", str(tmp_path))
     probes = iter([3.0e11, 5.0e11, 7.0e11])
-    monkeypatch.setattr(monitoring, "measure_cpu_matmul_flops", lambda dtype: next(probes))
+    monkeypatch.setattr(throughput, "measure_cpu_matmul_flops", lambda dtype: next(probes))
     monkeypatch.setattr(machine, "_cpu_times", lambda: (0.0, 0.0))  # an idle machine
     assert peak_flops(torch.device("cpu")) == 3.0e11
     assert peak_flops(torch.device("cpu")) == 3.0e11  # read back, not measured again

@@ -239,7 +239,7 @@ def test_no_cli_module_imports_another() -> None:
     tools = {
         p.stem for p in (REPO / "mini_gpt" / "cli").glob("*.py") if p.stem not in ("__init__", "__main__")
     }
-    assert {"train", "generate", "evaluate", "export", "prepare", "loss_curves", "attention_maps"} <= tools
+    assert {"train", "generate", "evaluate", "export", "prepare", "plot", "attention_maps"} <= tools
     for tool in tools:
         tree = ast.parse((REPO / "mini_gpt" / "cli" / f"{tool}.py").read_text())
         imported = [

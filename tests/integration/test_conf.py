@@ -19,9 +19,9 @@ from omegaconf import OmegaConf
 
 from mini_gpt.conf import CONF_DIR
 from mini_gpt.conf.guards import WritableOutputDir, check_writable
+from mini_gpt.conf.train import OptimConfig
 from mini_gpt.data.config import AnyDataConfig, data_config
 from mini_gpt.model.gpt import GPTConfig
-from mini_gpt.conf.train import OptimConfig
 
 
 def _help(*argv: str, cwd: Path) -> str:
@@ -52,11 +52,11 @@ def _own_keys(config_name: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    ("module", "tool"),
-    [("generate",) * 2, ("export",) * 2, ("attention_maps",) * 2, ("loss_curves", "plot")],
+    ("verb", "tool"),
+    [("generate",) * 2, ("export",) * 2, ("attention-maps", "attention_maps"), ("plot",) * 2],
 )
-def test_tool_help_lists_its_own_keys_with_comments(module: str, tool: str, tmp_path: Path) -> None:
-    out = _help("-m", f"mini_gpt.{module}", cwd=tmp_path)
+def test_tool_help_lists_its_own_keys_with_comments(verb: str, tool: str, tmp_path: Path) -> None:
+    out = _help("-m", "mini_gpt.cli", verb, cwd=tmp_path)
     lines = out.splitlines()
     for key, comment in _own_keys(tool).items():
         line = next((x for x in lines if x.startswith(f"{key}:")), None)
@@ -89,7 +89,7 @@ def test_a_refused_override_is_one_line(
 
     monkeypatch.setattr(sys, "argv", [tool, *args])
     with pytest.raises(SystemExit) as exc:
-        importlib.import_module(f"mini_gpt.{tool}").main()
+        importlib.import_module(f"mini_gpt.cli.{tool}").main()
     assert exc.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.startswith(expected) and captured.err.count("\n") == 1
@@ -120,12 +120,12 @@ def test_train_refused_override_is_one_line(args: list[str], expected: str, tmp_
 @pytest.mark.parametrize(
     ("argv", "example", "key"),
     [
-        (["-m", "mini_gpt.evaluate"], "hellaswag.limit=100", ("hellaswag", "limit")),
-        (["-m", "mini_gpt.data", "prepare"], "data.val_fraction=0.05", ("data", "val_fraction")),
+        (["-m", "mini_gpt.cli", "evaluate"], "hellaswag.limit=100", ("hellaswag", "limit")),
+        (["-m", "mini_gpt.cli", "prepare"], "data.val_fraction=0.05", ("data", "val_fraction")),
     ],
 )
 def test_help_footer_example_is_a_key_of_that_tool(argv, example, key, tmp_path: Path, compose) -> None:
-    out = _help(*argv, cwd=tmp_path)  # `python -m mini_gpt.data prepare --help` exits 0 (_help checks)
+    out = _help(*argv, cwd=tmp_path)  # `python -m mini_gpt.cli prepare --help` exits 0 (_help checks)
     assert out.rstrip().splitlines()[-2].endswith(f"(e.g. {example}).")
     config = compose((), "prepare" if "prepare" in argv else "evaluate")
     assert key[1] in config[key[0]]

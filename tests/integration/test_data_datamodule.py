@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from mini_gpt.data import DataConfig
 from mini_gpt.data.datamodule import GPTDataModule
-from mini_gpt.data.shard_format import token_file
+from mini_gpt.data.shards import token_file
 from mini_gpt.data.windows import TrainBatches, ValWindows, val_window_starts
 from mini_gpt.errors import MiniGPTError
 
@@ -111,7 +111,7 @@ def test_val_windows_option(cfg: DataConfig) -> None:
 def test_val_windows_default_is_bounded_and_all_keeps_every_window(tmp_path: Path) -> None:
     """The default estimates val loss on a bounded, evenly spaced set of windows on a big val split and
     reports how many tokens that is; `all` reads every window; tiny Shakespeare's split stays whole."""
-    from mini_gpt.data.shard_format import write_shard
+    from mini_gpt.data.shards import write_shard
 
     val = write_shard(tmp_path / "val_000000.bin", np.arange(2_000_001, dtype=np.uint32) % 50_000)
     dm = GPTDataModule({"name": "shakespeare_char"}, block_size=64, batch_size=512)

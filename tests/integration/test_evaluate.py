@@ -1,4 +1,4 @@
-"""`python -m mini_gpt.evaluate`: results.json, the markdown table, prepared splits, harness tasks, errors."""
+"""`mini-gpt evaluate`: results.json, the markdown table, prepared splits, harness tasks, errors."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_command_line(tmp_path, char_ckpt):
     path, _, _ = char_ckpt
     (tmp_path / "t.txt").write_text("First Citizen:\nYou are all resolved rather to die than to famish?\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "mini_gpt.evaluate", f"ckpt={path}", f"bpb.path={tmp_path / 't.txt'}"]
+    cmd = [sys.executable, "-m", "mini_gpt.cli", "evaluate", f"ckpt={path}", f"bpb.path={tmp_path / 't.txt'}"]
     proc = subprocess.run([*cmd, f"output={tmp_path / 'r.json'}"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "| bpb | bits_per_byte |" in proc.stdout
@@ -118,5 +118,5 @@ def test_command_line(tmp_path, char_ckpt):
     proc = subprocess.run([*cmd, "tasks=[hellaswag]"], capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: HellaSwag is not cached") and proc.stderr.count("\n") == 1
-    proc = subprocess.run([*cmd[:3], "ckpt=/nope.ckpt"], capture_output=True, text=True, env=env)
+    proc = subprocess.run([*cmd[:4], "ckpt=/nope.ckpt"], capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and proc.stderr.startswith("error: checkpoint /nope.ckpt does not exist")

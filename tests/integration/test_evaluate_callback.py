@@ -41,9 +41,9 @@ def test_evals_are_logged_at_their_steps_and_equal_offline_evaluation(tmp_path, 
     import lightning as L
     from lightning.pytorch.loggers import CSVLogger
 
+    from mini_gpt.conf.train import OptimConfig
     from mini_gpt.model.gpt import GPTConfig
     from mini_gpt.train.module import GPTLitModule
-    from mini_gpt.conf.train import OptimConfig
 
     dm = datamodule(corpus)
     dm.prepare_data()

@@ -211,7 +211,8 @@ def test_export_cli(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "mini_gpt.export",
+        "mini_gpt.cli",
+        "export",
         f"ckpt={ckpt}",
         "format=safetensors",
         f"out={tmp_path / 'st'}",

@@ -207,7 +207,7 @@ def test_bad_checkpoint_exits_2_with_one_line(trained, tmp_path, monkeypatch, ca
     path = tmp_path / "x.ckpt"
     if case == "corrupt":
         path.write_bytes(Path(trained[2]).read_bytes()[:1000])
-    monkeypatch.setattr(sys, "argv", ["mini-gpt-generate", f"ckpt={path}", "device=cpu"])
+    monkeypatch.setattr(sys, "argv", ["mini-gpt generate", f"ckpt={path}", "device=cpu"])
     with pytest.raises(SystemExit) as exc:
         cli.main()
     assert exc.value.code == 2

@@ -169,11 +169,11 @@ def test_registration_is_idempotent_in_every_order():
 
 
 def test_harness_command_runs_a_checkpoint(setup):
-    """`python -m mini_gpt.harness ARGS`: lm-eval's command line with `mini-gpt` registered."""
+    """`mini-gpt harness ARGS`: lm-eval's command line with `mini-gpt` registered."""
     args = ["--model", "mini-gpt", "--model_args", f"ckpt={setup['ckpt']}", "--tasks", "tiny_mc",
             "--include_path", str(setup["task"]), "--limit", "6"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "mini_gpt.harness", *args]
+    cmd = [sys.executable, "-m", "mini_gpt.cli", "harness", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "|tiny_mc|" in proc.stdout.replace(" ", "")

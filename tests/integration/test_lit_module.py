@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from helpers import quiet_trainer
 
-from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.conf.train import OptimConfig
+from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.train.optim import lr_at
 
 BATCH, BLOCK = 4, 32

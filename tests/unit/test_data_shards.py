@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import spec_read
 
-from mini_gpt.data.shard_format import ShardWriter, open_shard, read_header, write_shard
+from mini_gpt.data.shards import ShardWriter, open_shard, read_header, write_shard
 from mini_gpt.errors import MiniGPTError
 
 

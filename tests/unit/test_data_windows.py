@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from mini_gpt.data.shard_format import write_shard
+from mini_gpt.data.shards import write_shard
 from mini_gpt.data.windows import ShardTrainBatches, ValBatches, ValWindows, feistel_permute
 from mini_gpt.errors import MiniGPTError
 

@@ -144,5 +144,7 @@ def test_config_errors_are_one_line_user_errors() -> None:
         OptimConfig(lr=1e-3, min_lr_ratio=1.5)
     # A typo, or the old absolute min_lr, lists the keys there are (min_lr_ratio among them).
     for typo in ("lrr", "min_lr"):
-        with pytest.raises(MiniGPTError, match=rf"^optim: unknown key '{typo}'; the keys are name, lr, min_lr_ratio"):
+        with pytest.raises(
+            MiniGPTError, match=rf"^optim: unknown key '{typo}'; the keys are name, lr, min_lr_ratio"
+        ):
             checked_config(OptimConfig, {"lr": 1e-3, typo: 2}, "optim")

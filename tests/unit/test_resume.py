@@ -97,7 +97,9 @@ def test_a_checkpoint_without_overrides_resumes_its_saved_config(
         _resume(compose, ckpt, "trainer=cpu")
 
 
-def test_the_checkpoint_is_read_once_into_a_record_with_its_config_else_the_one_beside_it(tmp_path: Path) -> None:
+def test_the_checkpoint_is_read_once_into_a_record_with_its_config_else_the_one_beside_it(
+    tmp_path: Path,
+) -> None:
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / ".hydra").mkdir()
@@ -106,7 +108,11 @@ def test_the_checkpoint_is_read_once_into_a_record_with_its_config_else_the_one_
     torch.save({"global_step": 2, "run_config": {"seed": 9}, "mini_gpt": {"x": 1}}, with_config)
     resume = read_resume(str(with_config))
     assert (resume.path, resume.step, resume.meta) == (with_config, 2, {"x": 1})
-    assert (resume.run_config, resume.config_source, resume.run_overrides) == ({"seed": 9}, "the checkpoint", None)
+    assert (resume.run_config, resume.config_source, resume.run_overrides) == (
+        {"seed": 9},
+        "the checkpoint",
+        None,
+    )
     without = run / "checkpoints" / "b.ckpt"
     torch.save({"global_step": 2}, without)
     resume = read_resume(str(without))

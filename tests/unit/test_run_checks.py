@@ -18,4 +18,3 @@ def test_resume_with_nothing_left_and_a_run_inside_its_warmup(capsys) -> None:
     check_steps(500, 100, resumed_step=None)
     check_steps(-1, 100, resumed_step=None)  # no step limit
     assert capsys.readouterr().out == ""
-

@@ -27,8 +27,14 @@ from mini_gpt.errors import MiniGPTError
         (["trainer.val_check_interval=true"], "trainer.val_check_interval=True must be an integer"),
         (["trainer.max_flops=lots"], "trainer.max_flops='lots' must be a number or null"),
         (["seed=1.5"], "seed=1.5 must be an integer"),
-        (["model.n_embed=3"], "train: unknown key 'model.n_embed'; the keys of model are vocab_size, block_size"),
-        (["optim.min_lr=1e-4"], "train: unknown key 'optim.min_lr'; the keys of optim are name, lr, min_lr_ratio"),
+        (
+            ["model.n_embed=3"],
+            "train: unknown key 'model.n_embed'; the keys of model are vocab_size, block_size",
+        ),
+        (
+            ["optim.min_lr=1e-4"],
+            "train: unknown key 'optim.min_lr'; the keys of optim are name, lr, min_lr_ratio",
+        ),
         (["tags=a,b"], "train: tags=a,b is ambiguous: write a list in brackets, tags=[a,b]"),
     ],
 )
@@ -62,10 +68,16 @@ def test_a_section_read_later_is_checked_the_same_way(cls: type, section: str, d
 def test_a_target_nodes_arguments_are_checked_against_its_signature() -> None:
     node = {"_target_": "mini_gpt.train.callbacks.SampleText", "max_new_tokens": "12", "top_k": None}
     assert checked_arguments(node, "callbacks.sample_text") == {**node, "max_new_tokens": 12}
-    with pytest.raises(MiniGPTError, match=r"^callbacks\.sample_text\.max_new_tokens='abc' must be an integer"):
+    with pytest.raises(
+        MiniGPTError, match=r"^callbacks\.sample_text\.max_new_tokens='abc' must be an integer"
+    ):
         checked_arguments({**node, "max_new_tokens": "abc"}, "callbacks.sample_text")
-    with pytest.raises(MiniGPTError, match=r"^callbacks\.throughput: unknown key 'peak'; the keys are peak_flops"):
-        checked_arguments({"_target_": "mini_gpt.train.callbacks.Throughput", "peak": 1}, "callbacks.throughput")
+    with pytest.raises(
+        MiniGPTError, match=r"^callbacks\.throughput: unknown key 'peak'; the keys are peak_flops"
+    ):
+        checked_arguments(
+            {"_target_": "mini_gpt.train.callbacks.Throughput", "peak": 1}, "callbacks.throughput"
+        )
 
 
 def test_the_train_schema_is_the_dataclass_every_section_becomes() -> None:

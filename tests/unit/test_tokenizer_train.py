@@ -18,7 +18,7 @@ from tiktoken.load import load_tiktoken_bpe
 from mini_gpt.cli.tokenizer import main as tokenizer_main
 from mini_gpt.data import DataConfig, HFDataConfig, ShardsDataConfig, find_shards
 from mini_gpt.data.documents import split_documents
-from mini_gpt.data.shard_format import ShardWriter
+from mini_gpt.data.shards import ShardWriter
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import write_json_atomic
 from mini_gpt.tokenizer import (

@@ -4,7 +4,7 @@ Off by default. With `callbacks.attention_maps.every_n_steps=N` (N > 0), every N
 the figures of `mini_gpt.viz.attention_maps` for a fixed prompt and logs them to W&B as images
 (`attention/maps`, `attention/summary`), or, without an active W&B run, writes
 `<run dir>/attention_maps/step<NNNNNN>_{maps,summary}.png`. The figures are built once and updated in
-place (one forward pass per render); the time is left out of tokens/s.
+place (`AttentionFigures`: one forward pass per render); the time is left out of tokens/s.
 """
 
 from __future__ import annotations
@@ -20,15 +20,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from mini_gpt.errors import MiniGPTError, check_ints
 from mini_gpt.train.callbacks.base import StepCallback
-from mini_gpt.viz.attention_maps import (
-    attention_maps,
-    attention_summary,
-    compute_attention,
-    parse_selection,
-    save_figure,
-    update_attention_maps,
-    update_attention_summary,
-)
+from mini_gpt.viz.attention_maps import AttentionFigures, parse_selection, png_bytes, save_figure
 
 DEFAULT_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak."
 
@@ -49,16 +41,13 @@ def _png_image(fig: Any, dpi: int) -> Any:
     import wandb  # imported only when a W&B run records: heavy, and optional
     from PIL import Image
 
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    buf.seek(0)
-    return wandb.Image(Image.open(buf).convert("RGB"))
+    return wandb.Image(Image.open(io.BytesIO(png_bytes(fig, dpi))).convert("RGB"))
 
 
 class AttentionMaps(StepCallback):
     """Every `every_n_steps` optimizer steps (0 = off), draw the attention of `pl_module.model` on `prompt`
     (None: a short Shakespeare line, minus characters the tokenizer lacks; a user prompt it cannot encode
-    fails at fit start). `layers` / `heads` as in `python -m mini_gpt.attention_maps`; `summary` adds the
+    fails at fit start). `layers` / `heads` as in `mini-gpt attention-maps`; `summary` adds the
     entropy / mean-distance chart; PNGs go to `out_dir` (default `<trainer.default_root_dir>/attention_maps`)
     when W&B is off; `max_inches` caps the heatmap grid's sides. The keys: conf/callbacks/default.yaml."""
 
@@ -85,8 +74,10 @@ class AttentionMaps(StepCallback):
         self.dpi = dpi
         self.max_inches = max_inches
         self.saved: list[Path] = []  # PNGs written (when W&B is off)
+        self.figures = AttentionFigures(
+            layers, heads, summary=summary, max_tokens=max_tokens, max_inches=max_inches
+        )  # built at the first render, reused after
         self._prompt_text: str | None = None
-        self._figures: dict[str, tuple[Any, dict[str, Any]]] = {}  # name -> (Figure, data), reused
 
     @property
     def enabled(self) -> bool:
@@ -131,7 +122,8 @@ class AttentionMaps(StepCallback):
         with pl_module.side_work():
             tok, step = pl_module.tokenizer, trainer.global_step
             prompt = self._prompt_text or self._resolve_prompt(tok)
-            figures = self.draw(pl_module.model, tok, prompt, step)
+            drawn = self.figures.draw(pl_module.model, tok, prompt, step)
+            figures = {name: fig for name, (fig, _) in drawn.items()}
             loggers = _wandb_loggers(trainer)
             if loggers:
                 images = {name: _png_image(fig, self.dpi) for name, fig in figures.items()}
@@ -144,31 +136,6 @@ class AttentionMaps(StepCallback):
                     self.saved.append(
                         save_figure(fig, root / f"step{step:06d}_{name}.png", self.dpi, close=False)
                     )
-            for fig in figures.values():
-                fig.set_layout_engine("none")  # keep the first render's layout: a later one only repaints
-
-    def draw(self, model: Any, tokenizer: Any, prompt: str, step: int) -> dict[str, Any]:
-        """The figures for the current weights: built at the first call, updated in place after."""
-        attention = compute_attention(model, tokenizer, prompt, self.max_tokens)  # one forward pass
-        if not self._figures:
-            self._figures["maps"] = attention_maps(
-                model, tokenizer, prompt, self.layers, self.heads, self.max_tokens, attention, self.max_inches
-            )
-            if self.summary:
-                self._figures["summary"] = attention_summary(
-                    model, tokenizer, prompt, self.layers, self.max_tokens, attention=attention
-                )
-        else:
-            update_attention_maps(self._figures["maps"][1], attention[2])
-            if "summary" in self._figures:
-                update_attention_summary(self._figures["summary"][1], attention[2])
-        for fig, data in self._figures.values():
-            fig.suptitle(f"{data['title']} · step {step}", fontsize=10)
-        return {name: fig for name, (fig, _) in self._figures.items()}
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        import matplotlib.pyplot as plt  # here, not above: mini_gpt.viz.attention_maps picks the backend
-
-        for fig, _ in self._figures.values():
-            plt.close(fig)
-        self._figures.clear()
+        self.figures.close()

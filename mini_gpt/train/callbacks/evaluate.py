@@ -2,27 +2,22 @@
 
 Off by default. With `callbacks.evaluate.every_n_steps=N` (N > 0), every N optimizer steps and after the
 last, it runs the chosen tasks on the current weights: `bpb` (bits per byte of the validation split,
-scored like `python -m mini_gpt.evaluate`) and `hellaswag` (acc / acc_norm on the first `hellaswag_limit`
+scored like `mini-gpt evaluate`) and `hellaswag` (acc / acc_norm on the first `hellaswag_limit`
 items). Rank r takes windows / items r, r + world, ... and the sums are reduced, so the devices share the
 work and log one number. The seconds spent are kept out of tokens/s.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import lightning as L
 import torch
 
-from mini_gpt.data.config import data_root
 from mini_gpt.errors import MiniGPTError, check_ints
-from mini_gpt.eval.bpb import document_windows, prepared_split_documents, split_token_ids
-from mini_gpt.eval.hellaswag import evaluate_hellaswag, load_hellaswag
-from mini_gpt.eval.scoring import score_windows
+from mini_gpt.eval.bpb import split_documents
+from mini_gpt.eval.tasks import TASKS, TaskInputs, read_inputs, score_tasks
 from mini_gpt.train.callbacks.base import StepCallback
-
-TASKS = ("bpb", "hellaswag")
 
 
 class EvaluateCallback(StepCallback):
@@ -50,9 +45,7 @@ class EvaluateCallback(StepCallback):
         self.hellaswag_path = hellaswag_path
         self.hellaswag_limit = hellaswag_limit
         self.history: list[tuple[int, dict[str, float]]] = []  # (step, metrics) as logged
-        self._windows: list[Any] = []
-        self._bytes = 0
-        self._items: list[Any] = []
+        self._inputs = TaskInputs()
         self._tokenizer: Any = None
 
     @property
@@ -67,15 +60,13 @@ class EvaluateCallback(StepCallback):
         if datamodule is None or not hasattr(datamodule, "prepared_data"):
             raise MiniGPTError("callbacks.evaluate needs the GPTDataModule (its val split and tokenizer)")
         prepared = datamodule.prepared_data()
-        tokenizer = self._tokenizer = prepared.tokenizer
-        block_size = pl_module.model.config.block_size
-        if "bpb" in self.tasks:
-            docs = prepared_split_documents(split_token_ids(prepared, "val").tolist(), tokenizer)
-            stride = self.stride or max(1, block_size // 2)
-            self._windows, self._bytes = document_windows(tokenizer, docs, block_size, stride)
-        if "hellaswag" in self.tasks:
-            cache = data_root(getattr(datamodule.cfg, "data_dir", None)) / "hellaswag"  # data=shards: none
-            self._items = load_hellaswag(self.hellaswag_path, cache, self.hellaswag_limit)
+        self._tokenizer = prepared.tokenizer
+        self._inputs = read_inputs(
+            self.tasks, prepared.tokenizer, pl_module.model.config.block_size,
+            lambda: (split_documents(prepared, "val"), "val"), stride=self.stride,
+            hellaswag_path=self.hellaswag_path, hellaswag_limit=self.hellaswag_limit,
+            data_dir=getattr(datamodule.cfg, "data_dir", None),  # data=shards has none
+        )  # fmt: skip
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         last = trainer.max_steps is not None and trainer.global_step >= trainer.max_steps
@@ -86,7 +77,12 @@ class EvaluateCallback(StepCallback):
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         """Run the tasks on this rank's share, reduce across ranks, log on rank 0; returns the metrics."""
         with pl_module.side_work():
-            metrics = self._measure(trainer, pl_module)
+            share = self._inputs.share(trainer.global_rank, trainer.world_size)
+            scores = score_tasks(
+                pl_module.model, self._tokenizer, share, self.batch_size, self.batch_size, progress=False
+            )
+            scores = scores.add_up(lambda values: self._reduce(trainer, pl_module, values))
+            metrics = {f"eval/{name}": value for name, value in scores.curves().items()}
             step = trainer.global_step
             self.history.append((step, metrics))
             # To the loggers at the step measured (Lightning's own logging waits for the next log step),
@@ -95,30 +91,6 @@ class EvaluateCallback(StepCallback):
                 for logger in trainer.loggers:
                     logger.log_metrics(metrics, step=step)
             pl_module.log_dict(metrics, logger=False)
-        return metrics
-
-    def _measure(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
-        model = pl_module.model
-        was_training = model.training
-        model.eval()
-        rank, world = trainer.global_rank, trainer.world_size
-        metrics: dict[str, float] = {}
-        try:
-            if self._windows:
-                score = score_windows(model, self._windows[rank::world], self.batch_size)[0]
-                nll, tokens = self._reduce(trainer, pl_module, [score.nll, score.tokens])
-                metrics["eval/bpb/bits_per_byte"] = nll / math.log(2) / self._bytes
-                metrics["eval/bpb/loss"] = nll / tokens
-            if self._items:
-                items = self._items[rank::world]
-                part = evaluate_hellaswag(model, self._tokenizer, items, self.batch_size, progress=False)
-                correct, correct_norm, n = self._reduce(
-                    trainer, pl_module, [part.correct, part.correct_norm, part.n]
-                )
-                metrics["eval/hellaswag/acc"] = correct / n
-                metrics["eval/hellaswag/acc_norm"] = correct_norm / n
-        finally:
-            model.train(was_training)
         return metrics
 
     @staticmethod

@@ -156,7 +156,9 @@ class Throughput(StepCallback):
         self._log_run(trainer, pl_module)
 
     def _log_run(self, trainer: L.Trainer, pl_module: Any) -> None:
-        run = {"run/tokens_per_sec": self.total_tokens / self.total_seconds if self.total_seconds > 0 else 0.0}
+        run = {
+            "run/tokens_per_sec": self.total_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+        }
         if self.peak:
             run["run/mfu"] = self._mfu(run["run/tokens_per_sec"], trainer.world_size)
         pl_module.log_dict(exact(run), logger=False)

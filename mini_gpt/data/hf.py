@@ -1,5 +1,5 @@
-"""Documents -> llm.c token shards (`data=hf`): parallel, flat in memory, resumable, locked. Entry points:
-`prepare_shards(cfg)`, and `find_shards(cfg)` for existing shards (`data=shards`).
+"""Documents -> llm.c token shards (`data=hf`, any corpus `datasets` reads): parallel, flat in memory,
+resumable, locked. Entry point: `prepare_shards(cfg)`; the shard files themselves are shards.py's.
 
 `<data_dir>/hf/<name>-<hash of everything that changes the tokens>/` holds `train_000000.bin ...`,
 `val_000000.bin` (all validation documents) and `meta.json` (written last). Each document is tokenized on
@@ -21,14 +21,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mini_gpt.data.config import HFDataConfig, ShardsDataConfig, token_dtype
+from mini_gpt.data.config import HFDataConfig, token_dtype
 from mini_gpt.data.preparation import (
     WRITE_ERRNOS,
     TokenizeProgress,
@@ -37,8 +37,8 @@ from mini_gpt.data.preparation import (
     tokenizer_key,
     unwritable,
 )
-from mini_gpt.data.shard_format import ShardInfo, ShardWriter, read_header
-from mini_gpt.data.sources import Source, glob_files, is_local, iter_texts, open_source
+from mini_gpt.data.shards import META, ShardedCorpus, ShardWriter, read_header
+from mini_gpt.data.sources import Source, is_local, iter_texts, open_source
 from mini_gpt.data.split import (
     CHARS_PER_BPE_TOKEN,
     SPLIT_RULE,
@@ -54,31 +54,7 @@ from mini_gpt.tokenizer import CHAR_EOT, CharTokenizer, Tokenizer, build_tokeniz
 FORMAT = "mini-gpt shards 1"
 TASK_CHARS = 1 << 21  # characters of text per tokenizer task
 STATE = ".state.json"
-META = "meta.json"
 VAL_SHARD = "val_000000.bin"  # all validation documents, in one shard
-
-
-@dataclass
-class ShardedCorpus:
-    """Prepared (or found) shards: what the training windows are drawn from."""
-
-    dir: Path
-    train: list[ShardInfo]
-    val: list[ShardInfo]
-    tokenizer: Tokenizer
-    meta: dict[str, Any] = field(repr=False)
-
-    @property
-    def dtype(self) -> str:
-        return self.train[0].dtype
-
-    @property
-    def train_tokens(self) -> int:
-        return sum(s.n_tokens for s in self.train)
-
-    @property
-    def val_tokens(self) -> int:
-        return sum(s.n_tokens for s in self.val)
 
 
 # --------------------------------------------------------------------------------- tokenizer workers
@@ -440,7 +416,7 @@ def prepare_shards(
         if not build:
             raise MiniGPTError(
                 f"no prepared shards in {out} for this data config; prepare them first: "
-                "python -m mini_gpt.data prepare data=hf data.dataset=..."
+                "mini-gpt prepare data=hf data.dataset=..."
             )
         source = source or open_source(cfg)
         with preparation_lock(out, out.name, say):
@@ -456,60 +432,6 @@ def prepare_shards(
                     needed = cfg.max_tokens * itemsize if cfg.max_tokens else None
                     raise unwritable(out, err, needed) from None
     return _sharded_corpus(out, meta, tok)
-
-
-def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
-    """Existing llm.c-format shards (`data=shards`), headers checked. Validation: `cfg.val_path`'s files,
-    else those of `cfg.path` named *val* (as llm.c and modded-nanogpt name them). The tokenizer:
-    `cfg.tokenizer`, else the one in a meta.json beside the shards (ours), else GPT-2."""
-    assert cfg.path is not None
-
-    files = glob_files(cfg.path)
-    if not files:
-        raise MiniGPTError(f"data.path={cfg.path} matches no files; pass a glob of .bin token shards")
-    if cfg.val_path:
-        val = glob_files(cfg.val_path)
-        train = [p for p in files if p not in set(val)]
-    else:
-        val = [p for p in files if "val" in p.name]
-        train = [p for p in files if "val" not in p.name]
-    if not train:
-        raise MiniGPTError(
-            f"data.path={cfg.path} holds no train shards (only files named *val*); fix the glob"
-        )
-    if not val:
-        raise MiniGPTError(
-            f"no validation shard among data.path={cfg.path} (none is named *val*); "
-            "name one with data.val_path='DIR/*val*.bin'"
-        )
-    train_info, val_info = [read_header(p) for p in train], [read_header(p) for p in val]
-    dtypes = {i.dtype for i in train_info + val_info}
-    if len(dtypes) > 1:
-        raise MiniGPTError(
-            f"data.path={cfg.path} mixes uint16 and uint32 shards; use shards of one tokenizer"
-        )
-    meta = read_json(train[0].parent / META) or {}
-    if cfg.tokenizer is not None:
-        tok = build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
-        _check_same_tokenizer(tok, meta, train[0].parent)
-    elif "tokenizer" in meta:
-        tok = tokenizer_from_dict(meta["tokenizer"])
-    else:
-        tok = build_tokenizer("gpt2", bpe_file=cfg.bpe_file)
-    return ShardedCorpus(dir=train[0].parent, train=train_info, val=val_info, tokenizer=tok, meta=meta)
-
-
-def _check_same_tokenizer(tok: Tokenizer, meta: dict[str, Any], where: Path) -> None:
-    """One line when the meta.json beside the shards says another tokenizer wrote them."""
-    if "tokenizer" not in meta:
-        return  # shards of llm.c or modded-nanogpt: nothing recorded, data.tokenizer is trusted
-    theirs = tokenizer_from_dict(meta["tokenizer"])
-    # the name aside: gpt2 and r50k_base are one vocabulary under two names
-    if {**theirs.to_dict(), "name": None} != {**tok.to_dict(), "name": None}:
-        raise MiniGPTError(
-            f"the shards in {where} were written by {theirs!r}, not by data.tokenizer's {tok!r}; drop "
-            "data.tokenizer (the one in their meta.json is used) or prepare the shards with this tokenizer"
-        )
 
 
 def _with_val_fraction(

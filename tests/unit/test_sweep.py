@@ -15,7 +15,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.train.run import budget_steps, flops_per_token
-from mini_gpt.train.study import (
+from mini_gpt.train.sweep import (
     ReportValLoss,
     StudySettings,
     distribution,
@@ -121,14 +121,14 @@ def test_report_stops_the_fit_of_a_trial_worse_than_the_median() -> None:
 
 
 def test_trials_table_shows_four_significant_digits(tmp_path: Path) -> None:
-    from mini_gpt.cli.sweep import trials_rows
+    from mini_gpt.train.sweep import study_table
 
     study = optuna.create_study()
     lr = FloatDistribution(1e-4, 1e-1, log=True)
     for value, params in [(2.5, 0.0012345678901234567), (1.25, 0.031234567890123456)]:
         study.add_trial(optuna.trial.create_trial(params={"optim.lr": params}, distributions={"optim.lr": lr},
                                                   value=value))  # fmt: skip
-    header, rows = trials_rows(study, tmp_path)
+    header, rows = study_table(study, tmp_path)
     assert header == ["trial", "optim.lr", "state", "best_val_loss", "steps", "wall_seconds", "best"]
     assert rows == [
         ["0", "0.001235", "complete", "2.5000", "-", "-", ""],
@@ -153,7 +153,7 @@ def test_budget_steps_from_flops_per_token() -> None:
 
 
 def test_a_missing_sweep_extra_is_one_line_with_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mini_gpt.train.study import require_optuna
+    from mini_gpt.train.sweep import require_optuna
 
     monkeypatch.setitem(__import__("sys").modules, "optuna", None)  # `import optuna` raises ImportError
     with pytest.raises(MiniGPTError) as err:
@@ -164,7 +164,7 @@ def test_a_missing_sweep_extra_is_one_line_with_the_install_command(monkeypatch:
 
 
 def test_wandb_runs_of_a_study_are_named_per_trial_and_grouped(compose: Any) -> None:
-    from mini_gpt.train.study import wandb_trial_names
+    from mini_gpt.train.sweep import wandb_trial_names
 
     cfg = compose(["hparams_search=lr_search"])  # the default logger: W&B
     assert wandb_trial_names(cfg, 3) == ["logger.wandb.name=trial-3", "logger.wandb.group=sweep-lr_search"]

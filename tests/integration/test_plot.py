@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from helpers import REPO
 
-from mini_gpt.cli.loss_curves import main, overrides_of
+from mini_gpt.cli.plot import main, overrides_of
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.viz.loss_curves import find_metrics, plot_curves, plot_run
+from mini_gpt.viz.plot import find_metrics, plot_curves, plot_run
 
 # What Lightning's CSVLogger writes for our module: one row per log call, blanks elsewhere.
 CSV = """epoch,grad_norm,lr,step,train/loss,val/loss,val/ppl
@@ -120,7 +120,7 @@ def test_cli(tmp_path: Path) -> None:
     run = write_run(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-m", "mini_gpt.loss_curves", str(run), f"out={tmp_path / 'p.png'}"],
+        [sys.executable, "-m", "mini_gpt.cli", "plot", str(run), f"out={tmp_path / 'p.png'}"],
         capture_output=True,
         text=True,
         env=env,

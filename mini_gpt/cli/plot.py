@@ -1,5 +1,5 @@
-"""`mini-gpt plot RUN_DIR [out=curves.png] [dpi=120]` (alias `python -m mini_gpt.loss_curves`): a run's
-loss curves (mini_gpt.viz.loss_curves) drawn to a PNG. Every key lives in conf/plot.yaml."""
+"""`mini-gpt plot RUN_DIR [out=curves.png] [dpi=120]`: a run's loss curves (mini_gpt.viz.plot) drawn to a
+PNG. Every key lives in conf/plot.yaml."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from mini_gpt.conf import run_tool, split_free_text
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.viz.loss_curves import plot_run
+from mini_gpt.viz.plot import plot_run
 
 # Paths, taken verbatim: a Hydra sweep directory may be named like `lr=0.1` or hold commas.
 PATH_KEYS = ("run_dir", "out")
@@ -36,7 +36,7 @@ def _run(cfg: dict[str, Any]) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`mini-gpt plot ARGS` / `python -m mini_gpt.loss_curves ARGS`; `argv` default: the command line."""
+    """`mini-gpt plot ARGS`; `argv` default: the command line."""
     overrides, paths = split_free_text(overrides_of(sys.argv[1:] if argv is None else argv), PATH_KEYS)
     run_tool("plot", lambda cfg: _run({**cfg, **paths}), overrides)
 

@@ -1,24 +1,39 @@
-"""Optuna studies for `mini-gpt sweep`: a thin driver over Optuna (`study.optimize`) with pruning, a study
-in a storage file that parallel workers share, and resuming after a kill.
+"""Hyperparameter sweeps, both kinds, and the table of trials they end with.
 
-The search space, sampler and pruner come from the `hparams_search` config group (conf/hparams_search/):
-`params` in Hydra's override grammar (`interval`, `tag(log, interval)`, `range`, `choice`), `sampler` and
-`pruner` as `_target_` nodes. Each trial composes the train config with the fixed overrides plus its
-suggested values and trains in `<dir>/<trial number>/`; `ReportValLoss` reports every validation to Optuna
-and stops the fit when the pruner says so (the folder keeps its checkpoints, summary.json says `pruned`).
+Optuna (`mini-gpt sweep`): a thin driver over Optuna (`study.optimize`) with pruning, a study in a storage
+file that parallel workers share, and resuming after a kill. The search space, sampler and pruner come
+from the `hparams_search` config group (conf/hparams_search/): `params` in Hydra's override grammar
+(`interval`, `tag(log, interval)`, `range`, `choice`), `sampler` and `pruner` as `_target_` nodes. Each
+trial composes the train config with the fixed overrides plus its suggested values and trains in
+`<dir>/<trial number>/`; `ReportValLoss` reports every validation to Optuna and stops the fit when the
+pruner says so (the folder keeps its checkpoints, summary.json says `pruned`).
+
+Hydra multirun (`python train.py -m ...`): `SweepReport` (a Hydra callback, conf/hydra/default.yaml)
+refuses in one line a multi-device strategy the trials could not run, before the first trial.
+
+After the last trial either kind prints its table (`study_table`: params, state, best val loss;
+`trials_table`: the overrides that vary, status, best val loss, a failed trial's error) and writes it to
+`<sweep dir>/trials.csv` (`report_table`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import csv
+import json
+import logging
 import math
+import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from filelock import FileLock
+from hydra.experimental.callback import Callback as HydraCallback
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -30,18 +45,27 @@ if TYPE_CHECKING:
     import optuna
 
 __all__ = [
+    "TABLE_FILE",
     "ReportValLoss",
     "StudySettings",
+    "SweepReport",
+    "check_sweep_strategy",
     "distribution",
     "make_pruner",
     "open_study",
+    "read_trials",
+    "render_table",
+    "report_table",
     "require_optuna",
     "run_study",
     "searched_params",
+    "study_table",
+    "trials_table",
     "wandb_trial_names",
 ]
 
 INSTALL_HINT = 'pip install -e ".[sweep]"'
+TABLE_FILE = "trials.csv"
 
 
 def require_optuna() -> None:
@@ -144,6 +168,17 @@ def searched_params(settings: StudySettings, cfg: DictConfig) -> dict[str, Any]:
     return space
 
 
+@contextlib.contextmanager
+def _experimental() -> Iterator[None]:
+    """Quiet Optuna's ExperimentalWarning: heartbeats and stale-trial retries are "experimental" since
+    Optuna 2.8 / 2.9, unchanged since."""
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
+
+
 def _storage(settings: StudySettings) -> Any:
     """None (in memory), an SQLite/other database URL, or a journal file (the default; safe on NFS)."""
     import optuna
@@ -154,8 +189,7 @@ def _storage(settings: StudySettings) -> Any:
     if "://" in settings.storage:
         if settings.storage.startswith("sqlite:///"):
             Path(settings.storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.8, unchanged since
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        with _experimental():
             return optuna.storages.RDBStorage(
                 settings.storage,
                 heartbeat_interval=settings.heartbeat_interval,
@@ -242,7 +276,7 @@ def _suggest(trial: optuna.Trial, key: str, d: Any) -> Any:
     return trial.suggest_int(key, d.low, d.high, step=d.step, log=d.log)
 
 
-def _format(value: Any) -> str:
+def _param(value: Any) -> str:
     """A suggested value for people: floats with 4 significant digits."""
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -254,13 +288,11 @@ def _heartbeat(settings: StudySettings) -> bool:
 def _finished(study: optuna.Study) -> int:
     """Trials that count towards n_trials: completed, pruned, or failed and not retried, plus the ones
     running or waiting now (other workers'), so that workers together stop at n_trials."""
-    import optuna
     from optuna.storages import RetryHeartbeatStaleTrialCallback
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    with warnings.catch_warnings():  # "experimental" since Optuna 2.8, unchanged since
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    with _experimental():
         retried = {RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials}
     return sum(1 for t in trials if not (t.state == TrialState.FAIL and t.number in retried))
 
@@ -277,8 +309,6 @@ def wandb_trial_names(cfg: DictConfig, number: int) -> list[str]:
 
 def _record_config(trial_dir: Path, cfg: DictConfig, overrides: list[str]) -> None:
     """The trial's config and overrides where Hydra keeps them (`.hydra/`), for `mini-gpt compare`."""
-    import yaml
-
     hydra_dir = trial_dir / ".hydra"
     hydra_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, hydra_dir / "config.yaml")
@@ -315,7 +345,7 @@ def run_study(
         values = {key: _suggest(trial, key, d) for key, d in space.items()}
         overrides = [f"{k}={v!r}" for k, v in values.items()]  # exactly what Optuna records
         trial_dir = sweep_dir / str(trial.number)
-        shown = " ".join(f"{k}={_format(v)}" for k, v in values.items())
+        shown = " ".join(f"{k}={_param(v)}" for k, v in values.items())
         print(f"trial {trial.number}: {shown} -> {trial_dir}", flush=True)
         where = [f"paths.run_dir={trial_dir}", *wandb_trial_names(base, trial.number)]
         cfg = compose([*fixed, *overrides, *where])
@@ -344,8 +374,7 @@ def run_study(
                 ask_lock.release()
 
     while True:
-        with warnings.catch_warnings():  # "experimental" since Optuna 2.9, unchanged since
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        with _experimental():
             optuna.storages.fail_stale_trials(study)  # a killed worker's trial: FAIL, and a retry is queued
         while run_one_trial():
             pass
@@ -355,3 +384,182 @@ def run_study(
         # Other workers' trials, or a killed one whose heartbeat is not stale yet: wait, then retry it here.
         print(f"waiting for running trial(s) {', '.join(str(t.number) for t in running)}", flush=True)
         time.sleep(settings.heartbeat_interval)
+
+
+# ---- Hydra multirun ---------------------------------------------------------------------------------
+def check_sweep_strategy(config: DictConfig) -> None:
+    """Refuse trials that would each start a multi-device strategy from inside the trial (every trial would
+    fail); a cluster launcher (SLURM) starts the ranks itself and is allowed."""
+    launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+    if "submitit" in launcher.lower():
+        return
+    trainer_cfg = config.trainer
+    strategy = trainer_cfg.get("strategy", "auto")
+    if isinstance(strategy, str) and strategy == "auto":
+        return  # one device per process (Lightning picks single-device strategies for "auto")
+    import lightning as L
+    from hydra.utils import instantiate
+
+    from mini_gpt.train.run import check_multirun_strategy
+
+    lightning_logger = logging.getLogger("lightning.pytorch")
+    level = lightning_logger.level
+    lightning_logger.setLevel(logging.WARNING)  # no "GPU available: ..." lines for a throwaway Trainer
+    try:
+        trainer = L.Trainer(
+            accelerator=trainer_cfg.get("accelerator", "auto"),
+            devices=trainer_cfg.get("devices", "auto"),
+            num_nodes=trainer_cfg.get("num_nodes", 1),
+            strategy=instantiate(strategy) if not isinstance(strategy, str) else strategy,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+    finally:
+        lightning_logger.setLevel(level)
+    check_multirun_strategy(trainer, multirun=True)
+
+
+class SweepReport(HydraCallback):
+    """Hydra callback: refuse an impossible strategy before the first trial; the table after the last."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if "trainer" not in config:  # another tool's multirun
+            return
+        try:
+            check_sweep_strategy(config)
+        except MiniGPTError as err:  # before any trial: one line, nothing started
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if "trainer" not in config or not sweep_dir.is_dir():
+            return
+        rows = read_trials(sweep_dir)
+        if rows:
+            report_table(sweep_dir, *trials_table(rows), title=str(sweep_dir))
+
+
+# ---- the table of trials ----------------------------------------------------------------------------
+def _summary(trial_dir: Path) -> dict[str, Any]:
+    path = trial_dir / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _error_line(trial_dir: Path) -> str:
+    """The reason a trial failed, from its train.log: the `error:` line, else the last line."""
+    log = trial_dir / "train.log"
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()] if log.is_file() else []
+    lines = [line for line in lines if line]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or ["no train.log"])[-1]
+
+
+def read_trials(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    """One row (a dict) per trial directory `<sweep dir>/<n>/` of a multirun, in trial order."""
+    rows = []
+    trial_dirs = [d for d in Path(sweep_dir).iterdir() if d.is_dir() and d.name.isdigit()]
+    for trial_dir in sorted(trial_dirs, key=lambda d: int(d.name)):
+        overrides_file = trial_dir / ".hydra" / "overrides.yaml"
+        overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
+        summary = _summary(trial_dir)
+        row: dict[str, Any] = {
+            "trial": int(trial_dir.name),
+            "overrides": dict(o.split("=", 1) for o in overrides or [] if "=" in o),
+            "status": summary.get("status", "failed"),
+            **{k: summary.get(k) for k in ("best_val_loss", "wall_seconds", "steps")},
+            "error": "",
+        }
+        if row["status"] != "completed":
+            row["error"] = _error_line(trial_dir)
+        rows.append(row)
+    return rows
+
+
+def _varying_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """Override keys whose value differs between trials (all keys for a single trial), in first-seen order."""
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row["overrides"] if k not in keys]
+    if len(rows) < 2:
+        return keys
+    return [k for k in keys if len({row["overrides"].get(k) for row in rows}) > 1]
+
+
+def _fmt(value: Any) -> str:
+    """A loss or a count for the table: floats with 4 decimals, "-" for none."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.4g}"
+    return str(value)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def trials_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows of strings) of a multirun's table; only the overrides that vary get a column."""
+    keys = _varying_keys(rows)
+    header = ["trial", *keys, "status", "best_val_loss", "wall_seconds", "steps", "error"]
+    body = [
+        [
+            str(row["trial"]),
+            *(row["overrides"].get(k, "-") for k in keys),
+            row["status"],
+            _fmt(row["best_val_loss"]),
+            _seconds(row["wall_seconds"]),
+            _fmt(row["steps"]),
+            row["error"],
+        ]
+        for row in rows
+    ]
+    return header, body
+
+
+def study_table(study: optuna.Study, sweep_dir: Path) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of an Optuna study's trials: params with 4 significant digits, best marked."""
+    trials = study.get_trials(deepcopy=False)
+    keys = sorted({k for t in trials for k in t.params})
+    try:
+        best = study.best_trial.number
+    except ValueError:  # no completed trial
+        best = None
+    header = ["trial", *keys, "state", "best_val_loss", "steps", "wall_seconds", "best"]
+    body = []
+    for t in trials:
+        summary = _summary(sweep_dir / str(t.number))
+        body.append(
+            [
+                str(t.number),
+                *(_param(t.params.get(k, "-")) for k in keys),
+                t.state.name.lower(),
+                _fmt(t.value),
+                _fmt(summary.get("steps")),
+                _seconds(summary.get("wall_seconds")),
+                "*" if t.number == best else "",
+            ]
+        )
+    return header, body
+
+
+def render_table(header: list[str], body: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header) - 1)]
+    lines = []
+    for r in [header, *body]:
+        cells = [c.ljust(w) for c, w in zip(r, widths)]
+        lines.append("  ".join([*cells, r[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+def report_table(sweep_dir: Path, header: list[str], body: list[list[str]], title: str) -> Path:
+    """Write the table to `<sweep_dir>/trials.csv` and print it under "trials of <title>"; the CSV's path."""
+    path = sweep_dir / TABLE_FILE
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        csv.writer(f).writerows([header, *body])
+    print(f"\ntrials of {title} (also in {path}):\n{render_table(header, body)}", flush=True)
+    return path

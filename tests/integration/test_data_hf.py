@@ -19,9 +19,10 @@ import pytest
 import tiktoken
 from helpers import REPO, spec_read
 
-import mini_gpt.data.shard_corpus as sharding
+import mini_gpt.data.hf as sharding
 from mini_gpt.data.config import HFDataConfig
-from mini_gpt.data.shard_corpus import prepare_shards
+from mini_gpt.data.hf import prepare_shards
+from mini_gpt.data.shards import ShardedCorpus
 from mini_gpt.data.split import val_mask
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import parse_tiktoken_ranks
@@ -79,7 +80,7 @@ def cfg_for(dataset: Path | str, data_dir: Path, bpe_file: Path, **kw) -> HFData
     return HFDataConfig(dataset=str(dataset), bpe_file=str(bpe_file), data_dir=str(data_dir), **kw)
 
 
-def read_all(prep: sharding.ShardedCorpus) -> tuple[list[int], list[int]]:
+def read_all(prep: ShardedCorpus) -> tuple[list[int], list[int]]:
     train = [t for s in prep.train for t in spec_read(s.path)[2].tolist()]
     val = [t for s in prep.val for t in spec_read(s.path)[2].tolist()]
     return train, val
@@ -211,7 +212,7 @@ def test_interrupted_preparation_resumes_after_the_last_complete_shard(
 def test_two_concurrent_preparations_share_one_result(tmp_path, corpus, gpt2_bpe_file):
     code = (
         "import sys; from mini_gpt.data.config import HFDataConfig; "
-        "from mini_gpt.data.shard_corpus import prepare_shards; "
+        "from mini_gpt.data.hf import prepare_shards; "
         f"c = prepare_shards(HFDataConfig(dataset={str(corpus / 'pq')!r}, bpe_file={str(gpt2_bpe_file)!r}, "
         f"data_dir={str(tmp_path)!r}, shard_tokens=5000, val_fraction=0.05, num_proc=1)); "
         "print('TOKENS', c.train_tokens, c.val_tokens)"
@@ -341,7 +342,7 @@ def test_default_val_split_fits_a_small_corpus(tmp_path, corpus, docs, gpt2_bpe_
 def test_full_disk_while_writing_shards_is_one_line(tmp_path, corpus, gpt2_bpe_file, monkeypatch):
     import errno
 
-    from mini_gpt.data.shard_format import ShardWriter
+    from mini_gpt.data.shards import ShardWriter
 
     real = ShardWriter.write
     written = {"n": 0}
@@ -410,11 +411,11 @@ def test_mixed_file_types_are_refused(tmp_path, corpus, gpt2_bpe_file):
     [
         # the core, the default run: `datasets` is an optional extra
         (
-            "mini_gpt.data, mini_gpt.data.datamodule, mini_gpt.data.shard_corpus, mini_gpt.data.windows",
+            "mini_gpt.data, mini_gpt.data.datamodule, mini_gpt.data.hf, mini_gpt.data.windows",
             ["datasets"],
         ),
         # a tokenizer worker and the prepare command: no torch (~370 MB of RSS per process), no Lightning
-        ("mini_gpt.data.shard_corpus, mini_gpt.cli.prepare", ["datasets", "lightning", "torch"]),
+        ("mini_gpt.data.hf, mini_gpt.data.shards, mini_gpt.cli.prepare", ["datasets", "lightning", "torch"]),
     ],
 )
 def test_imports_stay_light(modules, absent):
@@ -449,7 +450,7 @@ def test_progress_bar_counts_against_the_parquet_row_count(tmp_path, corpus, gpt
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "mini_gpt.data", *args],
+        [sys.executable, "-m", "mini_gpt.cli", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},

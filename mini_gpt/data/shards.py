@@ -1,4 +1,5 @@
-"""The llm.c token shard format: read, write and check `.bin` shards.
+"""Token shard files, everything about them: llm.c's `.bin` format (read, write, check), the shards a run
+trains on (`ShardedCorpus`) and existing ones found for `data=shards` (`find_shards`). hf.py writes them.
 
 A shard is a header of 256 little-endian int32 followed by the tokens:
 
@@ -11,17 +12,23 @@ A shard is a header of 256 little-endian int32 followed by the tokens:
 
 llm.c's `dev/data/*.py` write this and modded-nanogpt reads it, so their published shards train as they
 are. Every reader checks the magic, the version and that the file holds exactly the announced tokens.
+A `meta.json` beside shards (ours: hf.py writes it last) names the tokenizer that wrote them.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from mini_gpt.data.config import ShardsDataConfig
+from mini_gpt.data.sources import glob_files
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import read_json
+from mini_gpt.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_dict
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -29,6 +36,7 @@ MAX_SHARD_TOKENS = 2**31 - 1  # the count is an int32
 # dtype -> (magic, version), as llm.c writes them ("gpt-2" and "llama-3" in its data_common.py).
 FORMATS = {"uint16": (20240520, 1), "uint32": (20240801, 7)}
 _BY_MAGIC = {magic: (dtype, version) for dtype, (magic, version) in FORMATS.items()}
+META = "meta.json"
 
 
 @dataclass(frozen=True)
@@ -193,3 +201,83 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
+
+
+# ---------------------------------------------------------------------------------- corpora of shards
+
+
+@dataclass
+class ShardedCorpus:
+    """Prepared (or found) shards: what the training windows are drawn from."""
+
+    dir: Path
+    train: list[ShardInfo]
+    val: list[ShardInfo]
+    tokenizer: Tokenizer
+    meta: dict[str, Any] = field(repr=False)
+
+    @property
+    def dtype(self) -> str:
+        return self.train[0].dtype
+
+    @property
+    def train_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.train)
+
+    @property
+    def val_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.val)
+
+
+def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
+    """Existing llm.c-format shards (`data=shards`), headers checked. Validation: `cfg.val_path`'s files,
+    else those of `cfg.path` named *val* (as llm.c and modded-nanogpt name them). The tokenizer:
+    `cfg.tokenizer`, else the one in a meta.json beside the shards (ours), else GPT-2."""
+    assert cfg.path is not None
+
+    files = glob_files(cfg.path)
+    if not files:
+        raise MiniGPTError(f"data.path={cfg.path} matches no files; pass a glob of .bin token shards")
+    if cfg.val_path:
+        val = glob_files(cfg.val_path)
+        train = [p for p in files if p not in set(val)]
+    else:
+        val = [p for p in files if "val" in p.name]
+        train = [p for p in files if "val" not in p.name]
+    if not train:
+        raise MiniGPTError(
+            f"data.path={cfg.path} holds no train shards (only files named *val*); fix the glob"
+        )
+    if not val:
+        raise MiniGPTError(
+            f"no validation shard among data.path={cfg.path} (none is named *val*); "
+            "name one with data.val_path='DIR/*val*.bin'"
+        )
+    train_info, val_info = [read_header(p) for p in train], [read_header(p) for p in val]
+    dtypes = {i.dtype for i in train_info + val_info}
+    if len(dtypes) > 1:
+        raise MiniGPTError(
+            f"data.path={cfg.path} mixes uint16 and uint32 shards; use shards of one tokenizer"
+        )
+    meta = read_json(train[0].parent / META) or {}
+    if cfg.tokenizer is not None:
+        tok = build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
+        _check_same_tokenizer(tok, meta, train[0].parent)
+    elif "tokenizer" in meta:
+        tok = tokenizer_from_dict(meta["tokenizer"])
+    else:
+        tok = build_tokenizer("gpt2", bpe_file=cfg.bpe_file)
+    return ShardedCorpus(dir=train[0].parent, train=train_info, val=val_info, tokenizer=tok, meta=meta)
+
+
+def _check_same_tokenizer(tok: Tokenizer, meta: dict[str, Any], where: Path) -> None:
+    """One line when the meta.json beside the shards says another tokenizer wrote them."""
+    if "tokenizer" not in meta:
+        return  # shards of llm.c or modded-nanogpt: nothing recorded, data.tokenizer is trusted
+    theirs = tokenizer_from_dict(meta["tokenizer"])
+    # the name aside: gpt2 and r50k_base are one vocabulary under two names
+    if {**theirs.to_dict(), "name": None} != {**tok.to_dict(), "name": None}:
+        raise MiniGPTError(
+            f"the shards in {where} were written by {theirs!r}, not by data.tokenizer's {tok!r}; drop "
+            "data.tokenizer (the one in their meta.json is used) or prepare the shards with this tokenizer"
+        )

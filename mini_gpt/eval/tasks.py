@@ -1,0 +1,132 @@
+"""The evaluation tasks, `bpb` (bits per byte, bpb.py) and `hellaswag` (hellaswag.py), run the same way by
+`mini-gpt evaluate` and by training's `callbacks.evaluate`. Every input is read first (`read_inputs`: a
+wrong path fails in a second, not after an hour of scoring), then scored (`score_tasks`). Training splits
+the work: `TaskInputs.share(rank, world)` is one device's part, and the parts' counts add up
+(`TaskScores.add_up`) to the numbers one process gets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from torch import nn
+
+from mini_gpt.data.config import data_root
+from mini_gpt.eval.bpb import BpbResult, BpbWindows, bpb_windows, score_bpb
+from mini_gpt.eval.hellaswag import HellaSwagItem, HellaSwagResult, evaluate_hellaswag, load_hellaswag
+from mini_gpt.tokenizer import Tokenizer
+
+__all__ = ["TASKS", "TaskInputs", "TaskScores", "read_inputs", "score_tasks"]
+
+TASKS = ("bpb", "hellaswag")
+
+
+@dataclass
+class TaskInputs:
+    """What the tasks score: bpb's windows, HellaSwag's items (None: the task is not run)."""
+
+    bpb: BpbWindows | None = None
+    hellaswag: list[HellaSwagItem] | None = None
+
+    def share(self, rank: int, world: int) -> TaskInputs:
+        """Device `rank`'s part of the work: windows and items rank, rank + world, ..."""
+        return TaskInputs(
+            None if self.bpb is None else self.bpb.share(rank, world),
+            None if self.hellaswag is None else self.hellaswag[rank::world],
+        )
+
+
+def read_inputs(
+    tasks: Sequence[str],
+    tokenizer: Tokenizer,
+    block_size: int,
+    documents: Callable[[], tuple[list[str], str]],
+    *,
+    stride: int | None = None,
+    hellaswag_path: str | None = None,
+    hellaswag_limit: int | None = None,
+    data_dir: str | None = None,
+) -> TaskInputs:
+    """The inputs of `tasks`: bpb's documents (`documents()` gives them and where they came from) cut into
+    windows moving `stride` tokens (None = block_size // 2); the first `hellaswag_limit` HellaSwag items
+    of `hellaswag_path`, else of the copy cached under `data_dir` (downloaded once when online)."""
+    inputs = TaskInputs()
+    if "bpb" in tasks:
+        docs, source = documents()
+        inputs.bpb = bpb_windows(tokenizer, docs, block_size, stride, source)
+    if "hellaswag" in tasks:
+        inputs.hellaswag = load_hellaswag(hellaswag_path, data_root(data_dir) / "hellaswag", hellaswag_limit)
+    return inputs
+
+
+@dataclass
+class TaskScores:
+    """The tasks' results (None: not run), as counts that add up over devices' shares."""
+
+    bpb: BpbResult | None = None
+    hellaswag: HellaSwagResult | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # per task
+    source: str = ""  # where bpb's text came from
+
+    def add_up(self, reduce: Callable[[list[float]], list[float]]) -> TaskScores:
+        """The whole work's scores from this device's share: `reduce` sums a list of numbers over devices
+        (identity on one process). Called on every device, in the same order."""
+        bpb, hellaswag = self.bpb, self.hellaswag
+        if bpb is not None:
+            nll, tokens = reduce([bpb.nll, bpb.tokens])
+            bpb = replace(bpb, nll=nll, tokens=int(tokens))
+        if hellaswag is not None:
+            correct, correct_norm, n = reduce([hellaswag.correct, hellaswag.correct_norm, hellaswag.n])
+            hellaswag = HellaSwagResult(int(correct), int(correct_norm), int(n))
+        return replace(self, bpb=bpb, hellaswag=hellaswag)
+
+    def curves(self) -> dict[str, float]:
+        """The numbers to follow over training, as `<task>/<metric>`."""
+        out = {}
+        if self.bpb is not None:
+            out.update({"bpb/bits_per_byte": self.bpb.bits_per_byte, "bpb/loss": self.bpb.loss})
+        if self.hellaswag is not None:
+            out.update({"hellaswag/acc": self.hellaswag.acc, "hellaswag/acc_norm": self.hellaswag.acc_norm})
+        return out
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Every metric of every task run, with its seconds: `mini-gpt evaluate`'s results."""
+        out: dict[str, dict[str, Any]] = {}
+        if self.bpb is not None:
+            out["bpb"] = {**self.bpb.to_dict(), "text": self.source, "seconds": round(self.seconds["bpb"], 2)}
+        if self.hellaswag is not None:
+            seconds = round(self.seconds["hellaswag"], 2)
+            out["hellaswag"] = {**self.hellaswag.to_dict(), "seconds": seconds}
+        return out
+
+
+def score_tasks(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    inputs: TaskInputs,
+    bpb_batch_size: int = 16,
+    hellaswag_batch_size: int = 4,
+    progress: bool | None = None,
+) -> TaskScores:
+    """Score `inputs` with `model` in eval mode (its mode is put back); `*_batch_size`: windows / items per
+    forward pass; `progress` None: a HellaSwag bar on an interactive stderr."""
+    scores = TaskScores(source="" if inputs.bpb is None else inputs.bpb.source)
+    was_training = model.training
+    model.eval()
+    try:
+        if inputs.bpb is not None:
+            t0 = time.perf_counter()
+            scores.bpb = score_bpb(model, inputs.bpb, bpb_batch_size)
+            scores.seconds["bpb"] = time.perf_counter() - t0
+        if inputs.hellaswag is not None:
+            t0 = time.perf_counter()
+            scores.hellaswag = evaluate_hellaswag(
+                model, tokenizer, inputs.hellaswag, hellaswag_batch_size, progress
+            )
+            scores.seconds["hellaswag"] = time.perf_counter() - t0
+    finally:
+        model.train(was_training)
+    return scores
