@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import threading
 from pathlib import Path
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -107,7 +108,11 @@ def test_rank_split_work_reduces_to_the_single_process_numbers(corpus):
     dm = datamodule(corpus)
     torch.manual_seed(1)
     model = GPT(GPTConfig.from_preset("tiny", vocab_size=dm.vocab_size, block_size=BLOCK)).eval()
-    module = SimpleNamespace(model=model, device=torch.device("cpu"))
+    logged: list[dict] = []
+    module = SimpleNamespace(  # the module's side-work clock and self.log, as a LightningModule has them
+        model=model, device=torch.device("cpu"), side_work=contextlib.nullcontext,
+        log_dict=lambda metrics, logger=True: logged.append(metrics),
+    )  # fmt: skip
     kwargs = {"every_n_steps": 1, "tasks": ["bpb", "hellaswag"], "hellaswag_path": str(corpus / "hs.jsonl")}
 
     def trainer(rank: int, world: int, strategy=None) -> SimpleNamespace:
@@ -133,6 +138,7 @@ def test_rank_split_work_reduces_to_the_single_process_numbers(corpus):
     for th in threads:
         th.join(timeout=120)
     assert got[0] == pytest.approx(want, rel=1e-9) and got[1] == pytest.approx(want, rel=1e-9)
+    assert logged[0] == want  # to callback_metrics too (summary.json's "eval"), not to the loggers
     assert set(want) == {
         "eval/bpb/bits_per_byte",
         "eval/bpb/loss",
