@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from mini_gpt.bench.common import print_table
-from mini_gpt.conf import compose
+from mini_gpt.conf import compose, model_preset
 from mini_gpt.machine import LoadMeter
 
 
@@ -146,7 +146,7 @@ def lightning_vs_raw(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
             x, y = next(raw_iter)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                logits = raw_model(x)
+                logits, _ = raw_model(x)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
             scaler.scale(loss).backward()
             scaler.unscale_(raw_opt)
@@ -335,7 +335,7 @@ def train_step_fn(
         x, y = batches[state["i"] % len(batches)]
         state["i"] += 1
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(x, targets=y) if ours else model(x, y)
+            loss = model(x, targets=y)[1] if ours else model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -450,7 +450,7 @@ def loss_rows(vocab: int, batch_size: int, repeats: int, device: torch.device) -
     from mini_gpt.train.optim import OptimConfig, build_optimizer
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_preset("baby", vocab_size=vocab)).to(device).train()
+    model = GPT(GPTConfig(**model_preset("baby", vocab_size=vocab))).to(device).train()
     opt = build_optimizer(model, OptimConfig(name="adamw", lr=1e-3))
     T = model.config.block_size
     gen = torch.Generator().manual_seed(0)
@@ -458,9 +458,9 @@ def loss_rows(vocab: int, batch_size: int, repeats: int, device: torch.device) -
 
     def step(chunked: bool) -> None:
         if chunked:
-            loss = model(x, targets=y)
+            loss = model(x, targets=y)[1]
         else:  # what the loss was before mini_gpt.model.loss: every logit at once
-            loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+            loss = F.cross_entropy(model(x)[0].flatten(0, 1).float(), y.flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

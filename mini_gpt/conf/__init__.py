@@ -217,3 +217,15 @@ def hydra_main(
 
     exit_with_help_if_asked(config_name, overrides)
     return exit_on_user_error(run)()
+
+
+def model_preset(name: str, **overrides: Any) -> dict[str, Any]:
+    """conf/model/<name>.yaml as a plain dict for `GPTConfig(**d)`, with `overrides` (the presets'
+    `vocab_size: null` means "the tokenizer's": give one). An unknown name is one line naming the options."""
+    from omegaconf import OmegaConf
+
+    path = CONF_DIR / "model" / f"{name}.yaml"
+    if not path.is_file():
+        options = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        raise MiniGPTError(f"unknown model preset {name!r}; choose one of {options}")
+    return {**OmegaConf.to_container(OmegaConf.load(path)), **overrides}  # type: ignore[dict-item]

@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from mini_gpt.conf.schema import checked_config
-from mini_gpt.errors import MiniGPTError, check_ints
+from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.interop.checkpoint import load_source
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import ENCODINGS, CharTokenizer, Tokenizer
@@ -109,7 +109,7 @@ def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_
             f"(only {' and '.join('model.' + k for k in _MUTABLE_MODEL_KEYS)} may change, the context "
             "only shrink)"
         )
-    return dataclasses.replace(source, **changes)
+    return build_config(GPTConfig, {**source.to_dict(), **changes}, "model")
 
 
 def build_model(source: GPT, config: GPTConfig) -> GPT:
@@ -250,7 +250,7 @@ def plan_finetune(
                 f"settings (finetune={recorded.method} ...), or start a new run from it with init_from="
             )
         assert checkpoint_meta is not None
-        config = GPTConfig.from_dict(dict(checkpoint_meta["model_config"]))
+        config = build_config(GPTConfig, dict(checkpoint_meta["model_config"]), "model_config")
         return FinetunePlan(config, dict(record), recorded)
     if cfg.method == "lora" or cfg.freeze_embeddings or cfg.train_last_n_blocks is not None:
         raise MiniGPTError(

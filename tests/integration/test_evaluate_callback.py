@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import make_items, write_jsonl
+from helpers import make_items, preset, write_jsonl
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.bpb import bits_per_byte
@@ -41,14 +41,13 @@ def test_evals_are_logged_at_their_steps_and_equal_offline_evaluation(tmp_path, 
     import lightning as L
     from lightning.pytorch.loggers import CSVLogger
 
-    from mini_gpt.model.gpt import GPTConfig
     from mini_gpt.train.module import GPTLitModule
     from mini_gpt.train.optim import OptimConfig
 
     dm = datamodule(corpus)
     dm.prepare_data()
     torch.manual_seed(0)
-    cfg = GPTConfig.from_preset("tiny", vocab_size=dm.vocab_size, block_size=BLOCK)
+    cfg = preset("tiny", vocab_size=dm.vocab_size, block_size=BLOCK)
     module = GPTLitModule(cfg, OptimConfig(), tokenizer=dm.tokenizer, max_steps=5)
     cb = EvaluateCallback(
         every_n_steps=2,
@@ -102,11 +101,11 @@ class ThreadAllReduce:
 
 
 def test_rank_split_work_reduces_to_the_single_process_numbers(corpus):
-    from mini_gpt.model.gpt import GPT, GPTConfig
+    from mini_gpt.model.gpt import GPT
 
     dm = datamodule(corpus)
     torch.manual_seed(1)
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=dm.vocab_size, block_size=BLOCK)).eval()
+    model = GPT(preset("tiny", vocab_size=dm.vocab_size, block_size=BLOCK)).eval()
     module = SimpleNamespace(model=model, device=torch.device("cpu"))
     kwargs = {"every_n_steps": 1, "tasks": ["bpb", "hellaswag"], "hellaswag_path": str(corpus / "hs.jsonl")}
 

@@ -35,3 +35,15 @@ def test_values_are_converted_to_the_field_types() -> None:
     # the dataclass still checks the ranges
     with pytest.raises(MiniGPTError, match=r"optim\.lr=-1\.0 must be > 0"):
         checked_config(OptimConfig, {"lr": -1}, "optim")
+
+
+def test_the_model_configs_own_checks_are_one_line_too() -> None:
+    """GPTConfig raises plain ValueErrors (the model imports nothing of mini_gpt's); building it from a
+    config section turns them into the same one-line MiniGPTError."""
+    with pytest.raises(ValueError, match="n_embd=100 is not divisible") as plain:
+        GPTConfig(n_embd=100, n_head=3)
+    assert not isinstance(plain.value, MiniGPTError)
+    with pytest.raises(MiniGPTError, match=r"^GPTConfig: n_embd=100 is not divisible by n_head=3; set model"):
+        checked_config(GPTConfig, {"n_embd": 100, "n_head": 3}, "model")
+    with pytest.raises(MiniGPTError, match=r"^GPTConfig\.norm='batchnorm' must be one of"):
+        checked_config(GPTConfig, {"norm": "batchnorm"}, "model")
