@@ -49,9 +49,15 @@ def check_ints(
 def build_config(
     cls: type[T], d: Mapping[str, Any], section: str, error: type[MiniGPTError] = MiniGPTError
 ) -> T:
-    """`cls(**d)` for a config dataclass; keys it does not have (a typo in YAML) are one line."""
+    """`cls(**d)` for a config dataclass; keys it does not have (a typo in YAML) are one line, and so is a
+    plain ValueError of its checks (the model's GPTConfig raises those: it imports nothing of ours)."""
     known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     unknown = sorted(set(d) - set(known))
     if unknown:
         raise error(f"{section}: unknown key(s) {unknown}; the keys are {', '.join(known)}")
-    return cls(**d)
+    try:
+        return cls(**d)
+    except MiniGPTError:
+        raise
+    except ValueError as err:
+        raise error(str(err)) from None

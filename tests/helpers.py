@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mini_gpt.conf import model_preset
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer
 
@@ -43,10 +44,15 @@ WORDS = [
 ]
 
 
+def preset(name: str, **overrides: Any) -> GPTConfig:
+    """The GPTConfig of conf/model/<name>.yaml with `overrides` (tiny, char and baby need a vocab_size)."""
+    return GPTConfig(**model_preset(name, **overrides))
+
+
 def bpe_model(seed: int = 0, block_size: int = 48) -> GPT:
     """A random tiny GPT-2-shaped model (GPT-2 vocabulary), weights scaled so the logits are spread."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=50257, block_size=block_size)).eval()
+    model = GPT(preset("tiny", vocab_size=50257, block_size=block_size)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(3.0)
@@ -144,7 +150,7 @@ def train_tiny_char_model(
         starts = torch.randint(0, len(data) - T - 1, (16,))
         x = torch.stack([data[s : s + T] for s in starts])
         y = torch.stack([data[s + 1 : s + T + 1] for s in starts])
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss = torch.nn.functional.cross_entropy(model(x)[0].flatten(0, 1), y.flatten())
         opt.zero_grad()
         loss.backward()
         opt.step()

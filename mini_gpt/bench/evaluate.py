@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from mini_gpt.bench.common import alternate, shared_flags
+from mini_gpt.conf import model_preset
 from mini_gpt.eval.scoring import continuation_logprobs
 from mini_gpt.machine import LoadMeter
 from mini_gpt.model.gpt import GPT, GPTConfig
@@ -64,7 +65,9 @@ def transformers_naive(hf: Any, items: list[Any]) -> list[list[float]]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--items", type=int, default=32, help="HellaSwag-shaped items per timed run")
     parser.add_argument("--batch-items", type=int, default=4, help="items per forward pass (ours-batched)")
-    parser.add_argument("--model", default="gpt2", help="GPTConfig preset (random weights)")
+    parser.add_argument(
+        "--model", default="gpt2", help="a conf/model preset's shape, GPT-2 vocabulary (random weights)"
+    )
     shared_flags(parser, "repeats", "threads")
 
 
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
 
     torch.manual_seed(0)
     with LoadMeter() as load:
-        model = GPT(GPTConfig.from_preset(args.model)).eval()
+        model = GPT(GPTConfig(**model_preset(args.model, vocab_size=50257))).eval()
         hf = gpt_to_hf(model).eval()
         items = make_items(args.items, model.config.vocab_size, model.config.block_size)
         contenders = {

@@ -45,10 +45,9 @@ import time
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from mini_gpt.bench.common import alternate, print_part, shared_flags
-from mini_gpt.conf import compose
+from mini_gpt.conf import model_preset
 from mini_gpt.infer.sampling import generate
 from mini_gpt.machine import LoadMeter
 from mini_gpt.model.gpt import GPT, GPTConfig
@@ -152,7 +151,7 @@ def recompute_crop_loop(
     """Baseline: every step runs the whole context, cropped to the last block_size tokens."""
     block_size = model.config.block_size
     for _ in range(max_new_tokens):
-        logits = model(idx[:, -block_size:])[:, -1, :]  # (B, V)
+        logits = model(idx[:, -block_size:])[0][:, -1, :]  # (B, V)
         k = min(top_k, logits.shape[-1])
         kth = torch.topk(logits, k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -243,12 +242,11 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
             )
             decode.update(print_part(title, decode_rows, decode_load, note))
         if args.tokens:
-            baby_cfg = OmegaConf.to_container(compose(["model=baby"]).model)
-            baby = GPT(GPTConfig.from_dict({**baby_cfg, "vocab_size": 65}))
+            baby = GPT(GPTConfig(**model_preset("baby", vocab_size=65)))
             rows += _bench_model("baby (10.7M)", baby, args.tokens, args.repeats)
             del baby
         if args.gpt2_tokens:
-            gpt2 = GPT(GPTConfig.from_preset("gpt2"))
+            gpt2 = GPT(GPTConfig(**model_preset("gpt2", vocab_size=50257)))  # the published GPT-2
             rows += _bench_model("gpt2 (124M)", gpt2, args.gpt2_tokens, args.repeats)
     extra = {
         "other_load": round(load.other_load, 2),

@@ -51,16 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def default_model(out: Path) -> Path:
     """The default char model with random weights, exported as `mini-gpt train` + export would leave it."""
-    from omegaconf import OmegaConf
-
-    from mini_gpt.conf import compose
+    from mini_gpt.conf import model_preset
     from mini_gpt.interop.export import export_model
     from mini_gpt.model.gpt import GPT, GPTConfig
     from mini_gpt.tokenizer import CharTokenizer
 
-    cfg = OmegaConf.to_container(compose(["model=char"]).model)
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_dict({**cfg, "vocab_size": len(CHARS)})).eval()  # type: ignore[dict-item]
+    model = GPT(GPTConfig(**model_preset("char", vocab_size=len(CHARS)))).eval()
     export_model(model, CharTokenizer(CHARS), out, "safetensors")
     return out
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from mini_gpt.bench.common import alternate, comma_choices, pick_device, print_part, shared_flags
-from mini_gpt.conf import compose
+from mini_gpt.conf import compose, model_preset
 from mini_gpt.machine import LoadMeter
 
 
@@ -105,9 +105,9 @@ def lightning_vs_raw(
     from mini_gpt.data import DataConfig
     from mini_gpt.data.datamodule import GPTDataModule, TrainBatches
     from mini_gpt.model.gpt import GPT, GPTConfig
-    from mini_gpt.train.callbacks import NaNGuard, ProgressBar, Throughput, peak_flops
+    from mini_gpt.train.callbacks import LossGuard, ProgressBar, StopOnSignal, Throughput, peak_flops
     from mini_gpt.train.module import GPTLitModule
-    from mini_gpt.train.optim import OptimConfig, build_optimizer, build_scheduler
+    from mini_gpt.train.optim import build_optimizer, build_scheduler
     from mini_gpt.train.precision import choose_precision
 
     cfg = compose([f"model={args.model}", f"optim={args.optim}"])
@@ -118,7 +118,7 @@ def lightning_vs_raw(
     dm.prepare_data()
     model_dict["vocab_size"] = model_dict.get("vocab_size") or dm.vocab_size
     gpt_cfg = GPTConfig(**model_dict)
-    optim_cfg = OptimConfig.from_dict(OmegaConf.to_container(cfg.optim, resolve=True))
+    optim_cfg = OmegaConf.to_object(cfg.optim)
     total_chunks = args.repeats + 1  # +1 warm-up chunk each
     max_steps = args.steps * total_chunks
     tokens_per_step = batch_size * gpt_cfg.block_size
@@ -142,7 +142,7 @@ def lightning_vs_raw(
             x, y = next(raw_iter)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                logits = raw_model(x)
+                logits, _ = raw_model(x)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
             scaler.scale(loss).backward()
             scaler.unscale_(raw_opt)
@@ -197,7 +197,7 @@ def lightning_vs_raw(
         gradient_clip_val=clip,
         # the training callbacks of conf/callbacks/default.yaml that run every step (the rest
         # -- validation, checkpoints, samples -- run rarely and are not part of a training step)
-        callbacks=[ProgressBar(refresh_rate=10), Throughput(), NaNGuard(), Alternate()],
+        callbacks=[Throughput(), ProgressBar(refresh_rate=10), LossGuard(), StopOnSignal(), Alternate()],
         enable_checkpointing=False,
         enable_model_summary=False,
         logger=False,
@@ -331,7 +331,7 @@ def train_step_fn(
         x, y = batches[state["i"] % len(batches)]
         state["i"] += 1
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(x, targets=y) if ours else model(x, y)
+            loss = model(x, targets=y)[1] if ours else model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -342,8 +342,9 @@ def train_step_fn(
 
 def our_step_fn(config: str, batches: list, device: torch.device, bf16: bool) -> Any:
     """Our GPT on a NANO_CONFIGS shape (learned positions, LayerNorm, biases, erf GELU) with our AdamW."""
+    from mini_gpt.conf.train import OptimConfig
     from mini_gpt.model.gpt import GPT, GPTConfig
-    from mini_gpt.train.optim import OptimConfig, build_optimizer
+    from mini_gpt.train.optim import build_optimizer
 
     n_layer, n_head, n_embd, T, _, dropout = NANO_CONFIGS[config]
     cfg = GPTConfig(
@@ -438,11 +439,12 @@ class PeakMemory:
 def loss_rows(vocab: int, batch_size: int, repeats: int, device: torch.device) -> list[dict[str, Any]]:
     """Training steps of the baby model with a big vocabulary: full-logits loss vs mini_gpt.model.loss."""
     import mini_gpt.model.loss as loss_module
+    from mini_gpt.conf.train import OptimConfig
     from mini_gpt.model.gpt import GPT, GPTConfig
-    from mini_gpt.train.optim import OptimConfig, build_optimizer
+    from mini_gpt.train.optim import build_optimizer
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_preset("baby", vocab_size=vocab)).to(device).train()
+    model = GPT(GPTConfig(**model_preset("baby", vocab_size=vocab))).to(device).train()
     opt = build_optimizer(model, OptimConfig(name="adamw", lr=1e-3))
     T = model.config.block_size
     gen = torch.Generator().manual_seed(0)
@@ -452,9 +454,9 @@ def loss_rows(vocab: int, batch_size: int, repeats: int, device: torch.device) -
         def fn() -> float | None:  # one training step; returns its peak memory
             with PeakMemory(device) as mem:
                 if chunked:
-                    loss = model(x, targets=y)
+                    loss = model(x, targets=y)[1]
                 else:  # what the loss was before mini_gpt.model.loss: every logit at once
-                    loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+                    loss = F.cross_entropy(model(x)[0].flatten(0, 1).float(), y.flatten())
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()

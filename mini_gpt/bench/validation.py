@@ -20,10 +20,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from mini_gpt.bench.common import alternate, shared_flags
-from mini_gpt.conf import CONF_DIR
+from mini_gpt.conf import model_preset
 from mini_gpt.data.shards import token_file
 from mini_gpt.data.windows import ValBatches, ValWindows, val_window_count
 from mini_gpt.model.gpt import GPT, GPTConfig
@@ -33,8 +32,7 @@ CHAR_VOCAB = 65  # tiny Shakespeare's characters: the default run's vocabulary
 
 def model_config(name: str) -> GPTConfig:
     """conf/model/<name>.yaml's architecture with the character vocabulary."""
-    keys = yaml.safe_load((CONF_DIR / "model" / f"{name}.yaml").read_text())
-    return GPTConfig(**{**keys, "vocab_size": CHAR_VOCAB})
+    return GPTConfig(**model_preset(name, vocab_size=CHAR_VOCAB))
 
 
 def write_tokens(path: Path, n_tokens: int, vocab: int, seed: int = 0) -> Path:
@@ -51,7 +49,7 @@ def validate(model: GPT, windows: ValWindows, batch_size: int) -> tuple[float, i
     total, count = 0.0, 0
     with torch.inference_mode():
         for x, y in ValBatches(windows, batch_size):
-            total += float(model(x, targets=y, reduction="sum"))
+            total += float(model(x, targets=y, reduction="sum")[1])
             count += y.numel()
     return total / count, count
 

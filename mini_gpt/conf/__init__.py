@@ -142,11 +142,13 @@ def config_error(err: BaseException, config_name: str, schema: Any = None) -> Mi
     dataclass the config follows (default: the verb's), whose type hints say what a value must be."""
     from hydra.errors import MissingConfigException
     from omegaconf import DictConfig, OmegaConf
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
     if isinstance(err, MiniGPTError):
         return err
     cause = err.__cause__ or err
+    if isinstance(cause, ValueError) and not isinstance(cause, OmegaConfBaseException):
+        return MiniGPTError(str(cause))  # a dataclass's own range check (GPTConfig raises plain ValueErrors)
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and "/" in err.missing_cfg_file:
         group, _, option = err.missing_cfg_file.rpartition("/")
         options = ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
@@ -199,6 +201,17 @@ def checked_config(cls: type[T], d: Mapping[str, Any], section: str) -> T:
         if line.startswith(f"{section}: "):
             raise MiniGPTError(line) from None
         raise MiniGPTError(f"{section}.{line}" if section else line) from None
+
+
+def typed_config(cfg: Any, config_name: str) -> Any:
+    """A composed config as its schema dataclass (each section's `__post_init__` range checks run); a
+    refusal is one `MiniGPTError` line."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_object(cfg)
+    except Exception as err:
+        raise config_error(err, config_name) from None
 
 
 def command(config_name: str) -> str:
@@ -295,11 +308,8 @@ def run_tool(
     def run() -> Any:
         cfg = compose_command_line(config_name, overrides)
         cfg = cfg if node is None else cfg[node]
-        try:
-            config = OmegaConf.to_object(cfg) if OmegaConf.get_type(cfg) is not dict else None
-        except Exception as err:
-            raise config_error(err, config_name) from None
-        return task(config if config is not None else OmegaConf.to_container(cfg, resolve=True))
+        typed = OmegaConf.get_type(cfg) is not dict
+        return task(typed_config(cfg, config_name) if typed else OmegaConf.to_container(cfg, resolve=True))
 
     exit_with_help_if_asked(config_name, overrides)
     return exit_on_user_error(run)()
@@ -343,3 +353,15 @@ def checked_arguments(node: Mapping[str, Any], section: str) -> dict[str, Any]:
         line = str(config_error(err, section, schema))
         raise MiniGPTError(line if line.startswith(f"{section}: ") else f"{section}.{line}") from None
     return {"_target_": node["_target_"], **{k: checked[k] for k in arguments}}
+
+
+def model_preset(name: str, **overrides: Any) -> dict[str, Any]:
+    """conf/model/<name>.yaml as a plain dict for `GPTConfig(**d)`, with `overrides` (the presets'
+    `vocab_size: null` means "the tokenizer's": give one). An unknown name is one line naming the options."""
+    from omegaconf import OmegaConf
+
+    path = CONF_DIR / "model" / f"{name}.yaml"
+    if not path.is_file():
+        options = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        raise MiniGPTError(f"unknown model preset {name!r}; choose one of {options}")
+    return {**OmegaConf.to_container(OmegaConf.load(path)), **overrides}  # type: ignore[dict-item]

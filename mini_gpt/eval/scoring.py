@@ -74,7 +74,7 @@ def continuation_logprobs(
             full = [*context, *continuation][-(block_size + 1) :]
             rows.append(full[:-1])  # the last token is only a target
             spans.append((len(full) - 1 - len(continuation), len(continuation)))
-        logits = model(_pack(rows, device))  # (B, T, V)
+        logits, _ = model(_pack(rows, device))  # (B, T, V)
         # Gather the positions that predict continuation tokens: row r, positions start..start+n-1.
         row_idx = torch.cat([torch.full((n,), r) for r, (_, n) in enumerate(spans)]).to(device)
         pos_idx = torch.cat([torch.arange(s, s + n) for s, n in spans]).to(device)
@@ -102,7 +102,7 @@ def _score_long(model: nn.Module, context: Sequence[int], continuation: Sequence
         first = max(w.first, first_target - 1 - w.begin)  # position p predicts ids[begin + p + 1]
         if first > len(w.ids) - 2:
             continue
-        logits = model(torch.as_tensor([w.ids[:-1]], device=device))[0, first:].float()  # (n, V)
+        logits = model(torch.as_tensor([w.ids[:-1]], device=device))[0][0, first:].float()  # (n, V)
         targets = torch.as_tensor(w.ids[first + 1 :], device=device)
         logprob -= float(F.cross_entropy(logits, targets, reduction="sum"))
         greedy = greedy and bool((logits.argmax(dim=-1) == targets).all())
@@ -164,7 +164,7 @@ def score_windows(
     order = sorted(range(len(wins)), key=lambda i: len(wins[i].ids))
     for b in range(0, len(order), batch_size):
         batch = [wins[i] for i in order[b : b + batch_size]]
-        logits = model(_pack([w.ids[:-1] for w in batch], device))  # (B, T, V)
+        logits, _ = model(_pack([w.ids[:-1] for w in batch], device))  # (B, T, V)
         row_idx = torch.cat([torch.full((len(w.ids) - 1 - w.first,), i) for i, w in enumerate(batch)])
         pos_idx = torch.cat([torch.arange(w.first, len(w.ids) - 1) for w in batch])
         targets = torch.cat([torch.as_tensor(w.ids[w.first + 1 :], dtype=torch.long) for w in batch])

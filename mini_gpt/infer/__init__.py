@@ -1,1 +1,1 @@
-"""Inference: sampling (generate), text streaming, devices and dtypes, CPU weight packing."""
+"""Inference: sampling (generate), left-padded batches, text streaming, devices and dtypes, weight packing."""

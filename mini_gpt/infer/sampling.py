@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.infer.padding import padded_last_logits
 
 __all__ = [
     "apply_repetition_penalty",
@@ -98,14 +99,12 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _padding(keep: Tensor | None, a: int, n: int, queries: int) -> dict[str, Tensor]:
-    """Model inputs for left-padded rows whose context is columns a..n-1, the last `queries` of them
-    fed now: the key mask (B, 1, 1, n - a) and each row's positions (counting real tokens only)."""
+def _last_logits(model: nn.Module, idx: Tensor, keep: Tensor | None, caches: list | None) -> Tensor:
+    """Logits (B, 1, V) of idx's last position; idx is the end of the context whose padding mask (with
+    left padding) is `keep` (B, S)."""
     if keep is None:
-        return {}
-    keys = keep[:, a:n]  # (B, S)
-    positions = (keys.cumsum(dim=1) - 1).clamp(min=0)[:, n - a - queries :]  # (B, queries)
-    return {"attn_mask": keys[:, None, None, :], "positions": positions}
+        return model(idx, kv_caches=caches, last_only=True)[0]
+    return padded_last_logits(model, idx, keep, caches)
 
 
 def _expand_caches(caches: list, n: int) -> None:
@@ -178,20 +177,19 @@ def generate(
     try:
         for _step in range(max_new_tokens):
             new_start = context_start(start, n, block_size, window)
+            context = keep[:, new_start:n] if keep is not None else None  # (n_rows, S)
             if caches is None:
-                pad = _padding(keep, new_start, n, n - new_start)
-                logits = model(seq[:, new_start:n], last_only=True, **pad)
+                logits = _last_logits(model, seq[:, new_start:n], context, None)
             elif _step == 0 or new_start != start:  # (re-)prefill the whole context
                 for cache in caches:
                     cache.reset()
                 rows = 1 if _step == 0 and B == 1 else n_rows
-                pad = _padding(keep[:rows] if keep is not None else None, new_start, n, n - new_start)
-                logits = model(seq[:rows, new_start:n], kv_caches=caches, last_only=True, **pad)
+                mask = context[:rows] if context is not None else None
+                logits = _last_logits(model, seq[:rows, new_start:n], mask, caches)
                 if rows != n_rows:
                     _expand_caches(caches, n_rows)
             else:  # the one new token; the cache holds everything before it
-                pad = _padding(keep, new_start, n, 1)
-                logits = model(seq[:, n - 1 : n], kv_caches=caches, last_only=True, **pad)
+                logits = _last_logits(model, seq[:, n - 1 : n], context, caches)
             start = new_start
             logits = logits[:, -1, :].float().expand(n_rows, -1)  # (n_rows, V)
             if repetition_penalty is not None and repetition_penalty != 1.0:

@@ -24,14 +24,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, build_config
 from mini_gpt.interop.hf_tokenizer import (
     HF_TOKENIZER_FILE,
     load_hf_tokenizer,
     require_transformers,
     save_hf_tokenizer,
 )
-from mini_gpt.model.attention import interleaved_qkv_to_fused
 from mini_gpt.model.gpt import GPT, MLP, GPTConfig
 from mini_gpt.tokenizer import Tokenizer, build_tokenizer
 
@@ -43,6 +42,7 @@ __all__ = [
     "gpt_from_hf",
     "gpt_to_hf",
     "hf_architecture",
+    "interleaved_qkv_to_fused",
     "load_hf_dir",
     "to_hf",
     "write_hf",
@@ -149,6 +149,21 @@ HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # the published G
 
 
 # ---- weights ----------------------------------------------------------------------------------------
+def interleaved_qkv_to_fused(param: Tensor, n_head: int) -> Tensor:
+    """Reorder a per-head interleaved QKV projection into our `[q; k; v]` layout.
+
+    GPT-NeoX, and tutorials that reshape the output of one `Linear(d_in, 3 * n_embd)` to
+    (B, T, n_head, 3 * hs), group the output rows per head: [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]. GPT-2 and
+    `nn.MultiheadAttention` group them per role: [q_0 q_1 ... | k_0 ... | v_0 ...]. Works on the weight
+    (3C, d_in) and on the bias (3C,) alike.
+    """
+    three_c = param.shape[0]
+    hs = three_c // (3 * n_head)
+    rest = param.shape[1:]
+    per_head = param.reshape(n_head, 3, hs, *rest)  # (nh, {q,k,v}, hs, ...)
+    return per_head.transpose(0, 1).reshape(three_c, *rest)  # ({q,k,v}, nh, hs, ...) flattened
+
+
 def _fused_to_per_head(param: Tensor, n_head: int) -> Tensor:
     """Our [q; k; v] rows -> GPT-NeoX's per-head grouping (the inverse of interleaved_qkv_to_fused)."""
     rest = param.shape[1:]
@@ -339,7 +354,7 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
         act, eps = hf_config.activation_function, hf_config.layer_norm_epsilon
         _check("GPT-2", [(act in MLP_OF_ACTIVATION, f"activation {act!r}")])
         _check("GPT-2", [(_close(eps, NORM_EPS), f"layer_norm_epsilon={eps}")])
-        return GPTConfig(
+        gpt2 = dict(
             vocab_size=hf_config.vocab_size,
             block_size=hf_config.n_positions,
             n_layer=hf_config.n_layer,
@@ -349,6 +364,7 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
             mlp=MLP_OF_ACTIVATION[act],
             tie_weights=bool(getattr(hf_config, "tie_word_embeddings", True)),
         )
+        return build_config(GPTConfig, gpt2, "GPT-2 config")
     if model_type not in ("gpt_neox", "llama"):
         raise MiniGPTError(f"model_type={model_type!r} is not one mini-gpt reads (GPT-2, GPT-NeoX, Llama)")
     arch = ARCHITECTURES[model_type]
@@ -361,7 +377,7 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
     ):
         if key not in rope and getattr(hf_config, attr, None) is not None:
             rope[key] = getattr(hf_config, attr)
-    config = GPTConfig(
+    shape = dict(
         vocab_size=hf_config.vocab_size,
         block_size=hf_config.max_position_embeddings,
         n_layer=hf_config.num_hidden_layers,
@@ -373,6 +389,7 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
         pos_embedding="rope",
         mlp=MLP_OF_ACTIVATION.get(hf_config.hidden_act, "gelu") if model_type == "gpt_neox" else "swiglu",
     )
+    config = build_config(GPTConfig, shape, f"{arch.label} config")
     hidden = MLP(config).c_proj.in_features
     inter = hf_config.intermediate_size
     checks = [

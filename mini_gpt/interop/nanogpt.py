@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, build_config
 from mini_gpt.model.gpt import GPTConfig
 from mini_gpt.tokenizer import CharTokenizer, Tokenizer, build_tokenizer
 
@@ -42,7 +42,8 @@ def nanogpt_config(model_args: dict[str, Any], source: Path) -> GPTConfig:
         )
     args = {k: model_args[k] for k in MODEL_ARGS}
     # nanoGPT: LayerNorm, learned positions, nn.GELU() (the erf form), head tied to the embedding.
-    return GPTConfig(**args, dropout=float(model_args.get("dropout", 0.0)), mlp="gelu_exact")
+    args.update(dropout=float(model_args.get("dropout", 0.0)), mlp="gelu_exact")
+    return build_config(GPTConfig, args, f"{source}: nanoGPT model_args")
 
 
 def nanogpt_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:

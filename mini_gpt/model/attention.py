@@ -86,21 +86,6 @@ def causal_mask(T: int, S: int, device: torch.device | None = None) -> Tensor:
     return k_pos <= q_pos
 
 
-def interleaved_qkv_to_fused(param: Tensor, n_head: int) -> Tensor:
-    """Reorder a per-head interleaved QKV projection into our `[q; k; v]` layout.
-
-    Some tutorials reshape the output of one `Linear(d_in, 3 * n_embd)` to (B, T, n_head, 3 * hs) and
-    chunk the last dim, which means output rows are grouped per head: [q_0 k_0 v_0 | q_1 k_1 v_1 | ...].
-    GPT-2 and `nn.MultiheadAttention` group them per role instead: [q_0 q_1 ... | k_0 ... | v_0 ...].
-    Works on the weight (3C, d_in) and on the bias (3C,) alike.
-    """
-    three_c = param.shape[0]
-    hs = three_c // (3 * n_head)
-    rest = param.shape[1:]
-    per_head = param.reshape(n_head, 3, hs, *rest)  # (nh, {q,k,v}, hs, ...)
-    return per_head.transpose(0, 1).reshape(three_c, *rest)  # ({q,k,v}, nh, hs, ...) flattened
-
-
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with a fused `[q; k; v]` projection (GPT-2 layout).
 

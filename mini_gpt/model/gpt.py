@@ -17,7 +17,6 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.model.attention import CausalSelfAttention, KVCache
 from mini_gpt.model.loss import lm_loss
 from mini_gpt.model.rope import rotary_tables
@@ -29,6 +28,8 @@ MLPS = ("gelu", "gelu_exact", "swiglu")  # gelu: GPT-2's tanh approximation; gel
 
 @dataclass
 class GPTConfig:
+    """The architecture. The defaults are GPT-2 small's; the presets are conf/model/*.yaml."""
+
     vocab_size: int | None = 50257  # GPT-2 BPE; null: training sets it from the tokenizer
     block_size: int = 1024  # longest context the model sees
     n_layer: int = 12
@@ -42,25 +43,28 @@ class GPTConfig:
     tie_weights: bool = True  # lm_head shares the token embedding matrix
 
     def __post_init__(self) -> None:
-        # Plain checks only (the model imports no OmegaConf): a composed config's types were checked
-        # where it became this dataclass (mini_gpt.conf.schema).
-        names = ("block_size", "n_layer", "n_head", "n_embd")
-        check_ints(**{f"GPTConfig.{name}": getattr(self, name) for name in names})
-        check_ints(allow_none=True, **{"GPTConfig.vocab_size": self.vocab_size})
+        # Plain ValueErrors, one fixable line each (the model imports nothing but torch): the tools turn
+        # them into `error:` lines where they build a config from user input.
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if name == "vocab_size" and value is None:
+                continue  # set from the tokenizer before a GPT is built
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPTConfig.{name}={value!r} must be a positive integer")
         if self.n_embd % self.n_head:
             lower = self.n_embd - self.n_embd % self.n_head
-            raise MiniGPTError(
+            raise ValueError(
                 f"GPTConfig: n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                 f"set model.n_embd to a multiple of n_head (e.g. {lower} or {lower + self.n_head}) "
                 "or change model.n_head"
             )
         if not isinstance(self.dropout, int | float) or not 0 <= self.dropout < 1:
-            raise MiniGPTError(f"GPTConfig.dropout={self.dropout!r} must be a number in [0, 1)")
+            raise ValueError(f"GPTConfig.dropout={self.dropout!r} must be a number in [0, 1)")
         for name, allowed in (("norm", NORMS), ("pos_embedding", POS_EMBEDDINGS), ("mlp", MLPS)):
             if getattr(self, name) not in allowed:
-                raise MiniGPTError(f"GPTConfig.{name}={getattr(self, name)!r} must be one of {allowed}")
+                raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} must be one of {allowed}")
         if self.pos_embedding == "rope" and self.head_size % 2:
-            raise MiniGPTError(
+            raise ValueError(
                 f"GPTConfig: pos_embedding='rope' needs an even head size, got n_embd/n_head={self.head_size}"
             )
 
@@ -70,30 +74,6 @@ class GPTConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
-        return build_config(cls, d, "GPTConfig (model)")
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> GPTConfig:
-        """A preset architecture (`PRESETS`), with `overrides`."""
-        if name not in PRESETS:
-            raise MiniGPTError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
-        return cls(**{**PRESETS[name], **overrides})
-
-
-# The published GPT-2 family (vocab 50257, context 1024), and two small shapes for tests and benchmarks.
-# The training recipes are Hydra configs (conf/model/*.yaml): their gpt2 pads the vocabulary to
-# 50304 (a multiple of 64: faster matmuls); this gpt2 is the published architecture.
-PRESETS: dict[str, dict[str, Any]] = {
-    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
-    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
-    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
-    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
-    "baby": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, dropout=0.2),  # ~10.7M
-    "tiny": dict(n_layer=2, n_head=2, n_embd=32, block_size=64),  # for tests
-}
 
 
 class MLP(nn.Module):
@@ -142,23 +122,20 @@ class Block(nn.Module):
     def forward(
         self,
         x: Tensor,
-        attn_mask: Tensor | None = None,
-        kv_cache: KVCache | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        a = self.attn(self.ln_1(x), attn_mask, need_weights, kv_cache, rope)
-        a, att = a if need_weights else (a, None)
-        x = x + a
+        kv_cache: KVCache | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> Tensor:
+        x = x + self.attn(self.ln_1(x), attn_mask, kv_cache=kv_cache, rope=rope)  # (B, T, C)
         x = x + self.mlp(self.ln_2(x))
-        return x, att
+        return x
 
 
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         if config.vocab_size is None:
-            raise MiniGPTError("GPTConfig.vocab_size is null; set it (training takes the tokenizer's)")
+            raise ValueError("GPTConfig.vocab_size is null; set it (training takes the tokenizer's)")
         self.config = config
         self.transformer = nn.ModuleDict(
             dict(
@@ -195,60 +172,62 @@ class GPT(nn.Module):
     def forward(
         self,
         idx: Tensor,
-        kv_caches: list[KVCache] | None = None,
-        attn_mask: Tensor | None = None,
-        return_attention: bool = False,
-        last_only: bool = False,
         targets: Tensor | None = None,
+        kv_caches: list[KVCache] | None = None,
+        last_only: bool = False,
         reduction: str = "mean",
-        positions: Tensor | None = None,
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """Logits (B, T, vocab_size) for token ids idx (B, T).
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """Always `(logits, loss)`, for token ids idx (B, T):
+
+        - without `targets`: (logits (B, T, vocab_size), None). `last_only=True` gives the last position's
+          logits only, (B, 1, vocab_size): all generation needs, and it skips the output head (the largest
+          matrix) for the other T - 1 positions.
+        - with `targets` (B, T): (None, loss), the next-token cross-entropy (a float32 scalar, the mean or
+          the sum by `reduction`; target -100 is ignored), computed by `mini_gpt.model.loss.lm_loss` a chunk
+          of rows at a time, so all (B, T, vocab_size) logits never exist at once.
 
         With `kv_caches` (one per layer, from `new_kv_caches`) idx continues the cached sequence: its
-        positions start at the number of cached tokens. `return_attention=True` also returns every
-        layer's per-head attention weights (B, n_head, T, S) from the exact path. `last_only=True`
-        returns the logits of the last position only, (B, 1, vocab_size): all generation needs, and
-        it skips the output head (the largest matrix) for the other T - 1 positions.
-
-        With `targets` (B, T) the result is instead the next-token cross-entropy (float32 scalar, mean or
-        sum by `reduction`; target -100 is ignored), computed by `mini_gpt.model.loss.lm_loss` without
-        holding all (B, T, vocab_size) logits at once when the vocabulary is large.
-
-        `positions` (B, T) gives every row its own positions instead of start..start+T-1: a left-padded
-        prompt starts at position 0 at its first real token (with `attn_mask` hiding the padding).
+        positions start at the number of cached tokens.
         """
-        T = idx.shape[1]
         start = kv_caches[0].length if kv_caches else 0
+        x, rope = self._embed(idx, start)  # (B, T, C)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, rope, kv_caches[i] if kv_caches else None)
+        if targets is not None:
+            return None, lm_loss(self.transformer.ln_f(x), self.lm_head.weight, targets, reduction)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C)
+        return self.lm_head(self.transformer.ln_f(x)), None  # (B, T or 1, vocab_size)
+
+    def attention_weights(self, idx: Tensor) -> list[Tensor]:
+        """Every layer's per-head attention weights for idx (B, T): one (B, n_head, T, T) per layer, from
+        the exact attention path. Row t is the distribution of query t over the keys s <= t. In training
+        mode they are the weights as used, after dropout; call it in eval mode for the model's own."""
+        x, rope = self._embed(idx, 0)
+        weights = []
+        for block in self.transformer.h:  # Block.forward, keeping each layer's weights
+            y, att = block.attn(block.ln_1(x), need_weights=True, rope=rope)  # (B, T, C), (B, nh, T, T)
+            x = x + y
+            x = x + block.mlp(block.ln_2(x))
+            weights.append(att)
+        return weights
+
+    def _embed(self, idx: Tensor, start: int) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """The token (+ position) embeddings of idx (B, T) at positions start..start+T-1, and the rotary
+        tables of those positions when the model uses rotary positions."""
+        T = idx.shape[1]
         if start + T > self.config.block_size:
-            raise MiniGPTError(
+            raise ValueError(
                 f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}; "
                 "crop the input to the last block_size tokens"
             )
         x = self.transformer.wte(idx)  # (B, T, C)
         rope = None
-        if positions is not None:  # per-row positions (left padding)
-            if self.config.pos_embedding == "learned":
-                x = x + self.transformer.wpe(positions)  # (B, T, C)
-            else:
-                cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, hs)
-                rope = (cos.unsqueeze(1), sin.unsqueeze(1))  # (B, 1, T, hs): broadcast over heads
-        elif self.config.pos_embedding == "learned":
-            x = x + self.transformer.wpe.weight[start : start + T]  # positions start..start+T-1: (T, C)
+        if self.config.pos_embedding == "learned":
+            x = x + self.transformer.wpe.weight[start : start + T]  # (T, C), broadcast over the batch
         else:
             rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])  # 2 x (T, hs)
-        x = self.transformer.drop(x)
-        attentions = []
-        for i, block in enumerate(self.transformer.h):
-            cache = kv_caches[i] if kv_caches else None
-            x, att = block(x, attn_mask, cache, rope, need_weights=return_attention)
-            attentions.append(att)
-        if targets is not None:
-            return lm_loss(self.transformer.ln_f(x), self.lm_head.weight, targets, reduction)
-        if last_only:
-            x = x[:, -1:]  # (B, 1, C)
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T or 1, vocab_size)
-        return (logits, attentions) if return_attention else logits
+        return self.transformer.drop(x), rope
 
     def new_kv_caches(self, max_len: int | None = None) -> list[KVCache]:
         """One empty KV cache per layer, holding up to `max_len` (default block_size) positions."""

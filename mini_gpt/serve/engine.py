@@ -8,8 +8,8 @@ model gave it (softmax of the raw logits, before temperature and top-k/top-p), t
 the text it releases (`TextStream`: whole UTF-8 characters only, cut at stop strings). A job whose
 `cancel` event is set (the client went away) stops at its next token.
 
-`Engine.attention(ids, position)` reads the exact attention path (`GPT(..., return_attention=True)`): the
-weights that `position` put on each earlier token, per layer and head.
+`Engine.attention(ids, position)` reads the exact attention path (`GPT.attention_weights`): the weights
+that `position` put on each earlier token, per layer and head.
 """
 
 from __future__ import annotations
@@ -107,10 +107,10 @@ class _LastLogits(nn.Module):
     def new_kv_caches(self, *args: Any, **kwargs: Any) -> Any:
         return self.model.new_kv_caches(*args, **kwargs)
 
-    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
-        logits = self.model(*args, **kwargs)
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[Tensor, None]:
+        logits, _ = self.model(*args, **kwargs)
         self.last = logits[:, -1, :]
-        return logits
+        return logits, None
 
 
 class Engine:
@@ -235,6 +235,6 @@ class Engine:
         with self._busy:
             self.model.eval()
             with self.amp:
-                _, attentions = self.model(idx, return_attention=True)
+                attentions = self.model.attention_weights(idx)
         weights = [att[0, :, -1, :].float().cpu().tolist() for att in attentions]  # (nh, S) per layer
         return {"start": start, "position": position, "weights": weights}

@@ -11,7 +11,6 @@ Guide: docs/fine-tuning.md.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from torch import nn
 
 from mini_gpt.conf import checked_config
 from mini_gpt.conf.train import FinetuneConfig
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, build_config
 from mini_gpt.interop.checkpoint import load_source
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import ENCODINGS, CharTokenizer, Tokenizer
@@ -71,7 +70,7 @@ def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_
             f"(only {' and '.join('model.' + k for k in _MUTABLE_MODEL_KEYS)} may change, the context "
             "only shrink)"
         )
-    return dataclasses.replace(source, **changes)
+    return build_config(GPTConfig, {**source.to_dict(), **changes}, "model")
 
 
 def build_model(source: GPT, config: GPTConfig) -> GPT:
@@ -211,7 +210,7 @@ def plan_finetune(
                 f"ckpt_path={resume.path} was trained with {changed}; resume with the same finetune "
                 f"settings (finetune={recorded.method} ...), or start a new run from it with init_from="
             )
-        config = GPTConfig.from_dict(dict(resume.meta["model_config"]))
+        config = build_config(GPTConfig, dict(resume.meta["model_config"]), "model_config")
         return FinetunePlan(config, dict(record), recorded)
     if cfg.method == "lora" or cfg.freeze_embeddings or cfg.train_last_n_blocks is not None:
         raise MiniGPTError(

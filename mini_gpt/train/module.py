@@ -99,10 +99,10 @@ class GPTLitModule(L.LightningModule):
         return self._compiled if self.compile else self.model
 
     def forward(self, idx: Tensor) -> Tensor:
-        return self.net(idx)
+        return self.net(idx)[0]  # the logits
 
     def loss(self, x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
-        return self.net(x, targets=y, reduction=reduction)  # never all (B, T, V) logits at once
+        return self.net(x, targets=y, reduction=reduction)[1]  # never all (B, T, V) logits at once
 
     def logs_step(self, step: int) -> bool:
         """Whether optimizer step `step` (1-based) logs its scalars, the only steps that read the device:

@@ -28,7 +28,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
-from mini_gpt.conf import checked_arguments, config_error
+from mini_gpt.conf import checked_arguments, typed_config
 from mini_gpt.conf.train import TrainConfig
 from mini_gpt.data.config import data_config
 from mini_gpt.data.datamodule import GPTDataModule
@@ -87,7 +87,7 @@ def train(
     # 1. The settings: the checkpoint read once; a resumed run continues with its own config.
     resume = read_resume(cfg.get("ckpt_path"))
     cfg = resumed_config(cfg, resume, overrides)
-    options: TrainConfig = _typed(cfg)
+    options: TrainConfig = typed_config(cfg, "train")
     run_dir = Path(cfg.paths.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     _quiet_lightning()
@@ -178,16 +178,6 @@ def train(
     if summary is not None:
         print_summary(run_dir / "summary.json", summary)
     return RunResult(run_dir, module, summary)
-
-
-def _typed(cfg: DictConfig) -> TrainConfig:
-    """The composed config as its schema dataclasses, each section's ranges checked (`__post_init__`)."""
-    try:
-        return OmegaConf.to_object(cfg)  # type: ignore[return-value]
-    except MiniGPTError:
-        raise
-    except Exception as err:
-        raise config_error(err, "train") from None
 
 
 def _quiet_lightning() -> None:

@@ -1,7 +1,7 @@
 """Look at what the heads attend to: per-head heatmaps (`attention_maps`) and a per-layer summary
 (`attention_summary`), drawn for `mini-gpt attention-maps` and the training callback.
 
-The weights come from the exact attention path (`model(idx, return_attention=True)`) in eval mode: row t
+The weights come from the exact attention path (`model.attention_weights(idx)`) in eval mode: row t
 of a panel is the distribution query t puts over the keys s <= t. A prompt longer than the window keeps
 its last `max_tokens` (default block_size) tokens. The grid is capped at MAX_FIGURE_INCHES a side.
 
@@ -125,7 +125,7 @@ def compute_attention(
     was_training = model.training
     model.eval()
     try:
-        _, atts = model(torch.tensor([ids], dtype=torch.long, device=device), return_attention=True)
+        atts = model.attention_weights(torch.tensor([ids], dtype=torch.long, device=device))
     finally:
         model.train(was_training)
     weights = [a[0].detach().to("cpu", torch.float64).numpy() for a in atts]  # (n_head, T, T) each

@@ -49,7 +49,7 @@ def reference_weights(model: GPT, tok: CharTokenizer, prompt: str) -> list[np.nd
     """Per-layer (n_head, T, T) weights straight from the model's exact path."""
     idx = torch.tensor([tok.encode(prompt)])
     with torch.no_grad():
-        _, atts = model(idx, return_attention=True)
+        atts = model.attention_weights(idx)
     return [a[0].double().numpy() for a in atts]
 
 

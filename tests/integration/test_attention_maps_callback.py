@@ -107,7 +107,8 @@ def test_one_forward_pass_per_render_and_figures_reused(
     monkeypatch.setenv("WANDB_MODE", "disabled")
     trainer, module = fakes(tmp_path)
     forwards: list[int] = []
-    module.model.register_forward_pre_hook(lambda m, args: forwards.append(1))
+    # every pass through the model (forward or attention_weights) runs the first layer's attention once
+    module.model.transformer.h[0].attn.register_forward_pre_hook(lambda m, args: forwards.append(1))
     cb = AttentionMaps(every_n_steps=2, prompt="abc def")
     drive(cb, trainer, module, [2])
     assert len(forwards) == 1  # heatmaps and summary drawn from one forward pass
@@ -124,7 +125,7 @@ def test_one_forward_pass_per_render_and_figures_reused(
     # ...showing the new weights, not the first render's
     idx = torch.tensor([module.tokenizer.encode("abc def")])
     with torch.no_grad():
-        _, ref = module.model.eval()(idx, return_attention=True)
+        ref = module.model.eval().attention_weights(idx)
     module.model.train()
     maps, summary = cb.figures.drawn["maps"][1], cb.figures.drawn["summary"][1]
     for (layer, head), image in maps["images"].items():

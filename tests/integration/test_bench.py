@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import REPO
+from helpers import REPO, preset
 
 import mini_gpt.bench.__main__ as bench_main
 from mini_gpt.bench import data as bench_data
@@ -261,7 +261,7 @@ def test_nanogpt_contender_computes_what_our_gpt_computes() -> None:
                 dst.weight.copy_(src.weight), dst.bias.copy_(src.bias)
     x, y = torch.randint(0, 30, (3, 16)), torch.randint(0, 30, (3, 16))
     # tight: GPT-2's tanh GELU (mlp="gelu") would already be off by ~1e-5 here
-    torch.testing.assert_close(nano(x, y), ours(x, targets=y), atol=1e-6, rtol=0)
+    torch.testing.assert_close(nano(x, y), ours(x, targets=y)[1], atol=1e-6, rtol=0)
 
 
 def test_nanogpt_rows_time_both_precisions_and_mark_autos_pick(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -297,10 +297,10 @@ def test_section_help_describes_the_section_in_whole_sentences(section: str) -> 
 def test_bench_evaluate_contenders_compute_the_same_scores() -> None:
     from mini_gpt.bench import evaluate as bench_evaluate
     from mini_gpt.interop.hf import gpt_to_hf
-    from mini_gpt.model.gpt import GPT, GPTConfig
+    from mini_gpt.model.gpt import GPT
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=97, block_size=48)).eval()
+    model = GPT(preset("tiny", vocab_size=97, block_size=48)).eval()
     items = bench_evaluate.make_items(5, vocab=97, block_size=48)
     assert all(len(ctx) + max(map(len, endings)) <= 48 for ctx, endings in items)
     batched = bench_evaluate.ours(model, items, batch_items=3)
@@ -384,6 +384,6 @@ def test_validation_section_bounds_auto_and_sums_the_loss_like_plain_math(tmp_pa
         for k in range(len(windows)):
             start = int(windows.starts[k])
             x, y = ids[start : start + 64].long(), ids[start + 1 : start + 65].long()
-            losses.append(F.cross_entropy(model(x[None])[0], y, reduction="sum"))
+            losses.append(F.cross_entropy(model(x[None])[0][0], y, reduction="sum"))
     assert count == 5 * 64 and math.isclose(loss, float(sum(losses)) / count, rel_tol=1e-5)
     path.unlink()

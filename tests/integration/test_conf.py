@@ -21,6 +21,7 @@ from mini_gpt.conf import CONF_DIR
 from mini_gpt.conf.guards import WritableOutputDir, check_writable
 from mini_gpt.conf.train import OptimConfig
 from mini_gpt.data.config import AnyDataConfig, data_config
+from mini_gpt.errors import build_config
 from mini_gpt.model.gpt import GPTConfig
 
 
@@ -213,7 +214,7 @@ def _settings(cfg: Any) -> tuple[GPTConfig, AnyDataConfig, OptimConfig]:
     data = data_config(OmegaConf.to_container(cfg.data, resolve=True))
     optim = OmegaConf.to_object(cfg.optim)
     assert isinstance(optim, OptimConfig)
-    return GPTConfig.from_dict(model), data, optim
+    return build_config(GPTConfig, model, "model"), data, optim
 
 
 def test_groups_in_the_defaults_list_are_the_folders(compose: Any) -> None:
@@ -245,8 +246,8 @@ def test_experiments_compose_to_their_recipes(compose: Any) -> None:
     model, data, optim = _settings(gpt2)
     assert (model.n_layer, model.n_head, model.n_embd, model.block_size) == (12, 12, 768, 1024)
     # the training recipe pads GPT-2's 50,257 tokens to 50,304 (a multiple of 64: faster matmuls);
-    # the published architecture (GPTConfig.from_preset("gpt2")) keeps 50,257
-    assert model.vocab_size == 50304 and GPTConfig.from_preset("gpt2").vocab_size == 50257
+    # the published architecture (GPTConfig's defaults, the hub's gpt2) keeps 50,257
+    assert model.vocab_size == 50304 and GPTConfig().vocab_size == 50257
     assert (data.name, data.resolved_tokenizer, optim.name) == ("shakespeare", "gpt2", "adamw")
     assert 16 * gpt2.trainer.accumulate_grad_batches * 1024 == 524_288  # tokens per step, one device
     assert gpt2.trainer.precision == "bf16-mixed" and gpt2.compile is True

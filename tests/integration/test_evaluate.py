@@ -11,13 +11,13 @@ import sys
 
 import pytest
 import torch
-from helpers import REPO, make_items, write_jsonl, write_lightning_ckpt
+from helpers import REPO, make_items, preset, write_jsonl, write_lightning_ckpt
 
 from mini_gpt.cli.evaluate import EvaluateConfig, config_from_dict, markdown_table, run
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.bpb import bits_per_byte
 from mini_gpt.eval.hellaswag import evaluate_hellaswag, read_hellaswag
-from mini_gpt.model.gpt import GPT, GPTConfig
+from mini_gpt.model.gpt import GPT
 from mini_gpt.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -28,7 +28,7 @@ def char_ckpt(tmp_path_factory, shakespeare_path):
     """A tiny random char model over tiny Shakespeare's vocabulary, saved as a training checkpoint."""
     tok = CharTokenizer.from_text(shakespeare_path.read_text())
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=tok.vocab_size, block_size=32)).eval()
+    model = GPT(preset("tiny", vocab_size=tok.vocab_size, block_size=32)).eval()
     path = tmp_path_factory.mktemp("ckpt") / "last.ckpt"
     write_lightning_ckpt(path, model, tok)
     meta = torch.load(path, weights_only=True)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import threading
 from pathlib import Path
-import contextlib
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import make_items, write_jsonl
+from helpers import make_items, preset, write_jsonl
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.bpb import bits_per_byte
@@ -43,13 +43,12 @@ def test_evals_are_logged_at_their_steps_and_equal_offline_evaluation(tmp_path, 
     from lightning.pytorch.loggers import CSVLogger
 
     from mini_gpt.conf.train import OptimConfig
-    from mini_gpt.model.gpt import GPTConfig
     from mini_gpt.train.module import GPTLitModule
 
     dm = datamodule(corpus)
     dm.prepare_data()
     torch.manual_seed(0)
-    cfg = GPTConfig.from_preset("tiny", vocab_size=dm.vocab_size, block_size=BLOCK)
+    cfg = preset("tiny", vocab_size=dm.vocab_size, block_size=BLOCK)
     module = GPTLitModule(cfg, OptimConfig(), tokenizer=dm.tokenizer, max_steps=5)
     cb = EvaluateCallback(
         every_n_steps=2,
@@ -103,11 +102,11 @@ class ThreadAllReduce:
 
 
 def test_rank_split_work_reduces_to_the_single_process_numbers(corpus):
-    from mini_gpt.model.gpt import GPT, GPTConfig
+    from mini_gpt.model.gpt import GPT
 
     dm = datamodule(corpus)
     torch.manual_seed(1)
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=dm.vocab_size, block_size=BLOCK)).eval()
+    model = GPT(preset("tiny", vocab_size=dm.vocab_size, block_size=BLOCK)).eval()
     logged: list[dict] = []
     module = SimpleNamespace(  # the module's side-work clock and self.log, as a LightningModule has them
         model=model, device=torch.device("cpu"), side_work=contextlib.nullcontext,

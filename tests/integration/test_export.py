@@ -65,7 +65,7 @@ def test_safetensors_round_trip(tmp_path, overrides):
         assert tok == CHARS
         assert same_weights(model, loaded)
         x = torch.tensor([CHARS.encode("To be, or")])
-        assert torch.equal(loaded(x), model(x))
+        assert torch.equal(loaded(x)[0], model(x)[0])
 
 
 # Every architecture train.py can build that transformers also has, with and without biases.
@@ -95,7 +95,7 @@ def test_hf_export_logits_and_greedy_tokens_match_transformers(tmp_path, case, b
     ours = generate(model, prompt, 20, temperature=0)
     with torch.no_grad():
         long = torch.tensor([CHARS.encode("ROMEO: But soft, what light through")[:32]])
-        torch.testing.assert_close(hf(long).logits, model(long), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(hf(long).logits, model(long)[0], rtol=1e-4, atol=1e-4)
         theirs = hf.generate(
             prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False, pad_token_id=0
         )
@@ -107,7 +107,7 @@ def test_hf_export_logits_and_greedy_tokens_match_transformers(tmp_path, case, b
     # GPT-2 always has biases: a bias=false model comes back with zero biases, the same function.
     expected_bias = bias or hf_class == "GPT2LMHeadModel"
     assert loaded.config.to_dict() == {**model.config.to_dict(), "dropout": 0.0, "bias": expected_bias}
-    torch.testing.assert_close(loaded(prompt), model(prompt), rtol=0, atol=0)
+    torch.testing.assert_close(loaded(prompt)[0], model(prompt)[0], rtol=0, atol=0)
 
 
 def test_hf_export_of_a_char_model_ships_a_transformers_tokenizer(tmp_path):

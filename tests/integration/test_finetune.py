@@ -64,7 +64,7 @@ def test_hf_dir_source_has_transformers_logits_and_gpt2_tokenizer(
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(gpt2_dir)).eval()
     idx = torch.randint(0, 50257, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        torch.testing.assert_close(model(idx), hf(idx).logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(model(idx)[0], hf(idx).logits, atol=1e-4, rtol=0)
     assert model.config.n_layer == 2 and model.config.block_size == 64
     data_tok = build_tokenizer("gpt2", bpe_file=gpt2_bpe_file)
     check_tokenizer(tokenizer, data_tok, "dir")  # the directory's vocab.json is GPT-2's BPE
@@ -91,7 +91,7 @@ def test_our_checkpoint_and_export_sources(tmp_path: Path) -> None:
     for source in (ckpt, export):
         loaded, loaded_tok = load_source(str(source))
         assert loaded_tok == tok and loaded.config == model.config
-        torch.testing.assert_close(loaded(idx), model(idx), atol=0, rtol=0)
+        torch.testing.assert_close(loaded(idx)[0], model(idx)[0], atol=0, rtol=0)
 
 
 def test_bad_sources_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,7 +168,7 @@ def test_build_model_crops_the_position_table() -> None:
     assert model.lm_head.weight is model.transformer.wte.weight
     idx = torch.randint(0, 50257, (2, 16))
     with torch.no_grad():
-        torch.testing.assert_close(model(idx), source(idx), atol=0, rtol=0)
+        torch.testing.assert_close(model(idx)[0], source(idx)[0], atol=0, rtol=0)
 
 
 # ---- what trains ---------------------------------------------------------------------------------
@@ -454,7 +454,7 @@ def test_lora_run_frozen_weights_merge_export_and_resume(
     adapter_model = module.model.eval()
     idx = torch.randint(0, 50257, (2, T), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        torch.testing.assert_close(exported(idx).logits, adapter_model(idx), atol=1e-5, rtol=0)
+        torch.testing.assert_close(exported(idx).logits, adapter_model(idx)[0], atol=1e-5, rtol=0)
     # resume: the checkpoint holds what it needs (adapters, frozen parts, optimizer): same as 8 in a row
     full, full_module = _fit(
         _overrides(tmp_path / "full", data_root, shakespeare_path, *lora, "trainer.max_steps=8")

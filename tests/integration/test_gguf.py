@@ -76,7 +76,7 @@ def ours(model: GPT, prompt: list[int], new: int) -> tuple[np.ndarray, list[int]
     """Our logits, and what `mini-gpt generate temperature=0` decodes (the same `generate` call)."""
     idx = torch.tensor([prompt])
     with torch.no_grad():
-        logits = model(idx)[0].numpy()
+        logits = model(idx)[0][0].numpy()  # (T, V)
     ids = generate(model, idx, max_new_tokens=new, temperature=0.0)[0, len(prompt) :].tolist()
     return logits, ids
 

@@ -44,7 +44,7 @@ def test_loss_is_token_mean_cross_entropy() -> None:
     module = _module(vocab_size=11)
     x = torch.randint(0, 11, (3, 9))
     y = torch.randint(0, 11, (3, 9))
-    logits = module.model(x)
+    logits, _ = module.model(x)
     logp = logits - logits.logsumexp(-1, keepdim=True)
     reference = -logp.gather(-1, y[..., None]).mean()
     torch.testing.assert_close(module.loss(x, y), reference)
@@ -62,7 +62,7 @@ def test_first_step_logs_exact_loss_lr_grad_norm_and_val(
     ref = GPT(module.model_config)
     ref.load_state_dict(module.model.state_dict())
     x, y = next(iter(dm.train_dataloader()))
-    ref_loss = F.cross_entropy(ref(x).flatten(0, 1), y.flatten())
+    ref_loss = F.cross_entropy(ref(x)[0].flatten(0, 1), y.flatten())
     ref_loss.backward()
     ref_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ref.parameters()]))
 
@@ -84,7 +84,7 @@ def test_first_step_logs_exact_loss_lr_grad_norm_and_val(
     total, count = 0.0, 0
     with torch.no_grad():
         for vx, vy in dm.val_dataloader():
-            total += F.cross_entropy(ref(vx).flatten(0, 1), vy.flatten(), reduction="sum").item()
+            total += F.cross_entropy(ref(vx)[0].flatten(0, 1), vy.flatten(), reduction="sum").item()
             count += vy.numel()
     assert count == 8 * BLOCK
     val_loss = trainer.callback_metrics["val/loss"].item()
@@ -124,7 +124,7 @@ def test_checkpoint_alone_rebuilds_model_and_tokenizer(
     idx = torch.tensor([tok.encode(text)])
     module.model.eval()
     model.eval()
-    torch.testing.assert_close(model(idx), module.model(idx), rtol=0, atol=0)
+    torch.testing.assert_close(model(idx)[0], module.model(idx)[0], rtol=0, atol=0)
 
 
 def test_compile_keeps_uncompiled_module_as_state_dict_owner() -> None:

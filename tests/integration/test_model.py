@@ -7,7 +7,9 @@ import sys
 
 import pytest
 import torch
+from helpers import preset
 
+from mini_gpt.errors import MiniGPTError, build_config
 from mini_gpt.model.gpt import GPT, GPTConfig
 
 VARIANTS = [
@@ -24,7 +26,7 @@ def tiny(**kw) -> GPT:
 
 
 def test_gpt2_preset_has_the_published_parameter_count():
-    model = GPT(GPTConfig.from_preset("gpt2"))
+    model = GPT(preset("gpt2", vocab_size=50257))  # conf's gpt2 pads the vocabulary to 50,304
     assert model.num_params(non_embedding=False) == 124_439_808
     assert model.num_params(non_embedding=True) == 124_439_808 - 1024 * 768  # minus the position table
     assert model.lm_head.weight is model.transformer.wte.weight
@@ -42,12 +44,12 @@ def test_flops_per_token_formula():
 def test_forward_shape_and_causality(kw):
     model = tiny(**kw)
     idx = torch.randint(0, 50, (3, 20))
-    logits = model(idx)
-    assert logits.shape == (3, 20, 50)
+    logits, loss = model(idx)
+    assert logits.shape == (3, 20, 50) and loss is None
     for t in (0, 9, 18):
         idx2 = idx.clone()
         idx2[:, t + 1 :] = (idx2[:, t + 1 :] + 7) % 50
-        logits2 = model(idx2)
+        logits2, _ = model(idx2)
         torch.testing.assert_close(logits2[:, : t + 1], logits[:, : t + 1], atol=1e-5, rtol=0)
         assert (logits2[:, t + 1 :] - logits[:, t + 1 :]).abs().max() > 1e-4
 
@@ -56,45 +58,45 @@ def test_forward_shape_and_causality(kw):
 def test_kv_cache_decoding_equals_full_forward(kw):
     model = tiny(**kw)
     idx = torch.randint(0, 50, (2, 24))
-    full = model(idx)
+    full, _ = model(idx)
     caches = model.new_kv_caches()
-    pieces = [model(idx[:, :6], kv_caches=caches)]
-    pieces += [model(idx[:, t : t + 1], kv_caches=caches) for t in range(6, 20)]
-    pieces.append(model(idx[:, 20:], kv_caches=caches))  # a multi-token chunk after a prefix
+    pieces = [model(idx[:, :6], kv_caches=caches)[0]]
+    pieces += [model(idx[:, t : t + 1], kv_caches=caches)[0] for t in range(6, 20)]
+    pieces.append(model(idx[:, 20:], kv_caches=caches)[0])  # a multi-token chunk after a prefix
     assert caches[0].length == 24
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="block_size"):
         model(idx[:, :1], kv_caches=caches)
 
 
-def test_return_attention_gives_exact_weights_per_layer():
-    model = tiny()
+@pytest.mark.parametrize("kw", VARIANTS)
+def test_attention_weights_are_every_layers_exact_weights(kw):
+    """One (B, nh, T, T) per layer, each the exact path's weights on that layer's input in the forward
+    pass (captured here by a hook on every block)."""
+    model = tiny(**kw)
     idx = torch.randint(0, 50, (2, 10))
-    logits, atts = model(idx, return_attention=True)
-    torch.testing.assert_close(logits, model(idx), atol=1e-5, rtol=0)
+    inputs = []
+    hooks = [b.register_forward_pre_hook(lambda _, args: inputs.append(args[0])) for b in model.transformer.h]
+    model(idx)
+    for hook in hooks:
+        hook.remove()
+    atts = model.attention_weights(idx)
     assert len(atts) == model.config.n_layer
-    for att in atts:
+    rope = (model.rope_cos[:10], model.rope_sin[:10]) if kw.get("pos_embedding") == "rope" else None
+    for block, x, att in zip(model.transformer.h, inputs, atts, strict=True):
         assert att.shape == (2, model.config.n_head, 10, 10)
         torch.testing.assert_close(att.sum(-1), torch.ones(2, model.config.n_head, 10))
-
-
-def test_left_padding_through_the_model():
-    """A left-padded prompt in a batch gives the same logits as the prompt alone (rotary positions are
-    relative, so padding shifts nothing)."""
-    model = tiny(pos_embedding="rope")
-    prompt = torch.randint(0, 50, (1, 7))
-    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], dim=1)
-    keep = torch.ones(1, 1, 10, 10, dtype=torch.bool)
-    keep[..., :3] = False
-    out = model(padded, attn_mask=keep)
-    assert torch.isfinite(out).all()
-    torch.testing.assert_close(out[:, 3:], model(prompt), atol=1e-5, rtol=0)
+        assert torch.all(att.triu(diagonal=1) == 0)  # causal
+        _, expected = block.attn(block.ln_1(x), need_weights=True, rope=rope)
+        torch.testing.assert_close(att, expected, atol=1e-6, rtol=0)
 
 
 def test_input_longer_than_block_size_is_a_clear_error():
     model = tiny()
     with pytest.raises(ValueError, match=r"25 tokens is longer than block_size=24"):
         model(torch.zeros(1, 25, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"25 tokens is longer than block_size=24"):
+        model.attention_weights(torch.zeros(1, 25, dtype=torch.long))
 
 
 def test_gpt2_initialisation():
@@ -139,19 +141,24 @@ def test_bad_configs_name_the_field(kw, field):
 
 
 def test_presets_and_dict_round_trip():
-    cfg = GPTConfig.from_preset("gpt2-medium", dropout=0.1)
-    assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size) == (
-        24,
-        16,
-        1024,
-        1024,
-        50257,
+    cfg = preset("baby", vocab_size=65, dropout=0.1)
+    assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size, cfg.dropout) == (
+        6,
+        6,
+        384,
+        256,
+        65,
+        0.1,
     )
-    assert GPTConfig.from_dict(cfg.to_dict()) == cfg
-    with pytest.raises(ValueError, match="unknown model preset"):
-        GPTConfig.from_preset("gpt5")
-    with pytest.raises(ValueError, match="unknown key"):
-        GPTConfig.from_dict({**cfg.to_dict(), "n_embed": 3})
+    assert GPTConfig(**cfg.to_dict()) == cfg
+    with pytest.raises(
+        MiniGPTError, match=r"unknown model preset 'gpt5'; choose one of baby, char, gpt2, tiny"
+    ):
+        preset("gpt5")
+    with pytest.raises(MiniGPTError, match="unknown key"):
+        build_config(GPTConfig, {**cfg.to_dict(), "n_embed": 3}, "model")
+    with pytest.raises(MiniGPTError, match="n_layer=0 must be a positive integer"):
+        build_config(GPTConfig, {**cfg.to_dict(), "n_layer": 0}, "model")
 
 
 def test_core_imports_stay_light():
@@ -169,13 +176,13 @@ def test_core_imports_stay_light():
 def test_last_only_logits_equal_the_last_row_of_all_logits(kw):
     model = tiny(**kw)
     idx = torch.randint(0, 50, (2, 10))
-    full = model(idx)
-    last = model(idx, last_only=True)
+    full, _ = model(idx)
+    last, _ = model(idx, last_only=True)
     assert last.shape == (2, 1, 50)
     torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=0)
     caches = model.new_kv_caches()
     model(idx[:, :6], kv_caches=caches)
-    last = model(idx[:, 6:], kv_caches=caches, last_only=True)
+    last, _ = model(idx[:, 6:], kv_caches=caches, last_only=True)
     torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=0)
 
 
@@ -186,7 +193,7 @@ def test_mlp_gelu_variants_follow_their_formulas(mlp):
     from mini_gpt.model.gpt import MLP
 
     torch.manual_seed(0)
-    block = MLP(GPTConfig.from_preset("tiny", vocab_size=50, mlp=mlp))
+    block = MLP(preset("tiny", vocab_size=50, mlp=mlp))
     x = torch.randn(2, 3, 32)
     h = x @ block.c_fc.weight.t() + block.c_fc.bias
     if mlp == "gelu":  # GPT-2's tanh approximation

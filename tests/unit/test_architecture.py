@@ -12,6 +12,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "mini_gpt"
 # The one place allowed to touch a Lightning internal, with its why-comment beside the call.
 LIGHTNING_PRIVATE_ALLOWED = {"train/callbacks/checkpointing.py"}
+# What mini_gpt/model/ may import: torch, its own modules, and the standard library it uses.
+ALLOWED_IN_MODEL = {"torch", "mini_gpt", "__future__", "dataclasses", "math", "typing"}
 
 
 def modules() -> dict[str, ast.Module]:
@@ -151,4 +153,26 @@ def test_the_core_imports_no_framework(room):
                 offences += [f"{name}: {a.name}" for a in node.names if a.name.split(".")[0] in heavy]
             elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in heavy:
                 offences.append(f"{name}: {node.module}")
+    assert offences == []
+
+
+def test_the_model_imports_only_torch_and_itself():
+    """mini_gpt/model/ is a core to copy out: no mini_gpt module outside it (errors, conf, ...), no package
+    but torch and the standard library."""
+    offences = []
+    for name, tree in MODULES.items():
+        if not name.startswith("mini_gpt.model"):
+            continue
+        offences += [
+            f"{name}: {source}"
+            for source, _ in imports_of(name, tree)
+            if not source.startswith("mini_gpt.model")
+        ]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                offences.append(f"{name}: relative import")
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules = [node.module]
+            offences += [f"{name}: {m}" for m in modules if m.split(".")[0] not in ALLOWED_IN_MODEL]
     assert offences == []

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mini_gpt.model.attention import CausalSelfAttention, KVCache, causal_mask, interleaved_qkv_to_fused
+from mini_gpt.interop.hf import interleaved_qkv_to_fused
+from mini_gpt.model.attention import CausalSelfAttention, KVCache, causal_mask
 
 ATOL = 1e-5
 

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import bpe_model, reference_sliding_nll
+from helpers import bpe_model, preset, reference_sliding_nll
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.bpb import bits_per_byte, prepared_split_documents, read_documents
 from mini_gpt.interop.export import export_model
-from mini_gpt.model.gpt import GPT, GPTConfig
+from mini_gpt.model.gpt import GPT
 from mini_gpt.tokenizer import CharTokenizer, build_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -23,7 +23,7 @@ TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nS
 
 def char_model(tok: CharTokenizer, block_size: int = 16) -> GPT:
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=tok.vocab_size, block_size=block_size)).eval()
+    model = GPT(preset("tiny", vocab_size=tok.vocab_size, block_size=block_size)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(3.0)
@@ -44,7 +44,7 @@ def test_char_model_bits_per_byte_is_nats_per_char_over_ln2_on_ascii():
         start = max(0, end - 16)
         x, y = ids[start:end], ids[start + 1 : end + 1]
         with torch.no_grad():
-            logits = model(torch.tensor([x]))[0]
+            logits = model(torch.tensor([x]))[0][0]
         new = done - start  # positions before it were scored by the previous window
         nll += F.cross_entropy(logits[new:], torch.tensor(y[new:]), reduction="sum").item()
         done = end

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import bpe_model, make_items, write_jsonl
+from helpers import bpe_model, make_items, preset, write_jsonl
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.hellaswag import (
@@ -16,7 +16,7 @@ from mini_gpt.eval.hellaswag import (
     resolve_hellaswag_path,
 )
 from mini_gpt.interop.export import export_model
-from mini_gpt.model.gpt import GPT, GPTConfig
+from mini_gpt.model.gpt import GPT
 from mini_gpt.tokenizer import CharTokenizer, build_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -60,7 +60,7 @@ def test_acc_and_acc_norm_equal_transformers_scoring_items_one_by_one(tmp_path, 
 def test_a_char_model_scores_in_characters_and_drops_unknown_ones():
     tok = CharTokenizer("abcdefghijklmnopqrstuvwxyz .")
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=tok.vocab_size, block_size=24)).eval()
+    model = GPT(preset("tiny", vocab_size=tok.vocab_size, block_size=24)).eval()
     item = HellaSwagItem('She said "hello" 3 times and', ("left.", "sat down", "ran 5 miles", "x"), 1)
     clean = HellaSwagItem("he said hello  times and", ("left.", "sat down", "ran  miles", "x"), 1)
     ((got, counts),) = item_scores(model, tok, [item])

@@ -50,7 +50,7 @@ def test_starts_at_the_base_model() -> None:
     model.load_state_dict(base.state_dict())
     add_lora(model, LoraSpec(TARGETS, dropout=0.0))
     idx = torch.randint(0, CONFIG.vocab_size, (2, 8))
-    assert torch.equal(model(idx), base(idx))  # B = 0: exactly the pretrained function
+    assert torch.equal(model(idx)[0], base(idx)[0])  # B = 0: exactly the pretrained function
 
 
 def test_merge_equals_adapter_model_and_plain_math() -> None:
@@ -59,7 +59,7 @@ def test_merge_equals_adapter_model_and_plain_math() -> None:
     merged = merge_lora(CONFIG, LoraSpec(TARGETS, rank=4, alpha=8.0, dropout=0.0), model.state_dict())
     assert type(merged) is GPT and not has_lora_weights(merged.state_dict())
     assert merged.lm_head.weight is merged.transformer.wte.weight
-    torch.testing.assert_close(merged(idx), model(idx), atol=1e-5, rtol=0)
+    torch.testing.assert_close(merged(idx)[0], model(idx)[0], atol=1e-5, rtol=0)
     # W' = W + (alpha / r) B A, written out for one projection
     sd = model.state_dict()
     prefix = "transformer.h.1.mlp.c_fc"
@@ -101,7 +101,7 @@ def test_lora_trains_with_either_optimizer(name: str) -> None:
     trainable = [id(p) for p in model.parameters() if p.requires_grad]
     assert sorted(owned) == sorted(trainable)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    model(torch.randint(0, CONFIG.vocab_size, (2, 8))).logsumexp(-1).mean().backward()
+    model(torch.randint(0, CONFIG.vocab_size, (2, 8)))[0].logsumexp(-1).mean().backward()
     opt.step()
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed == {n for n, p in model.named_parameters() if p.requires_grad}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import preset
 
-from mini_gpt.model.gpt import GPT, GPTConfig
+from mini_gpt.model.gpt import GPT
 from mini_gpt.model.loss import IGNORE_INDEX, lm_loss
 
 N, C, V = 37, 16, 101
@@ -96,8 +97,11 @@ def test_bf16_autocast_is_close_to_float32():
 
 def test_gpt_forward_with_targets_is_the_cross_entropy_of_its_logits():
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=50, block_size=16))
+    model = GPT(preset("tiny", vocab_size=50, block_size=16))
     x, y = torch.randint(0, 50, (3, 16)), torch.randint(0, 50, (3, 16))
-    expected = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-    torch.testing.assert_close(model(x, targets=y), expected, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(model(x, targets=y, reduction="sum"), expected * 48, atol=1e-4, rtol=1e-6)
+    logits, _ = model(x)
+    expected = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    no_logits, loss = model(x, targets=y)
+    assert no_logits is None
+    torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(model(x, targets=y, reduction="sum")[1], expected * 48, atol=1e-4, rtol=1e-6)

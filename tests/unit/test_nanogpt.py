@@ -30,7 +30,7 @@ def test_char_checkpoint_gives_nanogpts_logits(tmp_path: Path, bias: bool) -> No
     assert tokenizer == CharTokenizer(CHARS)
     idx = torch.tensor([tokenizer.encode("ROMEO:\nWhat say you, sir?")])
     with torch.no_grad():
-        ours = model(idx)
+        ours, _ = model(idx)
     expected = nanogpt_logits(sd, args, idx)
     torch.testing.assert_close(ours, expected, rtol=0, atol=1e-5)
     assert model.config.mlp == "gelu_exact" and model.config.bias is bias and model.config.tie_weights
@@ -52,7 +52,7 @@ def test_gpt2_vocabulary_without_meta_pkl(tmp_path: Path) -> None:
     assert isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name == "gpt2"
     idx = torch.tensor([tokenizer.encode("Hello, I'm a language model,")])
     with torch.no_grad():
-        torch.testing.assert_close(model(idx), nanogpt_logits(sd, args, idx), rtol=0, atol=1e-5)
+        torch.testing.assert_close(model(idx)[0], nanogpt_logits(sd, args, idx), rtol=0, atol=1e-5)
 
 
 def test_bad_inputs_are_one_line(tmp_path: Path) -> None:
@@ -92,6 +92,10 @@ def test_bad_inputs_are_one_line(tmp_path: Path) -> None:
         MiniGPTError, match=r"nanoGPT model_args lack n_head, n_embd, block_size, bias, vocab_size"
     ):
         load_model(broken)
+    # model_args the model refuses (GPTConfig's own check, a plain ValueError there)
+    odd = save_nanogpt(tmp_path / "odd.pt", {**ARGS, "n_head": 3}, nanogpt_state(ARGS))
+    with pytest.raises(MiniGPTError, match=r"^GPTConfig: n_embd=32 is not divisible by n_head=3"):
+        load_model(odd)
     # tokenizer= with a checkpoint that carries its own
     with pytest.raises(MiniGPTError, match=r"^tokenizer= applies to nanoGPT checkpoints only"):
         load_model(other, tokenizer=str(small))

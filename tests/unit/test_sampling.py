@@ -6,8 +6,10 @@ import math
 
 import pytest
 import torch
+from helpers import preset
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.infer.padding import padded_last_logits
 from mini_gpt.infer.sampling import (
     apply_repetition_penalty,
     context_start,
@@ -54,7 +56,7 @@ def reference_greedy(model: GPT, prompt: list[int], steps: int, window: int) -> 
         for _ in range(steps):
             if len(seq) - start > L:  # one token too many: keep only the last `window`
                 start = len(seq) - window
-            logits = model(torch.tensor([seq[start:]]))[0, -1]
+            logits = model(torch.tensor([seq[start:]]))[0][0, -1]
             seq.append(int(logits.argmax()))
     return seq
 
@@ -310,7 +312,7 @@ def test_left_padded_batch_decodes_each_row_as_alone(pos_embedding, use_cache):
     """Prompts of different lengths in one batch (left padding + attention_mask) give, row by row,
     the greedy tokens of that prompt generated on its own."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=40, block_size=24, pos_embedding=pos_embedding))
+    model = GPT(preset("tiny", vocab_size=40, block_size=24, pos_embedding=pos_embedding))
     model.eval()
     prompts = [torch.randint(0, 40, (n,)).tolist() for n in (3, 7, 5)]
     width = max(len(p) for p in prompts)
@@ -325,9 +327,34 @@ def test_left_padded_batch_decodes_each_row_as_alone(pos_embedding, use_cache):
         assert out[row, width:].tolist() == alone[0, len(p) :].tolist()
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [dict(), dict(pos_embedding="rope"), dict(norm="rmsnorm", mlp="swiglu", bias=False, tie_weights=False)],
+)
+def test_padded_last_logits_equal_the_prompt_alone(kw):
+    """A left-padded row gives the logits of its prompt run alone through GPT.forward, in one pass and
+    continued from a KV cache (its positions count real tokens only; the padding is never attended to)."""
+    torch.manual_seed(0)
+    model = GPT(preset("tiny", vocab_size=50, block_size=24, **kw)).eval()
+    prompt = torch.randint(0, 50, (1, 7))
+    padded = torch.cat([torch.full((1, 3), 49), prompt], dim=1)  # (1, 10)
+    keep = torch.ones(1, 10, dtype=torch.bool)
+    keep[:, :3] = False
+    with torch.no_grad():
+        alone, _ = model(prompt)  # (1, 7, V)
+        out = padded_last_logits(model, padded, keep)
+        assert out.shape == (1, 1, 50) and torch.isfinite(out).all()
+        torch.testing.assert_close(out, alone[:, -1:], atol=1e-5, rtol=0)
+        caches = model.new_kv_caches()
+        padded_last_logits(model, padded[:, :6], keep[:, :6], caches)  # 3 padding + 3 real tokens
+        for n in range(7, 11):
+            out = padded_last_logits(model, padded[:, n - 1 : n], keep[:, :n], caches)
+            torch.testing.assert_close(out, alone[:, n - 4 : n - 3], atol=1e-5, rtol=0)
+
+
 def test_left_padded_batch_cache_equals_recompute_past_block_size():
     torch.manual_seed(1)
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=40, block_size=16)).eval()
+    model = GPT(preset("tiny", vocab_size=40, block_size=16)).eval()
     idx = torch.randint(0, 40, (2, 6))
     mask = torch.ones(2, 6, dtype=torch.long)
     mask[0, :4] = 0
@@ -337,7 +364,7 @@ def test_left_padded_batch_cache_equals_recompute_past_block_size():
 
 
 def test_attention_mask_errors():
-    model = GPT(GPTConfig.from_preset("tiny", vocab_size=40, block_size=16)).eval()
+    model = GPT(preset("tiny", vocab_size=40, block_size=16)).eval()
     idx = torch.zeros(2, 4, dtype=torch.long)
     with pytest.raises(MiniGPTError, match="shape"):
         generate(model, idx, 2, attention_mask=torch.ones(2, 3))

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from mini_gpt.conf import checked_arguments, checked_config, compose_command_line
+from mini_gpt.conf import checked_arguments, checked_config, compose_command_line, typed_config
 from mini_gpt.conf.train import OptimConfig, TrainConfig
 from mini_gpt.data.config import DataConfig
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.model.gpt import GPTConfig
 
 
 @pytest.mark.parametrize(
@@ -81,7 +82,20 @@ def test_a_target_nodes_arguments_are_checked_against_its_signature() -> None:
 
 
 def test_the_train_schema_is_the_dataclass_every_section_becomes() -> None:
-    from mini_gpt.model.gpt import GPTConfig
-
     hints = TrainConfig.__dataclass_fields__
     assert hints["model"].default_factory is GPTConfig and hints["optim"].default_factory is OptimConfig
+
+
+def test_the_model_configs_own_checks_are_one_line_too() -> None:
+    """GPTConfig raises plain ValueErrors (the model imports nothing of mini_gpt's); building it from a
+    config section turns them into the same one-line MiniGPTError."""
+    with pytest.raises(ValueError, match="n_embd=100 is not divisible") as plain:
+        GPTConfig(n_embd=100, n_head=3)
+    assert not isinstance(plain.value, MiniGPTError)
+    with pytest.raises(MiniGPTError, match=r"^GPTConfig: n_embd=100 is not divisible by n_head=3; set model"):
+        checked_config(GPTConfig, {"n_embd": 100, "n_head": 3}, "model")
+    with pytest.raises(MiniGPTError, match=r"^GPTConfig\.norm='batchnorm' must be one of"):
+        checked_config(GPTConfig, {"norm": "batchnorm"}, "model")
+    cfg = compose_command_line("train", ["model.n_embd=100", "model.n_head=3"])  # types fine, ranges not
+    with pytest.raises(MiniGPTError, match=r"^GPTConfig: n_embd=100 is not divisible by n_head=3"):
+        typed_config(cfg, "train")

@@ -62,7 +62,7 @@ def test_continuation_logprobs_equal_transformers_and_a_single_sequence_loop(exp
         assert got.is_greedy == ref_greedy
         # plain loop over one sequence with our own model, no batching, no padding
         with torch.no_grad():
-            logits = model(torch.tensor([ctx + cont[:-1]]))[0]
+            logits = model(torch.tensor([ctx + cont[:-1]]))[0][0]
         plain = F.log_softmax(logits, -1)[len(ctx) - 1 :].gather(1, torch.tensor(cont)[:, None]).sum().item()
         assert got.logprob == pytest.approx(plain, abs=1e-4)
 
@@ -74,7 +74,7 @@ def test_greedy_flag_is_true_for_the_models_own_argmax_continuation(exported):
     seq = list(ctx)
     with torch.no_grad():
         for _ in range(4):
-            nxt = int(model(torch.tensor([seq]))[0, -1].argmax())
+            nxt = int(model(torch.tensor([seq]))[0][0, -1].argmax())
             cont.append(nxt)
             seq.append(nxt)
     (greedy,) = continuation_logprobs(model, [(ctx, cont)])
@@ -99,7 +99,7 @@ def test_a_continuation_longer_than_block_size_is_scored_by_windows(exported):
         if end == len(full) - 1:
             begin = max(start, end - block)
         with torch.no_grad():
-            logp = F.log_softmax(model(torch.tensor([full[begin:end]]))[0], -1)
+            logp = F.log_softmax(model(torch.tensor([full[begin:end]]))[0][0], -1)
         for j in range(done + 1, end + 1):
             want += logp[j - begin - 1, full[j]].item()
         done, begin = end, begin + half

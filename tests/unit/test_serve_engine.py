@@ -67,7 +67,7 @@ def test_logprobs_are_the_models_own(engine) -> None:
     seq = list(ids)
     for step in steps:
         with torch.no_grad():
-            logprobs = torch.log_softmax(model(torch.tensor([seq]))[0, -1].double(), dim=-1)
+            logprobs = torch.log_softmax(model(torch.tensor([seq]))[0][0, -1].double(), dim=-1)
         assert step.token == int(logprobs.argmax())  # greedy: the top alternative is the chosen token
         assert step.logprob == pytest.approx(float(logprobs[step.token]), abs=1e-4)
         assert [i for i, _ in step.top] == logprobs.topk(5).indices.tolist()
@@ -137,7 +137,7 @@ def test_attention_is_the_exact_paths_row(engine) -> None:
     ids = engine.encode("ROMEO: what")
     view = engine.attention(ids, 6)
     with torch.no_grad():
-        _, attentions = char_model()(torch.tensor([ids[:7]]), return_attention=True)
+        attentions = char_model().attention_weights(torch.tensor([ids[:7]]))
     assert view["start"] == 0 and view["position"] == 6
     assert len(view["weights"]) == 2 and len(view["weights"][0]) == 2 and len(view["weights"][0][0]) == 7
     for layer, att in enumerate(attentions):
