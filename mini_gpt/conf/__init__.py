@@ -137,9 +137,10 @@ def _what(hint: Any) -> str:
     return _WHAT.get(hint, getattr(hint, "__name__", str(hint)))
 
 
-def config_error(err: BaseException, config_name: str, schema: Any = None) -> MiniGPTError:
+def config_error(err: BaseException, config_name: str, schema: Any = None, prefix: str = "") -> MiniGPTError:
     """What Hydra or OmegaConf refused, as one line naming the key and how to fix it; `schema`: the
-    dataclass the config follows (default: the verb's), whose type hints say what a value must be."""
+    dataclass the config follows (default: the verb's), whose type hints say what a value must be;
+    `prefix`: where the keys sit in the whole config (`data.` for the data section checked on its own)."""
     from hydra.errors import MissingConfigException
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -165,7 +166,7 @@ def config_error(err: BaseException, config_name: str, schema: Any = None) -> Mi
         value = OmegaConf.to_container(cause.value) if OmegaConf.is_config(cause.value) else cause.value
         hint = _hint_at(schema if schema is not None else schemas().get(config_name), key)
         return MiniGPTError(
-            f"{key}={value!r} must be {_what(hint)}; fix it on the command line or in the config"
+            f"{prefix}{key}={value!r} must be {_what(hint)}; fix it on the command line or in the config"
         )
     else:
         first = " ".join(str(cause).strip().split("\n")[0].split()).split(" See https://")[0][:300]
@@ -194,13 +195,8 @@ def checked_config(cls: type[T], d: Mapping[str, Any], section: str) -> T:
     try:
         node = OmegaConf.merge(OmegaConf.structured(cls), dict(d))
         return OmegaConf.to_object(node)  # type: ignore[return-value]  # runs __post_init__
-    except MiniGPTError:
-        raise
     except Exception as err:
-        line = str(config_error(err, section, cls))
-        if line.startswith(f"{section}: "):
-            raise MiniGPTError(line) from None
-        raise MiniGPTError(f"{section}.{line}" if section else line) from None
+        raise config_error(err, section, cls, f"{section}.") from None
 
 
 def typed_config(cfg: Any, config_name: str) -> Any:
@@ -350,8 +346,7 @@ def checked_arguments(node: Mapping[str, Any], section: str) -> dict[str, Any]:
     try:
         checked = OmegaConf.merge(OmegaConf.structured(schema), arguments)
     except Exception as err:
-        line = str(config_error(err, section, schema))
-        raise MiniGPTError(line if line.startswith(f"{section}: ") else f"{section}.{line}") from None
+        raise config_error(err, section, schema, f"{section}.") from None
     return {"_target_": node["_target_"], **{k: checked[k] for k in arguments}}
 
 
