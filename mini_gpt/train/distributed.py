@@ -30,6 +30,7 @@ __all__ = [
     "fsdp_strategy",
     "launcher_rank",
     "local_rank",
+    "refuse_multirun_devices",
 ]
 
 
@@ -146,6 +147,18 @@ def devices_per_node(accelerator: str, devices: Any) -> int:
     if devices == "auto" or accelerator not in ("cpu", "auto"):
         return 1  # Apple's MPS and other single-device accelerators
     return CPUAccelerator.parse_devices(devices)
+
+
+def refuse_multirun_devices(world_size: int, external: bool, devices: Any) -> None:
+    """A sweep trial trains alone or is a rank a cluster launcher (`external`: SLURM, torchrun) started:
+    DDP that re-runs the script per device makes every extra rank run the whole sweep, and ddp_spawn
+    trains in child processes, leaving the trial without the val losses it must return."""
+    if world_size > 1 and not external:
+        raise MiniGPTError(
+            "Hydra multirun (-m) cannot run a multi-device strategy started from inside the trial "
+            f"(trainer.devices={devices}): sweep with one device per trial, or run each trial as a "
+            "multi-GPU SLURM job with hydra/launcher=slurm"
+        )
 
 
 def batch_layout(

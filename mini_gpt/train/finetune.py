@@ -190,11 +190,6 @@ def plan_finetune(
 ) -> FinetunePlan | None:
     """The FinetunePlan of a run: from `init_from`, or resuming a fine-tuning checkpoint (`resume`); None
     for a run from scratch or the resume of one."""
-    if init_from and resume:
-        raise MiniGPTError(
-            "ckpt_path= resumes a run and init_from= starts a new one from pretrained weights; pass one "
-            "of them (to resume a fine-tuning run, add init_from=null)"
-        )
     if init_from:
         source, tokenizer = load_source(str(init_from), bpe_file)
         config = finetune_model_config(source.config, requested, str(init_from))

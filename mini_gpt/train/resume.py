@@ -68,11 +68,16 @@ def checkpoint_path(value: str | None) -> Path | None:
     return path
 
 
-def read_resume(value: str | None) -> Resume | None:
+def read_resume(value: str | None, init_from: str | None = None) -> Resume | None:
     """The checkpoint `ckpt_path=` names, read once; None for a fresh run."""
     path = checkpoint_path(value)
     if path is None:
         return None
+    if init_from:
+        raise MiniGPTError(
+            "ckpt_path= resumes a run and init_from= starts a new one from pretrained weights; pass one "
+            "of them (to resume a fine-tuning run, add init_from=null)"
+        )
     ckpt = read_checkpoint(path)
     saved, source = ckpt.get("run_config"), "the checkpoint"
     beside = path.parent.parent / ".hydra" / "config.yaml"  # a run directory's record of its config
@@ -217,7 +222,12 @@ def resumed_config(
         changes = _config_changes(resume.run_config or {}, after)  # type: ignore[arg-type]
         what = "\n".join(f"  {line}" for line in changes) or "  (none: the run continues as it was started)"
         print(f"resuming {resume.path} with {how}; changes from the run's config:\n{what}")
-        subdir = HydraConfig.get().output_subdir if in_hydra else None
-        if subdir is not None:  # the run directory records the config that runs, not the command line's
-            OmegaConf.save(restored, Path(HydraConfig.get().runtime.output_dir) / subdir / "config.yaml")
+        job = HydraConfig.get() if in_hydra else None
+        if (
+            job is not None
+            and job.output_subdir is not None
+            and not OmegaConf.is_missing(job.runtime, "output_dir")
+        ):
+            # the run directory records the config that runs, not the command line's
+            OmegaConf.save(restored, Path(job.runtime.output_dir) / job.output_subdir / "config.yaml")
     return restored

@@ -36,7 +36,14 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, thread_note
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path, resume_command
-from mini_gpt.train.distributed import BatchLayout, batch_layout, dead_ranks, launcher_rank, local_rank
+from mini_gpt.train.distributed import (
+    BatchLayout,
+    batch_layout,
+    dead_ranks,
+    launcher_rank,
+    local_rank,
+    refuse_multirun_devices,
+)
 from mini_gpt.train.finetune import describe, plan_finetune
 from mini_gpt.train.loggers import build_loggers, finish_wandb, hydra_trial
 from mini_gpt.train.module import GPTLitModule
@@ -85,7 +92,7 @@ def train(
     load = LoadMeter().start()  # the machine's other load over the set-up: the busy-CPU note
 
     # 1. The settings: the checkpoint read once; a resumed run continues with its own config.
-    resume = read_resume(cfg.get("ckpt_path"))
+    resume = read_resume(cfg.get("ckpt_path"), cfg.get("init_from"))
     cfg = resumed_config(cfg, resume, overrides)
     options: TrainConfig = typed_config(cfg, "train")
     run_dir = Path(cfg.paths.run_dir).resolve()
@@ -96,11 +103,11 @@ def train(
     if options.threads is not None:
         torch.set_num_threads(options.threads)
 
-    # 2. The data, prepared once per node (the other ranks wait): its tokenizer sizes the model.
-    plan = plan_finetune(
-        options.init_from, options.finetune, explicit_model_keys(cfg), resume,
-        bpe_file=getattr(data := data_config(options.data), "bpe_file", None),
-    )  # fmt: skip
+    # 2. The data, prepared once per node (the other ranks wait): its tokenizer sizes the model. Pretrained
+    #    weights (init_from, or resuming a fine-tuning run) fix the context, so their plan comes first.
+    data = data_config(options.data)
+    requested = explicit_model_keys(cfg)  # what the command line sets of the model: must fit init_from
+    plan = plan_finetune(options.init_from, options.finetune, requested, resume, data.bpe_file)
     block_size = plan.config.block_size if plan else options.model.block_size
     datamodule = GPTDataModule(
         data, block_size=block_size, seed=options.seed, **dataclasses.asdict(options.loader)
@@ -297,21 +304,16 @@ def _callbacks(cfg: DictConfig, options: TrainConfig) -> list[L.Callback]:
 
 
 def check_world(trainer: L.Trainer, world_size: int, multirun: bool) -> None:
-    """The Trainer has as many processes as the batch layout counted; a sweep trial trains alone or is a
-    rank a cluster launcher (SLURM, torchrun) started: DDP that re-runs the script per device makes every
-    extra rank run the whole sweep, and ddp_spawn trains in child processes, leaving this one without the
-    val losses the trial must return."""
+    """The Trainer has as many processes as the batch layout counted, and a sweep trial trains alone (or
+    as one rank of a cluster launcher's job)."""
     if trainer.world_size != world_size:
         raise MiniGPTError(
             f"trainer.devices x trainer.num_nodes gives {world_size} processes but Lightning started "
             f"{trainer.world_size}; set trainer.devices to a number"
         )
-    if multirun and world_size > 1 and not trainer.strategy.cluster_environment.creates_processes_externally:
-        raise MiniGPTError(
-            "Hydra multirun (-m) cannot run a multi-device strategy started from inside the trial "
-            f"(trainer.devices={trainer.num_devices}): sweep with one device per trial, or run each trial "
-            "as a multi-GPU SLURM job with hydra/launcher=slurm"
-        )
+    if multirun:
+        external = trainer.strategy.cluster_environment.creates_processes_externally
+        refuse_multirun_devices(world_size, external, trainer.num_devices)
 
 
 def _dead_rank_line(dead: str, trainer: L.Trainer) -> str:

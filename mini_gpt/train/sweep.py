@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import logging
 import math
 import sys
 import time
@@ -39,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mini_gpt.errors import MiniGPTError, build_config, check_ints
 from mini_gpt.files import write_json_atomic
+from mini_gpt.train.distributed import devices_per_node, refuse_multirun_devices
 
 if TYPE_CHECKING:
     import lightning as L
@@ -391,34 +391,9 @@ def check_sweep_strategy(config: DictConfig) -> None:
     """Refuse trials that would each start a multi-device strategy from inside the trial (every trial would
     fail); a cluster launcher (SLURM) starts the ranks itself and is allowed."""
     launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
-    if "submitit" in launcher.lower():
-        return
-    trainer_cfg = config.trainer
-    strategy = trainer_cfg.get("strategy", "auto")
-    if isinstance(strategy, str) and strategy == "auto":
-        return  # one device per process (Lightning picks single-device strategies for "auto")
-    import lightning as L
-    from hydra.utils import instantiate
-
-    from mini_gpt.train.run import check_multirun_strategy
-
-    lightning_logger = logging.getLogger("lightning.pytorch")
-    level = lightning_logger.level
-    lightning_logger.setLevel(logging.WARNING)  # no "GPU available: ..." lines for a throwaway Trainer
-    try:
-        trainer = L.Trainer(
-            accelerator=trainer_cfg.get("accelerator", "auto"),
-            devices=trainer_cfg.get("devices", "auto"),
-            num_nodes=trainer_cfg.get("num_nodes", 1),
-            strategy=instantiate(strategy) if not isinstance(strategy, str) else strategy,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
-    finally:
-        lightning_logger.setLevel(level)
-    check_multirun_strategy(trainer, multirun=True)
+    trainer = config.trainer
+    world = devices_per_node(trainer.accelerator, trainer.devices) * trainer.num_nodes
+    refuse_multirun_devices(world, external="submitit" in launcher.lower(), devices=trainer.devices)
 
 
 class SweepReport(HydraCallback):

@@ -31,11 +31,10 @@ def _trainer(trainer_cfg: Any, global_batch_tokens: int | None = None) -> Any:
     from mini_gpt.train.distributed import batch_layout
     from mini_gpt.train.run import trainer_arguments
 
+    OmegaConf.update(trainer_cfg, "default_root_dir", "unused")  # ${paths.run_dir}: a Hydra job's
     layout = batch_layout(OmegaConf.to_object(trainer_cfg), 8, 64, global_batch_tokens)
     arguments = trainer_arguments(trainer_cfg, layout, trainer_cfg.max_steps, "32-true")
-    return instantiate(
-        arguments, logger=False, enable_checkpointing=False, callbacks=[], default_root_dir="unused"
-    )
+    return instantiate(arguments, logger=False, enable_checkpointing=False, callbacks=[])
 
 
 def test_ddp_config_composes_and_instantiates(compose: Any) -> None:
@@ -102,6 +101,7 @@ def test_global_batch_tokens_sets_accumulation(compose: Any) -> None:
     from mini_gpt.train.distributed import batch_layout
 
     cfg = compose(["model=tiny", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"])
+    OmegaConf.update(cfg, "trainer.default_root_dir", "unused")
     layout = batch_layout(OmegaConf.to_object(cfg.trainer), 8, 64, global_batch_tokens=4096)
     assert layout.accumulate == 4  # 4096 / (8 x 64 x 2)
     assert layout.tokens_per_step == 4096

@@ -613,7 +613,7 @@ def test_cli_resume_mismatch_and_bad_types_are_one_line(
         "error: seed='abc' must be an integer; fix it on the command line or in the config"
     ]
     assert errors["steps"] == [
-        "error: trainer.max_steps='abc' must be a number; fix it on the command line or in the config"
+        "error: trainer.max_steps='abc' must be an integer; fix it on the command line or in the config"
     ]
     assert errors["done"] == [
         "error: ckpt_path is at step 2 and trainer.max_steps=2: nothing is left to train; raise "

@@ -130,6 +130,7 @@ def test_finetune_from_a_nanogpt_checkpoint(nanogpt, tmp_path, shakespeare_path)
         "trainer.accelerator=cpu", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
         "callbacks.sample_text=null", "optim.warmup_steps=0", f"init_from={ckpt}", "trainer.max_steps=3",
         "trainer.val_check_interval=3", "loader.val_windows=2",
+        "callbacks.loss_guard=null",  # a random source (weights of std 1) scores ~20 nats: past its limit
     ]  # fmt: skip
     cfg = compose(overrides, hydra=True)
     HydraConfig.instance().set_config(cfg)
