@@ -275,3 +275,68 @@ def signal_at_step(step: int, signum: int = 15) -> Any:
                 os.kill(os.getpid(), signum)
 
     return SignalAtStep()
+
+
+# The modules holding the config schemas that --help reads (model: GPTConfig is train's model section).
+SCHEMA_SOURCES = ("mini_gpt/conf/train.py", "mini_gpt/conf/tools.py", "mini_gpt/model/gpt.py")
+TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+
+
+def _schema_classes() -> dict[str, tuple[list[str], list[tuple[str, str, str | None]]]]:
+    """{class: (base class names, [(field, annotation, comment)])} of the schema modules, read with ast
+    (fields and their line spans) and tokenize (comments by line): independent of mini_gpt.conf."""
+    import ast
+    import io
+    import tokenize
+
+    classes = {}
+    for rel in SCHEMA_SOURCES:
+        source = (REPO / rel).read_text(encoding="utf-8")
+        comments = {
+            t.start[0]: t.string.lstrip("#").strip()
+            for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type == tokenize.COMMENT
+        }
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.ClassDef):
+                fields = [
+                    (s.target.id, ast.unparse(s.annotation),
+                     next((comments[r] for r in range(s.lineno, s.end_lineno + 1) if r in comments), None))
+                    for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                ]  # fmt: skip
+                classes[node.name] = ([ast.unparse(b) for b in node.bases], fields)
+    return classes
+
+
+def schema_keys(class_name: str, prefix: str = "") -> dict[str, tuple[str | None, str | None]]:
+    """{dotted key: (its type in words or None, its comment or None)} of a schema dataclass, its base
+    classes' fields first and its dataclass-typed sections' keys included."""
+    classes = _schema_classes()
+    bases, own = classes[class_name]
+    keys: dict[str, tuple[str | None, str | None]] = {}
+    for base in bases:
+        keys |= schema_keys(base, prefix) if base in classes else {}
+    for name, annotation, comment in own:
+        parts = [p.strip() for p in annotation.split("|")]
+        plain = [p for p in parts if p != "None"]
+        words = "a list" if plain[0].startswith(("list[", "tuple[")) else TYPE_WORDS.get(plain[0])
+        if words and "None" in parts:
+            words += " or null"
+        keys[prefix + name] = (words, comment)
+        if plain[0] in classes:
+            keys |= schema_keys(plain[0], f"{prefix}{name}.")
+    return keys
+
+
+def help_keys(text: str) -> dict[str, str]:
+    """{dotted key: its line} of a verb's --help (keys indented two spaces per level after `usage:`)."""
+    import re
+
+    lines = text.split("usage: ", 1)[1].splitlines()[2:]
+    keys, path = {}, []
+    for line in lines[: lines.index("")] if "" in lines else lines:
+        match = re.match(r"^( *)([\w]+):", line)
+        if match:
+            path = [*path[: len(match.group(1)) // 2], match.group(2)]
+            keys[".".join(path)] = line
+    return keys

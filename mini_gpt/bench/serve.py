@@ -116,7 +116,8 @@ def stream_once(url: str, tokens: int, seed: int = 1337) -> dict[str, Any]:
 
 def generate_once(ckpt: str | Path, tokens: int, threads: int) -> dict[str, Any]:
     """`mini-gpt generate` with the same settings (its own timing of the decoding loop)."""
-    from mini_gpt.cli.generate import GenerateConfig, run
+    from mini_gpt.cli.generate import run
+    from mini_gpt.conf.tools import GenerateConfig
 
     cfg = GenerateConfig(ckpt=str(ckpt), prompt=PROMPT, max_new_tokens=tokens, device="cpu", threads=threads)
     [record] = run(cfg, out=io.StringIO(), err=io.StringIO())

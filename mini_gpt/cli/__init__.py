@@ -20,7 +20,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "tokenizer": ("mini_gpt.cli.tokenizer", "train your own BPE or judge one: tokenizer train|eval ..."),
     "plot": ("mini_gpt.cli.plot", "a run's loss and learning-rate curves to a PNG: plot RUN_DIR"),
     "attention-maps": ("mini_gpt.cli.attention_maps", "draw a model's attention maps for a prompt"),
-    "compare": ("mini_gpt.cli.compare", "one table + curves of runs: compare PATH... [--scaling] (argparse)"),
+    "compare": ("mini_gpt.cli.compare", "one table + curves of runs: compare runs=[DIR,...] [scaling=true]"),
     "sweep": ("mini_gpt.cli.sweep", "Optuna search: sweep hparams_search=NAME [key=value ...]"),
     "serve": ("mini_gpt.cli.serve", "a local playground page + OpenAI-compatible API: serve ckpt=PATH"),
     "bench": ("mini_gpt.bench.__main__", "benchmarks: bench SECTION [--flags] (argparse, not overrides)"),

@@ -1,44 +1,37 @@
 """`mini-gpt attention-maps ckpt=PATH prompt="..." [layer=..] [head=..] [view=..] [out=attn.png]`: draws
-mini_gpt.viz.attention_maps's figures to files. Every key lives in conf/attention_maps.yaml."""
+mini_gpt.viz.attention_maps's figures to files. Every key lives in conf/attention_maps.yaml
+(mini_gpt.conf.tools.AttentionMapsConfig)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from mini_gpt.conf import run_tool, split_free_text
+from mini_gpt.conf.tools import AttentionMapsConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.stream import prompt_text
 from mini_gpt.interop.checkpoint import load_model
 from mini_gpt.viz import attention_maps as viz
 
-VIEWS = ("maps", "summary", "both")
 
-
-def run(cfg: dict[str, Any]) -> list[Path]:
-    """The CLI's work, on a plain mapping of its config; returns the files written."""
-    get = cfg.get
-    ckpt, view = get("ckpt"), str(get("view", "maps"))
-    if not ckpt:
+def run(cfg: AttentionMapsConfig) -> list[Path]:
+    """Draw the figures `cfg` asks for; returns the files written."""
+    if not cfg.ckpt:
         raise MiniGPTError("ckpt=PATH is required (a training .ckpt or an export directory)")
-    if view not in VIEWS:
-        raise MiniGPTError(f"view={view!r} must be one of {', '.join(VIEWS)}")
-    raw = "" if get("prompt") is None else str(get("prompt"))
-    if not raw:
+    if not cfg.prompt:
         raise MiniGPTError('prompt is empty; pass prompt="some text" (or prompt=@file.txt) to look at')
     # @FILE: the file's text as it is; typed text reads \n, \t and \\ as escapes (as generate does).
-    prompt = prompt_text(raw)
-    out = Path(str(get("out", "attn.png")))
-    dpi = int(get("dpi", 120))
-    max_tokens = get("max_tokens")
-    model, tokenizer = load_model(ckpt, str(get("device", "cpu")))
+    prompt = prompt_text(cfg.prompt)
+    out = Path(cfg.out)
+    model, tokenizer = load_model(cfg.ckpt, cfg.device)
     figures = viz.AttentionFigures(
-        get("layer", "all"), get("head", "all"), view != "summary", view != "maps", max_tokens
+        cfg.layer, cfg.head, cfg.view != "summary", cfg.view != "maps", cfg.max_tokens
     ).draw(model, tokenizer, prompt)
     written, notes = [], []
     if "maps" in figures:
         fig, data = figures["maps"]
-        written.append(viz.save_figure(fig, out, dpi))
+        written.append(viz.save_figure(fig, out, cfg.dpi))
         if data["shrunk"]:
             zoom = (
                 "zoom in on one head with head=M"  # one layer already: only its heads are left to pick
@@ -53,8 +46,8 @@ def run(cfg: dict[str, Any]) -> list[Path]:
                 f"{viz.MAX_FIGURE_INCHES:g} in a side; {zoom}"
             )
     if "summary" in figures:
-        target = out if view == "summary" else Path(str(get("summary_out") or viz.summary_path(out)))
-        written.append(viz.save_figure(figures["summary"][0], target, dpi))
+        target = out if cfg.view == "summary" else Path(cfg.summary_out or viz.summary_path(out))
+        written.append(viz.save_figure(figures["summary"][0], target, cfg.dpi))
     for line in [f"wrote {path}" for path in written] + notes:
         print(line)
     return written
@@ -62,9 +55,8 @@ def run(cfg: dict[str, Any]) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> None:
     """`mini-gpt attention-maps ARGS`; `argv` default: the command line."""
-    # prompt= takes any text, commas included
-    overrides, text = split_free_text(argv)
-    run_tool("attention_maps", lambda cfg: run({**cfg, **text}), overrides)
+    overrides, text = split_free_text(argv, ("prompt",))  # prompt= takes any text, commas included
+    run_tool("attention_maps", lambda cfg: run(replace(cfg, **text)), overrides)
 
 
 if __name__ == "__main__":

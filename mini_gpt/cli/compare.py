@@ -1,42 +1,24 @@
-"""`mini-gpt compare PATH... [--out DIR] [--scaling] [--params non_embedding|total]`: one table of runs
-(a run folder, a `python train.py -m` multirun folder, a `mini-gpt sweep` folder, globs; any mix), printed
-as markdown and written with the validation curves to DIR/compare.{csv,html,png}. `--scaling` also fits
-loss against model size per compute budget (runs trained with trainer.max_flops) and writes
-DIR/scaling.png. See docs/sweeps.md.
+"""`mini-gpt compare runs=[DIR,...] [out=DIR] [scaling=true] [params=non_embedding|total]` (or
+`mini-gpt compare DIR...`): one table of runs (a run folder, a `python train.py -m` multirun folder, a
+`mini-gpt sweep` folder, globs; any mix), printed as markdown and written with the validation curves to
+OUT/compare.{csv,html,png}. `scaling=true` also fits loss against model size per compute budget (runs
+trained with trainer.max_flops) and writes OUT/scaling.png. Keys: conf/compare.yaml
+(mini_gpt.conf.tools.CompareConfig); the older flags `--scaling`, `--out DIR`, `--params P` still work.
+See docs/sweeps.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import glob
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from mini_gpt.errors import exit_on_user_error
-from mini_gpt.viz.compare import (
-    compare_table,
-    find_runs,
-    markdown,
-    plot_scaling,
-    scaling_fit,
-    write_report,
-)
-
-PARAMS = {"non_embedding": "non_embedding_params", "total": "params"}
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mini-gpt compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "paths", nargs="*", metavar="PATH", help="run, multirun or sweep folders (globs work)"
-    )
-    parser.add_argument("--out", help="folder for compare.csv/.html/.png (default: the one PATH's folder, "
-                        "else ./compare)")  # fmt: skip
-    parser.add_argument("--scaling", action="store_true", help="fit loss vs parameters per FLOP budget")
-    parser.add_argument("--params", choices=sorted(PARAMS), default="non_embedding",
-                        help="parameter count of the scaling fit (default: non_embedding)")  # fmt: skip
-    return parser
+from mini_gpt.conf import run_tool, split_free_text
+from mini_gpt.conf.tools import SCALING_PARAMS, CompareConfig
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.viz.compare import compare_table, find_runs, markdown, plot_scaling, scaling_fit, write_report
 
 
 def _expand(paths: list[str]) -> list[str]:
@@ -47,12 +29,13 @@ def _expand(paths: list[str]) -> list[str]:
     return out
 
 
-def compare(args: argparse.Namespace) -> None:
-    paths = _expand(args.paths)
-    runs = find_runs(paths)
-    header, rows, ordered, keys = compare_table(runs)
-    if args.out:
-        out = Path(args.out)
+def compare(cfg: CompareConfig) -> None:
+    paths = _expand(cfg.runs)
+    if not paths:
+        raise MiniGPTError("name the runs: mini-gpt compare DIR... or runs=[DIR,...] (globs work)")
+    header, rows, ordered, keys = compare_table(find_runs(paths))
+    if cfg.out:
+        out = Path(cfg.out)
     elif len(paths) == 1 and Path(paths[0]).is_dir():
         out = Path(paths[0])
     else:
@@ -60,8 +43,8 @@ def compare(args: argparse.Namespace) -> None:
     files = write_report(header, rows, ordered, keys, out)
     print(markdown(header, rows))
     print(f"\n{len(rows)} runs; table: {files['csv']}, report: {files['html']}, curves: {files['png']}")
-    if args.scaling:
-        fit = scaling_fit(ordered, PARAMS[args.params])
+    if cfg.scaling:
+        fit = scaling_fit(ordered, SCALING_PARAMS[cfg.params])
         plot_scaling(ordered, fit, out / "scaling.png")
         print(f"\nisoFLOP optima ({fit.params_key}):")
         for budget, n_opt, loss in fit.minima:
@@ -74,9 +57,29 @@ def compare(args: argparse.Namespace) -> None:
         print(f"plot: {out / 'scaling.png'}")
 
 
+def arguments(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(key=value arguments, PATHs) of the command line: an argument without `=` (or an existing path) is
+    a run folder, taken verbatim; the flags --scaling, --out DIR and --params P are the keys' sugar."""
+    keyed, paths = [], []
+    args = iter(argv)
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        if arg == "--scaling":
+            keyed.append("scaling=true")
+        elif flag in ("--out", "--params"):
+            keyed.append(f"{flag[2:]}={value if eq else next(args, '')}")
+        elif not arg.startswith("-") and (not eq or Path(arg).exists()):
+            paths.append(arg)
+        else:
+            keyed.append(arg)
+    return keyed, paths
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-    exit_on_user_error(compare)(args)
+    """`mini-gpt compare ARGS`; `argv` default: the command line."""
+    keyed, paths = arguments(sys.argv[1:] if argv is None else argv)
+    overrides, out = split_free_text(keyed, ("out",))  # a path, verbatim
+    run_tool("compare", lambda cfg: compare(replace(cfg, runs=[*cfg.runs, *paths], **out)), overrides)
     return 0
 
 

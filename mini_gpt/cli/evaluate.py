@@ -1,114 +1,29 @@
 """Evaluate a model: `mini-gpt evaluate ckpt=PATH tasks=[bpb,hellaswag] output=results.json`.
 
-Every key lives in conf/evaluate.yaml. Tasks (run by mini_gpt.eval.tasks): `bpb` (bits per byte by sliding
-windows) and `hellaswag` (acc / acc_norm), and any lm-evaluation-harness task through `harness_tasks`
-(mini_gpt.eval.harness; the `eval` extra). Prints a markdown table; `output=FILE` also writes the results
-and the checkpoint's step and tokens as JSON.
+Every key lives in conf/evaluate.yaml (schema: mini_gpt.conf.tools.EvaluateConfig). Tasks (run by
+mini_gpt.eval.tasks): `bpb` (bits per byte by sliding windows) and `hellaswag` (acc / acc_norm), and any
+lm-evaluation-harness task through `harness_tasks` (mini_gpt.eval.harness; the `eval` extra). Prints a
+markdown table; `output=FILE` also writes the results and the checkpoint's step and tokens as JSON.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
 from mini_gpt.conf import run_tool
-from mini_gpt.errors import MiniGPTError, build_config, check_ints
+from mini_gpt.conf.tools import EvaluateConfig
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.bpb import prepare_split, read_documents
-from mini_gpt.eval.tasks import TASKS, read_inputs, score_tasks
+from mini_gpt.eval.tasks import read_inputs, score_tasks
 from mini_gpt.files import write_json_atomic
-from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device, watch_cpu_load
+from mini_gpt.infer.device import autocast_context, resolve_device, watch_cpu_load
 from mini_gpt.interop.checkpoint import open_model, read_checkpoint
-
-
-def _section(cls: type, d: Any, name: str) -> Any:
-    """A nested config dataclass from its mapping; unknown keys are an error naming the section."""
-    return d if isinstance(d, cls) else build_config(cls, dict(d or {}), name)
-
-
-@dataclass
-class BpbConfig:
-    path: str | None = None  # text file / directory of .txt / glob; None = the prepared `data` split
-    split: str = "val"
-    stride: int | None = None  # None = block_size // 2
-    batch_size: int = 16  # windows per forward pass
-
-    def __post_init__(self) -> None:
-        if self.split not in ("train", "val"):
-            raise MiniGPTError(f"bpb.split={self.split!r} must be train or val")
-        check_ints(**{"bpb.batch_size": self.batch_size})
-        check_ints(allow_none=True, **{"bpb.stride": self.stride})
-
-
-@dataclass
-class HellaSwagConfig:
-    path: str | None = None  # hellaswag_val.jsonl; None = the cached copy, downloaded once when online
-    limit: int | None = None  # the first N items only
-    batch_size: int = 4  # items per forward pass (4 rows each)
-
-    def __post_init__(self) -> None:
-        check_ints(**{"hellaswag.batch_size": self.batch_size})
-        check_ints(allow_none=True, **{"hellaswag.limit": self.limit})
-
-
-@dataclass
-class HarnessConfig:
-    """The keyword arguments of `mini_gpt.eval.harness.run_harness` (passed on as they are)."""
-
-    limit: float | None = None  # per task: N examples, or a fraction < 1
-    num_fewshot: int | None = None
-    batch_size: int = 16
-    include_path: str | None = None  # directory of your own task YAMLs
-    builtin_tasks: bool = True  # False: only the tasks under include_path (skips indexing lm-eval's own)
-    seed: int = 1234
-
-    def __post_init__(self) -> None:
-        if self.limit is not None and self.limit <= 0:
-            raise MiniGPTError(f"harness.limit={self.limit} must be > 0 (or null)")
-
-
-@dataclass
-class EvaluateConfig:
-    """What conf/evaluate.yaml holds (see the comments there)."""
-
-    ckpt: str | None = None
-    init_from: str | None = None
-    bpe_file: str | None = None
-    tokenizer: str | None = None
-    tasks: list[str] = field(default_factory=lambda: ["bpb"])
-    harness_tasks: list[str] = field(default_factory=list)
-    data: dict[str, Any] = field(default_factory=dict)
-    bpb: Any = None
-    hellaswag: Any = None
-    harness: Any = None
-    device: str = "auto"
-    dtype: str = "auto"
-    threads: int | None = None
-    progress: bool | None = None
-    output: str | None = None
-
-    def __post_init__(self) -> None:
-        self.tasks = [self.tasks] if isinstance(self.tasks, str) else list(self.tasks or [])
-        self.harness_tasks = (
-            [self.harness_tasks] if isinstance(self.harness_tasks, str) else list(self.harness_tasks or [])
-        )
-        unknown = [t for t in self.tasks if t not in TASKS]
-        if unknown:
-            raise MiniGPTError(
-                f"unknown task(s) {unknown} in tasks=; choose from {list(TASKS)} "
-                "(lm-evaluation-harness tasks go in harness_tasks=[...])"
-            )
-        if not self.tasks and not self.harness_tasks:
-            raise MiniGPTError("nothing to evaluate: set tasks=[bpb,hellaswag] and/or harness_tasks=[...]")
-        self.bpb = _section(BpbConfig, self.bpb, "bpb")
-        self.hellaswag = _section(HellaSwagConfig, self.hellaswag, "hellaswag")
-        self.harness = _section(HarnessConfig, self.harness, "harness")
-        check_dtype(self.dtype)
-        check_ints(allow_none=True, threads=self.threads)
 
 
 def checkpoint_info(path: str | None) -> dict[str, Any]:
@@ -177,13 +92,9 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
     return results
 
 
-def config_from_dict(d: dict[str, Any]) -> EvaluateConfig:
-    return build_config(EvaluateConfig, d, "evaluate")
-
-
 def main(argv: list[str] | None = None) -> None:
     """`mini-gpt evaluate key=value ...`; `argv` default: the command line."""
-    run_tool("evaluate", lambda cfg: run(config_from_dict(cfg)), argv)
+    run_tool("evaluate", run, argv)
 
 
 if __name__ == "__main__":

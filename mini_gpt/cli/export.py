@@ -1,26 +1,27 @@
 """`mini-gpt export ckpt=PATH format=hf|safetensors|gguf out=DIR|FILE.gguf [outtype=f32|f16|q8_0]`:
-see mini_gpt.interop.export for what each format writes. Every key lives in conf/export.yaml."""
+see mini_gpt.interop.export for what each format writes. Every key lives in conf/export.yaml
+(mini_gpt.conf.tools.ExportConfig)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from mini_gpt.conf import run_tool
+from mini_gpt.conf.tools import ExportConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.checkpoint import load_model
 from mini_gpt.interop.export import check_format, export_model, modelfile_path
 
 
-def _run(cfg: dict[str, Any]) -> Path:
-    if not cfg["ckpt"]:
+def _run(cfg: ExportConfig) -> Path:
+    if not cfg.ckpt:
         raise MiniGPTError("set ckpt=PATH (a training .ckpt, an export directory or a nanoGPT ckpt.pt)")
-    if not cfg["out"]:
+    if not cfg.out:
         raise MiniGPTError("set out=DIR (the directory to write; for format=gguf the FILE.gguf)")
-    fmt, outtype = str(cfg["format"]), str(cfg["outtype"])
-    check_format(fmt, outtype)  # before loading a large checkpoint
-    model, tokenizer = load_model(cfg["ckpt"], tokenizer=cfg["tokenizer"])
-    out = export_model(model, tokenizer, cfg["out"], fmt, overwrite=bool(cfg["overwrite"]), outtype=outtype)
+    fmt = cfg.format
+    check_format(fmt, cfg.outtype)  # before loading a large checkpoint
+    model, tokenizer = load_model(cfg.ckpt, tokenizer=cfg.tokenizer)
+    out = export_model(model, tokenizer, cfg.out, fmt, overwrite=cfg.overwrite, outtype=cfg.outtype)
     print(f"exported {fmt} model to {out}")
     if fmt == "gguf":
         print(f"Ollama: ollama create NAME -f {modelfile_path(out)}")

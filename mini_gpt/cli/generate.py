@@ -1,4 +1,5 @@
-"""Sample text from a model: `mini-gpt generate ckpt=PATH prompt="ROMEO:"` (keys: conf/generate.yaml).
+"""Sample text from a model: `mini-gpt generate ckpt=PATH prompt="ROMEO:"` (keys: conf/generate.yaml,
+mini_gpt.conf.tools.GenerateConfig).
 
     mini-gpt generate ckpt=export/ prompt=@prompt.txt num_samples=3 seed=1 stop='\\n\\n' output=s.jsonl
     mini-gpt generate init_from=gpt2 prompt="Hello, I'm a language model," top_p=0.95   # needs network
@@ -17,61 +18,25 @@ import secrets
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
 from mini_gpt.conf import run_tool, split_free_text
-from mini_gpt.errors import MiniGPTError, build_config, check_ints
-from mini_gpt.infer.device import autocast_context, check_dtype, resolve_device, watch_cpu_load
+from mini_gpt.conf.tools import GenerateConfig
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.infer.device import autocast_context, resolve_device, watch_cpu_load
 from mini_gpt.infer.packing import can_pack, prepare_for_inference
 from mini_gpt.infer.sampling import check_sampling_args, generate
 from mini_gpt.infer.stream import TextStream, encode_prompt, prompt_text, unescape
 from mini_gpt.interop.checkpoint import open_model
 
 
-@dataclass
-class GenerateConfig:
-    """What conf/generate.yaml holds (see the comments there)."""
-
-    ckpt: str | None = None
-    init_from: str | None = None
-    bpe_file: str | None = None
-    tokenizer: str | None = None
-    prompt: Any = ""
-    prompt_file: str | None = None
-    max_new_tokens: int = 500
-    num_samples: int = 1
-    temperature: float = 0.8
-    top_k: int | None = 200
-    top_p: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = 1337
-    stop: Any = None
-    device: str = "auto"
-    dtype: str = "auto"
-    compile: bool = False
-    use_cache: bool = True
-    window: int | None = None
-    threads: int | None = None
-    stream: bool = True
-    output: str | None = None
-
-    def __post_init__(self) -> None:
-        check_ints(minimum=0, max_new_tokens=self.max_new_tokens)
-        check_ints(num_samples=self.num_samples)
-        check_ints(allow_none=True, threads=self.threads)
-        check_dtype(self.dtype)
-
-    @property
-    def stops(self) -> list[str]:
-        if self.stop is None or self.stop == "":
-            return []
-        stops = [self.stop] if isinstance(self.stop, str) else [str(s) for s in self.stop]
-        # `stop=\\n\\n` (typed with a backslash) means two newlines.
-        return [unescape(s) for s in stops if s]
+def stops(cfg: GenerateConfig) -> list[str]:
+    """The stop texts; `stop=\\n\\n` (typed with a backslash) means two newlines."""
+    return [unescape(s) for s in cfg.stop or [] if s]
 
 
 def read_prompt(cfg: GenerateConfig) -> str:
@@ -114,7 +79,7 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
 
     n = cfg.num_samples
     streaming = cfg.stream and n == 1
-    streams = [TextStream(tokenizer, cfg.stops) for _ in range(n)]
+    streams = [TextStream(tokenizer, stops(cfg)) for _ in range(n)]
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     if streaming:
         out.write(prompt)
@@ -186,14 +151,10 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
     return records
 
 
-def config_from_dict(d: dict[str, Any]) -> GenerateConfig:
-    return build_config(GenerateConfig, d, "generate")
-
-
 def main(argv: list[str] | None = None) -> None:
     """`mini-gpt generate ARGS`; `argv` default: the command line."""
     overrides, text = split_free_text(argv)
-    run_tool("generate", lambda cfg: run(config_from_dict({**cfg, **text})), overrides)
+    run_tool("generate", lambda cfg: run(replace(cfg, **text)), overrides)
 
 
 if __name__ == "__main__":

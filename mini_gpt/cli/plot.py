@@ -1,14 +1,15 @@
 """`mini-gpt plot RUN_DIR [out=curves.png] [dpi=120]`: a run's loss curves (mini_gpt.viz.plot) drawn to a
-PNG. Every key lives in conf/plot.yaml."""
+PNG. Every key lives in conf/plot.yaml (mini_gpt.conf.tools.PlotConfig)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from mini_gpt.conf import run_tool, split_free_text
+from mini_gpt.conf.tools import PlotConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.viz.plot import plot_run
 
@@ -27,18 +28,16 @@ def overrides_of(argv: Sequence[str]) -> list[str]:
     return overrides
 
 
-def _run(cfg: dict[str, Any]) -> Path:
-    if not cfg["run_dir"]:
+def _run(cfg: PlotConfig) -> Path:
+    if not cfg.run_dir:
         raise MiniGPTError("RUN_DIR is required: mini-gpt plot RUN_DIR [out=curves.png] [dpi=120]")
-    if not isinstance(cfg["dpi"], int) or isinstance(cfg["dpi"], bool):
-        raise MiniGPTError(f"dpi={cfg['dpi']!r} must be an integer")
-    return plot_run(cfg["run_dir"], cfg["out"], cfg["dpi"])
+    return plot_run(cfg.run_dir, cfg.out, cfg.dpi)
 
 
 def main(argv: list[str] | None = None) -> None:
     """`mini-gpt plot ARGS`; `argv` default: the command line."""
     overrides, paths = split_free_text(overrides_of(sys.argv[1:] if argv is None else argv), PATH_KEYS)
-    run_tool("plot", lambda cfg: _run({**cfg, **paths}), overrides)
+    run_tool("plot", lambda cfg: _run(replace(cfg, **paths)), overrides)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Serve a model: `mini-gpt serve ckpt=PATH [host=127.0.0.1] [port=8000]` (keys: conf/serve.yaml).
+"""Serve a model: `mini-gpt serve ckpt=PATH [host=127.0.0.1] [port=8000]` (keys: conf/serve.yaml,
+mini_gpt.conf.tools.ServeConfig).
 
 One process holds the model; http://HOST:PORT/ is the playground page (tokens streamed, shaded by
 probability, alternatives on hover, attention on click) and http://HOST:PORT/v1 an OpenAI-compatible API
@@ -8,45 +9,15 @@ probability, alternatives on hover, attention on click) and http://HOST:PORT/v1 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
 from mini_gpt.conf import run_tool
-from mini_gpt.errors import MiniGPTError, build_config, check_ints
-from mini_gpt.infer.device import check_dtype, resolve_device
-
-
-@dataclass
-class ServeConfig:
-    """What conf/serve.yaml holds (see the comments there)."""
-
-    ckpt: str | None = None
-    init_from: str | None = None
-    bpe_file: str | None = None
-    tokenizer: str | None = None
-    model_name: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    device: str = "auto"
-    dtype: str = "auto"
-    threads: int | None = None
-    max_tokens: int = 1024
-    max_prompt_tokens: int = 4096
-    max_n: int = 8
-    max_waiting: int = 64
-    log_level: str = "warning"
-
-    def __post_init__(self) -> None:
-        check_ints(minimum=0, port=self.port)
-        check_ints(max_tokens=self.max_tokens, max_prompt_tokens=self.max_prompt_tokens, max_n=self.max_n)
-        check_ints(max_waiting=self.max_waiting)
-        check_ints(allow_none=True, threads=self.threads)
-        check_dtype(self.dtype)
-        if self.port > 65535:
-            raise MiniGPTError(f"port={self.port} must be at most 65535")
+from mini_gpt.conf.tools import ServeConfig
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.infer.device import resolve_device
 
 
 def default_name(cfg: ServeConfig) -> str:
@@ -130,13 +101,9 @@ def run(cfg: ServeConfig, err: TextIO | None = None) -> None:
     print("mini-gpt serve: stopped", file=err, flush=True)
 
 
-def config_from_dict(d: dict[str, Any]) -> ServeConfig:
-    return build_config(ServeConfig, d, "serve")
-
-
 def main(argv: list[str] | None = None) -> None:
     """`mini-gpt serve ARGS`; `argv` default: the command line."""
-    run_tool("serve", lambda cfg: run(config_from_dict(cfg)), argv)
+    run_tool("serve", run, argv)
 
 
 if __name__ == "__main__":

@@ -39,9 +39,9 @@ def _train_trial(cfg: Any, callbacks: Sequence[Any]) -> dict[str, Any] | None:
 
 
 def sweep(argv: Sequence[str]) -> Any:
-    require_optuna()
     overrides = list(argv)
-    cfg = compose_command_line("train", overrides)
+    cfg = compose_command_line("train", overrides)  # a mistyped key is reported before a missing extra
+    require_optuna()
     settings = StudySettings.from_config(cfg)
     study = run_study(settings, lambda o: compose_command_line("train", o), overrides, _train_trial)
     sweep_dir = Path(settings.dir)

@@ -4,7 +4,8 @@
     mini-gpt tokenizer eval tokenizer=tok/ data=text data.path=corpus.txt             # judge it
     mini-gpt train data=text data.path=corpus.txt data.tokenizer=tok/                   # use it
 
-Overrides of conf/tokenizer_train.yaml and conf/tokenizer_eval.yaml. See docs/tokenizers.md.
+Overrides of conf/tokenizer_train.yaml and conf/tokenizer_eval.yaml (schemas: mini_gpt.conf.tools).
+See docs/tokenizers.md.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from mini_gpt.conf import run_tool
+from mini_gpt.conf.tools import TokenizerEvalConfig, TokenizerTrainConfig
 from mini_gpt.data import DataConfig, data_config
 from mini_gpt.data.documents import split_documents, text_bytes
 from mini_gpt.data.preparation import byte_progress
@@ -37,15 +39,15 @@ def _texts(data: Any, split: str, progress: bool | None) -> Iterable[str]:
             yield text
 
 
-def train(cfg: dict[str, Any]) -> Path:
+def train(cfg: TokenizerTrainConfig) -> Path:
     """Learn the tokenizer `cfg` describes (conf/tokenizer_train.yaml) and write its directory."""
-    if not cfg["out"]:
+    if not cfg.out:
         raise MiniGPTError("tokenizer train needs out=DIR, the directory to write the tokenizer to")
-    out = Path(cfg["out"]).expanduser().resolve()
-    if out.exists() and not cfg["overwrite"]:  # before the work, not after it
+    out = Path(cfg.out).expanduser().resolve()
+    if out.exists() and not cfg.overwrite:  # before the work, not after it
         raise MiniGPTError(f"out={out} exists; choose another directory or pass overwrite=true to replace it")
-    check_vocab_size(cfg["vocab_size"], cfg["special_tokens"])
-    data = data_config(cfg["data"])
+    check_vocab_size(cfg.vocab_size, cfg.special_tokens)
+    data = data_config(cfg.data)
     t0 = time.perf_counter()
     chars = 0
 
@@ -55,18 +57,18 @@ def train(cfg: dict[str, Any]) -> Path:
             chars += len(text)
             yield text
 
-    texts = cropped(_texts(data, "train", cfg["progress"]), cfg["max_chars"], cfg["doc_max_chars"])
+    texts = cropped(_texts(data, "train", cfg.progress), cfg.max_chars, cfg.doc_max_chars)
     tok = train_bpe(
         counted(texts),
-        cfg["vocab_size"],
-        name=cfg["name"] or out.name,
-        pattern=cfg["pattern"],
-        special_tokens=cfg["special_tokens"],
+        cfg.vocab_size,
+        name=cfg.name or out.name,
+        pattern=cfg.pattern,
+        special_tokens=cfg.special_tokens,
     )
     seconds = time.perf_counter() - t0
-    info = {"data": cfg["data"], "pattern": cfg["pattern"], "train_chars": chars, "trainer": "rustbpe",
-            "max_chars": cfg["max_chars"], "doc_max_chars": cfg["doc_max_chars"]}  # fmt: skip
-    write_tokenizer_dir(tok, out, cfg["overwrite"], info)
+    info = {"data": cfg.data, "pattern": cfg.pattern, "train_chars": chars, "trainer": "rustbpe",
+            "max_chars": cfg.max_chars, "doc_max_chars": cfg.doc_max_chars}  # fmt: skip
+    write_tokenizer_dir(tok, out, cfg.overwrite, info)
     print(
         f"wrote {out}: {tok.vocab_size:,} tokens ({tok.vocab_size - 256 - len(tok.special_tokens):,} merges, "
         f"{len(tok.special_tokens)} special) learned from {chars:,} characters in {seconds:.1f} s; "
@@ -90,19 +92,19 @@ def _count_tokens(tok: Tokenizer | None, texts: list[str], counts: np.ndarray | 
     return sum(len(row) for row in ids)
 
 
-def evaluate(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+def evaluate(cfg: TokenizerEvalConfig) -> list[dict[str, Any]]:
     """Bytes per token of the tokenizer and its comparisons on the split; prints the table and returns it."""
-    if not cfg["tokenizer"]:
+    if not cfg.tokenizer:
         raise MiniGPTError("tokenizer eval needs tokenizer=DIR (a directory from mini-gpt tokenizer train)")
-    ours = load_tokenizer_dir(cfg["tokenizer"])
-    others = [name for name in cfg["compare"] if name != cfg["tokenizer"]]
+    ours = load_tokenizer_dir(cfg.tokenizer)
+    others = [name for name in cfg.compare if name != cfg.tokenizer]
     # char counts characters: its vocabulary would be the text's own, so every character is one token.
     tokenizers: dict[str, Tokenizer | None] = {ours.name: ours}
     tokenizers |= {name: None if name == "char" else build_tokenizer(name) for name in others}
     totals = dict.fromkeys(tokenizers, 0)
     counts = np.zeros(ours.vocab_size, dtype=np.int64)
     n_bytes, batch = 0, []
-    pieces = cropped(_texts(data_config(cfg["data"]), cfg["split"], None), cfg["max_chars"], None)
+    pieces = cropped(_texts(data_config(cfg.data), cfg.split, None), cfg.max_chars, None)
     for text in [*pieces, None]:
         if text is not None:
             batch.append(text)
@@ -112,14 +114,14 @@ def evaluate(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                 totals[name] += _count_tokens(tok, batch, counts if tok is ours else None)
             batch = []
     if n_bytes == 0:
-        raise MiniGPTError(f"the {cfg['split']} split of this data config is empty; nothing to judge")
+        raise MiniGPTError(f"the {cfg.split} split of this data config is empty; nothing to judge")
     rows = [
         {"tokenizer": name, "vocab_size": tok.vocab_size if tok else None, "tokens": totals[name],
          "bytes_per_token": n_bytes / totals[name], "vs_ours": totals[ours.name] / totals[name]}
         for name, tok in tokenizers.items()
     ]  # fmt: skip
-    _print_table(rows, n_bytes, cfg["split"])
-    _print_top(ours, counts, cfg["top"])
+    _print_table(rows, n_bytes, cfg.split)
+    _print_top(ours, counts, cfg.top)
     return rows
 
 

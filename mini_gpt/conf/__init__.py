@@ -1,6 +1,6 @@
 """How every mini-gpt verb reads its configuration: one YAML file per verb in `CONF_DIR` (values and
 comments), one dataclass schema per verb (keys, types, defaults, the comments `--help` shows), composed by
-Hydra.
+Hydra. The schemas: `mini_gpt.conf.train` (train, prepare, sweep) and `mini_gpt.conf.tools` (the others).
 
 - `compose(overrides, name)`: the config a verb would run with. Each `<name>.yaml` starts its defaults list
   with `<name>_schema`, the verb's dataclass in Hydra's ConfigStore, so Hydra refuses unknown keys and
@@ -8,10 +8,10 @@ Hydra.
 - `config_error(err, name)`: the one place where what Hydra or OmegaConf refuses becomes one `MiniGPTError`
   line; `checked_config` applies the same check to a section read later (`data`, whose dataclass depends
   on its `name`).
-- `run_tool(name, task, argv)`: a one-shot verb's `main`: `--help` from the schema, compose, the config as
-  its dataclass, `task(config)`; a user error is one `error:` line and exit status 2. `mini-gpt train` is
-  the one Hydra app (hydra.main: run directories, -m sweeps, launchers) and checks its overrides the same
-  way before Hydra runs (`exit_on_bad_overrides`).
+- `run_tool(name, task, argv)`: a one-shot verb's `main`: `--help` from the schema, then
+  `task(tool_config(name, overrides))`, the composed config as its dataclass; a user error is one `error:`
+  line and exit status 2. `mini-gpt train` is the one Hydra app (hydra.main: run directories, -m sweeps,
+  launchers) and checks its overrides the same way before Hydra runs (`exit_on_bad_overrides`).
 
 The YAML lives in `conf/` at the top of a checkout (a wheel carries it as `mini_gpt/configs/`).
 """
@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import inspect
 import io
+import json
 import sys
 import tokenize
 import typing
@@ -68,9 +69,22 @@ def split_free_text(
 
 def schemas() -> dict[str, type]:
     """{config name: its schema dataclass} for every verb that has one."""
+    from mini_gpt.conf import tools
     from mini_gpt.conf.train import TrainConfig
 
-    return {"train": TrainConfig}
+    return {
+        "train": TrainConfig,
+        "prepare": TrainConfig,  # train.yaml's data node, prepared without training
+        "generate": tools.GenerateConfig,
+        "evaluate": tools.EvaluateConfig,
+        "export": tools.ExportConfig,
+        "serve": tools.ServeConfig,
+        "attention_maps": tools.AttentionMapsConfig,
+        "plot": tools.PlotConfig,
+        "compare": tools.CompareConfig,
+        "tokenizer_train": tools.TokenizerTrainConfig,
+        "tokenizer_eval": tools.TokenizerEvalConfig,
+    }
 
 
 @functools.cache
@@ -103,7 +117,26 @@ def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
     try:
         return compose(overrides, config_name)
     except Exception as err:
-        raise config_error(err, config_name) from None
+        raise _group_it_lacks(err, config_name, overrides) or config_error(err, config_name) from None
+
+
+def config_groups(config_name: str) -> list[str]:
+    """The config groups of a config's defaults list (with those of the configs it includes)."""
+    choices = compose((), config_name, hydra=True).hydra.runtime.choices
+    return sorted(group for group in choices if group.split("/")[0] != "hydra")
+
+
+def _group_it_lacks(err: BaseException, config_name: str, overrides: Sequence[str]) -> MiniGPTError | None:
+    """`model=baby` for a config without a model group: Hydra reads it as a group override that matches
+    nothing in the defaults list; for the user it is a key the config does not have."""
+    from hydra.errors import ConfigCompositionException
+
+    if isinstance(err, ConfigCompositionException):
+        for key in (override.partition("=")[0] for override in overrides):
+            if (CONF_DIR / key).is_dir() and key not in config_groups(config_name):
+                keys = ", ".join(str(k) for k in compose((), config_name))
+                return MiniGPTError(f"{config_name}: unknown key {key!r}; the keys are {keys}")
+    return None
 
 
 def _refuse_sweep_values(overrides: Sequence[str], config_name: str) -> None:
@@ -220,26 +253,28 @@ def command(config_name: str) -> str:
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """{field: the comment at the end of its line} of a dataclass's source: what `--help` says of a key."""
-    try:
-        source = inspect.getsource(cls)
+    """{field: the comment on its line (or lines)} of a dataclass's source: what `--help` says of a key."""
+    try:  # a base class's fields first (ModelSource), then the class's own
+        source = "".join(inspect.getsource(c) for c in reversed(cls.__mro__) if dataclasses.is_dataclass(c))
     except (OSError, TypeError):
         return {}
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     comments: dict[str, str] = {}
-    line_key: dict[int, str] = {}
+    key = None  # the field whose statement is being read (a formatter may wrap it over several lines)
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        row, col = token.start
-        if token.type == tokenize.NAME and token.string in names and col == 4 and row not in line_key:
-            line_key[row] = token.string
-        elif token.type == tokenize.COMMENT and row in line_key:
-            comments[line_key[row]] = token.string.lstrip("#").strip()
+        if token.type == tokenize.NAME and token.start[1] == 4 and token.string in names and key is None:
+            key = token.string
+        elif token.type == tokenize.COMMENT and key is not None:
+            comments.setdefault(key, token.string.lstrip("#").strip())
+        elif token.type == tokenize.NEWLINE:
+            key = None
     return comments
 
 
 def tool_help(config_name: str) -> str:
     """`--help` of a verb: every key of its composed config with its value, type and comment (from the
     schema dataclasses), and the options of its config groups."""
+    import yaml
     from omegaconf import DictConfig, OmegaConf
 
     cfg = compose((), config_name)
@@ -258,11 +293,14 @@ def tool_help(config_name: str) -> str:
                 continue
             hint = hints.get(key, Any)
             what = f" ({_what(hint)})" if hint is not Any else ""
-            shown = OmegaConf.to_yaml({"v": value}).strip()[3:].replace("\n", "\\n")
+            shown = (  # a value as YAML on one line: lists in brackets, newlines as \n
+                json.dumps(value) if isinstance(value, str) and "\n" in value
+                else yaml.safe_dump({"v": value}, default_flow_style=True, width=2**31)[4:-2]
+            )  # fmt: skip
             lines.append(f"{prefix}{key}: {shown}{what}{about}")
 
     walk(cfg, OmegaConf.to_container(cfg, resolve=False), "")  # type: ignore[arg-type]
-    groups = sorted(d.name for d in CONF_DIR.iterdir() if d.is_dir() and d.name in cfg and d.name != "hydra")
+    groups = config_groups(config_name)
     if groups:
         lines += ["", "Options of each group (conf/<group>/<option>.yaml), picked with group=option:"]
         for group in groups:
@@ -290,25 +328,28 @@ def exit_on_bad_overrides(config_name: str) -> None:
         exit_on_user_error(compose_command_line)(config_name, overrides)
 
 
+def tool_config(config_name: str, overrides: Sequence[str] = (), node: str | None = None) -> Any:
+    """The config `mini-gpt <verb> OVERRIDES` runs with: the verb's schema dataclass (its `__post_init__`
+    checks run; a plain dict for a config without one), or only its `node` (prepare: data). What Hydra,
+    OmegaConf or a check refuses is one `MiniGPTError` line."""
+    from omegaconf import OmegaConf
+
+    cfg = compose_command_line(config_name, overrides)
+    cfg = cfg if node is None else cfg[node]
+    if OmegaConf.get_type(cfg) is dict:
+        return OmegaConf.to_container(cfg, resolve=True)
+    return typed_config(cfg, config_name)
+
+
 def run_tool(
     config_name: str, task: Callable[[Any], Any], argv: Sequence[str] | None = None, node: str | None = None
 ) -> Any:
-    """Run `task(config)` on `CONF_DIR/<config_name>.yaml` plus the `key=value` overrides in `argv` (default:
-    the command line): `config` is the verb's schema dataclass (or a plain dict without one), or only its
-    `node` (prepare: data). A refused override or a `MiniGPTError` is one `error:` line and exit status 2;
+    """Run `task(tool_config(config_name, the key=value overrides in argv, node))` (`argv` default: the
+    command line). A refused override or a `MiniGPTError` is one `error:` line and exit status 2;
     `--help` / `-h` prints `tool_help(config_name)`."""
-    from omegaconf import OmegaConf
-
     overrides = sys.argv[1:] if argv is None else list(argv)
-
-    def run() -> Any:
-        cfg = compose_command_line(config_name, overrides)
-        cfg = cfg if node is None else cfg[node]
-        typed = OmegaConf.get_type(cfg) is not dict
-        return task(typed_config(cfg, config_name) if typed else OmegaConf.to_container(cfg, resolve=True))
-
     exit_with_help_if_asked(config_name, overrides)
-    return exit_on_user_error(run)()
+    return exit_on_user_error(lambda: task(tool_config(config_name, overrides, node)))()
 
 
 _PLAIN = (int, float, bool, str)

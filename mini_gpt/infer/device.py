@@ -1,4 +1,5 @@
-"""Where and in what precision inference runs: the `device=` and `dtype=` keys of generate and evaluate."""
+"""Where and in what precision inference runs: the `device=` and `dtype=` keys of generate and evaluate
+(checked by their schemas, mini_gpt.conf.tools)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,7 @@ import torch
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, thread_note
 
-__all__ = ["autocast_context", "check_dtype", "resolve_device", "watch_cpu_load"]
-
-
-def check_dtype(dtype: str) -> None:
-    """The `dtype=` key of generate and evaluate."""
-    if dtype not in ("auto", "float32", "bfloat16", "float16"):
-        raise MiniGPTError(f"dtype={dtype!r} must be auto, float32, bfloat16 or float16")
+__all__ = ["autocast_context", "resolve_device", "watch_cpu_load"]
 
 
 def resolve_device(name: str) -> torch.device:

@@ -1,10 +1,10 @@
-"""Compare training runs side by side (`mini-gpt compare PATH...`), from the files each run left: its
+"""Compare training runs side by side (`mini-gpt compare runs=[DIR,...]`), from the files each run left: its
 `summary.json` (train.py) and its config (`.hydra/config.yaml`, written by Hydra and by `mini-gpt sweep`).
 
 `find_runs` collects run folders (a folder with summary.json, or any below a multirun / sweep folder);
 `compare_table` keeps the config values that differ between them and the run's numbers, sorted by the
 objective (best val loss); `write_report` writes the table as CSV and HTML and the validation curves
-against step, tokens, wall time and FLOPs as one PNG. `scaling_fit` (`--scaling`) fits loss against model
+against step, tokens, wall time and FLOPs as one PNG. `scaling_fit` (`scaling=true`) fits loss against model
 size per compute budget (isoFLOP minima) and a power law through the optima. No torch, no Lightning.
 """
 
@@ -264,8 +264,8 @@ def scaling_fit(runs: list[Run], params_key: str = "non_embedding_params") -> Sc
     usable = {c: pts for c, pts in groups.items() if len({n for n, _ in pts}) >= 3}
     if not usable:
         raise MiniGPTError(
-            "--scaling needs runs trained to a compute budget (trainer.max_flops=...) with at least 3 model "
-            "sizes per budget (e.g. python train.py -m experiment=scaling_cpu)"
+            "scaling=true needs runs trained to a compute budget (trainer.max_flops=...) with at least 3 "
+            "model sizes per budget (e.g. python train.py -m experiment=scaling_cpu)"
         )
     minima, parabolas = [], {}
     for budget, pts in sorted(usable.items()):

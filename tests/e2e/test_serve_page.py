@@ -20,8 +20,8 @@ import pytest
 from helpers import REPO, train_tiny_char_model, write_lightning_ckpt
 from playwright.sync_api import expect, sync_playwright
 
-from mini_gpt.cli.generate import GenerateConfig
 from mini_gpt.cli.generate import run as generate_cli
+from mini_gpt.conf.tools import GenerateConfig
 
 PROMPT = "ROMEO:\nWhat"
 NEW_TOKENS = 60

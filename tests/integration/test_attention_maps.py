@@ -14,7 +14,8 @@ import pytest
 import torch
 from helpers import REPO
 
-from mini_gpt.cli.attention_maps import run
+from mini_gpt.cli import attention_maps as cli
+from mini_gpt.conf.tools import AttentionMapsConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer
@@ -31,6 +32,11 @@ from mini_gpt.viz.attention_maps import (
 
 CHARS = "abcdefgh ,\n"
 PROMPT = "ab c\nhead"
+
+
+def run(cfg: dict) -> list[Path]:
+    """The verb's work on the schema dataclass of `cfg`'s keys (the rest: its defaults)."""
+    return cli.run(AttentionMapsConfig(**cfg))
 
 
 def make_model(n_layer: int = 2, n_head: int = 3, n_embd: int = 24) -> tuple[GPT, CharTokenizer]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO
+from helpers import REPO, help_keys, schema_keys
 from omegaconf import OmegaConf
 
 from mini_gpt.cli import main
@@ -35,17 +35,27 @@ VERBS = (
     "bench",
     "harness",
 )
-# verb -> its config in conf/ (bench and harness pass their arguments through: argparse, lm_eval)
+# verb (its words on the command line) -> (its config in conf/, its schema dataclass, an override of the
+# wrong type and the one error line it gives); bench and harness pass their arguments through (argparse,
+# lm_eval). prepare and sweep compose train.yaml.
 CONFIGS = {
-    "train": "train",
-    "generate": "generate",
-    "evaluate": "evaluate",
-    "export": "export",
-    "prepare": "prepare",
-    "plot": "plot",
-    "attention-maps": "attention_maps",
-    "serve": "serve",
-}
+    "train": ("train", "TrainConfig", "seed=abc", "seed='abc' must be an integer"),
+    "generate": ("generate", "GenerateConfig", "max_new_tokens=abc",
+                 "max_new_tokens='abc' must be an integer"),
+    "evaluate": ("evaluate", "EvaluateConfig", "bpb.batch_size=abc",
+                 "bpb.batch_size='abc' must be an integer"),
+    "export": ("export", "ExportConfig", "overwrite=maybe", "overwrite='maybe' must be true or false"),
+    "prepare": ("prepare", "TrainConfig", "data.val_fraction=lots",
+                "data.val_fraction='lots' must be a number"),
+    "tokenizer train": ("tokenizer_train", "TokenizerTrainConfig", "vocab_size=abc",
+                        "vocab_size='abc' must be an integer"),
+    "tokenizer eval": ("tokenizer_eval", "TokenizerEvalConfig", "top=abc", "top='abc' must be an integer"),
+    "plot": ("plot", "PlotConfig", "dpi=abc", "dpi='abc' must be an integer"),
+    "attention-maps": ("attention_maps", "AttentionMapsConfig", "dpi=abc", "dpi='abc' must be an integer"),
+    "compare": ("compare", "CompareConfig", "scaling=maybe", "scaling='maybe' must be true or false"),
+    "serve": ("serve", "ServeConfig", "port=abc", "port='abc' must be an integer"),
+    "sweep": ("train", "TrainConfig", "seed=abc", "seed='abc' must be an integer"),
+}  # fmt: skip
 TINY_TRAIN = (
     "model=tiny",
     "logger=csv",
@@ -104,21 +114,43 @@ def test_an_unknown_verb_is_one_line_and_status_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("verb", list(CONFIGS))
-def test_each_verb_help_lists_its_keys(verb: str, monkeypatch, capsys) -> None:
-    assert run_main([verb, "--help"], monkeypatch) == 0
+def test_each_verb_help_lists_its_keys_with_types_and_comments(verb: str, monkeypatch, capsys) -> None:
+    """The reference: the schema dataclass's fields, types and comments as the test reads them from the
+    source (helpers.schema_keys), and the keys of the verb's YAML."""
+    config, schema = CONFIGS[verb][:2]
+    assert run_main([*verb.split(), "--help"], monkeypatch) == 0
     captured = capsys.readouterr()
     assert captured.err == ""
+    listed = help_keys(captured.out)
+    for key, (words, comment) in schema_keys(schema).items():
+        assert key in listed, (verb, key)
+        assert words is None or f" ({words})" in listed[key], (verb, key, listed[key])
+        assert comment is None or listed[key].endswith(f"  # {comment}"), (verb, key, listed[key])
+    assert set(own_keys(config)) <= set(listed)
     lines = captured.out.splitlines()
-    for key in own_keys(CONFIGS[verb]):
-        assert any(line.startswith(f"{key}:") for line in lines), (verb, key)
-    if verb in ("train", "prepare"):  # train.yaml's groups with their options; prepare composes train.yaml
+    if verb in ("train", "prepare"):  # train.yaml's groups with their options
         data = next(line for line in lines if line.startswith("  data: "))
         assert data.split(": ", 1)[1].split(", ") == sorted(
             p.stem for p in (CONF_DIR / "data").glob("*.yaml")
         )
         assert ("--cfg job" in captured.out) == (verb == "train")  # Hydra's flags only where Hydra runs
     if verb == "prepare":
-        assert lines[0].startswith("# mini-gpt prepare ") and "defaults:" not in captured.out
+        assert lines[0].startswith("usage: mini-gpt prepare ") and "defaults:" not in captured.out
+
+
+@pytest.mark.parametrize("verb", list(CONFIGS))
+def test_each_verb_refuses_a_wrong_type_and_an_unknown_key_in_one_line(
+    verb: str, monkeypatch, capsys
+) -> None:
+    config, _, wrong, expected = CONFIGS[verb]
+    for override, line in [
+        (wrong, f"error: {expected}; fix it on the command line or in the config"),
+        ("nosuchkey=1", f"error: {config}: unknown key 'nosuchkey'; the keys are "),
+    ]:
+        assert run_main([*verb.split(), override], monkeypatch) == 2, (verb, override)
+        captured = capsys.readouterr()
+        assert captured.out == "" and len(captured.err.splitlines()) == 1, (verb, captured)
+        assert captured.err.startswith(line), (verb, captured.err)
 
 
 def test_passthrough_verbs_help(tmp_path: Path) -> None:

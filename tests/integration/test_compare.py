@@ -79,7 +79,7 @@ def test_bad_compares_are_one_line(tmp_path: Path, multirun: Path, capsys: pytes
     assert len(err.strip().splitlines()) == 1
 
 
-def test_scaling_fit_finds_the_valley_of_each_budget(tmp_path: Path) -> None:
+def test_scaling_fit_finds_the_valley_of_each_budget(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Losses on exact parabolas in log10(N) with the valley at N = 1e4 x (C / 1e12)^0.5: the fit must
     return those optima and the exponent 0.5."""
     for budget in (1e12, 4e12, 16e12):
@@ -95,10 +95,21 @@ def test_scaling_fit_finds_the_valley_of_each_budget(tmp_path: Path) -> None:
         assert n_opt == pytest.approx(1e4 * (budget / 1e12) ** 0.5, rel=1e-6)
     assert fit.exponent == pytest.approx(0.5, abs=1e-6)
     assert fit.coefficient == pytest.approx(1e4 / 1e12**0.5, rel=1e-4)
-    assert main([str(tmp_path), "--scaling", "--out", str(tmp_path / "report")]) == 0
+    assert main([str(tmp_path), "--scaling", "--out", str(tmp_path / "report")]) == 0  # the old flags
     assert (tmp_path / "report" / "scaling.png").stat().st_size > 10_000
+    assert main([f"runs=[{tmp_path}]", "scaling=true", "params=total", f"out={tmp_path / 'total'}"]) == 0
+    assert "isoFLOP optima (params):" in capsys.readouterr().out
+    assert (tmp_path / "total" / "scaling.png").stat().st_size > 10_000
+
+
+def test_runs_key_and_folders_as_arguments_are_the_same_runs(multirun: Path, tmp_path: Path) -> None:
+    """`runs=[...]` (a Hydra list) and folders given as arguments (verbatim) name the same runs."""
+    assert main([f"runs=[{multirun / '0'},{multirun / '1'}]", f"out={tmp_path / 'a'}"]) == 0
+    assert main([str(multirun / "0"), "--out", str(tmp_path / "b"), str(multirun / "1")]) == 0
+    table = (tmp_path / "a" / "compare.csv").read_text()
+    assert table == (tmp_path / "b" / "compare.csv").read_text() and len(table.splitlines()) == 3
 
 
 def test_scaling_needs_budget_runs(multirun: Path) -> None:
-    with pytest.raises(MiniGPTError, match=r"--scaling needs runs trained to a compute budget"):
+    with pytest.raises(MiniGPTError, match=r"scaling=true needs runs trained to a compute budget"):
         scaling_fit(find_runs([str(multirun)]))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import REPO
+from helpers import REPO, help_keys, schema_keys
 from omegaconf import OmegaConf
 
 from mini_gpt.conf import CONF_DIR
@@ -39,31 +39,34 @@ def _help(*argv: str, cwd: Path) -> str:
     return proc.stdout
 
 
-def _own_keys(config_name: str) -> dict[str, str]:
-    """{top-level key: its comment} read from the YAML text (the reference, independent of the help)."""
+def _own_keys(config_name: str) -> list[str]:
+    """The top-level keys of conf/<config_name>.yaml, read with a plain YAML parser."""
     content = yaml.safe_load((CONF_DIR / f"{config_name}.yaml").read_text())
-    keys = {k for k in content if k not in ("defaults", "hydra")}
-    comments = {}
-    for line in (CONF_DIR / f"{config_name}.yaml").read_text().splitlines():
-        key = line.split(":", 1)[0]
-        if key in keys and not line.startswith((" ", "#")):
-            comments[key] = line.split(" #", 1)[1].strip() if " #" in line else ""
-    assert set(comments) == keys
-    return comments
+    return [k for k in content if k not in ("defaults", "hydra")]
 
 
 @pytest.mark.parametrize(
-    ("verb", "tool"),
-    [("generate",) * 2, ("export",) * 2, ("attention-maps", "attention_maps"), ("plot",) * 2],
+    ("verb", "tool", "schema"),
+    [
+        ("generate", "generate", "GenerateConfig"),
+        ("export", "export", "ExportConfig"),
+        ("attention-maps", "attention_maps", "AttentionMapsConfig"),
+        ("plot", "plot", "PlotConfig"),
+        ("compare", "compare", "CompareConfig"),
+    ],
 )
-def test_tool_help_lists_its_own_keys_with_comments(verb: str, tool: str, tmp_path: Path) -> None:
+def test_tool_help_lists_its_own_keys_with_comments(
+    verb: str, tool: str, schema: str, tmp_path: Path
+) -> None:
+    """In a fresh process: every key of the schema with the comment its source gives it (read by the
+    test's own reader), every key of the YAML, and nothing of the training config or of Hydra."""
     out = _help("-m", "mini_gpt.cli", verb, cwd=tmp_path)
-    lines = out.splitlines()
-    for key, comment in _own_keys(tool).items():
-        line = next((x for x in lines if x.startswith(f"{key}:")), None)
-        assert line is not None, (key, out)
-        assert comment in line
+    listed = help_keys(out)
+    for key, (_, comment) in schema_keys(schema).items():
+        assert comment is not None and listed[key].endswith(f"  # {comment}"), (key, out)
+    assert set(_own_keys(tool)) == set(listed)
     # nothing of the training config or of Hydra's plumbing
+    lines = out.splitlines()
     train_groups = {d.name for d in CONF_DIR.iterdir() if d.is_dir() and not d.name.startswith("_")}
     assert not [x for x in lines if x.split(":")[0].strip() in train_groups - set(_own_keys(tool))]
     assert "Configuration groups" not in out and "Powered by Hydra" not in out
@@ -74,7 +77,8 @@ def test_tool_help_lists_its_own_keys_with_comments(verb: str, tool: str, tmp_pa
     ("tool", "args", "expected"),
     [
         ("generate", ["model=baby"], "error: generate: unknown key 'model'; the keys are ckpt, init_from, "),
-        ("export", ["out.x=1"], "error: export: unknown key 'out.x'; the keys are ckpt, format, out, "),
+        ("export", ["out.x=1"], "error: out={} must be a string or null; fix it on the command line or in "),
+        ("export", ["model=tiny"], "error: export: unknown key 'model'; the keys are ckpt, format, out, "),
         ("attention_maps", ["layer=[0"], "error: attention_maps: bad override (no viable alternative at "),
         ("evaluate", ["~ckpt", "~ckpt"], "error: evaluate: bad override (Could not delete from config. "),
         ("evaluate", ["tasks=bpb,hellaswag"],
@@ -99,7 +103,7 @@ def test_a_refused_override_is_one_line(
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["foo=1"], "error: train: unknown key 'foo'; the keys are seed, ckpt_path, "),
+        (["foo=1"], "error: train: unknown key 'foo'; the keys are model, data, optim, "),
         (["model.foo=1"], "error: train: unknown key 'model.foo'; the keys of model are vocab_size, "),
         (["experiment=nope"], "error: train: experiment=nope: there is no conf/experiment/nope.yaml; the "
          "options are finetune_cpu, "),
@@ -118,18 +122,28 @@ def test_train_refused_override_is_one_line(args: list[str], expected: str, tmp_
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(
-    ("argv", "example", "key"),
-    [
-        (["-m", "mini_gpt.cli", "evaluate"], "hellaswag.limit=100", ("hellaswag", "limit")),
-        (["-m", "mini_gpt.cli", "prepare"], "data.val_fraction=0.05", ("data", "val_fraction")),
-    ],
-)
-def test_help_footer_example_is_a_key_of_that_tool(argv, example, key, tmp_path: Path, compose) -> None:
-    out = _help(*argv, cwd=tmp_path)  # `python -m mini_gpt.cli prepare --help` exits 0 (_help checks)
-    assert out.rstrip().splitlines()[-2].endswith(f"(e.g. {example}).")
-    config = compose((), "prepare" if "prepare" in argv else "evaluate")
-    assert key[1] in config[key[0]]
+@pytest.mark.parametrize("tool", ["evaluate", "prepare", "tokenizer_train"])
+def test_help_lists_only_keys_of_that_tool(tool: str, capsys, compose) -> None:
+    """Every key `--help` shows (dotted, at any depth) is one of that tool's composed config: no key of
+    another tool's config (an evaluate help once suggested model.n_layer=6)."""
+    from mini_gpt.conf import exit_with_help_if_asked
+
+    with pytest.raises(SystemExit) as exc:
+        exit_with_help_if_asked(tool, ["--help"])
+    assert exc.value.code == 0
+    listed = help_keys(capsys.readouterr().out)
+    config = OmegaConf.to_container(compose((), tool), resolve=False)
+
+    def present(key: str) -> bool:
+        node = config
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    assert len(listed) > 10 and ("hellaswag.limit" in listed) == (tool == "evaluate")
+    assert [key for key in listed if not present(key)] == []
 
 
 def test_train_help_lists_the_groups_of_its_defaults_and_no_sweep(tmp_path: Path) -> None:
@@ -143,9 +157,9 @@ def test_train_help_lists_the_groups_of_its_defaults_and_no_sweep(tmp_path: Path
             listed[group] = [o.strip() for o in options.split(",")]
     assert listed == {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in groups}
     assert "sweep" not in listed and (CONF_DIR / "sweep").is_dir()  # W&B sweep specs are no Hydra group
-    for key, comment in _own_keys("train").items():
-        assert any(x.startswith(f"{key}:") for x in out.splitlines()), key
-        assert comment in out
+    listed = help_keys(out)
+    for key, (_, comment) in schema_keys("TrainConfig").items():
+        assert key in listed and (comment is None or listed[key].endswith(f"  # {comment}")), key
 
 
 def test_writable_output_dir_passes(tmp_path: Path) -> None:

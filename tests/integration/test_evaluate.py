@@ -13,7 +13,9 @@ import pytest
 import torch
 from helpers import REPO, make_items, preset, write_jsonl, write_lightning_ckpt
 
-from mini_gpt.cli.evaluate import EvaluateConfig, config_from_dict, markdown_table, run
+from mini_gpt.cli.evaluate import markdown_table, run
+from mini_gpt.conf import tool_config
+from mini_gpt.conf.tools import BpbConfig, EvaluateConfig, HarnessConfig, HellaSwagConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.bpb import bits_per_byte
 from mini_gpt.eval.hellaswag import evaluate_hellaswag, read_hellaswag
@@ -44,8 +46,9 @@ def test_bpb_and_hellaswag_results_json_and_table(tmp_path, char_ckpt):
     write_jsonl(tmp_path / "hs.jsonl", make_items(6))
     out = io.StringIO()
     cfg = EvaluateConfig(
-        ckpt=str(path), tasks=["bpb", "hellaswag"], bpb={"path": str(tmp_path / "t.txt"), "stride": 8},
-        hellaswag={"path": str(tmp_path / "hs.jsonl")}, output=str(tmp_path / "r" / "results.json"),
+        ckpt=str(path), tasks=["bpb", "hellaswag"], bpb=BpbConfig(path=str(tmp_path / "t.txt"), stride=8),
+        hellaswag=HellaSwagConfig(path=str(tmp_path / "hs.jsonl")),
+        output=str(tmp_path / "r" / "results.json"),
     )  # fmt: skip
     results = run(cfg, out=out, err=io.StringIO())
     saved = json.loads((tmp_path / "r" / "results.json").read_text())
@@ -67,7 +70,7 @@ def test_bpb_and_hellaswag_results_json_and_table(tmp_path, char_ckpt):
 def test_bpb_on_a_prepared_split_scores_the_val_text(tmp_path, char_ckpt, shakespeare_path):
     path, _, _ = char_ckpt
     data = {"name": "shakespeare_char", "path": str(shakespeare_path), "data_dir": str(tmp_path)}
-    results = run(EvaluateConfig(ckpt=str(path), data=data, bpb={"stride": 32}), out=io.StringIO())
+    results = run(EvaluateConfig(ckpt=str(path), data=data, bpb=BpbConfig(stride=32)), out=io.StringIO())
     text = shakespeare_path.read_text()
     val = text[int(len(text) * 0.9) :]  # nanoGPT's split: the last 10% of the characters
     assert results["bpb"]["text"] == "shakespeare_char:val"
@@ -81,7 +84,7 @@ def test_harness_tasks_through_evaluate(tmp_path, char_ckpt):
     path, _, _ = char_ckpt
     cfg = EvaluateConfig(
         ckpt=str(path), tasks=[], harness_tasks=["tiny_mc"],
-        harness={"include_path": str(write_task(tmp_path)), "limit": 5, "builtin_tasks": False},
+        harness=HarnessConfig(include_path=str(write_task(tmp_path)), limit=5, builtin_tasks=False),
     )  # fmt: skip
     results = run(cfg, out=io.StringIO())
     assert results["tiny_mc"]["acc"] in {i / 5 for i in range(6)}
@@ -93,12 +96,16 @@ def test_config_errors_are_one_line():
         EvaluateConfig(ckpt="x", tasks=["mmlu"])
     with pytest.raises(MiniGPTError, match="nothing to evaluate"):
         EvaluateConfig(ckpt="x", tasks=[])
-    with pytest.raises(MiniGPTError, match=r"bpb: unknown key\(s\) \['strid'\]"):
-        EvaluateConfig(ckpt="x", bpb={"strid": 3})
+    with pytest.raises(
+        MiniGPTError, match=r"unknown key 'bpb.strid'; the keys of bpb are path, split, stride"
+    ):
+        tool_config("evaluate", ["ckpt=x", "bpb.strid=3"])
     with pytest.raises(MiniGPTError, match=r"bpb\.split"):
-        EvaluateConfig(ckpt="x", bpb={"split": "test"})
-    with pytest.raises(MiniGPTError, match="evaluate: unknown key"):
-        config_from_dict({"ckpt": "x", "taks": ["bpb"]})
+        tool_config("evaluate", ["ckpt=x", "bpb.split=test"])
+    with pytest.raises(MiniGPTError, match=r"^bpb\.stride='x' must be an integer or null"):
+        tool_config("evaluate", ["ckpt=x", "bpb.stride=x"])
+    with pytest.raises(MiniGPTError, match="evaluate: unknown key 'taks'"):
+        tool_config("evaluate", ["ckpt=x", "taks=[bpb]"])
 
 
 def test_markdown_table_formats_ints_and_floats():

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,9 @@ import torch
 from helpers import REPO, train_tiny_char_model, write_lightning_ckpt
 
 from mini_gpt.cli import generate as cli
-from mini_gpt.cli.generate import GenerateConfig, run
-from mini_gpt.conf import split_free_text
+from mini_gpt.cli.generate import run
+from mini_gpt.conf import checked_config, split_free_text, tool_config
+from mini_gpt.conf.tools import GenerateConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.sampling import generate
 from mini_gpt.infer.stream import TextStream, encode_prompt
@@ -135,7 +137,8 @@ def test_prompt_files(trained, tmp_path):
     assert a[0] == b[0] and a[0].startswith("JULIET:\nO Romeo")
     assert a[2][0]["prompt"] == "JULIET:\nO Romeo"
     assert cli.read_prompt(GenerateConfig(prompt="@@ROMEO")) == "@ROMEO"  # @@ escapes a literal @
-    assert cli.read_prompt(GenerateConfig(prompt=1234)) == "1234"  # Hydra parses prompt=1234 as an int
+    # a number in a config is the prompt's text (the schema's type: a string)
+    assert cli.read_prompt(checked_config(GenerateConfig, {"prompt": 1234}, "generate")) == "1234"
     with pytest.raises(MiniGPTError, match="cannot read prompt file"):
         run_cli(ckpt=str(ckpt), prompt=f"@{tmp_path / 'missing.txt'}")
     with pytest.raises(MiniGPTError, match="not both"):
@@ -174,18 +177,18 @@ def test_free_text_arguments_reach_the_config_verbatim(text):
     overrides, free = split_free_text([f"prompt={text}", "top_k=5", "stop=a,b", "stop=\\n", "x=prompt=1"])
     assert overrides == ["top_k=5", "x=prompt=1"]  # what Hydra parses
     assert free == {"prompt": text, "stop": ["a,b", "\\n"]}
-    config = cli.config_from_dict({"ckpt": "m.ckpt", **free})
-    assert cli.read_prompt(config) == text and config.stops == ["a,b", "\n"]
-    assert GenerateConfig(stop="\\n\\n").stops == ["\n\n"]  # typed backslash-n means newline
+    config = replace(tool_config("generate", ["ckpt=m.ckpt", *overrides[:1]]), **free)  # as main() does
+    assert cli.read_prompt(config) == text and cli.stops(config) == ["a,b", "\n"] and config.top_k == 5
+    assert cli.stops(GenerateConfig(stop=["\\n\\n"])) == ["\n\n"]  # typed backslash-n means newline
 
 
 def test_prompt_and_stop_read_backslash_escapes_by_one_rule(tmp_path):
     typed = r"ROMEO:\nJULIET:\tsweet\\n"  # as a shell passes prompt='ROMEO:\nJULIET:...'
     meant = "ROMEO:\nJULIET:\tsweet\\n"  # newline, tab, then a literal backslash and n
-    config = cli.config_from_dict({"ckpt": "m.ckpt", "prompt": typed, "stop": typed})
-    assert cli.read_prompt(config) == meant and config.stops == [meant]
+    config = GenerateConfig(ckpt="m.ckpt", prompt=typed, stop=[typed])
+    assert cli.read_prompt(config) == meant and cli.stops(config) == [meant]
     (tmp_path / "p.txt").write_text(typed, encoding="utf-8")  # a file is taken as it is
-    assert cli.read_prompt(cli.config_from_dict({"ckpt": "m.ckpt", "prompt": f"@{tmp_path}/p.txt"})) == typed
+    assert cli.read_prompt(GenerateConfig(ckpt="m.ckpt", prompt=f"@{tmp_path}/p.txt")) == typed
 
 
 def test_config_errors(trained, monkeypatch):
@@ -195,7 +198,7 @@ def test_config_errors(trained, monkeypatch):
     with pytest.raises(MiniGPTError, match="num_samples=0"):
         run_cli(ckpt=str(ckpt), num_samples=0)
     with pytest.raises(MiniGPTError, match="generate: unknown key"):
-        cli.config_from_dict({"ckpt": str(ckpt), "temprature": 0.5})
+        tool_config("generate", [f"ckpt={ckpt}", "temprature=0.5"])
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(Path(ckpt).parent / "hf-home"))  # an empty cache
     with pytest.raises(MiniGPTError, match="init_from=gpt2: the weights are not cached and HF_HUB_OFFLINE"):

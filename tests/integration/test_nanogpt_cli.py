@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from helpers import NANOGPT_CHARS, nanogpt_logits, nanogpt_state, save_nanogpt, write_meta
 
 from mini_gpt.cli import main
-from mini_gpt.cli.evaluate import EvaluateConfig, run
+from mini_gpt.cli.evaluate import run
+from mini_gpt.conf.tools import BpbConfig, EvaluateConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -68,7 +69,8 @@ def test_evaluate_bpb_is_nanogpts_loss(nanogpt, tmp_path, monkeypatch) -> None:
     text = "ROMEO:\nBut soft, what light through yonder window?"  # one window (< block_size)
     (tmp_path / "t.txt").write_text(text)
     monkeypatch.chdir(ckpt.parent.parent)  # finds data/shakespeare_char/meta.pkl, as nanoGPT's sample.py
-    results = run(EvaluateConfig(ckpt=str(ckpt), bpb={"path": str(tmp_path / "t.txt")}), out=io.StringIO())
+    cfg = EvaluateConfig(ckpt=str(ckpt), bpb=BpbConfig(path=str(tmp_path / "t.txt")))
+    results = run(cfg, out=io.StringIO())
     ids = torch.tensor([[NANOGPT_CHARS.index(c) for c in text]])
     loss = F.cross_entropy(nanogpt_logits(sd, ARGS, ids[:, :-1])[0], ids[0, 1:]).item()
     assert results["bpb"]["bits_per_byte"] == pytest.approx(loss / math.log(2), rel=1e-5)

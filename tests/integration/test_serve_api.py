@@ -17,9 +17,9 @@ import torch
 import uvicorn
 from helpers import write_lightning_ckpt
 
-from mini_gpt.cli.generate import GenerateConfig
 from mini_gpt.cli.generate import run as generate_cli
-from mini_gpt.cli.serve import ServeConfig, build
+from mini_gpt.cli.serve import build
+from mini_gpt.conf.tools import GenerateConfig, ServeConfig
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer
 

@@ -47,7 +47,8 @@ def test_harness_without_lm_eval(monkeypatch, capsys) -> None:
 
 def test_serve_without_fastapi(monkeypatch) -> None:
     hide(monkeypatch, "fastapi", "uvicorn")
-    from mini_gpt.cli.serve import ServeConfig, build
+    from mini_gpt.cli.serve import build
+    from mini_gpt.conf.tools import ServeConfig
 
     with pytest.raises(MiniGPTError) as err:
         build(ServeConfig(ckpt="never-read.ckpt"))
