@@ -203,9 +203,6 @@ class ShardWriter:
             self.abort()
 
 
-# ---------------------------------------------------------------------------------- corpora of shards
-
-
 @dataclass
 class ShardedCorpus:
     """Prepared (or found) shards: what the training windows are drawn from."""
