@@ -31,9 +31,9 @@ import numpy as np
 from mini_gpt.data.config import HFDataConfig, token_dtype
 from mini_gpt.data.preparation import (
     WRITE_ERRNOS,
-    TokenizeProgress,
     log_to_stderr,
     preparation_lock,
+    progress_bar,
     tokenizer_key,
     unwritable,
 )
@@ -178,9 +178,8 @@ class CorpusWriter:
     def train_tokens(self) -> int:
         return self.written + (self.cur.n_tokens if self.cur is not None else 0)
 
-    def write(self, enc: Encoded) -> int:
-        """Write one task's documents (the train ones up to max_tokens); returns the train tokens written."""
-        before = self.train_tokens
+    def write(self, enc: Encoded) -> None:
+        """Write one task's documents (the train ones up to max_tokens)."""
         tokens, lens, lead = enc.train_tokens, enc.train_lens, 0
         if self.skip:  # the first task after a resume: its first train document is partly written
             assert len(enc.train_idx) and enc.train_idx[0] == self.next_doc, "resume state out of step"
@@ -212,11 +211,10 @@ class CorpusWriter:
                 self._close_train()
                 if at_limit:
                     self.truncated = True
-                    return self.train_tokens - before
+                    return
                 self._save_resume_state(next_doc, offset)
         self._write_val(enc, val_done, below=enc.first_doc + enc.n_docs)
         self.next_doc = enc.first_doc + enc.n_docs
-        return self.train_tokens - before
 
     def _write_val(self, enc: Encoded, start: int, below: int) -> int:
         """Write enc's val documents [start, first with index >= below); returns the new start."""
@@ -436,35 +434,40 @@ def _tokenize_into_shards(
         state = {}  # the validation file is shorter than recorded: start over
         _clear(out)
     writer = CorpusWriter(out, dtype, tok, cfg, key, state)
-    resumed_tokens = writer.train_tokens
+    resumed = writer.train_tokens + writer.val.n_tokens
     num_proc = cfg.num_proc or os.cpu_count() or 1
-    total, unit = (cfg.max_tokens, "tokens") if cfg.max_tokens else (source.num_documents, "docs")
     tasks = _tasks(iter_texts(source, skip=writer.next_doc), writer.next_doc)
+    docs = tokens = size = 0  # this run's documents, tokens and text bytes
+    total = cfg.max_tokens or source.num_documents
     try:
         with (
-            TokenizeProgress(f"tokenize {out.name}", total, unit, progress, resumed_tokens) as bar,
+            progress_bar(f"tokenize {out.name}", total, progress, rates=True) as bar,
             contextlib.closing(encode_all(tasks, tok, cfg, dtype, num_proc)) as encoded,
         ):
+            t_bar = time.perf_counter()
             for enc in encoded:
-                bar.advance(enc.n_docs, writer.write(enc), len(enc.val_tokens), enc.text_bytes)
+                writer.write(enc)
+                docs, size = docs + enc.n_docs, size + enc.text_bytes
+                tokens = writer.train_tokens + writer.val.n_tokens - resumed
+                dt = time.perf_counter() - t_bar
+                mdt = dt * 1e6  # x / mdt: millions of x per second
+                rates = f"{docs / dt:,.0f} docs/s  {tokens / mdt:,.2f}M tok/s  {size / mdt:,.1f} MB/s"
+                bar(completed=writer.train_tokens if cfg.max_tokens else docs, rates=rates)
                 if writer.truncated:
                     break
         writer.finish()
     except BaseException:
         writer.abort()
         raise
-    train_tokens, val_tokens, docs = (
-        writer.train_tokens,
-        writer.val.n_tokens,
-        writer.train_docs + len(writer.val_docs),
-    )
+    train_tokens, val_tokens = writer.train_tokens, writer.val.n_tokens
+    n_docs = writer.train_docs + len(writer.val_docs)
     if not train_tokens or not val_tokens:
         _clear(out)
         if not train_tokens and not writer.val_docs:
             raise MiniGPTError(f"data.dataset={cfg.dataset} holds no documents; check the files or the split")
         raise MiniGPTError(
             f"no document of {cfg.dataset} went to {'validation' if train_tokens else 'training'} "
-            f"(val_fraction={cfg.val_fraction}, {docs:,} documents read); "
+            f"(val_fraction={cfg.val_fraction}, {n_docs:,} documents read); "
             + ("raise data.val_fraction or use more documents" if train_tokens else "lower data.val_fraction")
         )
     meta = {
@@ -496,8 +499,7 @@ def _tokenize_into_shards(
     (out / STATE).unlink(missing_ok=True)
     dt = time.perf_counter() - t0
     say(
-        f"prepared {docs:,} documents -> {train_tokens:,} train tokens in {len(writer.train_shards)} "
+        f"prepared {n_docs:,} documents -> {train_tokens:,} train tokens in {len(writer.train_shards)} "
         f"shard(s) + {val_tokens:,} val tokens ({len(writer.val_docs):,} documents) in {dt:.1f} s "
-        f"({(train_tokens + val_tokens - resumed_tokens) / dt / 1e6:.2f}M tokens/s, "
-        f"{bar.nbytes / dt / 1e6:.1f} MB/s, num_proc={num_proc}) -> {out}"
+        f"({tokens / dt / 1e6:.2f}M tokens/s, {size / dt / 1e6:.1f} MB/s, num_proc={num_proc}) -> {out}"
     )

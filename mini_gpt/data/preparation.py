@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -106,71 +105,29 @@ def tokenizer_key(tok: Tokenizer | None) -> dict[str, Any]:
     return {"type": "char"}
 
 
-def _show_bar(enabled: bool | None) -> bool:
-    """None: a bar on an interactive stderr only (never in logs or CI)."""
-    return sys.stderr.isatty() if enabled is None else enabled
+@contextmanager
+def progress_bar(
+    description: str, total: int | None, enabled: bool | None, rates: bool = False
+) -> Iterator[Callable[..., None]]:
+    """`update(advance=n | completed=n, rates=text)` of a rich bar on an interactive stderr (`enabled`
+    None), silent otherwise (logs, CI): of bytes with MB/s, or with `rates` of a count with `rates` text."""
+    if not (sys.stderr.isatty() if enabled is None else enabled):
+        yield lambda **_: None
+        return
+    if rates:
+        middle = (TaskProgressColumn(), TextColumn("{task.fields[rates]}"))
+    else:
+        middle = (DownloadColumn(), TransferSpeedColumn())
+    columns = ("{task.description}", BarColumn(), *middle, TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total, rates="")
+        yield lambda **fields: bar.update(task, **fields)
 
 
 @contextmanager
 def byte_progress(
     description: str, total_bytes: int, enabled: bool | None
 ) -> Iterator[Callable[[int], None]]:
-    """`advance(n_bytes)` of a rich bar with MB/s on an interactive stderr; silent otherwise (logs, CI)."""
-    if not _show_bar(enabled):
-        yield lambda n: None
-        return
-    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress("{task.description}", *columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(description, total=total_bytes)
-        yield lambda n: bar.advance(task, n)
-
-
-class TokenizeProgress:
-    """Counts a tokenization's documents, tokens and text bytes, and shows their rates (and the ETA when
-    `total` is known) as a rich bar on an interactive stderr. `unit` is what `total` counts: "tokens"
-    (train tokens) or "docs". The bar starts at `resumed_train_tokens` (written by an interrupted run);
-    the rates count this run's work only."""
-
-    def __init__(
-        self, label: str, total: int | None, unit: str, enabled: bool | None, resumed_train_tokens: int = 0
-    ) -> None:
-        self.unit, self.t0 = unit, time.perf_counter()
-        self.docs = self.tokens = self.nbytes = 0  # this run's
-        self.train_tokens = resumed_train_tokens
-        self._bar: Progress | None = None
-        if _show_bar(enabled):
-            self._bar = Progress(
-                TextColumn("[progress.description]{task.description}"),
-                BarColumn(),
-                TaskProgressColumn(),
-                TextColumn("{task.fields[rates]}"),
-                TimeRemainingColumn(),
-                console=Console(stderr=True),
-                transient=True,
-            )
-            self._task = self._bar.add_task(label, total=total, completed=self._done(), rates="")
-
-    def _done(self) -> int:
-        return self.train_tokens if self.unit == "tokens" else self.docs
-
-    def __enter__(self) -> TokenizeProgress:
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def advance(self, docs: int, train_tokens: int, val_tokens: int, nbytes: int) -> None:
-        """Count one finished piece of work: its documents, the tokens written to each split, its bytes."""
-        self.docs, self.nbytes = self.docs + docs, self.nbytes + nbytes
-        self.tokens += train_tokens + val_tokens
-        self.train_tokens += train_tokens
-        if self._bar is not None:
-            dt = max(time.perf_counter() - self.t0, 1e-9)
-            rates = (
-                f"{self.docs / dt:,.0f} docs/s  {self.tokens / dt / 1e6:,.2f}M tok/s  "
-                f"{self.nbytes / dt / 1e6:,.1f} MB/s"
-            )
-            self._bar.update(self._task, completed=self._done(), rates=rates)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+    """`advance(n_bytes)` of a `progress_bar` of bytes."""
+    with progress_bar(description, total_bytes, enabled) as update:
+        yield lambda n: update(advance=n)
