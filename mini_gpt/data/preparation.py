@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,8 @@ def preparation_lock(out_dir: Path, what: str, log: Callable[[str], None] = log_
     """Hold `out_dir`'s preparation lock (on any machine sharing a file system with working locks): the
     others wait here, `log`ging that they wait for `what`, then find the finished files. The lock file
     stays behind on purpose: deleting it would race with a process about to take it. A preparation that
-    fails having kept nothing a rerun resumes from removes its folder (and the parents it made)."""
+    fails having kept nothing a rerun resumes from removes its folder (and the parents it made; the lock
+    files beside them stay)."""
     try:
         made = make_dirs(out_dir)
         lock = FileLock(lock_path(out_dir))
@@ -74,27 +75,18 @@ def preparation_lock(out_dir: Path, what: str, log: Callable[[str], None] = log_
         out_dir.mkdir(parents=True, exist_ok=True)  # again: a holder that failed may have removed it
     except OSError as err:
         raise unwritable(out_dir, err) from None
-    failed = True
     try:
         yield
-        failed = False
+    except BaseException:  # a folder holding only temporaries (`.*.tmp`) goes, with the parents we made
+        with suppress(OSError):  # best effort: the error being raised is what the user needs
+            entries = list(out_dir.iterdir())
+            if all(e.name.startswith(".") and e.name.endswith(".tmp") and e.is_file() for e in entries):
+                for entry in entries:
+                    entry.unlink(missing_ok=True)
+                remove_empty([out_dir, *[p for p in made if p != out_dir]])
+        raise
     finally:
-        if failed:
-            _remove_if_nothing_kept(out_dir, made)
         lock.release()
-
-
-def _remove_if_nothing_kept(out_dir: Path, made: list[Path]) -> None:
-    """Remove a failed preparation's folder when it holds only temporaries (`.*.tmp`), with the parents
-    this run made (the lock files beside them stay)."""
-    try:
-        entries = list(out_dir.iterdir())
-        if all(e.name.startswith(".") and e.name.endswith(".tmp") and e.is_file() for e in entries):
-            for entry in entries:
-                entry.unlink(missing_ok=True)
-            remove_empty([out_dir, *[p for p in made if p != out_dir]])
-    except OSError:  # best effort: the error being raised is what the user needs to see
-        pass
 
 
 def tokenizer_key(tok: Tokenizer | None) -> dict[str, Any]:
