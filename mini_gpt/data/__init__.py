@@ -21,10 +21,10 @@ from mini_gpt.data.config import (
 )
 from mini_gpt.data.hf import prepare_shards
 from mini_gpt.data.shards import ShardedCorpus, find_shards
-from mini_gpt.data.text import PreparedData, load_prepared, prepare_data
+from mini_gpt.data.text import PreparedData, prepare_data
 
 __all__ = ["DataConfig", "DataConfigError", "HFDataConfig", "ShardsDataConfig", "data_config", "prepare"]
-__all__ += ["PreparedData", "ShardedCorpus", "load_prepared", "prepare_data"]
+__all__ += ["PreparedData", "ShardedCorpus", "prepare_data"]
 
 
 def prepare(

@@ -18,9 +18,8 @@ import json
 import os
 import re
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 from mini_gpt.data.config import HFDataConfig, token_dtype
 from mini_gpt.data.preparation import (
     WRITE_ERRNOS,
+    in_order,
     log_to_stderr,
     preparation_lock,
     progress_bar,
@@ -141,14 +141,8 @@ def encode_all(
     # fork where there is one (no re-import of the caller's __main__, instant start)
     context = get_context("fork" if "fork" in get_all_start_methods() else "spawn")
     pool = ProcessPoolExecutor(num_proc, context, init_worker, (tok.to_dict(), cfg, dtype))
-    pending: deque[Future[Encoded]] = deque()
     try:
-        for task in tasks:
-            pending.append(pool.submit(encode_task, task))
-            if len(pending) > 2 * num_proc:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+        yield from in_order(pool, encode_task, tasks, 2 * num_proc)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 

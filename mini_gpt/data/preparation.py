@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import errno
 import sys
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from filelock import FileLock, Timeout
 from rich.console import Console
@@ -28,6 +30,7 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import make_dirs, remove_empty, space_note
 from mini_gpt.tokenizer import TiktokenTokenizer, Tokenizer
 
+T, R = TypeVar("T"), TypeVar("R")
 # What writing to a full, read-only or foreign directory raises.
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
@@ -87,6 +90,18 @@ def preparation_lock(out_dir: Path, what: str, log: Callable[[str], None] = log_
         raise
     finally:
         lock.release()
+
+
+def in_order(pool: Executor, fn: Callable[[T], R], items: Iterable[T], ahead: int) -> Iterator[R]:
+    """`fn(item)` of every item, in order, run on `pool` with at most `ahead` + 1 results not yet handed
+    back: memory stays flat (`Executor.map` would submit every item at once)."""
+    pending: deque[Future[R]] = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) > ahead:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def tokenizer_key(tok: Tokenizer | None) -> dict[str, Any]:

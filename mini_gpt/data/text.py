@@ -15,9 +15,8 @@ import hashlib
 import os
 import threading
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -25,7 +24,14 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mini_gpt.data.config import TEXT_CORPUS, DataConfig, token_dtype
-from mini_gpt.data.preparation import WRITE_ERRNOS, byte_progress, preparation_lock, tokenizer_key, unwritable
+from mini_gpt.data.preparation import (
+    WRITE_ERRNOS,
+    byte_progress,
+    in_order,
+    preparation_lock,
+    tokenizer_key,
+    unwritable,
+)
 from mini_gpt.data.shards import ShardInfo, token_file
 from mini_gpt.data.sources import corpus_files
 from mini_gpt.errors import MiniGPTError
@@ -207,9 +213,8 @@ def encoder(tok: Tokenizer, dtype: str) -> Callable[[str], np.ndarray]:
     """text -> ids array, as `encode_ordinary` (no special tokens recognised); thread-safe, and releases
     the GIL for the heavy part."""
     if isinstance(tok, TiktokenTokenizer):
-        return lambda text: tok.encoding.encode_to_numpy(text, disallowed_special=()).astype(
-            dtype, copy=False
-        )
+        enc = tok.encoding
+        return lambda text: enc.encode_to_numpy(text, disallowed_special=()).astype(dtype, copy=False)
     assert isinstance(tok, CharTokenizer)
     cps = np.frombuffer(tok.chars.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     lut = np.zeros(int(cps.max()) + 1, dtype=dtype)
@@ -296,11 +301,6 @@ def prepare_data(
     return prep
 
 
-def load_prepared(cfg: DataConfig, block_size: int | None = None) -> PreparedData:
-    """The prepared data for `cfg` without building anything (raises if missing or stale)."""
-    return prepare_data(cfg, block_size=block_size, build=False, progress=False)
-
-
 def _write_token_files(
     pieces: Iterable[tuple[int, int, str, int]],
     encode: Callable[[str], np.ndarray],
@@ -312,28 +312,16 @@ def _write_token_files(
     """Encode the (split, document, text, bytes) pieces on a thread pool and write their ids, in order,
     to their split's file (train, val), the end-of-text id `eot` before each document but the first.
     Returns the tokens written to each file."""
-    counts = [0, 0]
-    pending: deque[tuple[int, bool, Future[np.ndarray], int]] = deque()
-
-    def drain(keep: int) -> None:
-        while len(pending) > keep:
-            split, eot_first, fut, nbytes = pending.popleft()
-            ids = fut.result()
-            if eot_first:
+    counts, last_doc = [0, 0], -1
+    with ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool:
+        for (split, doc, _, nbytes), ids in in_order(pool, lambda p: (p, encode(p[2])), pieces, 2 * threads):
+            if eot is not None and 0 <= last_doc != doc:
                 outs[split].write(np.asarray([eot], dtype=ids.dtype).tobytes())
                 counts[split] += 1
+            last_doc = doc
             outs[split].write(ids.tobytes())
             counts[split] += len(ids)
             advance(nbytes)
-
-    last_doc = -1
-    with ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool:
-        for split, doc, text, nbytes in pieces:
-            eot_first = eot is not None and doc != last_doc and last_doc >= 0
-            last_doc = doc
-            pending.append((split, eot_first, pool.submit(encode, text), nbytes))
-            drain(keep=2 * threads)  # bounded look-ahead keeps memory flat
-        drain(keep=0)
     return counts
 
 
