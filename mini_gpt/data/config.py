@@ -88,7 +88,7 @@ def _check_tokenizer(name: str, bpe_file: str | None) -> None:
         )
 
 
-def _check_common(val_fraction: float | None, example: str, dtype: str) -> None:
+def _check_fraction_and_dtype(val_fraction: float | None, example: str, dtype: str) -> None:
     if val_fraction is not None and not 0.0 < val_fraction < 1.0:
         raise DataConfigError(f"data.val_fraction={val_fraction!r} must be between 0 and 1 (e.g. {example})")
     if dtype not in DTYPES:
@@ -114,7 +114,7 @@ class DataConfig:
             raise DataConfigError(f"unknown corpus data.name={self.name!r}; choose one of: {names}")
         if self.name == TEXT_CORPUS and not self.path:
             raise DataConfigError("data.name=text needs data.path=FILE, DIRECTORY or GLOB of UTF-8 text")
-        _check_common(self.val_fraction, "0.1", self.dtype)
+        _check_fraction_and_dtype(self.val_fraction, "0.1", self.dtype)
         _check_tokenizer(self.resolved_tokenizer if self.tokenizer is None else self.tokenizer, self.bpe_file)
         check_ints(True, DataConfigError, **{"data.num_threads": self.num_threads})
 
@@ -161,7 +161,8 @@ class HFDataConfig:
         if not self.split:
             raise DataConfigError(f"data.split={self.split!r} must name a split, e.g. train")
         _check_tokenizer(self.tokenizer, self.bpe_file)
-        _check_common(self.val_fraction, "0.001", self.dtype)  # None: split.auto_val_fraction (hf.py)
+        # val_fraction None: sized to the corpus when it is read (split.auto_val_fraction)
+        _check_fraction_and_dtype(self.val_fraction, "0.001", self.dtype)
         check_ints(error=DataConfigError, minimum=0, **{"data.split_seed": self.split_seed})
         check_ints(error=DataConfigError, **{"data.shard_tokens": self.shard_tokens})
         if self.shard_tokens > 2**31 - 1:
