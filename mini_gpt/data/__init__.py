@@ -1,12 +1,13 @@
 """The data of a run, one module per step in the order it flows (no torch or Lightning until windows.py):
 
 config.py        what to train on: DataConfig (named corpora, text files), HFDataConfig, ShardsDataConfig
-preparation.py   what every preparer shares: the preparation lock, cache keys, progress bars, the log line
+preparation.py   what every preparer shares: the preparation lock, cache keys, progress bars, a bounded pool
 sources.py       where text comes from: shipped or downloaded corpora, text files, `datasets` documents
 shards.py        token shard files: llm.c's `.bin` format (read, write, check), ShardedCorpus, find_shards
 text.py          text -> train.bin / val.bin + meta.json (streamed, threaded)
 split.py         which documents are validation (a seeded hash of the index), splitmix64
 hf.py            `datasets` documents -> shards (a process pool, flat in memory, resumable)
+documents.py     a split's text as documents, for training or judging a tokenizer
 windows.py       training and validation windows over token files and shards (torch)
 datamodule.py    GPTDataModule (Lightning)
 """
@@ -21,10 +22,10 @@ from mini_gpt.data.config import (
 )
 from mini_gpt.data.hf import prepare_shards
 from mini_gpt.data.shards import ShardedCorpus, find_shards
-from mini_gpt.data.text import PreparedData, load_prepared, prepare_data
+from mini_gpt.data.text import PreparedData, prepare_data
 
 __all__ = ["DataConfig", "DataConfigError", "HFDataConfig", "ShardsDataConfig", "data_config", "prepare"]
-__all__ += ["PreparedData", "ShardedCorpus", "load_prepared", "prepare_data"]
+__all__ += ["PreparedData", "ShardedCorpus", "prepare_data"]
 
 
 def prepare(

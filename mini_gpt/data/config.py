@@ -1,7 +1,8 @@
 """What to train on: the validated configs of `data=...`, mirrored key for key by conf/data/*.yaml.
 `DataConfig` is a named corpus or your own text files (text.py), `HFDataConfig` (`data=hf`) anything
 `datasets` reads, tokenized into shards (hf.py), `ShardsDataConfig` (`data=shards`) existing
-llm.c-format shards. `data_config(dict)` picks the class by `name`. No Lightning, Hydra or torch here.
+llm.c-format shards. `data_config(dict)` picks the class by `name` and checks the value types (OmegaConf);
+the classes check ranges and choices. No Lightning, Hydra or torch here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from mini_gpt.tokenizer import is_tokenizer_dir
 SHIPPED_DATA = Path(__file__).resolve().parents[2] / "data"
 TEXT_CORPUS = "text"
 DTYPES = ("auto", "uint16", "uint32")
-DEFAULT_SHARD_TOKENS = 100_000_000  # as llm.c's fineweb.py: 100M tokens, 200 MB of uint16 per shard
 
 
 class DataConfigError(MiniGPTError, ValueError):
@@ -31,30 +31,18 @@ class DataConfigError(MiniGPTError, ValueError):
 
 @dataclass(frozen=True)
 class Corpus:
-    """A named corpus: where to download it, what it must hash to, and its default tokenizer. `bundled`:
-    a copy shipped in the repository, found before any download (so the default corpora need no network)."""
+    """A named corpus: its default tokenizer, where to download it, what it must hash to, and `bundled`:
+    a copy shipped in the repository, found before any download (the default corpora need no network).
+    The defaults are tiny Shakespeare's (public domain, 1,115,394 characters; see data/README.md)."""
 
-    url: str
-    sha256: str
-    filename: str
     tokenizer: str
-    bundled: Path | None = None
+    url: str = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+    sha256: str = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+    filename: str = "input.txt"
+    bundled: Path | None = SHIPPED_DATA / "tinyshakespeare" / "input.txt"
 
 
-# Shipped with the repository (public domain, 1,115,394 characters); see data/README.md.
-BUNDLED_SHAKESPEARE = SHIPPED_DATA / "tinyshakespeare" / "input.txt"
-
-
-def _tiny_shakespeare(tokenizer: str) -> Corpus:
-    url = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-    sha256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-    return Corpus(url, sha256, "input.txt", tokenizer, bundled=BUNDLED_SHAKESPEARE)
-
-
-CORPORA: dict[str, Corpus] = {
-    "shakespeare_char": _tiny_shakespeare("char"),
-    "shakespeare": _tiny_shakespeare("gpt2"),
-}
+CORPORA = {"shakespeare_char": Corpus("char"), "shakespeare": Corpus("gpt2")}
 
 
 def data_root(data_dir: str | None = None) -> Path:
@@ -78,8 +66,8 @@ def token_dtype(vocab_size: int, requested: str = "auto") -> str:
     return requested
 
 
-def _check_tokenizer(name: Any, bpe_file: Any) -> None:
-    if not isinstance(name, str) or not name:
+def _check_tokenizer(name: str, bpe_file: str | None) -> None:
+    if not name:
         raise DataConfigError(
             f"data.tokenizer={name!r} must be 'char', a tiktoken encoding or a trained tokenizer's directory"
         )
@@ -90,26 +78,19 @@ def _check_tokenizer(name: Any, bpe_file: Any) -> None:
             raise DataConfigError(
                 f"data.tokenizer={name}: no such directory; make it with mini-gpt tokenizer train out={name}"
             )
-        return
-    if name == "char":
+    elif name == "char":
         if bpe_file is not None:
             raise DataConfigError("data.bpe_file is for BPE tokenizers; drop it or set data.tokenizer=gpt2")
-        return
-    known = tiktoken.registry.list_encoding_names()
-    if name not in known:
+    elif name not in (known := tiktoken.registry.list_encoding_names()):
         raise DataConfigError(
             f"unknown data.tokenizer={name!r}; use char, a trained tokenizer's directory or a tiktoken "
             f"encoding: {', '.join(known)}"
         )
 
 
-def _check_fraction(value: Any, example: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < float(value) < 1.0:
-        raise DataConfigError(f"data.val_fraction={value!r} must be between 0 and 1 (e.g. {example})")
-    return float(value)
-
-
-def _check_dtype(dtype: Any) -> None:
+def _check_fraction_and_dtype(val_fraction: float | None, example: str, dtype: str) -> None:
+    if val_fraction is not None and not 0.0 < val_fraction < 1.0:
+        raise DataConfigError(f"data.val_fraction={val_fraction!r} must be between 0 and 1 (e.g. {example})")
     if dtype not in DTYPES:
         raise DataConfigError(f"data.dtype={dtype!r} must be one of {', '.join(DTYPES)}")
 
@@ -133,9 +114,8 @@ class DataConfig:
             raise DataConfigError(f"unknown corpus data.name={self.name!r}; choose one of: {names}")
         if self.name == TEXT_CORPUS and not self.path:
             raise DataConfigError("data.name=text needs data.path=FILE, DIRECTORY or GLOB of UTF-8 text")
-        self.val_fraction = _check_fraction(self.val_fraction, "0.1")
+        _check_fraction_and_dtype(self.val_fraction, "0.1", self.dtype)
         _check_tokenizer(self.resolved_tokenizer if self.tokenizer is None else self.tokenizer, self.bpe_file)
-        _check_dtype(self.dtype)
         check_ints(True, DataConfigError, **{"data.num_threads": self.num_threads})
 
     @property
@@ -163,7 +143,7 @@ class HFDataConfig:
     val_fraction: float | None = None  # probability that a document is held out; None = sized to the corpus
     split_seed: int = 0  # seed of the document hash that picks validation documents
     max_tokens: int | None = None  # prepare only this many train tokens (a prefix); null = everything
-    shard_tokens: int = DEFAULT_SHARD_TOKENS  # tokens per train shard
+    shard_tokens: int = 100_000_000  # tokens per train shard (llm.c's fineweb.py: 200 MB of uint16)
     num_proc: int | None = None  # tokenizer processes; null = all CPU cores
     data_dir: str | None = None  # cache root; null = $MINI_GPT_DATA_DIR or <repo>/data
     dtype: str = "auto"  # token dtype: auto (uint16 if vocab <= 65535) | uint16 | uint32
@@ -171,25 +151,24 @@ class HFDataConfig:
     def __post_init__(self) -> None:
         if self.name != "hf":
             raise DataConfigError(f"HFDataConfig is for data.name=hf, not {self.name!r}")
-        if not isinstance(self.dataset, str) or not self.dataset.strip():
+        if not (self.dataset or "").strip():
             raise DataConfigError(
                 "data=hf needs data.dataset=NAME (a Hugging Face Hub dataset such as "
                 "HuggingFaceFW/fineweb-edu) or local files (data.dataset='/corpora/owt/*.parquet')"
             )
-        if not isinstance(self.text_field, str) or not self.text_field:
+        if not self.text_field:
             raise DataConfigError(f"data.text_field={self.text_field!r} must name the text column")
-        if not isinstance(self.split, str) or not self.split:
+        if not self.split:
             raise DataConfigError(f"data.split={self.split!r} must name a split, e.g. train")
         _check_tokenizer(self.tokenizer, self.bpe_file)
-        if self.val_fraction is not None:  # None: split.auto_val_fraction, when the corpus is read
-            self.val_fraction = _check_fraction(self.val_fraction, "0.001")
+        # val_fraction None: sized to the corpus when it is read (split.auto_val_fraction)
+        _check_fraction_and_dtype(self.val_fraction, "0.001", self.dtype)
         check_ints(error=DataConfigError, minimum=0, **{"data.split_seed": self.split_seed})
         check_ints(error=DataConfigError, **{"data.shard_tokens": self.shard_tokens})
         if self.shard_tokens > 2**31 - 1:
             raise DataConfigError(f"data.shard_tokens={self.shard_tokens:,} exceeds a shard's int32 count")
         nullable = {"data.max_tokens": self.max_tokens, "data.num_proc": self.num_proc}
         check_ints(True, DataConfigError, **nullable)
-        _check_dtype(self.dtype)
 
     @property
     def root(self) -> Path:
@@ -209,7 +188,7 @@ class ShardsDataConfig:
     def __post_init__(self) -> None:
         if self.name != "shards":
             raise DataConfigError(f"ShardsDataConfig is for data.name=shards, not {self.name!r}")
-        if not isinstance(self.path, str) or not self.path.strip():
+        if not (self.path or "").strip():
             raise DataConfigError("data=shards needs data.path='DIR/*.bin' (llm.c-format token shards)")
         if self.tokenizer is not None:
             _check_tokenizer(self.tokenizer, self.bpe_file)
@@ -225,7 +204,5 @@ def data_config(d: AnyDataConfig | Mapping[str, Any]) -> AnyDataConfig:
     kind = {"hf": HFDataConfig, "shards": ShardsDataConfig}.get(d.get("name", ""), DataConfig)
     try:
         return checked_config(kind, d, "data")
-    except DataConfigError:
-        raise
     except MiniGPTError as err:
-        raise DataConfigError(str(err)) from None
+        raise err if isinstance(err, DataConfigError) else DataConfigError(str(err)) from None

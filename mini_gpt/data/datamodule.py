@@ -1,11 +1,10 @@
 """LightningDataModule over prepared token files (text.py's train.bin / val.bin, or shards) with the
-windows of windows.py.
-
-The train loader is an endless stream of whole `(x, y)` batches, a pure function of the batch index: after
-`k` optimizer steps with gradient accumulation `a` it restarts at batch `k * a` (Lightning restores
-`global_step` before it asks for the loader). For shards the checkpoint also holds the windows consumed by
-all ranks (`state_dict`), so a resumed run on another device count repeats no window. Validation uses
-fixed windows split across ranks without padding, so val loss compares across steps, runs and devices.
+windows of windows.py. The train loader is an endless stream of whole `(x, y)` batches, a pure function
+of the batch index: after `k` optimizer steps with gradient accumulation `a` it restarts at batch `k * a`
+(Lightning restores `global_step` before it asks for the loader). For shards the checkpoint also holds
+the windows consumed by all ranks (`state_dict`), so a resumed run on another device count repeats no
+window. Validation uses fixed windows split across ranks without padding, so val loss compares across
+steps, runs and devices.
 """
 
 from __future__ import annotations
@@ -32,8 +31,6 @@ from mini_gpt.data.windows import (
 from mini_gpt.errors import MiniGPTError, check_ints
 from mini_gpt.tokenizer import Tokenizer
 
-__all__ = ["GPTDataModule", "TrainBatches", "ValWindows"]
-
 
 class GPTDataModule(L.LightningDataModule):
     """Prepares (rank 0) and memory-maps a corpus; serves endless train batches and fixed val windows."""
@@ -53,22 +50,17 @@ class GPTDataModule(L.LightningDataModule):
         self.cfg: AnyDataConfig = data_config(data)
         check_ints(block_size=block_size, batch_size=batch_size)
         check_ints(minimum=0, num_workers=num_workers)
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.pin_memory = pin_memory
-        self.seed = seed
-        self.val_windows = val_window_count(val_windows, block_size)  # None = all
-        self.val_estimate_tokens: int | None = None  # target tokens per evaluation (all ranks), once known
-        self.val_split_tokens: int | None = None  # tokens in the whole val split
-        if not isinstance(align_to_documents, bool):
-            raise MiniGPTError(f"loader.align_to_documents={align_to_documents!r} must be true or false")
         if align_to_documents and isinstance(self.cfg, DataConfig):
             raise MiniGPTError(
                 "loader.align_to_documents=true needs a sharded corpus (data=hf or data=shards), whose "
                 "documents each start with an end-of-text token; drop it for data=" + self.cfg.name
             )
+        self.block_size, self.batch_size, self.seed = block_size, batch_size, seed
+        self.num_workers, self.pin_memory = num_workers, pin_memory
         self.align_to_documents = align_to_documents
+        self.val_windows = val_window_count(val_windows, block_size)  # None = all
+        self.val_estimate_tokens: int | None = None  # target tokens per evaluation (all ranks), once known
+        self.val_split_tokens: int | None = None  # tokens in the whole val split
         self.prepared: PreparedData | ShardedCorpus | None = None
         self._resume_position: dict[str, Any] | None = None  # from a checkpoint (sharded corpora)
 
@@ -119,7 +111,7 @@ class GPTDataModule(L.LightningDataModule):
 
     @property
     def vocab_size(self) -> int:
-        return self.prepared_data().tokenizer.vocab_size
+        return self.tokenizer.vocab_size
 
     def start_batch(self) -> int:
         """Micro-batches already consumed: global_step * accumulate_grad_batches (0 without a trainer)."""
@@ -176,31 +168,15 @@ class GPTDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        prep = self.prepared_data()
+        prep, rank, block, batch = self.prepared_data(), self._rank(), self.block_size, self.batch_size
         if isinstance(prep, ShardedCorpus):
+            start, world, align = self._shard_start_batch(prep), self._world(), self.align_to_documents
+            eot = prep.tokenizer.eot_id
             return self._loader(
-                ShardTrainBatches(
-                    prep.train,
-                    self.block_size,
-                    self.batch_size,
-                    seed=self.seed,
-                    rank=self._rank(),
-                    world=self._world(),
-                    start_batch=self._shard_start_batch(prep),
-                    align_to_documents=self.align_to_documents,
-                    eot_id=prep.tokenizer.eot_id,
-                )
+                ShardTrainBatches(prep.train, block, batch, self.seed, rank, world, start, align, eot)
             )
         return self._loader(
-            TrainBatches(
-                prep.train_path,
-                prep.dtype,
-                self.block_size,
-                self.batch_size,
-                seed=self.seed,
-                rank=self._rank(),
-                start_batch=self.start_batch(),
-            )
+            TrainBatches(prep.train_path, prep.dtype, block, batch, self.seed, rank, self.start_batch())
         )
 
     def val_dataloader(self) -> DataLoader:

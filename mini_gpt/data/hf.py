@@ -18,9 +18,8 @@ import json
 import os
 import re
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
@@ -31,21 +30,16 @@ import numpy as np
 from mini_gpt.data.config import HFDataConfig, token_dtype
 from mini_gpt.data.preparation import (
     WRITE_ERRNOS,
-    TokenizeProgress,
+    in_order,
     log_to_stderr,
     preparation_lock,
+    progress_bar,
     tokenizer_key,
     unwritable,
 )
-from mini_gpt.data.shards import META, ShardedCorpus, ShardWriter, read_header
+from mini_gpt.data.shards import META, ShardedCorpus, ShardInfo, ShardWriter, read_header
 from mini_gpt.data.sources import Source, is_local, iter_texts, open_source
-from mini_gpt.data.split import (
-    CHARS_PER_BPE_TOKEN,
-    SPLIT_RULE,
-    auto_val_fraction,
-    chars_to_decide,
-    val_mask,
-)
+from mini_gpt.data.split import CHARS_PER_BPE_TOKEN, SPLIT_RULE, auto_val_fraction, chars_to_decide, val_mask
 from mini_gpt.data.text import encoder
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import read_json, write_json_atomic
@@ -55,22 +49,10 @@ FORMAT = "mini-gpt shards 1"
 TASK_CHARS = 1 << 21  # characters of text per tokenizer task
 STATE = ".state.json"
 VAL_SHARD = "val_000000.bin"  # all validation documents, in one shard
-
-
-# --------------------------------------------------------------------------------- tokenizer workers
-
-
+# The config keys that change the tokens; with the format, the absolute path of local files, the files'
+# fingerprint and the tokenizer they make the shards' key (the directory is named after their hash).
+IDENTITY = "subset split text_field tokenizer val_fraction split_seed max_tokens shard_tokens dtype".split()
 Task = tuple[int, list[Any]]  # (index of the first document, the documents' texts)
-
-
-@dataclass(frozen=True)
-class EncodeSettings:
-    """What a tokenizer worker needs besides the tokenizer (sent once, when the worker starts)."""
-
-    dtype: str
-    val_fraction: float
-    split_seed: int
-    text_field: str
 
 
 @dataclass
@@ -88,16 +70,14 @@ class Encoded:
     val_tokens: np.ndarray
 
 
-_WORKER: dict[str, Any] = {}  # this process's encoder, end-of-text array and settings (init_worker)
+_WORKER: dict[str, Any] = {}  # this process's encoder, end-of-text array, config and dtype (init_worker)
 
 
-def init_worker(tok: Tokenizer | dict[str, Any], settings: EncodeSettings) -> None:
+def init_worker(tok: Tokenizer | dict[str, Any], cfg: HFDataConfig, dtype: str) -> None:
     """Set up this process's encoder (a pool worker gets the tokenizer as a dict, rebuilt here)."""
     tok = tok if isinstance(tok, Tokenizer) else tokenizer_from_dict(tok)
     _WORKER.update(
-        encode=encoder(tok, settings.dtype),
-        eot=np.asarray([tok.eot_id], dtype=settings.dtype),
-        settings=settings,
+        encode=encoder(tok, dtype), eot=np.asarray([tok.eot_id], dtype=dtype), cfg=cfg, dtype=dtype
     )
 
 
@@ -112,18 +92,18 @@ def _join(docs: list[np.ndarray], eot: np.ndarray, dtype: str) -> tuple[np.ndarr
 def encode_task(task: Task) -> Encoded:
     """A worker's job: tokenize one task's documents and split them into train and val."""
     first_doc, texts = task
-    settings: EncodeSettings = _WORKER["settings"]
+    cfg: HFDataConfig = _WORKER["cfg"]
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             what = "null" if text is None else f"a {type(text).__name__}"
             raise MiniGPTError(
-                f"document {first_doc + i} has {what} in data.text_field={settings.text_field!r}, not a "
+                f"document {first_doc + i} has {what} in data.text_field={cfg.text_field!r}, not a "
                 "string; point data.text_field at a text column (or drop rows without text)"
             )
-    mask = val_mask(first_doc, len(texts), settings.val_fraction, settings.split_seed)
+    mask = val_mask(first_doc, len(texts), cfg.val_fraction, cfg.split_seed)
     encoded = [_WORKER["encode"](t) for t in texts]
     idx = np.arange(first_doc, first_doc + len(texts), dtype=np.int64)
-    eot, dtype = _WORKER["eot"], settings.dtype
+    eot, dtype = _WORKER["eot"], _WORKER["dtype"]
     train_tokens, train_lens = _join([e for e, m in zip(encoded, mask) if not m], eot, dtype)
     val_tokens, val_lens = _join([e for e, m in zip(encoded, mask) if m], eot, dtype)
     nbytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
@@ -147,46 +127,23 @@ def _tasks(batches: Iterable[list[Any]], first_doc: int) -> Iterator[Task]:
         yield first_doc, texts
 
 
-class EncoderPool:
-    """Runs `encode_task` in `num_proc` worker processes (in this one when num_proc is 1) and hands the
-    results back in task order, with at most 2 x num_proc + 1 tasks in flight (memory stays flat)."""
-
-    def __init__(self, tok: Tokenizer, settings: EncodeSettings, num_proc: int) -> None:
-        self.in_flight = 2 * num_proc + 1
-        self._pool: ProcessPoolExecutor | None = None
-        if num_proc > 1:
-            self._pool = ProcessPoolExecutor(
-                num_proc,
-                # fork where there is one (no re-import of the caller's __main__, instant start)
-                mp_context=get_context("fork" if "fork" in get_all_start_methods() else "spawn"),
-                initializer=init_worker,
-                initargs=(tok.to_dict(), settings),
-            )
-        else:
-            init_worker(tok, settings)
-
-    def map(self, tasks: Iterable[Task]) -> Iterator[Encoded]:
-        if self._pool is None:
-            yield from map(encode_task, tasks)
-            return
-        pending: deque[Future[Encoded]] = deque()
-        for task in tasks:
-            pending.append(self._pool.submit(encode_task, task))
-            if len(pending) >= self.in_flight:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-    def __enter__(self) -> EncoderPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """Stop the workers: tasks not started are cancelled (after an early stop or an error)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-# ------------------------------------------------------------------------------------- shard writing
+def encode_all(
+    tasks: Iterable[Task], tok: Tokenizer, cfg: HFDataConfig, dtype: str, num_proc: int
+) -> Iterator[Encoded]:
+    """`encode_task` of every task, in task order, in `num_proc` worker processes (in this one when 1),
+    with at most 2 x num_proc + 1 tasks in flight (memory stays flat). Closing it (an early stop, an
+    error) cancels the tasks not started."""
+    if num_proc == 1:
+        init_worker(tok, cfg, dtype)
+        yield from map(encode_task, tasks)
+        return
+    # fork where there is one (no re-import of the caller's __main__, instant start)
+    context = get_context("fork" if "fork" in get_all_start_methods() else "spawn")
+    pool = ProcessPoolExecutor(num_proc, context, init_worker, (tok.to_dict(), cfg, dtype))
+    try:
+        yield from in_order(pool, encode_task, tasks, 2 * num_proc)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class CorpusWriter:
@@ -194,19 +151,12 @@ class CorpusWriter:
     a resumable state after every complete train shard (`state`: the one an interrupted run left)."""
 
     def __init__(
-        self,
-        out: Path,
-        dtype: str,
-        tok: Tokenizer,
-        cfg: HFDataConfig,
-        key: dict[str, Any],
-        state: dict[str, Any] | None,
+        self, out: Path, dtype: str, tok: Tokenizer, cfg: HFDataConfig, key: dict, state: dict
     ) -> None:
         assert tok.eot_id is not None
         self.out, self.dtype, self.eot, self.key = out, dtype, tok.eot_id, key
         self.shard_tokens, self.max_tokens = cfg.shard_tokens, cfg.max_tokens
         self.chars = tok.chars if isinstance(tok, CharTokenizer) else None  # rebuilds it on resume
-        state = state or {}
         self.train_shards: list[dict[str, Any]] = state.get("train_shards", [])
         self.next_doc: int = state.get("next_doc", 0)  # where reading starts (resumes)
         self.skip: int = state.get("next_offset", 0)  # tokens of document next_doc already in shards
@@ -221,17 +171,8 @@ class CorpusWriter:
     def train_tokens(self) -> int:
         return self.written + (self.cur.n_tokens if self.cur is not None else 0)
 
-    @property
-    def val_tokens(self) -> int:
-        return self.val.n_tokens
-
-    def write(self, enc: Encoded) -> int:
-        """Write one task's documents (the train ones up to max_tokens); returns the train tokens written."""
-        before = self.train_tokens
-        self._route(enc)
-        return self.train_tokens - before
-
-    def _route(self, enc: Encoded) -> None:
+    def write(self, enc: Encoded) -> None:
+        """Write one task's documents (the train ones up to max_tokens)."""
         tokens, lens, lead = enc.train_tokens, enc.train_lens, 0
         if self.skip:  # the first task after a resume: its first train document is partly written
             assert len(enc.train_idx) and enc.train_idx[0] == self.next_doc, "resume state out of step"
@@ -246,10 +187,13 @@ class CorpusWriter:
             if self.max_tokens is not None:
                 room = min(room, self.max_tokens - self.train_tokens)
             take = min(room, len(tokens) - pos)
-            self._write_train(tokens[pos : pos + take])
+            if self.cur is None:
+                self.cur = ShardWriter(self.out / f"train_{len(self.train_shards):06d}.bin", self.dtype)
+            self.cur.write(tokens[pos : pos + take])
+            self.train_docs += int(np.count_nonzero(tokens[pos : pos + take] == self.eot))
             pos += take
             at_limit = self.max_tokens is not None and self.train_tokens >= self.max_tokens
-            if self.cur is not None and (self.cur.n_tokens == self.shard_tokens or at_limit):
+            if self.cur.n_tokens == self.shard_tokens or at_limit:
                 j = int(np.searchsorted(ends, pos, side="right"))  # first train document not fully written
                 if j < len(ends):
                     next_doc = int(enc.train_idx[j])
@@ -264,12 +208,6 @@ class CorpusWriter:
                 self._save_resume_state(next_doc, offset)
         self._write_val(enc, val_done, below=enc.first_doc + enc.n_docs)
         self.next_doc = enc.first_doc + enc.n_docs
-
-    def _write_train(self, tokens: np.ndarray) -> None:
-        if self.cur is None:
-            self.cur = ShardWriter(self.out / f"train_{len(self.train_shards):06d}.bin", self.dtype)
-        self.cur.write(tokens)
-        self.train_docs += int(np.count_nonzero(tokens == self.eot))
 
     def _write_val(self, enc: Encoded, start: int, below: int) -> int:
         """Write enc's val documents [start, first with index >= below); returns the new start."""
@@ -304,12 +242,11 @@ class CorpusWriter:
         )
 
     def finish(self) -> None:
-        if self.cur is not None:
-            if self.cur.n_tokens:
-                self._close_train()
-            else:
-                self.cur.abort()
-                self.cur = None
+        if self.cur is not None and self.cur.n_tokens:
+            self._close_train()
+        elif self.cur is not None:
+            self.cur.abort()
+            self.cur = None
         self.val.close()
 
     def abort(self) -> None:
@@ -320,31 +257,12 @@ class CorpusWriter:
             self.val.suspend()
 
 
-def _identity(cfg: HFDataConfig) -> dict[str, Any]:
-    """Everything in the config that changes the tokens (the directory is named after its hash)."""
-    dataset = cfg.dataset or ""
-    if is_local(dataset):
-        dataset = os.path.abspath(os.path.expanduser(dataset))
-    return {
-        "format": FORMAT,
-        "dataset": dataset,
-        "subset": cfg.subset,
-        "split": cfg.split,
-        "text_field": cfg.text_field,
-        "tokenizer": cfg.tokenizer,
-        "val_fraction": cfg.val_fraction,
-        "split_seed": cfg.split_seed,
-        "max_tokens": cfg.max_tokens,
-        "shard_tokens": cfg.shard_tokens,
-        "dtype": cfg.dtype,
-    }
-
-
 def shard_dir(cfg: HFDataConfig) -> Path:
-    """Where `cfg`'s shards live: <data_dir>/hf/<readable name>-<hash of the identity>."""
+    """Where `cfg`'s shards live: <data_dir>/hf/<readable name>-<hash of what changes the tokens>."""
     ident = _identity(cfg)
-    base = ident["dataset"].rstrip("/")
-    parts = [p for p in re.split(r"[/\\]", base) if p and not any(ch in p for ch in "*?[")]
+    parts = [
+        p for p in re.split(r"[/\\]", ident["dataset"].rstrip("/")) if p and not any(c in p for c in "*?[")
+    ]
     name = parts[-1] if parts else "corpus"
     name = re.sub(r"\.(parquet|jsonl?|ndjson|arrow|csv)(\.(gz|zst|bz2|xz))?$", "", name)
     if cfg.subset:
@@ -354,28 +272,29 @@ def shard_dir(cfg: HFDataConfig) -> Path:
     return cfg.root / "hf" / f"{name}-{digest}"
 
 
-def _valid_meta(out: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+def _identity(cfg: HFDataConfig) -> dict[str, Any]:
+    dataset = cfg.dataset or ""
+    if is_local(dataset):
+        dataset = os.path.abspath(os.path.expanduser(dataset))
+    return {"format": FORMAT, "dataset": dataset, **{k: getattr(cfg, k) for k in IDENTITY}}
+
+
+def _finished(out: Path, key: dict[str, Any], tok: Tokenizer | None) -> ShardedCorpus | None:
+    """The shards of `key` in `out` when complete (meta.json's counts match the headers), else None."""
     meta = read_json(out / META)
     if meta is None or meta.get("key") != key:
         return None
+    shards: dict[str, list[ShardInfo]] = {"train": [], "val": []}
     try:
-        for split in ("train", "val"):
+        for split, infos in shards.items():
             for shard in meta["shards"][split]:
-                if read_header(out / shard["file"]).n_tokens != shard["tokens"]:
+                infos.append(read_header(out / shard["file"]))
+                if infos[-1].n_tokens != shard["tokens"]:
                     return None
     except (MiniGPTError, KeyError, TypeError):
         return None
-    return meta
-
-
-def _sharded_corpus(out: Path, meta: dict[str, Any], tok: Tokenizer | None) -> ShardedCorpus:
-    return ShardedCorpus(
-        dir=out,
-        train=[read_header(out / s["file"]) for s in meta["shards"]["train"]],
-        val=[read_header(out / s["file"]) for s in meta["shards"]["val"]],
-        tokenizer=tok if tok is not None else tokenizer_from_dict(meta["tokenizer"]),
-        meta=meta,
-    )
+    tok = tok if tok is not None else tokenizer_from_dict(meta["tokenizer"])
+    return ShardedCorpus(dir=out, train=shards["train"], val=shards["val"], tokenizer=tok, meta=meta)
 
 
 def _clear(out: Path) -> None:
@@ -383,9 +302,6 @@ def _clear(out: Path) -> None:
     for path in out.iterdir():
         if re.fullmatch(r"\.?(train|val)_\d{6}\.bin(\.tmp)?|meta\.json|\.state\.json|\..*\.tmp", path.name):
             path.unlink(missing_ok=True)
-
-
-# ------------------------------------------------------------------------------------- preparation
 
 
 def prepare_shards(
@@ -403,35 +319,32 @@ def prepare_shards(
     # on a login node are used as they are on offline compute nodes; local files also by their fingerprint.
     hub = not is_local(cfg.dataset or "")
     source = None if hub and (out / META).is_file() else open_source(cfg)  # offline hub names fail here
-    tok: Tokenizer | None = (
-        None if cfg.tokenizer == "char" else build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
-    )
-    key = {
-        **_identity(cfg),
-        "fingerprint": None if hub or source is None else source.fingerprint,
-        "tokenizer": tokenizer_key(tok),
-    }
-    meta = _valid_meta(out, key)
-    if meta is None:
-        if not build:
-            raise MiniGPTError(
-                f"no prepared shards in {out} for this data config; prepare them first: "
-                "mini-gpt prepare data=hf data.dataset=..."
-            )
-        source = source or open_source(cfg)
-        with preparation_lock(out, out.name, say):
-            meta = _valid_meta(out, key)  # another process may have finished it while we waited
-            if meta is None:
-                try:
-                    meta = _tokenize_into_shards(cfg, source, tok, out, key, progress, say)
-                except OSError as err:  # writing the shards: disk full, read-only, permissions
-                    if err.errno not in WRITE_ERRNOS or not str(err.filename or out).startswith(str(out)):
-                        raise
-                    # the complete shards stay for resuming; with max_tokens the size is known
-                    itemsize = 4 if (tok is not None and tok.vocab_size > 65535) else 2
-                    needed = cfg.max_tokens * itemsize if cfg.max_tokens else None
-                    raise unwritable(out, err, needed) from None
-    return _sharded_corpus(out, meta, tok)
+    tok = None if cfg.tokenizer == "char" else build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
+    fingerprint = None if hub or source is None else source.fingerprint
+    key = {**_identity(cfg), "fingerprint": fingerprint, "tokenizer": tokenizer_key(tok)}
+    corpus = _finished(out, key, tok)
+    if corpus is not None:
+        return corpus
+    if not build:
+        raise MiniGPTError(
+            f"no prepared shards in {out} for this data config; prepare them first: "
+            "mini-gpt prepare data=hf data.dataset=..."
+        )
+    source = source or open_source(cfg)
+    with preparation_lock(out, out.name, say):
+        corpus = _finished(out, key, tok)  # another process may have finished it while we waited
+        if corpus is None:
+            try:
+                _tokenize_into_shards(cfg, source, tok, out, key, progress, say)
+            except OSError as err:  # writing the shards: disk full, read-only, permissions
+                if err.errno not in WRITE_ERRNOS or not str(err.filename or out).startswith(str(out)):
+                    raise
+                # the complete shards stay for resuming; with max_tokens the size is known
+                itemsize = 4 if (tok is not None and tok.vocab_size > 65535) else 2
+                raise unwritable(out, err, cfg.max_tokens * itemsize if cfg.max_tokens else None) from None
+            corpus = _finished(out, key, tok)
+    assert corpus is not None
+    return corpus
 
 
 def _with_val_fraction(
@@ -473,13 +386,13 @@ def _scan_chars(source: Source, cfg: HFDataConfig) -> str:
     return "".join(sorted(seen))
 
 
-def _resume_state(out: Path, key: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any] | None:
+def _resume_state(out: Path, key: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
     """The state an interrupted preparation of this key left, with what it wrote after its last complete
-    shard removed; None (and a cleared folder) when there is nothing to resume."""
+    shard removed; empty (and a cleared folder) when there is nothing to resume."""
     state = read_json(out / STATE)
     if state is None or state.get("key") != key:
         _clear(out)
-        return None
+        return {}
     keep = {s["file"] for s in state["train_shards"]}
     for path in out.glob("*train_*.bin*"):
         if path.name not in keep:
@@ -493,59 +406,72 @@ def _resume_state(out: Path, key: dict[str, Any], say: Callable[[str], None]) ->
     return state
 
 
-def _encode_into(
-    writer: CorpusWriter,
-    source: Source,
-    tok: Tokenizer,
+def _tokenize_into_shards(
     cfg: HFDataConfig,
-    num_proc: int,
-    bar: TokenizeProgress,
+    source: Source,
+    tok: Tokenizer | None,
+    out: Path,
+    key: dict[str, Any],
+    progress: bool | None,
+    say: Callable[[str], None],
 ) -> None:
-    """Tokenize the documents from the writer's resume point on, in a pool, into the writer's shards."""
-    settings = EncodeSettings(writer.dtype, cfg.val_fraction, cfg.split_seed, cfg.text_field)
+    """Tokenize `source` into the shards of `out` (resuming an interrupted run), then write meta.json.
+    `tok` None: the char tokenizer of the documents' characters."""
+    t0 = time.perf_counter()
+    state = _resume_state(out, key, say)
+    cfg = _with_val_fraction(cfg, source, tok, say)
+    if tok is None:
+        tok = CharTokenizer(state["chars"] if state else _scan_chars(source, cfg))
+    dtype = token_dtype(tok.vocab_size, cfg.dtype)
+    if state and not ShardWriter.can_resume(out / VAL_SHARD, dtype, state["val_tokens"]):
+        state = {}  # the validation file is shorter than recorded: start over
+        _clear(out)
+    writer = CorpusWriter(out, dtype, tok, cfg, key, state)
+    resumed = writer.train_tokens + writer.val.n_tokens
+    num_proc = cfg.num_proc or os.cpu_count() or 1
+    tasks = _tasks(iter_texts(source, skip=writer.next_doc), writer.next_doc)
+    docs = tokens = size = 0  # this run's documents, tokens and text bytes
+    total = cfg.max_tokens or source.num_documents
     try:
-        with EncoderPool(tok, settings, num_proc) as pool:
-            for enc in pool.map(_tasks(iter_texts(source, skip=writer.next_doc), writer.next_doc)):
-                train_tokens = writer.write(enc)
-                bar.advance(enc.n_docs, train_tokens, len(enc.val_tokens), enc.text_bytes)
+        with (
+            progress_bar(f"tokenize {out.name}", total, progress, rates=True) as bar,
+            contextlib.closing(encode_all(tasks, tok, cfg, dtype, num_proc)) as encoded,
+        ):
+            t_bar = time.perf_counter()
+            for enc in encoded:
+                writer.write(enc)
+                docs, size = docs + enc.n_docs, size + enc.text_bytes
+                tokens = writer.train_tokens + writer.val.n_tokens - resumed
+                dt = time.perf_counter() - t_bar
+                mdt = dt * 1e6  # x / mdt: millions of x per second
+                rates = f"{docs / dt:,.0f} docs/s  {tokens / mdt:,.2f}M tok/s  {size / mdt:,.1f} MB/s"
+                bar(completed=writer.train_tokens if cfg.max_tokens else docs, rates=rates)
                 if writer.truncated:
                     break
         writer.finish()
     except BaseException:
         writer.abort()
         raise
-
-
-def _empty_split(cfg: HFDataConfig, writer: CorpusWriter) -> MiniGPTError | None:
-    """The error when the documents read gave no train or no validation tokens."""
-    if writer.train_tokens == 0 and not writer.val_docs:
-        return MiniGPTError(f"data.dataset={cfg.dataset} holds no documents; check the files or the split")
-    if writer.train_tokens and writer.val_tokens:
-        return None
-    no_train = writer.train_tokens == 0
-    return MiniGPTError(
-        f"no document of {cfg.dataset} went to {'training' if no_train else 'validation'} "
-        f"(val_fraction={cfg.val_fraction}, {writer.train_docs + len(writer.val_docs):,} documents read); "
-        + ("lower data.val_fraction" if no_train else "raise data.val_fraction or use more documents")
-    )
-
-
-def _meta(
-    cfg: HFDataConfig, key: dict[str, Any], tok: Tokenizer, source: Source, writer: CorpusWriter
-) -> dict[str, Any]:
-    """meta.json of finished shards: what they hold, where it came from, how it was split."""
-    return {
+    train_tokens, val_tokens = writer.train_tokens, writer.val.n_tokens
+    n_docs = writer.train_docs + len(writer.val_docs)
+    if not train_tokens or not val_tokens:
+        _clear(out)
+        if not train_tokens and not writer.val_docs:
+            raise MiniGPTError(f"data.dataset={cfg.dataset} holds no documents; check the files or the split")
+        raise MiniGPTError(
+            f"no document of {cfg.dataset} went to {'validation' if train_tokens else 'training'} "
+            f"(val_fraction={cfg.val_fraction}, {n_docs:,} documents read); "
+            + ("raise data.val_fraction or use more documents" if train_tokens else "lower data.val_fraction")
+        )
+    meta = {
         "format": FORMAT,
         "key": key,
         "tokenizer": tok.to_dict(),
         "vocab_size": tok.vocab_size,
         "eot_id": writer.eot,
-        "dtype": writer.dtype,
+        "dtype": dtype,
         "source": {
-            "dataset": cfg.dataset,
-            "subset": cfg.subset,
-            "split": cfg.split,
-            "text_field": cfg.text_field,
+            **{k: getattr(cfg, k) for k in ("dataset", "subset", "split", "text_field")},
             "files": list(source.files),
             "fingerprint": source.fingerprint,
         },
@@ -558,52 +484,15 @@ def _meta(
         "documents": {"train": writer.train_docs, "val": len(writer.val_docs)},
         "max_tokens": cfg.max_tokens,
         "truncated": writer.truncated,
-        "train_tokens": writer.train_tokens,
-        "val_tokens": writer.val_tokens,
-        "shards": {"train": writer.train_shards, "val": [{"file": VAL_SHARD, "tokens": writer.val_tokens}]},
+        "train_tokens": train_tokens,
+        "val_tokens": val_tokens,
+        "shards": {"train": writer.train_shards, "val": [{"file": VAL_SHARD, "tokens": val_tokens}]},
     }
-
-
-def _tokenize_into_shards(
-    cfg: HFDataConfig,
-    source: Source,
-    tok: Tokenizer | None,
-    out: Path,
-    key: dict[str, Any],
-    progress: bool | None,
-    say: Callable[[str], None],
-) -> dict[str, Any]:
-    """Tokenize `source` into the shards of `out` (resuming an interrupted run), then write meta.json;
-    returns it. `tok` None: the char tokenizer of the documents' characters."""
-    t0 = time.perf_counter()
-    state = _resume_state(out, key, say)
-    cfg = _with_val_fraction(cfg, source, tok, say)
-    if tok is None:
-        tok = CharTokenizer(state["chars"] if state else _scan_chars(source, cfg))
-    dtype = token_dtype(tok.vocab_size, cfg.dtype)
-    if state is not None and not ShardWriter.can_resume(out / VAL_SHARD, dtype, state["val_tokens"]):
-        state = None  # the validation file is shorter than recorded: start over
-        _clear(out)
-    writer = CorpusWriter(out, dtype, tok, cfg, key, state)
-    resumed_tokens = writer.train_tokens
-    num_proc = cfg.num_proc or os.cpu_count() or 1
-    total, unit = (cfg.max_tokens, "tokens") if cfg.max_tokens else (source.num_documents, "docs")
-    with TokenizeProgress(f"tokenize {out.name}", total, unit, progress, resumed_tokens) as bar:
-        _encode_into(writer, source, tok, cfg, num_proc, bar)
-    error = _empty_split(cfg, writer)
-    if error is not None:
-        _clear(out)
-        raise error
-    meta = _meta(cfg, key, tok, source, writer)
     write_json_atomic(out / META, meta)  # last: only now are the shards valid
     (out / STATE).unlink(missing_ok=True)
     dt = time.perf_counter() - t0
-    train_tokens, val_tokens = writer.train_tokens, writer.val_tokens
     say(
-        f"prepared {writer.train_docs + len(writer.val_docs):,} documents -> {train_tokens:,} train "
-        f"tokens in {len(writer.train_shards)} shard(s) + {val_tokens:,} val tokens "
-        f"({len(writer.val_docs):,} documents) "
-        f"in {dt:.1f} s ({(train_tokens + val_tokens - resumed_tokens) / dt / 1e6:.2f}M tokens/s, "
-        f"{bar.nbytes / dt / 1e6:.1f} MB/s, num_proc={num_proc}) -> {out}"
+        f"prepared {n_docs:,} documents -> {train_tokens:,} train tokens in {len(writer.train_shards)} "
+        f"shard(s) + {val_tokens:,} val tokens ({len(writer.val_docs):,} documents) in {dt:.1f} s "
+        f"({tokens / dt / 1e6:.2f}M tokens/s, {size / dt / 1e6:.1f} MB/s, num_proc={num_proc}) -> {out}"
     )
-    return meta

@@ -59,13 +59,6 @@ def token_file(path: str | Path, dtype: str) -> ShardInfo:
     return ShardInfo(Path(path), dtype, Path(path).stat().st_size // np.dtype(dtype).itemsize, offset=0)
 
 
-def format_for(dtype: str) -> tuple[int, int]:
-    """(magic, version) for a token dtype."""
-    if dtype not in FORMATS:
-        raise MiniGPTError(f"token shards hold uint16 or uint32 tokens, not {dtype}")
-    return FORMATS[dtype]
-
-
 def header_bytes(n_tokens: int, dtype: str) -> bytes:
     if not 0 <= n_tokens <= MAX_SHARD_TOKENS:
         raise MiniGPTError(
@@ -73,7 +66,7 @@ def header_bytes(n_tokens: int, dtype: str) -> bytes:
             "lower data.shard_tokens"
         )
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0], header[1] = format_for(dtype)
+    header[0], header[1] = FORMATS[dtype]
     header[2] = n_tokens
     return header.tobytes()
 
@@ -123,22 +116,20 @@ def open_shard(info: ShardInfo | str | Path) -> np.memmap:
 
 def write_shard(path: str | Path, tokens: np.ndarray) -> ShardInfo:
     """Write a whole shard at once (via a temporary name, renamed into place)."""
-    with ShardWriter(path, str(tokens.dtype)) as writer:
-        writer.write(tokens)
-    return writer.info
+    writer = ShardWriter(path, str(tokens.dtype))
+    writer.write(tokens)
+    return writer.close()
 
 
 class ShardWriter:
     """Streams tokens into `.<name>.tmp` beside `path`, then (on `close`) fixes the header's count,
     fsyncs and renames it to `path`: a shard under its final name is always complete. `resume_tokens`
-    reopens the temporary file, cut back to that many tokens. `abort()` (or an exception inside `with`)
-    removes the temporary file; `suspend()` keeps it to resume."""
+    reopens the temporary file, cut back to that many tokens. `abort()` removes the temporary file;
+    `suspend()` keeps it to resume."""
 
     def __init__(self, path: str | Path, dtype: str, resume_tokens: int | None = None) -> None:
         self.path = Path(path)
         self.dtype = dtype
-        self.itemsize = np.dtype(dtype).itemsize
-        format_for(dtype)
         self.tmp = self.temporary(self.path)
         if resume_tokens is None:
             self._fh = open(self.tmp, "wb")  # noqa: SIM115 (closed by close/abort)
@@ -146,10 +137,9 @@ class ShardWriter:
             self.n_tokens = 0
         else:
             self._fh = open(self.tmp, "r+b")  # noqa: SIM115
-            self._fh.truncate(HEADER_BYTES + resume_tokens * self.itemsize)
+            self._fh.truncate(HEADER_BYTES + resume_tokens * np.dtype(dtype).itemsize)
             self._fh.seek(0, os.SEEK_END)
             self.n_tokens = resume_tokens
-        self.info: ShardInfo | None = None
 
     @staticmethod
     def temporary(path: Path) -> Path:
@@ -163,8 +153,6 @@ class ShardWriter:
         return tmp.is_file() and tmp.stat().st_size >= HEADER_BYTES + n_tokens * np.dtype(dtype).itemsize
 
     def write(self, tokens: np.ndarray) -> None:
-        if tokens.dtype != np.dtype(self.dtype):
-            raise TypeError(f"shard holds {self.dtype}, got {tokens.dtype}")
         if self.n_tokens + len(tokens) > MAX_SHARD_TOKENS:
             header_bytes(self.n_tokens + len(tokens), self.dtype)  # raises the one-line error
         self._fh.write(np.ascontiguousarray(tokens).tobytes())
@@ -181,29 +169,15 @@ class ShardWriter:
         self.flush()
         self._fh.close()
         os.replace(self.tmp, self.path)
-        self.info = ShardInfo(self.path, self.dtype, self.n_tokens)
-        return self.info
+        return ShardInfo(self.path, self.dtype, self.n_tokens)
 
     def suspend(self) -> None:
         """Close the temporary file as it is, for a later `ShardWriter(..., resume_tokens=...)`."""
         self._fh.close()
 
     def abort(self) -> None:
-        if not self._fh.closed:
-            self._fh.close()
+        self._fh.close()
         self.tmp.unlink(missing_ok=True)
-
-    def __enter__(self) -> ShardWriter:
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-
-# ---------------------------------------------------------------------------------- corpora of shards
 
 
 @dataclass
@@ -234,7 +208,6 @@ def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
     else those of `cfg.path` named *val* (as llm.c and modded-nanogpt name them). The tokenizer:
     `cfg.tokenizer`, else the one in a meta.json beside the shards (ours), else GPT-2."""
     assert cfg.path is not None
-
     files = glob_files(cfg.path)
     if not files:
         raise MiniGPTError(f"data.path={cfg.path} matches no files; pass a glob of .bin token shards")
@@ -259,25 +232,18 @@ def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
         raise MiniGPTError(
             f"data.path={cfg.path} mixes uint16 and uint32 shards; use shards of one tokenizer"
         )
-    meta = read_json(train[0].parent / META) or {}
-    if cfg.tokenizer is not None:
-        tok = build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
-        _check_same_tokenizer(tok, meta, train[0].parent)
-    elif "tokenizer" in meta:
-        tok = tokenizer_from_dict(meta["tokenizer"])
+    where = train[0].parent
+    meta = read_json(where / META) or {}
+    # llm.c's and modded-nanogpt's shards record no tokenizer: data.tokenizer (default gpt2) is trusted
+    theirs = tokenizer_from_dict(meta["tokenizer"]) if "tokenizer" in meta else None
+    if cfg.tokenizer is None and theirs is not None:
+        tok = theirs
     else:
-        tok = build_tokenizer("gpt2", bpe_file=cfg.bpe_file)
-    return ShardedCorpus(dir=train[0].parent, train=train_info, val=val_info, tokenizer=tok, meta=meta)
-
-
-def _check_same_tokenizer(tok: Tokenizer, meta: dict[str, Any], where: Path) -> None:
-    """One line when the meta.json beside the shards says another tokenizer wrote them."""
-    if "tokenizer" not in meta:
-        return  # shards of llm.c or modded-nanogpt: nothing recorded, data.tokenizer is trusted
-    theirs = tokenizer_from_dict(meta["tokenizer"])
+        tok = build_tokenizer(cfg.tokenizer or "gpt2", bpe_file=cfg.bpe_file)
     # the name aside: gpt2 and r50k_base are one vocabulary under two names
-    if {**theirs.to_dict(), "name": None} != {**tok.to_dict(), "name": None}:
+    if theirs is not None and {**theirs.to_dict(), "name": None} != {**tok.to_dict(), "name": None}:
         raise MiniGPTError(
             f"the shards in {where} were written by {theirs!r}, not by data.tokenizer's {tok!r}; drop "
             "data.tokenizer (the one in their meta.json is used) or prepare the shards with this tokenizer"
         )
+    return ShardedCorpus(dir=where, train=train_info, val=val_info, tokenizer=tok, meta=meta)

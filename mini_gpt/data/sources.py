@@ -1,7 +1,7 @@
-"""Where text comes from: named corpora (`named_corpus_file`: shipped in `data/`, else downloaded, verified
-by sha256), text files (`text_files`), and the documents of `data=hf`: `open_source(cfg)` resolves
-`data.dataset` once (local Parquet, JSON lines, Arrow or CSV files, or a Hub name, which fails at once
-offline), `iter_texts(source)` streams its text column in batches, in a fixed order.
+"""Where text comes from: the files of text corpora (`corpus_files`: named corpora shipped in `data/`, else
+downloaded, verified by sha256; your own text files), and the documents of `data=hf`: `open_source(cfg)`
+resolves `data.dataset` once (local Parquet, JSON lines, Arrow or CSV files, or a Hub name, which fails at
+once offline), `iter_texts(source)` streams its text column in batches, in a fixed order.
 
 `datasets`, pyarrow and huggingface_hub (the optional extra `.[datasets]`; `datasets` alone takes most of a
 second to import) are imported only when a `data=hf` corpus is actually read.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mini_gpt.data.config import CORPORA, DataConfig, HFDataConfig
+from mini_gpt.data.config import CORPORA, TEXT_CORPUS, DataConfig, HFDataConfig
 from mini_gpt.data.preparation import byte_progress
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import atomic_write, sha256_file
@@ -40,9 +40,6 @@ BUILDERS = {
 COMPRESSIONS = (".gz", ".zst", ".bz2", ".xz")
 SAVE_TO_DISK_METADATA = ("state.json", "dataset_info.json")  # beside the .arrow files of save_to_disk
 HUB_TIMEOUT_S = 3.0  # to decide that the Hub is unreachable
-
-
-# ------------------------------------------------------------------------ named corpora and text files
 
 
 def _urlopen(url: str, timeout: float) -> Any:
@@ -78,9 +75,42 @@ def download(
     return dest
 
 
-def named_corpus_file(cfg: DataConfig, progress: bool | None) -> Path:
-    """The verified text of a named corpus: data.path, else the repository's copy, else
-    <data_dir>/<name>/ (or a corpus sharing the file), else download it there."""
+def glob_files(pattern: str) -> list[Path]:
+    """The files (not folders) matching a glob (`**` included, `~` expanded), sorted, absolute."""
+    return sorted(
+        Path(p).resolve() for p in glob.glob(os.path.expanduser(pattern), recursive=True) if Path(p).is_file()
+    )
+
+
+def find_files(value: str, key: str, in_dir: Callable[[Path], list[Path]], kinds: str) -> list[Path]:
+    """The files `key=value` names: a glob's matches, one file, or a directory's `in_dir(directory)`
+    (`kinds` says what they are); none is a one-line error."""
+    raw = os.path.expanduser(value)
+    path = Path(raw).resolve()
+    if any(ch in raw for ch in "*?["):
+        files = glob_files(raw)
+        if not files:
+            raise MiniGPTError(f"{key}={value} matches no files; fix the glob pattern")
+    elif path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = in_dir(path)
+        if not files:
+            raise MiniGPTError(f"{key}={value} is a directory with no {kinds}; add some or fix the path")
+    else:
+        raise MiniGPTError(f"{key}={value} does not exist (looked for {path}); fix the path")
+    return files
+
+
+def corpus_files(cfg: DataConfig, progress: bool | None = None) -> list[Path]:
+    """The files of a text corpus: data=text's (one file, the .txt files under a directory, or a glob;
+    sorted), else the named corpus's verified file: data.path, else the repository's copy, else
+    <data_dir>/<name>/ (or a corpus sharing the file), else downloaded there."""
+    if cfg.name == TEXT_CORPUS:
+        assert cfg.path is not None
+        return find_files(
+            cfg.path, "data.path", lambda d: sorted(p for p in d.rglob("*.txt") if p.is_file()), ".txt files"
+        )
     corpus = CORPORA[cfg.name]
     if cfg.path:
         path = Path(cfg.path).expanduser().resolve()
@@ -92,70 +122,34 @@ def named_corpus_file(cfg: DataConfig, progress: bool | None) -> Path:
                 f"data.path={path} has sha256 {digest}, not the {cfg.name} corpus ({corpus.sha256}); "
                 f"for your own text use data=text data.path={path}"
             )
-        return path
-    dest = cfg.root / cfg.name / corpus.filename
+        return [path]
     if corpus.bundled is not None and corpus.bundled.is_file():
         if sha256_file(corpus.bundled) == corpus.sha256:
-            return corpus.bundled
+            return [corpus.bundled]
         warnings.warn(
             f"{corpus.bundled} does not match the {cfg.name} sha256 (edited?); restore it with "
             "`git checkout -- data/`; looking for another copy",
             stacklevel=3,
         )
+    dest = cfg.root / cfg.name / corpus.filename
     # Corpora that share a file (shakespeare, shakespeare_char) may reuse each other's copy.
-    candidates = [dest] + [
-        cfg.root / other / c.filename
-        for other, c in CORPORA.items()
-        if other != cfg.name and c.sha256 == corpus.sha256
-    ]
-    for path in candidates:
+    sharing = [cfg.root / name / c.filename for name, c in CORPORA.items() if c.sha256 == corpus.sha256]
+    for path in [dest, *(p for p in sharing if p != dest)]:
         if path.is_file():
             if sha256_file(path) == corpus.sha256:
-                return path
+                return [path]
             if path == dest:
                 raise MiniGPTError(
                     f"{path} does not match the {cfg.name} sha256 {corpus.sha256}; delete it to download "
                     "again, or replace it with the right file"
                 )
     try:
-        return download(corpus.url, dest, corpus.sha256, progress)
+        return [download(corpus.url, dest, corpus.sha256, progress)]
     except (urllib.error.URLError, OSError, TimeoutError) as err:
         raise MiniGPTError(
             f"cannot download {cfg.name} from {corpus.url} ({type(err).__name__}: {err}); offline, put the "
             f"file at {dest} (sha256 {corpus.sha256}) or set data.path=/path/to/{corpus.filename}"
         ) from None
-
-
-def glob_files(pattern: str) -> list[Path]:
-    """The files (not folders) matching a glob (`**` included, `~` expanded), sorted, absolute."""
-    return sorted(
-        Path(p).resolve() for p in glob.glob(os.path.expanduser(pattern), recursive=True) if Path(p).is_file()
-    )
-
-
-def text_files(cfg: DataConfig) -> list[Path]:
-    """Files of a `text` corpus: one file, the .txt files under a directory, or a glob (sorted)."""
-    assert cfg.path is not None
-    raw = os.path.expanduser(cfg.path)
-    if any(ch in raw for ch in "*?["):
-        files = glob_files(raw)
-        if not files:
-            raise MiniGPTError(f"data.path={cfg.path} matches no files; fix the glob pattern")
-        return files
-    path = Path(raw).resolve()
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
-        if not files:
-            raise MiniGPTError(
-                f"data.path={cfg.path} is a directory with no .txt files; add some or fix the path"
-            )
-        return files
-    raise MiniGPTError(f"data.path={cfg.path} does not exist (looked for {path}); fix data.path")
-
-
-# ------------------------------------------------------------------------- documents of data=hf
 
 
 @dataclass(frozen=True)
@@ -170,10 +164,6 @@ class Source:
     files: tuple[str, ...]  # local files in reading order; () for a hub name
     fingerprint: str  # changes when the data changes (local: names, sizes, first/last MiB)
     num_documents: int | None  # when known without reading the data (parquet metadata)
-
-    @property
-    def is_local(self) -> bool:
-        return self.builder is not None
 
 
 def _suffix_builder(path: str) -> str | None:
@@ -194,29 +184,15 @@ def is_local(dataset: str) -> bool:
     )
 
 
+def _data_files(directory: Path) -> list[Path]:
+    """A directory's data files, recursively (not the JSON beside the .arrow files of save_to_disk)."""
+    found = [p for p in directory.rglob("*") if p.is_file() and _suffix_builder(p.name)]
+    return sorted((p.resolve() for p in found if p.name not in SAVE_TO_DISK_METADATA), key=str)
+
+
 def _local_files(dataset: str) -> tuple[str, list[str]]:
-    raw = os.path.expanduser(dataset)
-    if any(ch in raw for ch in "*?["):
-        files = [str(p) for p in glob_files(raw)]
-        if not files:
-            raise MiniGPTError(f"data.dataset={dataset} matches no files; fix the glob pattern")
-    elif Path(raw).is_dir():
-        files = sorted(
-            str(p.resolve())
-            for p in Path(raw).rglob("*")
-            if p.is_file() and _suffix_builder(p.name) and p.name not in SAVE_TO_DISK_METADATA
-        )
-        if not files:
-            kinds = ", ".join(BUILDERS)
-            raise MiniGPTError(
-                f"data.dataset={dataset} is a directory without data files ({kinds}); fix the path"
-            )
-    elif Path(raw).is_file():
-        files = [str(Path(raw).resolve())]
-    else:
-        raise MiniGPTError(
-            f"data.dataset={dataset} does not exist (looked for {Path(raw).resolve()}); fix the path"
-        )
+    kinds = f"data files ({', '.join(BUILDERS)})"
+    files = [str(f) for f in find_files(dataset, "data.dataset", _data_files, kinds)]
     builders = {_suffix_builder(f) for f in files}
     if None in builders:
         bad = next(f for f in files if _suffix_builder(f) is None)
@@ -319,23 +295,6 @@ def open_source(cfg: HFDataConfig) -> Source:
     return Source(*named, None, (), hashlib.sha256(key.encode()).hexdigest(), num_documents=None)
 
 
-def _load(source: Source) -> Any:
-    datasets = _import_datasets()
-    try:
-        if source.is_local:
-            # csv: an empty field is an empty document, not a missing value (pandas would say NaN)
-            extra = {"keep_default_na": False} if source.builder == "csv" else {}
-            return datasets.load_dataset(
-                source.builder, data_files=list(source.files), split="train", streaming=True, **extra
-            )
-        return datasets.load_dataset(source.dataset, source.subset, split=source.split, streaming=True)
-    except MiniGPTError:
-        raise
-    except Exception as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-        raise MiniGPTError(f"cannot open data.dataset={source.dataset}: {first}") from None
-
-
 def _missing_column(source: Source, columns: list[str]) -> MiniGPTError:
     return MiniGPTError(
         f"data.text_field={source.text_field!r} is not a column of {source.dataset} "
@@ -361,9 +320,22 @@ def _parquet_batches(source: Source, batch_size: int) -> Iterator[list[Any]]:
             yield batch.column(0).to_pylist()
 
 
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+
+
 def _dataset_batches(source: Source, batch_size: int) -> Iterator[list[Any]]:
     """The text column of anything else, streamed by `datasets`."""
-    ds = _load(source)
+    datasets = _import_datasets()
+    try:
+        if source.builder is None:
+            ds = datasets.load_dataset(source.dataset, source.subset, split=source.split, streaming=True)
+        else:  # csv: an empty field is an empty document, not a missing value (pandas would say NaN)
+            kw = {"keep_default_na": False} if source.builder == "csv" else {}
+            files = list(source.files)
+            ds = datasets.load_dataset(source.builder, data_files=files, split="train", streaming=True, **kw)
+    except Exception as err:
+        raise MiniGPTError(f"cannot open data.dataset={source.dataset}: {_first_line(err)}") from None
     if ds.column_names is not None:
         if source.text_field not in ds.column_names:
             raise _missing_column(source, list(ds.column_names))
@@ -377,20 +349,17 @@ def _dataset_batches(source: Source, batch_size: int) -> Iterator[list[Any]]:
 def iter_texts(source: Source, skip: int = 0, batch_size: int = 1000) -> Iterator[list[Any]]:
     """Batches of the text column's values (not yet checked to be strings), skipping the first `skip`
     documents. Errors of the underlying reader (a corrupt file, a bad row) become one-line MiniGPTErrors."""
-    batches = (_parquet_batches if source.builder == "parquet" else _dataset_batches)(source, batch_size)
-    while True:
-        try:
-            texts = next(batches)
-        except StopIteration:
-            return
-        except MiniGPTError:
-            raise
-        except Exception as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-            raise MiniGPTError(f"cannot read {source.dataset}: {type(err).__name__}: {first}") from None
-        if skip >= len(texts):
-            skip -= len(texts)
-            continue
-        if skip:
-            texts, skip = texts[skip:], 0
-        yield texts
+    read = _parquet_batches if source.builder == "parquet" else _dataset_batches
+    try:
+        for texts in read(source, batch_size):
+            if skip >= len(texts):
+                skip -= len(texts)
+                continue
+            if skip:
+                texts, skip = texts[skip:], 0
+            yield texts
+    except MiniGPTError:
+        raise
+    except Exception as err:
+        what = f"{type(err).__name__}: {_first_line(err)}"
+        raise MiniGPTError(f"cannot read {source.dataset}: {what}") from None

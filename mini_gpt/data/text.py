@@ -15,9 +15,8 @@ import hashlib
 import os
 import threading
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -25,9 +24,16 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mini_gpt.data.config import TEXT_CORPUS, DataConfig, token_dtype
-from mini_gpt.data.preparation import WRITE_ERRNOS, byte_progress, preparation_lock, tokenizer_key, unwritable
+from mini_gpt.data.preparation import (
+    WRITE_ERRNOS,
+    byte_progress,
+    in_order,
+    preparation_lock,
+    tokenizer_key,
+    unwritable,
+)
 from mini_gpt.data.shards import ShardInfo, token_file
-from mini_gpt.data.sources import named_corpus_file, text_files
+from mini_gpt.data.sources import corpus_files
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import read_json, sha256_file, write_json_atomic
 from mini_gpt.tokenizer import (
@@ -91,9 +97,6 @@ def _sources_sha256(files: list[Path]) -> str:
     return digests[0] if len(digests) == 1 else hashlib.sha256("\n".join(digests).encode()).hexdigest()
 
 
-# ------------------------------------------------------------------------------------ text streaming
-
-
 class _BadBytes(threading.local):
     count = 0
 
@@ -110,15 +113,26 @@ def _count_and_replace(err: UnicodeError) -> tuple[str, int]:
 codecs.register_error("mini_gpt_replace", _count_and_replace)
 
 
-def _decoded_chunks(files: list[Path], chunk_bytes: int) -> Iterator[tuple[int, str, int]]:
-    """(document index, text, bytes read) per chunk, decoding UTF-8 incrementally (U+FFFD for bad bytes)."""
+def decoded_chunks(
+    files: list[Path], chunk_bytes: int, strict: bool = False
+) -> Iterator[tuple[int, str, int]]:
+    """(document index, text, bytes read) per chunk, decoding UTF-8 incrementally: a bad byte becomes
+    U+FFFD (counted), or with `strict` a one-line error naming the file and offset. utf-8-sig: a leading
+    byte-order mark (Windows editors) is dropped, not kept as text."""
     for doc, path in enumerate(files):
-        # utf-8-sig: a leading byte-order mark (Windows editors) is dropped, not kept as text.
-        decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="mini_gpt_replace")
+        decoder = codecs.getincrementaldecoder("utf-8-sig")("strict" if strict else "mini_gpt_replace")
+        offset = 0
         with open(path, "rb") as fh:
             while True:
                 raw = fh.read(chunk_bytes)
-                text = decoder.decode(raw, final=not raw)
+                try:
+                    text = decoder.decode(raw, final=not raw)
+                except UnicodeDecodeError as err:
+                    raise MiniGPTError(
+                        f"{path} is not UTF-8 text (byte {offset + err.start:,}: {err.reason}); "
+                        "convert it, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
+                    ) from None
+                offset += len(raw)
                 if text or raw:
                     yield doc, text, len(raw)
                 if not raw:
@@ -149,7 +163,7 @@ def safe_cut(text: str, limit: int) -> int:
     return 0
 
 
-def _pieces(
+def text_pieces(
     files: list[Path], split_at: int, piece_chars: int, exact_cuts: bool
 ) -> Iterator[tuple[int, int, str, int]]:
     """(split 0/1, document, text, bytes consumed) pieces in corpus order. A piece never straddles the
@@ -158,7 +172,7 @@ def _pieces(
     offset = 0  # characters of the concatenation seen so far
     key: tuple[int, int] | None = None
     carry, carry_bytes = "", 0
-    for doc, text, nbytes in _decoded_chunks(files, piece_chars):
+    for doc, text, nbytes in decoded_chunks(files, piece_chars):
         parts = [(0 if offset < split_at else 1, text)]
         if offset < split_at < offset + len(text):
             parts = [(0, text[: split_at - offset]), (1, text[split_at - offset :])]
@@ -182,33 +196,12 @@ def _pieces(
         yield key[0], key[1], carry, carry_bytes
 
 
-def _check_no_nul(files: list[Path]) -> None:
-    """One line for a file whose first SNIFF_BYTES hold a NUL byte: no UTF-8 text file has one."""
-    for path in files:
-        with open(path, "rb") as fh:
-            if b"\0" in fh.read(SNIFF_BYTES):
-                raise MiniGPTError(
-                    f"{path} is not UTF-8 text (it holds NUL bytes: a binary file, or UTF-16 text); point "
-                    "data.path at UTF-8 text files (convert UTF-16 with iconv -f utf-16 -t utf-8)"
-                )
-
-
-def _check_mostly_utf8(where: str, bad: int, total_bytes: int) -> None:
-    """One line when more than MAX_INVALID_UTF8_SHARE of the bytes are not UTF-8 (not text at all)."""
-    if bad > MAX_INVALID_UTF8_SHARE * total_bytes:
-        raise MiniGPTError(
-            f"{where} is not UTF-8 text: {bad:,} of its {total_bytes:,} bytes ({bad / total_bytes:.0%}) are "
-            f"not valid UTF-8 (at most {MAX_INVALID_UTF8_SHARE:.0%} is taken for text with a few stray "
-            "bytes); point data.path at UTF-8 text, or convert it (iconv -f latin1 -t utf-8)"
-        )
-
-
 def _scan(files: list[Path], chunk_chars: int, want_chars: bool) -> tuple[int, str, int]:
     """First pass: (number of characters, sorted distinct characters if wanted, bytes replaced)."""
     _BAD.count = 0
     n_chars = 0
     seen = np.zeros(0x110000, dtype=bool) if want_chars else None
-    for _doc, text, _nb in _decoded_chunks(files, chunk_chars):
+    for _doc, text, _nb in decoded_chunks(files, chunk_chars):
         n_chars += len(text)
         if seen is not None and text:
             seen[np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)] = True
@@ -217,39 +210,16 @@ def _scan(files: list[Path], chunk_chars: int, want_chars: bool) -> tuple[int, s
 
 
 def encoder(tok: Tokenizer, dtype: str) -> Callable[[str], np.ndarray]:
-    """text -> ids array; thread-safe, and releases the GIL for the heavy part."""
-    if isinstance(tok, CharTokenizer):
-        cps = np.frombuffer(tok.chars.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-        lut = np.zeros(int(cps.max()) + 1, dtype=dtype)
-        lut[cps] = np.arange(len(cps), dtype=dtype)
-
-        def encode_chars(text: str) -> np.ndarray:
-            return lut[np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)]
-
-        return encode_chars
+    """text -> ids array, as `encode_ordinary` (no special tokens recognised); thread-safe, and releases
+    the GIL for the heavy part."""
     if isinstance(tok, TiktokenTokenizer):
         enc = tok.encoding
-
-        def encode_bpe(text: str) -> np.ndarray:
-            # Same ids as encode_ordinary (no special tokens recognised), straight into a numpy buffer.
-            return enc.encode_to_numpy(text, disallowed_special=()).astype(dtype, copy=False)
-
-        return encode_bpe
-    return lambda text: np.asarray(tok.encode(text), dtype=dtype)
-
-
-# ------------------------------------------------------------------------------------- preparation
-
-
-def _cache_key(cfg: DataConfig, source_sha256: str, tok: Tokenizer | None) -> dict[str, Any]:
-    return {
-        "format_version": FORMAT_VERSION,
-        "source_sha256": source_sha256,
-        "tokenizer": tokenizer_key(tok),
-        "val_fraction": cfg.val_fraction,
-        "dtype_requested": cfg.dtype,
-        "split": "chars",
-    }
+        return lambda text: enc.encode_to_numpy(text, disallowed_special=()).astype(dtype, copy=False)
+    assert isinstance(tok, CharTokenizer)
+    cps = np.frombuffer(tok.chars.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    lut = np.zeros(int(cps.max()) + 1, dtype=dtype)
+    lut[cps] = np.arange(len(cps), dtype=dtype)
+    return lambda text: lut[np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)]
 
 
 def _valid_cache(out_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
@@ -286,17 +256,23 @@ def prepare_data(
     """`train.bin` / `val.bin` / `meta.json` of `cfg`, built unless a valid cache exists (`build=False`:
     raise if missing or stale). `block_size` also checks that both splits hold one (block_size + 1)-token
     window. `progress=None` shows bars on a tty."""
-    files = text_files(cfg) if cfg.name == TEXT_CORPUS else [named_corpus_file(cfg, progress)]
+    files = corpus_files(cfg, progress)
     total_bytes = sum(f.stat().st_size for f in files)
     if total_bytes == 0:
         raise MiniGPTError(
             f"data.path={cfg.path or files[0]} is empty (0 bytes of text); add text or fix the path"
         )
-    source_sha = _sources_sha256(files)
     tok_name = cfg.resolved_tokenizer
     tok = None if tok_name == "char" else build_tokenizer(tok_name, bpe_file=cfg.bpe_file)
     out_dir = cache_dir(cfg)
-    key = _cache_key(cfg, source_sha, tok)
+    key = {
+        "format_version": FORMAT_VERSION,
+        "source_sha256": _sources_sha256(files),
+        "tokenizer": tokenizer_key(tok),
+        "val_fraction": cfg.val_fraction,
+        "dtype_requested": cfg.dtype,
+        "split": "chars",
+    }
     meta = _valid_cache(out_dir, key)  # a valid cache needs no lock (it may be on read-only storage)
     if meta is None:
         if not build:
@@ -307,12 +283,7 @@ def prepare_data(
         with preparation_lock(out_dir, cfg.name):
             meta = _valid_cache(out_dir, key)  # another process may have prepared it while we waited
             if meta is None:
-                try:
-                    meta = _tokenize_corpus(cfg, files, total_bytes, key, tok, out_dir, progress, piece_chars)
-                except OSError as err:  # writing the cache: disk full, read-only, permissions
-                    if err.errno in WRITE_ERRNOS and err.filename not in {str(f) for f in files}:
-                        raise unwritable(out_dir, err) from None
-                    raise
+                meta = _tokenize_corpus(cfg, files, total_bytes, key, tok, out_dir, progress, piece_chars)
     prep = PreparedData(
         dir=out_dir,
         train_path=out_dir / "train.bin",
@@ -330,11 +301,6 @@ def prepare_data(
     return prep
 
 
-def load_prepared(cfg: DataConfig, block_size: int | None = None) -> PreparedData:
-    """The prepared data for `cfg` without building anything (raises if missing or stale)."""
-    return prepare_data(cfg, block_size=block_size, build=False, progress=False)
-
-
 def _write_token_files(
     pieces: Iterable[tuple[int, int, str, int]],
     encode: Callable[[str], np.ndarray],
@@ -346,28 +312,16 @@ def _write_token_files(
     """Encode the (split, document, text, bytes) pieces on a thread pool and write their ids, in order,
     to their split's file (train, val), the end-of-text id `eot` before each document but the first.
     Returns the tokens written to each file."""
-    counts = [0, 0]
-    pending: deque[tuple[int, bool, Future[np.ndarray], int]] = deque()
-
-    def drain(keep: int) -> None:
-        while len(pending) > keep:
-            split, eot_first, fut, nbytes = pending.popleft()
-            ids = fut.result()
-            if eot_first:
+    counts, last_doc = [0, 0], -1
+    with ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool:
+        for (split, doc, _, nbytes), ids in in_order(pool, lambda p: (p, encode(p[2])), pieces, 2 * threads):
+            if eot is not None and 0 <= last_doc != doc:
                 outs[split].write(np.asarray([eot], dtype=ids.dtype).tobytes())
                 counts[split] += 1
+            last_doc = doc
             outs[split].write(ids.tobytes())
             counts[split] += len(ids)
             advance(nbytes)
-
-    last_doc = -1
-    with ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool:
-        for split, doc, text, nbytes in pieces:
-            eot_first = eot is not None and doc != last_doc and last_doc >= 0
-            last_doc = doc
-            pending.append((split, eot_first, pool.submit(encode, text), nbytes))
-            drain(keep=2 * threads)  # bounded look-ahead keeps memory flat
-        drain(keep=0)
     return counts
 
 
@@ -383,13 +337,23 @@ def _tokenize_corpus(
 ) -> dict[str, Any]:
     """Tokenize `files` into `out_dir`'s train.bin / val.bin, then write meta.json; returns it.
     `tok` None: the char tokenizer of the corpus' characters."""
-    _check_no_nul(files)
+    where = f"data.path={cfg.path or files[0]}"
+    for path in files:  # no UTF-8 text file has a NUL byte
+        with open(path, "rb") as fh:
+            if b"\0" in fh.read(SNIFF_BYTES):
+                raise MiniGPTError(
+                    f"{path} is not UTF-8 text (it holds NUL bytes: a binary file, or UTF-16 text); point "
+                    "data.path at UTF-8 text files (convert UTF-16 with iconv -f utf-16 -t utf-8)"
+                )
     n_chars, chars, bad = _scan(files, piece_chars, want_chars=tok is None)
-    _check_mostly_utf8(f"data.path={cfg.path or files[0]}", bad, total_bytes)
-    if n_chars == 0:
+    if bad > MAX_INVALID_UTF8_SHARE * total_bytes:
         raise MiniGPTError(
-            f"data.path={cfg.path or files[0]} holds no text after decoding; add text or fix it"
+            f"{where} is not UTF-8 text: {bad:,} of its {total_bytes:,} bytes ({bad / total_bytes:.0%}) are "
+            f"not valid UTF-8 (at most {MAX_INVALID_UTF8_SHARE:.0%} is taken for text with a few stray "
+            "bytes); point data.path at UTF-8 text, or convert it (iconv -f latin1 -t utf-8)"
         )
+    if n_chars == 0:
+        raise MiniGPTError(f"{where} holds no text after decoding; add text or fix it")
     if bad:
         warnings.warn(
             f"{bad:,} byte(s) in {cfg.path or files[0]} are not valid UTF-8 and were replaced by U+FFFD",
@@ -400,53 +364,53 @@ def _tokenize_corpus(
         tok = CharTokenizer(chars)
     dtype = token_dtype(tok.vocab_size, cfg.dtype)
     split_at = int(n_chars * (1.0 - cfg.val_fraction))
-    eot = tok.eot_id
-
-    (out_dir / "meta.json").unlink(missing_ok=True)  # from now on the cache is invalid until the end
-    # Leftovers of a preparation that was killed. We hold the lock, so these temporary bins belong to
-    # no live process; other temporary files here (a download in progress) are left alone.
-    for stale in out_dir.glob(".*.bin.*.tmp"):
-        stale.unlink(missing_ok=True)
     tmp = {s: out_dir / f".{s}.bin.{os.getpid()}.tmp" for s in ("train", "val")}
-    pieces = _pieces(files, split_at, piece_chars, exact_cuts=not isinstance(tok, CharTokenizer))
     try:
+        (out_dir / "meta.json").unlink(missing_ok=True)  # from now on the cache is invalid until the end
+        # Leftovers of a preparation that was killed. We hold the lock, so these temporary bins belong to
+        # no live process; other temporary files here (a download in progress) are left alone.
+        for stale in out_dir.glob(".*.bin.*.tmp"):
+            stale.unlink(missing_ok=True)
+        pieces = text_pieces(files, split_at, piece_chars, exact_cuts=not isinstance(tok, CharTokenizer))
         with (
             open(tmp["train"], "wb") as f_train,
             open(tmp["val"], "wb") as f_val,
             byte_progress(f"tokenize {cfg.name}", total_bytes, progress) as advance,
         ):
             threads = cfg.num_threads or os.cpu_count() or 1
-            counts = _write_token_files(pieces, encoder(tok, dtype), eot, (f_train, f_val), threads, advance)
+            counts = _write_token_files(
+                pieces, encoder(tok, dtype), tok.eot_id, (f_train, f_val), threads, advance
+            )
             for fh in (f_train, f_val):
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp["train"], out_dir / "train.bin")
         os.replace(tmp["val"], out_dir / "val.bin")
-    except OSError as err:  # a full disk: what the token files take at most (a token per byte or fewer)
+        meta = {
+            "key": key,
+            "corpus": cfg.name,
+            "sources": [str(f) for f in files],
+            "source_bytes": total_bytes,
+            "source_sha256": key["source_sha256"],
+            "documents": len(files),
+            "tokenizer": tok.to_dict(),
+            "vocab_size": tok.vocab_size,
+            "eot_id": tok.eot_id,
+            "dtype": dtype,
+            "val_fraction": cfg.val_fraction,
+            "split": "chars",
+            "train_chars": split_at,
+            "val_chars": n_chars - split_at,
+            "train_tokens": counts[0],
+            "val_tokens": counts[1],
+            "replaced_bytes": bad,
+        }
+        write_json_atomic(out_dir / "meta.json", meta)  # last: only now is the cache valid
+    except OSError as err:  # disk full, read-only, permissions; at most a token per byte of text
         if err.errno in WRITE_ERRNOS and err.filename not in {str(f) for f in files}:
             raise unwritable(out_dir, err, total_bytes * np.dtype(dtype).itemsize) from None
         raise
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)
-    meta = {
-        "key": key,
-        "corpus": cfg.name,
-        "sources": [str(f) for f in files],
-        "source_bytes": total_bytes,
-        "source_sha256": key["source_sha256"],
-        "documents": len(files),
-        "tokenizer": tok.to_dict(),
-        "vocab_size": tok.vocab_size,
-        "eot_id": eot,
-        "dtype": dtype,
-        "val_fraction": cfg.val_fraction,
-        "split": "chars",
-        "train_chars": split_at,
-        "val_chars": n_chars - split_at,
-        "train_tokens": counts[0],
-        "val_tokens": counts[1],
-        "replaced_bytes": bad,
-    }
-    write_json_atomic(out_dir / "meta.json", meta)  # last: only now is the cache valid
     return meta

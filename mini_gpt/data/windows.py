@@ -79,8 +79,7 @@ class _Mapped:
     _maps: dict[int, np.memmap] | None = None
 
     def _map(self, i: int) -> np.memmap:
-        if self._maps is None:
-            self._maps = {}
+        self._maps = self._maps or {}
         if i not in self._maps:
             self._maps[i] = open_shard(self.files[i])
         return self._maps[i]
@@ -161,7 +160,8 @@ class ShardTrainBatches(_Stream):
                     "loader.align_to_documents=true needs a tokenizer with an end-of-text token "
                     "marking document starts; use data.tokenizer=gpt2 or set it to false"
                 )
-            self._doc_starts = [self._starts_of(s, eot_id) for s in self.files]
+            found = [np.flatnonzero(np.asarray(open_shard(s)) == eot_id) for s in self.files]
+            self._doc_starts = [d[d + block_size + 1 <= s.n_tokens] for d, s in zip(found, self.files)]
             self.counts = np.array([len(d) for d in self._doc_starts], dtype=np.int64)
             if self.counts.sum() == 0:
                 raise MiniGPTError(
@@ -174,10 +174,6 @@ class ShardTrainBatches(_Stream):
                 "lower the block size or use a larger corpus"
             )
         self._epochs: list[tuple[int, int]] = []  # (first global window, windows) per epoch seen so far
-
-    def _starts_of(self, info: ShardInfo, eot_id: int) -> np.ndarray:
-        starts = np.flatnonzero(np.asarray(open_shard(info)) == eot_id)
-        return starts[starts + self.block_size + 1 <= info.n_tokens].astype(np.int64)
 
     def _offset(self, epoch: int) -> int:
         if self.align:
@@ -242,14 +238,11 @@ def _evenly(n: int, most: int | None) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, most).round().astype(np.int64))
 
 
-# `loader.val_windows: auto`: AUTO_VAL_TOKENS target tokens per evaluation, so the cost of a validation is
-# bounded on any corpus (nanoGPT estimates on 200 batches for the same reason). At block_size 64 that is
-# 2,048 windows: tiny Shakespeare's whole val split (1,742 windows of its 111,540 characters) still counts.
-
-
 def val_window_count(setting: int | str | None, block_size: int) -> int | None:
     """Windows per evaluation for `loader.val_windows` (None = every window of the split): an integer as
-    given, `auto` = AUTO_VAL_TOKENS' worth (at least one), `all` (or null, the old default) = no bound."""
+    given, `auto` = AUTO_VAL_TOKENS' worth (at least one), `all` (or null, the old default) = no bound.
+    `auto` bounds the cost of a validation on any corpus (nanoGPT estimates on 200 batches for the same
+    reason); at block_size 64 it is 2,048 windows: tiny Shakespeare's whole val split (1,742) still counts."""
     if setting is None or setting == "all":
         return None
     if setting == "auto":

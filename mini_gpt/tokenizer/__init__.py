@@ -1,11 +1,10 @@
 """Tokenizers: characters or tiktoken BPE behind one small, serialisable interface (`Tokenizer`).
 
-`build_tokenizer(name)` makes one; `tokenizer_from_dict(tok.to_dict())` rebuilds an equal one with no
-network and no file (the tiktoken dict embeds the whole BPE ranks text, ~0.8 MB for GPT-2), so a checkpoint
-alone is enough to generate text. BPE ranks come from a `.tiktoken` file (`bpe_file`, checked against the
-sha256 tiktoken pins; GPT-2's ships in `data/tokenizers/`), else from `tiktoken.get_encoding`
-(`TIKTOKEN_CACHE_DIR`, else a download). A BPE trained on your own corpus (`mini-gpt tokenizer train`,
-bpe.py) is a directory (`save_tokenizer_dir`) that loads as a `TiktokenTokenizer` too: pass its path.
+`build_tokenizer(name)` makes one; `tokenizer_from_dict(tok.to_dict())` rebuilds it with no network and
+no file (the dict embeds the BPE ranks, ~0.8 MB for GPT-2), so a checkpoint alone generates text. BPE
+ranks come from a `.tiktoken` file (`bpe_file`, checked against the sha256 tiktoken pins; GPT-2's ships
+in `data/tokenizers/`), else `tiktoken.get_encoding` (`TIKTOKEN_CACHE_DIR`, else a download). A BPE
+trained on your own text (`mini-gpt tokenizer train`, bpe.py) is a directory that loads the same way.
 No Lightning/Hydra here: generation needs it and must start fast.
 """
 
@@ -26,7 +25,6 @@ from typing import Any
 import tiktoken
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.files import atomic_write, write_json_atomic
 
 # Ranks files shipped with the repository, by encoding name (r50k_base is GPT-2's vocabulary).
 BUNDLED_BPE_FILES: dict[str, Path] = dict.fromkeys(
@@ -47,10 +45,8 @@ class EncodingSpec:
     ranks_sha256: str
 
 
-# tiktoken's public API gives an Encoding's ranks and special tokens but not its pre-tokenisation regex,
-# so the encodings tiktoken ships are described here. Source of every value: tiktoken 0.14,
-# tiktoken_ext/openai_public.py (the regexes, special tokens and `expected_hash` of each ranks file);
-# tests/unit/test_tokenizer.py checks this table against it.
+# tiktoken's public API gives an Encoding's ranks and special tokens but not its regex, so the encodings
+# it ships are described here, from tiktoken 0.14's tiktoken_ext/openai_public.py (test_tokenizer.py checks).
 EOT = "<|endoftext|>"
 FIM = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>")  # fill-in-the-middle tokens, consecutive ids
 # GPT-2's regex in tiktoken's faster spelling (same splits as the 2019 release's pattern).
@@ -362,44 +358,13 @@ def _get_encoding(name: str) -> Any:
     )
 
 
-# A trained tokenizer's directory: the ranks in tiktoken's own format, the rest of `tiktoken.Encoding`'s
-# arguments in a small JSON, and a README saying how to load it with plain tiktoken.
+# A trained tokenizer's directory (bpe.write_tokenizer_dir): the ranks in tiktoken's own format, the rest
+# of `tiktoken.Encoding`'s arguments in a small JSON, and a README saying how to load it with plain tiktoken.
 RANKS_FILE, ENCODING_FILE, README_FILE = "ranks.tiktoken", "encoding.json", "README.md"
-_README = """# Tokenizer `{name}`: byte-level BPE, {vocab_size:,} tokens
-
-Trained by `mini-gpt tokenizer train`. Load it with plain tiktoken (no mini-gpt needed):
-
-```python
-import json, tiktoken
-from tiktoken.load import load_tiktoken_bpe
-
-spec = json.load(open("{encoding_file}"))
-enc = tiktoken.Encoding(name=spec["name"], pat_str=spec["pat_str"],
-                        mergeable_ranks=load_tiktoken_bpe("{ranks_file}"),
-                        special_tokens=spec["special_tokens"])
-```
-
-In mini-gpt: `data.tokenizer=<this directory>`.
-"""
-
-
-def save_tokenizer_dir(tok: TiktokenTokenizer, out: Path, info: dict[str, Any] | None = None) -> None:
-    """Write `tok` into the existing, empty directory `out`: ranks, encoding.json (name, pattern,
-    special tokens, sha256 of the ranks, and `info` on how it was trained) and a README. Each file is
-    written atomically; encoding.json last, so a directory without it is an unfinished one."""
-    with atomic_write(out / RANKS_FILE) as fh:
-        fh.write(tok.ranks_text)
-    with atomic_write(out / README_FILE) as fh:
-        fh.write(_README.format(name=tok.name, vocab_size=tok.vocab_size, encoding_file=ENCODING_FILE,
-                                ranks_file=RANKS_FILE))  # fmt: skip
-    spec = {"name": tok.name, "pat_str": tok.pat_str, "special_tokens": tok.special_tokens,
-            "vocab_size": tok.vocab_size, "ranks_sha256": tok.ranks_sha256,
-            "trained": info or {}}  # fmt: skip
-    write_json_atomic(out / ENCODING_FILE, spec, indent=1)
 
 
 def load_tokenizer_dir(directory: str | Path) -> TiktokenTokenizer:
-    """The tokenizer `save_tokenizer_dir` wrote (`mini-gpt tokenizer train`); every fault is one line."""
+    """The tokenizer `mini-gpt tokenizer train` wrote (bpe.write_tokenizer_dir); every fault is one line."""
     path = Path(directory).expanduser().resolve()
     hint = "train one with: mini-gpt tokenizer train data=... vocab_size=4096 out=DIR"
     if not path.is_dir():

@@ -1,13 +1,11 @@
 """Train a byte-level BPE on your own text, as a tiktoken tokenizer (`mini-gpt tokenizer train`).
 
 The trainer is `rustbpe` (nanochat's; picked over Hugging Face `tokenizers` by measurement, see
-docs/tokenizers.md): it streams documents, counts their pre-tokens in parallel and learns merges in
-tiktoken's own ranking, so the result is a `TiktokenTokenizer` with no conversion. The 256 single bytes
-come first (no text is ever unknown), then the merges, then the special tokens.
-
-Split patterns are spelled without possessive quantifiers (`++`, `{1,3}+`): tiktoken's and rustbpe's
-regex engine reads those as possessive, the Oniguruma engine of `tokenizers` (a transformers export) as
-"repeat once more", which splits differently; greedy spellings split the same text the same way in all three.
+docs/tokenizers.md): it streams documents and learns merges in tiktoken's own ranking, so the result is a
+`TiktokenTokenizer` with no conversion: the 256 single bytes (no text is ever unknown), the merges, then
+the special tokens. Split patterns are spelled without possessive quantifiers (`++`, `{1,3}+`), which the
+Oniguruma engine of `tokenizers` (a transformers export) reads as "repeat once more": greedy spellings
+split the same text the same way in tiktoken, rustbpe and `tokenizers`.
 """
 
 from __future__ import annotations
@@ -20,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.tokenizer import EOT, TiktokenTokenizer, save_tokenizer_dir
+from mini_gpt.files import atomic_write, write_json_atomic
+from mini_gpt.tokenizer import ENCODING_FILE, EOT, RANKS_FILE, README_FILE, TiktokenTokenizer
 
 N_BYTES = 256
 # The pre-tokenization patterns a tokenizer can be trained with (greedy spellings, module docstring).
@@ -36,6 +35,22 @@ PATTERNS: dict[str, str] = {
     r"""\s*[\r\n]+|\s+(?!\S)|\s+""",
 }
 DEFAULT_PATTERN = "gpt4"
+_README = """# Tokenizer `{name}`: byte-level BPE, {vocab_size:,} tokens
+
+Trained by `mini-gpt tokenizer train`. Load it with plain tiktoken (no mini-gpt needed):
+
+```python
+import json, tiktoken
+from tiktoken.load import load_tiktoken_bpe
+
+spec = json.load(open("{encoding_file}"))
+enc = tiktoken.Encoding(name=spec["name"], pat_str=spec["pat_str"],
+                        mergeable_ranks=load_tiktoken_bpe("{ranks_file}"),
+                        special_tokens=spec["special_tokens"])
+```
+
+In mini-gpt: `data.tokenizer=<this directory>`.
+"""
 
 
 def pattern_regex(pattern: str) -> str:
@@ -63,14 +78,6 @@ def merge_parts(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes] | 
             return None
         parts[best : best + 2] = [parts[best] + parts[best + 1]]
     return (parts[0], parts[1]) if len(parts) == 2 else None
-
-
-def _require_rustbpe() -> Any:
-    try:
-        import rustbpe
-    except ImportError:
-        raise MiniGPTError('training a tokenizer needs rustbpe: pip install -e ".[tokenizer]"') from None
-    return rustbpe
 
 
 def check_vocab_size(vocab_size: int, special_tokens: Iterable[str]) -> int:
@@ -111,10 +118,14 @@ def train_bpe(
     """A byte-level BPE of `vocab_size` tokens (bytes, merges, then `special_tokens`) learned on `texts`,
     streamed. Deterministic: the same texts give the same ranks. A corpus with too few distinct pairs
     to learn every merge is one line saying how many it learned."""
+    try:
+        import rustbpe
+    except ImportError:
+        raise MiniGPTError('training a tokenizer needs rustbpe: pip install -e ".[tokenizer]"') from None
     specials = list(dict.fromkeys(special_tokens))
     n_merges = check_vocab_size(vocab_size, specials)
     regex = pattern_regex(pattern)
-    trainer = _require_rustbpe().Tokenizer()
+    trainer = rustbpe.Tokenizer()
     try:
         trainer.train_from_iterator(iter(texts), N_BYTES + n_merges, pattern=regex)
     except ValueError as err:  # a regex rustbpe cannot compile
@@ -130,9 +141,10 @@ def train_bpe(
 
 
 def write_tokenizer_dir(tok: TiktokenTokenizer, out: Path, overwrite: bool, info: dict[str, Any]) -> None:
-    """Save `tok` as the directory `out`, whole or not at all: written into a temporary sibling, then
-    renamed into place (an existing `out` only with `overwrite`, and replaced only once the new one is
-    complete)."""
+    """Save `tok` as the directory `out`: ranks, encoding.json (name, pattern, special tokens, sha256 of
+    the ranks, and `info` on how it was trained) and a README. Whole or not at all: written into a
+    temporary sibling, then renamed into place (an existing `out` only with `overwrite`, and replaced only
+    once the new one is complete)."""
     out = out.expanduser().resolve()
     if out.exists() and not overwrite:
         raise MiniGPTError(f"out={out} exists; choose another directory or pass overwrite=true to replace it")
@@ -141,7 +153,14 @@ def write_tokenizer_dir(tok: TiktokenTokenizer, out: Path, overwrite: bool, info
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_tokenizer_dir(tok, tmp, info)
+        with atomic_write(tmp / RANKS_FILE) as fh:
+            fh.write(tok.ranks_text)
+        with atomic_write(tmp / README_FILE) as fh:
+            fh.write(_README.format(name=tok.name, vocab_size=tok.vocab_size, encoding_file=ENCODING_FILE,
+                                    ranks_file=RANKS_FILE))  # fmt: skip
+        spec = {"name": tok.name, "pat_str": tok.pat_str, "special_tokens": tok.special_tokens,
+                "vocab_size": tok.vocab_size, "ranks_sha256": tok.ranks_sha256, "trained": info}  # fmt: skip
+        write_json_atomic(tmp / ENCODING_FILE, spec, indent=1)
         if out.exists():
             old = out.with_name(f".{out.name}.old.{os.getpid()}")
             out.rename(old)

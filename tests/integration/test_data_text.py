@@ -20,7 +20,7 @@ from helpers import REPO
 
 import mini_gpt.data.sources as sources
 import mini_gpt.data.text as data
-from mini_gpt.data import DataConfig, DataConfigError, load_prepared, prepare_data
+from mini_gpt.data import DataConfig, DataConfigError, prepare, prepare_data
 from mini_gpt.data.config import CORPORA, token_dtype
 from mini_gpt.data.preparation import lock_path
 from mini_gpt.errors import MiniGPTError
@@ -132,7 +132,7 @@ def test_cache_reused_and_invalidated(data_dir: Path, gpt2_bpe_file: Path) -> No
     mtimes = [p.stat().st_mtime_ns for p in (first.train_path, first.val_path, first.meta_path)]
     again = prepare_data(cfg, progress=False)
     assert [p.stat().st_mtime_ns for p in (again.train_path, again.val_path, again.meta_path)] == mtimes
-    assert load_prepared(cfg).train_tokens == first.train_tokens
+    assert prepare(cfg, build=False).train_tokens == first.train_tokens
 
     # split changed -> rebuilt
     split = prepare_data(dataclasses.replace(cfg, val_fraction=0.2), progress=False)
@@ -144,7 +144,7 @@ def test_cache_reused_and_invalidated(data_dir: Path, gpt2_bpe_file: Path) -> No
     assert (bpe.train_tokens, bpe.meta["tokenizer"]["type"]) == (301_966, "tiktoken")
     # the old config is stale now: validating without building refuses it
     with pytest.raises(MiniGPTError, match="no valid prepared data"):
-        load_prepared(cfg)
+        prepare(cfg, build=False)
 
 
 def test_cache_invalidated_when_source_changes(tmp_path: Path) -> None:
@@ -419,7 +419,7 @@ def test_interrupted_preparation_rebuilds(data_dir: Path, mode: str) -> None:
         child.kill()
     assert not (data_dir / "shakespeare_char" / "meta.json").exists()
     with pytest.raises(MiniGPTError, match="no valid prepared data"):
-        load_prepared(cfg)
+        prepare(cfg, build=False)
     again = prepare_data(cfg, progress=False)
     assert read_ids(again, "train") == ids_train and again.val_tokens == 111_540
     assert list((data_dir / "shakespeare_char").glob(".*.tmp")) == []

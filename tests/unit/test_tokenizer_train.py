@@ -18,7 +18,7 @@ from tiktoken.load import load_tiktoken_bpe
 from mini_gpt.cli.tokenizer import main as tokenizer_main
 from mini_gpt.data import DataConfig, HFDataConfig, ShardsDataConfig, find_shards
 from mini_gpt.data.documents import split_documents
-from mini_gpt.data.shards import ShardWriter
+from mini_gpt.data.shards import write_shard
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import write_json_atomic
 from mini_gpt.tokenizer import (
@@ -274,8 +274,7 @@ def test_a_tokenizer_dir_missing_a_file_is_one_line(trained: Path, tmp_path: Pat
 def test_shards_written_by_another_tokenizer_are_one_line(trained: Path, tmp_path: Path) -> None:
     tok = load_tokenizer_dir(trained)
     for split in ("train", "val"):
-        with ShardWriter(tmp_path / f"c_{split}_000000.bin", "uint16") as w:
-            w.write(np.arange(100, dtype=np.uint16))
+        write_shard(tmp_path / f"c_{split}_000000.bin", np.arange(100, dtype=np.uint16))
     write_json_atomic(tmp_path / "meta.json", {"tokenizer": tok.to_dict()})
     corpus = find_shards(ShardsDataConfig(path=str(tmp_path / "*.bin")))
     assert corpus.tokenizer == tok  # recorded in meta.json, used with no flag
