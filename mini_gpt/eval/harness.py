@@ -7,10 +7,9 @@
 `continuation_logprobs`), `loglikelihood_rolling` (sliding windows `stride` tokens apart, default
 `block_size`) and `generate_until` (the KV-cache sampler, greedy unless the task asks for sampling).
 
-Importing this module registers `mini-gpt` (`register`, idempotent). The `lm_eval` command itself cannot
-find it (lm-eval has no model plugins), hence `mini-gpt harness` (mini_gpt.cli.harness). Trap:
-`get_model` imports the harness's own models only while the registry is *empty*, so registering before
-`lm_eval.models` is imported would hide `hf` and all the others: this module imports it first.
+Importing this module registers `mini-gpt`. The `lm_eval` command cannot find it (lm-eval has no model
+plugins), hence `mini-gpt harness`. Trap: `get_model` imports the harness's own models only while the
+registry is *empty*, so registering before `lm_eval.models` is imported would hide `hf` and all the others.
 """
 
 from __future__ import annotations
@@ -90,15 +89,10 @@ class MiniGPTLM(TemplateLM):
         self.max_gen_toks = _as_int(max_gen_toks, 256)
         self.seed = _as_int(seed, 1234)
 
-    # ---- tokens -------------------------------------------------------------------------------
     @property
     def eot_token_id(self) -> int:
-        eot = self.tok.eot_id
-        return eot if eot is not None else self.prefix_token_id
-
-    @property
-    def prefix_token_id(self) -> int:
-        """What an empty context starts from: end-of-text, or a newline for a character model."""
+        """Also what an empty context starts from (lm-eval's prefix_token_id): end-of-text, or a newline
+        for a character model."""
         return self.tok.start_id
 
     @property
@@ -111,7 +105,6 @@ class MiniGPTLM(TemplateLM):
     def tok_decode(self, tokens: Sequence[int], **kwargs: Any) -> str:
         return self.tok.decode(list(tokens))
 
-    # ---- requests -----------------------------------------------------------------------------
     def _loglikelihood_tokens(
         self,
         requests: list[tuple[tuple[str, str], list[int], list[int]]],
@@ -146,50 +139,37 @@ class MiniGPTLM(TemplateLM):
         return out
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        """Continue each context with the KV-cache sampler until a stop string or max_gen_toks."""
+        """Continue each context with the KV-cache sampler until end-of-text, a stop string (the text is cut
+        before it) or max_gen_toks."""
         out = []
         generator = torch.Generator(device=self._device).manual_seed(self.seed)
+        eot = self.tok.eot_id
         for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="generate_until"):
             context, gen_kwargs = req.args
             kwargs = gen_kwargs or {}
             until = kwargs.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
-            max_new = _as_int(kwargs.get("max_gen_toks"), self.max_gen_toks)
+            until = [s for s in ([until] if isinstance(until, str) else until) if s]
+            new: list[int] = []
+
+            def stop(token: torch.Tensor, new: list[int] = new, until: list[str] = until) -> bool:
+                new.append(int(token[0]))
+                return new[-1] == eot or any(s in self.tok_decode(new) for s in until)
+
+            idx = torch.tensor([self.tok_encode(context) or [self.prefix_token_id]], device=self._device)
             top_k, top_p = kwargs.get("top_k"), kwargs.get("top_p")
-            sampling = {
-                "temperature": float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0,
-                "top_k": int(top_k) if top_k else None,
-                "top_p": float(top_p) if top_p else None,
-                "generator": generator,
-            }
-            text = self._continue(context, until, max_new, sampling)
+            generate(
+                self.model, idx, _as_int(kwargs.get("max_gen_toks"), self.max_gen_toks),
+                temperature=float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0,
+                top_k=int(top_k) if top_k else None, top_p=float(top_p) if top_p else None,
+                generator=generator, stream=stop,
+            )  # fmt: skip
+            text = self.tok_decode(new[:-1] if new and new[-1] == eot else new)
+            for s in until:
+                text = text.split(s)[0]
             out.append(text)
             if self.cache_hook is not None:
                 self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
         return out
-
-    def _continue(self, context: str, until: list[str], max_new: int, sampling: dict[str, Any]) -> str:
-        """The text generated after `context`, cut before the first stop string (or end-of-text)."""
-        ids = self.tok_encode(context) or [self.prefix_token_id]
-        idx = torch.tensor([ids], dtype=torch.long, device=self._device)
-        eot = self.tok.eot_id
-        new: list[int] = []
-
-        def stop(token: torch.Tensor) -> bool:
-            new.append(int(token[0]))
-            if eot is not None and new[-1] == eot:
-                return True
-            text = self.tok_decode(new)
-            return any(s and s in text for s in until)
-
-        generate(self.model, idx, max_new, stream=stop, **sampling)
-        if eot is not None and new and new[-1] == eot:
-            new = new[:-1]
-        text = self.tok_decode(new)
-        for s in until:
-            if s:
-                text = text.split(s)[0]
-        return text
 
     def get_model_info(self) -> dict[str, Any]:
         return {

@@ -1,12 +1,10 @@
 """HellaSwag, completion style (as in build-nanogpt and llm.c): which of 4 endings does the model prefer?
 
-The context is `encode(ctx)` and ending i is `encode(" " + endings[i])` (no BOS), scored by the
-log-likelihood of its tokens after the context, the 4 rows in one forward pass:
-- `acc`: the ending with the highest summed log-likelihood is the label;
-- `acc_norm`: the highest *mean* log-likelihood per token. lm-evaluation-harness's `hellaswag`
-  normalises by characters (and preprocesses the text), so its `acc_norm` is a different number.
-A character model drops the characters its vocabulary lacks. Contexts longer than `block_size` lose their
-beginning; an ending is kept whole. Data: `hellaswag_val.jsonl`, a local path or downloaded once.
+Ending i is scored by the log-likelihood of `encode(" " + endings[i])` after `encode(ctx)` (no BOS): `acc`
+picks the highest sum, `acc_norm` the highest mean per token (lm-evaluation-harness's `hellaswag`
+normalises by characters and preprocesses the text: a different number). A character model drops the
+characters its vocabulary lacks. A context too long for `block_size` loses its beginning; an ending is
+kept whole. Data: `hellaswag_val.jsonl`, a local path or downloaded once.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from torch import nn
 
@@ -28,16 +27,8 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.scoring import continuation_logprobs
 from mini_gpt.tokenizer import Tokenizer
 
-__all__ = [
-    "HELLASWAG_URL",
-    "HellaSwagItem",
-    "HellaSwagResult",
-    "evaluate_hellaswag",
-    "item_scores",
-    "load_hellaswag",
-    "read_hellaswag",
-    "resolve_hellaswag_path",
-]
+__all__ = ["HELLASWAG_URL", "HellaSwagItem", "HellaSwagResult", "evaluate_hellaswag", "item_scores",
+           "load_hellaswag", "read_hellaswag", "resolve_hellaswag_path"]  # fmt: skip
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_VAL_ITEMS = 10_042
@@ -131,13 +122,6 @@ def load_hellaswag(path: str | None, cache_dir: Path, limit: int | None = None) 
     return read_hellaswag(resolve_hellaswag_path(path, cache_dir), limit)
 
 
-def encode_item(tokenizer: Tokenizer, item: HellaSwagItem) -> tuple[list[int], list[list[int]]]:
-    """(context ids, the 4 endings' ids): encode(ctx), encode(" " + ending); no BOS. Characters outside
-    a character tokenizer's vocabulary are dropped first."""
-    ctx = tokenizer.encode(tokenizer.known_text(item.ctx))
-    return ctx, [tokenizer.encode(tokenizer.known_text(" " + e)) for e in item.endings]
-
-
 def item_scores(
     model: nn.Module, tokenizer: Tokenizer, items: Sequence[HellaSwagItem], batch_items: int = 4
 ) -> Iterator[tuple[list[float], list[int]]]:
@@ -145,7 +129,8 @@ def item_scores(
     for b in range(0, len(items), batch_items):
         pairs = []
         for item in items[b : b + batch_items]:
-            ctx, endings = encode_item(tokenizer, item)
+            ctx = tokenizer.encode(tokenizer.known_text(item.ctx))
+            endings = [tokenizer.encode(tokenizer.known_text(" " + e)) for e in item.endings]
             if not ctx or not all(endings):
                 raise MiniGPTError(
                     f"a HellaSwag item encodes to an empty context or ending: {item.ctx[:60]!r}"
@@ -155,10 +140,6 @@ def item_scores(
         for i in range(0, len(scores), 4):
             group = scores[i : i + 4]
             yield [s.logprob for s in group], [s.tokens for s in group]
-
-
-def _argmax(values: Sequence[float]) -> int:
-    return max(range(len(values)), key=lambda i: values[i])
 
 
 def evaluate_hellaswag(
@@ -179,7 +160,7 @@ def evaluate_hellaswag(
         task = bar.add_task("hellaswag", total=len(items), acc=0.0)
         for item, (logprobs, counts) in zip(items, item_scores(model, tokenizer, items, batch_items)):
             result.n += 1
-            result.correct += int(_argmax(logprobs) == item.label)
-            result.correct_norm += int(_argmax([lp / n for lp, n in zip(logprobs, counts)]) == item.label)
+            result.correct += int(np.argmax(logprobs) == item.label)
+            result.correct_norm += int(np.argmax(np.divide(logprobs, counts)) == item.label)
             bar.update(task, advance=1, acc=result.acc_norm)
     return result

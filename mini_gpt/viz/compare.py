@@ -30,17 +30,8 @@ import matplotlib.pyplot as plt
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import atomic_write
 
-__all__ = [
-    "Run",
-    "ScalingFit",
-    "compare_table",
-    "find_runs",
-    "labels",
-    "markdown",
-    "plot_scaling",
-    "scaling_fit",
-    "write_report",
-]
+__all__ = ["Run", "ScalingFit", "compare_table", "find_runs", "labels", "markdown", "plot_scaling",
+           "scaling_fit", "write_report"]  # fmt: skip
 
 # Config keys that say where a run lives or how it was launched, not what it trained.
 IGNORED_PREFIXES = ("paths.", "hparams_search.", "trainer.default_root_dir", "hydra.", "ckpt_path", "tags")
@@ -48,6 +39,7 @@ IGNORED_PREFIXES = ("paths.", "hparams_search.", "trainer.default_root_dir", "hy
 DATA_KEYS = ("data.name", "data.path", "data.tokenizer", "data.bpe_file")
 NUMBERS = ["best_val_loss", "final_val_loss", "bits_per_byte", "steps", "tokens", "flops", "wall_seconds",
            "tokens_per_sec"]  # fmt: skip
+CURVE_AXES = ("step", "tokens", "wall seconds", "FLOPs")  # compare.png's x axes
 
 
 @dataclass
@@ -173,31 +165,19 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def _curves(run: Run) -> dict[str, list[float]]:
-    """The val curve against each x axis: step, tokens, wall seconds, FLOPs (per step from the totals)."""
-    curve = run.summary.get("val_curve") or []
-    steps = max(run.summary.get("steps") or 0, 1)
-    tokens_per_step = (run.summary.get("tokens") or 0) / steps
-    flops_per_step = (run.summary.get("flops") or 0) / steps
-    return {
-        "step": [s for s, _, _ in curve],
-        "tokens": [s * tokens_per_step for s, _, _ in curve],
-        "wall seconds": [t for _, t, _ in curve],
-        "FLOPs": [s * flops_per_step for s, _, _ in curve],
-        "val": [v for _, _, v in curve],
-    }
-
-
 def plot_curves(runs: list[Run], keys: list[str], path: Path) -> None:
-    """One PNG: val loss against step, tokens, wall seconds and FLOPs, one line per run."""
+    """One PNG: val loss against step, tokens, wall seconds and FLOPs (tokens and FLOPs per step from the
+    run's totals), one line per run."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for run, name in zip(runs, labels(runs, keys)):
-        curve = _curves(run)
-        for ax, x in zip(axes.flat, ("step", "tokens", "wall seconds", "FLOPs")):
-            ax.plot(curve[x], curve["val"], marker=".", label=name)
-    for ax, x in zip(axes.flat, ("step", "tokens", "wall seconds", "FLOPs")):
-        ax.set_xlabel(x)
-        ax.set_ylabel("val loss")
+        curve, steps = run.summary.get("val_curve") or [], max(run.summary.get("steps") or 0, 1)
+        tokens, flops = (run.summary.get("tokens") or 0) / steps, (run.summary.get("flops") or 0) / steps
+        per_step = {"step": 1, "tokens": tokens, "FLOPs": flops}
+        for ax, x in zip(axes.flat, CURVE_AXES):
+            xs = [seconds if x == "wall seconds" else step * per_step[x] for step, seconds, _ in curve]
+            ax.plot(xs, [val for _, _, val in curve], marker=".", label=name)
+    for ax, x in zip(axes.flat, CURVE_AXES):
+        ax.set(xlabel=x, ylabel="val loss")
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize="small")
     fig.tight_layout()
