@@ -48,10 +48,8 @@ MODEL_NAME = "mini-gpt"
 
 
 def _as_int(value: Any, default: int) -> int:
-    """lm-eval passes batch sizes as int, str or "auto"."""
-    if value is None or value == "auto" or str(value).startswith("auto"):
-        return default
-    return int(value)
+    """lm-eval passes batch sizes as int, str or "auto" ("auto:N")."""
+    return default if value is None or str(value).startswith("auto") else int(value)
 
 
 class MiniGPTLM(TemplateLM):
@@ -120,8 +118,7 @@ class MiniGPTLM(TemplateLM):
                 pairs = [(requests[i][1] or [self.prefix_token_id], requests[i][2]) for i in chunk]
                 for i, score in zip(chunk, continuation_logprobs(self.model, pairs, len(pairs) or 1)):
                     results[i] = (score.logprob, score.is_greedy)
-                    if self.cache_hook is not None:
-                        self.cache_hook.add_partial("loglikelihood", requests[i][0], results[i])
+                    self.cache_hook.add_partial("loglikelihood", requests[i][0], results[i])
                 bar.update(len(order[b : b + self.batch_size]))
         return results
 
@@ -131,11 +128,10 @@ class MiniGPTLM(TemplateLM):
         for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="loglikelihood_rolling"):
             (text,) = req.args
             ids = [self.prefix_token_id, *self.tok_encode(text)]
-            wins = list(windows(ids, self.block_size, self.stride))
-            total = score_windows(self.model, wins, self.batch_size)[0].nll if len(ids) > 1 else 0.0
+            wins = list(windows(ids, self.block_size, self.stride))  # none for an empty text: 0.0
+            total = score_windows(self.model, wins, self.batch_size)[0].nll
             out.append(-total)
-            if self.cache_hook is not None:
-                self.cache_hook.add_partial("loglikelihood_rolling", (text,), -total)
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), -total)
         return out
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
@@ -167,15 +163,12 @@ class MiniGPTLM(TemplateLM):
             for s in until:
                 text = text.split(s)[0]
             out.append(text)
-            if self.cache_hook is not None:
-                self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
         return out
 
     def get_model_info(self) -> dict[str, Any]:
-        return {
-            "model_num_parameters": self.model.num_params(non_embedding=False),
-            "block_size": self.block_size,
-        }
+        params = self.model.num_params(non_embedding=False)
+        return {"model_num_parameters": params, "block_size": self.block_size}
 
 
 def _metrics(task_results: dict[str, Any]) -> dict[str, Any]:

@@ -1,11 +1,8 @@
-"""Compare training runs side by side (`mini-gpt compare PATH...`), from the files each run left: its
-`summary.json` (train.py) and its config (`.hydra/config.yaml`, written by Hydra and by `mini-gpt sweep`).
-
-`find_runs` collects run folders (a folder with summary.json, or any below a multirun / sweep folder);
-`compare_table` keeps the config values that differ between them and the run's numbers, sorted by the
-objective (best val loss); `write_report` writes the table as CSV and HTML and the validation curves
-against step, tokens, wall time and FLOPs as one PNG. `scaling_fit` (`--scaling`) fits loss against model
-size per compute budget (isoFLOP minima) and a power law through the optima. No torch, no Lightning.
+"""Compare training runs side by side (`mini-gpt compare PATH...`) from each run's `summary.json` and
+`.hydra/config.yaml` (written by Hydra and by `mini-gpt sweep`): a table of the config values that differ
+and the runs' numbers, best val loss first, as CSV and HTML with the validation curves (`write_report`);
+`scaling_fit` (`--scaling`) fits loss against model size per compute budget (isoFLOP minima) and a power
+law through the optima. No torch, no Lightning.
 """
 
 from __future__ import annotations
@@ -63,12 +60,9 @@ class Run:
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: node}
+    if not isinstance(node, dict):
+        return {prefix[:-1]: node}
+    return {k: v for key, value in node.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
 
 
 def _read_run(folder: Path) -> Run:
@@ -124,13 +118,9 @@ def labels(runs: list[Run], keys: list[str]) -> list[str]:
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
+    if isinstance(value, float) and math.isfinite(value):
         return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.4g}"
-    return str(value)
+    return "-" if value is None else str(value)
 
 
 def _setting(value: Any) -> str:
@@ -224,6 +214,7 @@ class ScalingFit:
     exponent: float | None  # b (None with fewer than two budgets)
     coefficient: float | None  # a
     parabolas: dict[float, np.ndarray]  # budget -> quadratic coefficients of loss in log10 N
+    points: dict[float, list[tuple[float, float]]]  # budget -> the runs' (parameters, final val loss)
 
 
 def _budget(run: Run) -> float | None:
@@ -262,20 +253,16 @@ def scaling_fit(runs: list[Run], params_key: str = "non_embedding_params") -> Sc
     if len(minima) >= 2:
         b, log_a = np.polyfit(np.log10([c for c, _, _ in minima]), np.log10([n for _, n, _ in minima]), 1)
         exponent, coefficient = float(b), float(10**log_a)
-    return ScalingFit(params_key, minima, exponent, coefficient, parabolas)
+    return ScalingFit(params_key, minima, exponent, coefficient, parabolas, usable)
 
 
 def plot_scaling(runs: list[Run], fit: ScalingFit, path: Path) -> None:
-    """isoFLOP curves: final val loss against parameters per budget, the fitted parabola and its optimum."""
+    """isoFLOP curves: final val loss against parameters per budget, the fitted parabola and its optimum
+    (drawn from `fit` alone: `runs` is unused)."""
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    for (budget, n_opt, loss_opt), color in zip(
-        fit.minima, plt.cm.viridis(np.linspace(0, 0.9, len(fit.minima)))
-    ):
-        pts = sorted(
-            (run.number(fit.params_key), run.number("final_val_loss"))
-            for run in runs
-            if _budget(run) == budget
-        )
+    colors = plt.cm.viridis(np.linspace(0, 0.9, len(fit.minima)))
+    for (budget, n_opt, loss_opt), color in zip(fit.minima, colors):
+        pts = sorted(fit.points[budget])
         ax.scatter([n for n, _ in pts], [v for _, v in pts], color=color, label=f"C = {budget:.2g} FLOPs")
         xs = np.linspace(math.log10(pts[0][0]), math.log10(pts[-1][0]), 50)
         ax.plot(10**xs, np.polyval(fit.parabolas[budget], xs), color=color, alpha=0.6)
