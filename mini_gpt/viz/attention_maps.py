@@ -11,15 +11,10 @@ return the Figure and the arrays they drew, so callers can log or check exactly 
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import matplotlib
-
-matplotlib.use("Agg")  # files only: never needs a display
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -28,6 +23,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.viz import png_bytes, save_figure
 
 if TYPE_CHECKING:
     from mini_gpt.model.gpt import GPT
@@ -311,31 +307,6 @@ def window_title(tokenizer: Any, prompt: str, ids: list[int]) -> str:
     if total > len(ids):
         return f"{_short(kept, cut_before=True)} (last {len(ids)} of {total} tokens)"
     return f"{_short(kept)} ({len(ids)} tokens)"
-
-
-def save_figure(fig: Figure, path: str | Path, dpi: int = 120, close: bool = True) -> Path:
-    """Write a figure as PNG (creating the folder) and release its memory (unless close=False)."""
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".pdf", ".svg"):
-        raise MiniGPTError(f"out={path} must end in .png, .pdf or .svg")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.savefig(path, dpi=dpi)
-    except ValueError as err:  # e.g. a figure too large to rasterise
-        raise MiniGPTError(
-            f"cannot draw {path}: {err}; pick fewer layers/heads or a shorter prompt"
-        ) from None
-    finally:
-        if close:
-            plt.close(fig)
-    return path
-
-
-def png_bytes(fig: Figure, dpi: int = 120) -> bytes:
-    """A figure rendered to PNG in memory (the figure stays open)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
 
 
 def summary_path(out: str | Path) -> Path:

@@ -16,16 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 import yaml
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt
-
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import atomic_write
+from mini_gpt.viz import save_figure
 
 __all__ = ["Run", "ScalingFit", "compare_table", "find_runs", "labels", "markdown", "plot_scaling",
            "scaling_fit", "write_report"]  # fmt: skip
@@ -171,14 +168,7 @@ def plot_curves(runs: list[Run], keys: list[str], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize="small")
     fig.tight_layout()
-    _save(fig, path)
-
-
-def _save(fig: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def write_report(
@@ -277,4 +267,4 @@ def plot_scaling(runs: list[Run], fit: ScalingFit, path: Path) -> None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path, dpi=110)

@@ -14,16 +14,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-import yaml
-
-matplotlib.use("Agg")
-
 import matplotlib.pyplot as plt
+import yaml
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.viz import save_figure
 
 Series = dict[int, float]  # step -> value
 
@@ -208,11 +205,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 120)
     run_root = run_dir.parent if run_dir.is_file() else run_dir  # a metrics file may be passed directly
     out = Path(out) if out else run_root / "curves.png"
     fig, _ = plot_curves(curves, title=run_root.name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.savefig(out, dpi=dpi)
-    finally:
-        plt.close(fig)
+    save_figure(fig, out, dpi)
     print(f"read {', '.join(str(p) for p in used)}\nwrote {out}")
     if "train_loss" not in curves:
         print(f"note: {NO_TRAIN_LOSS}")
