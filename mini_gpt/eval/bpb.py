@@ -12,7 +12,7 @@ import glob
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -41,8 +41,7 @@ class BpbResult:
     documents: int
 
     @property
-    def loss(self) -> float:
-        """Mean NLL per token (nats)."""
+    def loss(self) -> float:  # mean NLL per token (nats)
         return self.nll / self.tokens if self.tokens else float("nan")
 
     @property
@@ -75,8 +74,7 @@ def read_documents(path: str | Path) -> list[str]:
             docs.append(f.read_text(encoding="utf-8-sig"))
         except UnicodeDecodeError as err:
             raise MiniGPTError(f"{f} is not UTF-8 text ({err.reason} at byte {err.start})") from None
-    docs = [d for d in docs if d]
-    if not docs:
+    if not (docs := [d for d in docs if d]):
         raise MiniGPTError(f"bpb.path={path} holds no text")
     return docs
 
@@ -114,10 +112,6 @@ class BpbWindows:
     stride: int
     documents: int
     source: str = ""  # where the documents came from: a path, or corpus:split
-
-    def share(self, rank: int, world: int) -> BpbWindows:
-        """Device `rank`'s windows (rank, rank + world, ...); `bytes` stays the whole text's."""
-        return replace(self, windows=self.windows[rank::world])
 
 
 def bpb_windows(

@@ -64,17 +64,15 @@ class HellaSwagResult:
 def _parse(line: str, where: str) -> HellaSwagItem:
     try:
         row = json.loads(line)
-        endings = tuple(str(e) for e in row["endings"])
-        label = int(row["label"])
-        ctx = str(row["ctx"])
+        item = HellaSwagItem(str(row["ctx"]), tuple(str(e) for e in row["endings"]), int(row["label"]))
     except (ValueError, KeyError, TypeError) as err:
         raise MiniGPTError(
             f"{where} is not a HellaSwag item ({type(err).__name__}: {err}); each line needs "
             '{"ctx": str, "endings": [4 strings], "label": 0-3}'
         ) from None
-    if len(endings) != 4 or not 0 <= label < 4:
+    if len(item.endings) != 4 or not 0 <= item.label < 4:
         raise MiniGPTError(f"{where}: a HellaSwag item needs 4 endings and a label 0-3")
-    return HellaSwagItem(ctx, endings, label)
+    return item
 
 
 def read_hellaswag(path: str | Path, limit: int | None = None) -> list[HellaSwagItem]:
@@ -101,9 +99,8 @@ def resolve_hellaswag_path(path: str | None, cache_dir: Path, url: str = HELLASW
     dest = cache_dir / "hellaswag_val.jsonl"
     if dest.is_file():
         return dest
-    offline = os.environ.get("HF_DATASETS_OFFLINE") not in (None, "", "0")
     hint = f"download {url} where there is network and pass hellaswag.path=FILE (or put it at {dest})"
-    if offline:
+    if os.environ.get("HF_DATASETS_OFFLINE") not in (None, "", "0"):
         raise MiniGPTError(f"HellaSwag is not cached and HF_DATASETS_OFFLINE is set; {hint}")
 
     def verify(file: Path) -> None:  # a truncated or foreign file fails here, before it is cached
@@ -132,9 +129,7 @@ def item_scores(
             ctx = tokenizer.encode(tokenizer.known_text(item.ctx))
             endings = [tokenizer.encode(tokenizer.known_text(" " + e)) for e in item.endings]
             if not ctx or not all(endings):
-                raise MiniGPTError(
-                    f"a HellaSwag item encodes to an empty context or ending: {item.ctx[:60]!r}"
-                )
+                raise MiniGPTError(f"HellaSwag item {item.ctx[:50]!r} encodes to an empty context or ending")
             pairs.extend((ctx, e) for e in endings)
         scores = continuation_logprobs(model, pairs, batch_size=len(pairs))
         for i in range(0, len(scores), 4):

@@ -1,8 +1,7 @@
-"""Log-likelihoods of text under a GPT, the primitives every evaluation is built from: the summed
-log-probability of a continuation after a context (`continuation_logprobs`), and the NLL of every token
-of a sequence of any length by sliding windows (`windows`, `score_windows`, `rolling_nll`). Rows are
-right-padded into batches (a causal model cannot see padding at the end of a row); log-softmax in float32
-whatever the model's dtype.
+"""Log-likelihoods under a GPT, the primitives of every evaluation: a continuation after a context
+(`continuation_logprobs`) and every token of a sequence of any length by sliding windows (`windows`,
+`score_windows`, `rolling_nll`). Batches are right-padded (a causal model cannot see padding at the end of
+a row); log-softmax in float32 whatever the model's dtype.
 """
 
 from __future__ import annotations
@@ -46,9 +45,7 @@ def windows(ids: Sequence[int], block_size: int, stride: int, doc: int = 0) -> I
     is right-aligned to the last token (as lm-evaluation-harness does)."""
     if not 1 <= stride <= block_size:
         raise MiniGPTError(f"stride={stride} must be between 1 and block_size={block_size}")
-    n = len(ids)
-    scored_to = 0  # targets ids[1..scored_to] are done
-    begin = 0
+    n, scored_to, begin = len(ids), 0, 0  # targets ids[1..scored_to] are done
     while scored_to < n - 1:
         end = min(begin + block_size, n - 1)  # inputs ids[begin:end], targets ids[begin+1:end+1]
         if end == n - 1:  # the last window: right-aligned, so its targets see a whole block of context
@@ -66,16 +63,12 @@ def _score(model: nn.Module, wins: Sequence[Window], batch_size: int) -> list[tu
     out: list[tuple[float, bool]] = []
     for b in range(0, len(wins), batch_size):
         batch = wins[b : b + batch_size]
-        inputs = pad_sequence(
-            [torch.as_tensor(w.ids[:-1], dtype=torch.long) for w in batch], batch_first=True
-        )
-        logits, _ = model(inputs.to(device))  # (B, T, V)
+        rows = [torch.as_tensor(w.ids, dtype=torch.long) for w in batch]
+        logits, _ = model(pad_sequence([r[:-1] for r in rows], batch_first=True).to(device))  # (B, T, V)
         counts = [len(w.ids) - 1 - w.first for w in batch]
         row_idx = torch.cat([torch.full((n,), i) for i, n in enumerate(counts)]).to(device)
         pos_idx = torch.cat([torch.arange(w.first, len(w.ids) - 1) for w in batch]).to(device)
-        targets = torch.cat([torch.as_tensor(w.ids[w.first + 1 :], dtype=torch.long) for w in batch]).to(
-            device
-        )
+        targets = torch.cat([r[w.first + 1 :] for r, w in zip(rows, batch, strict=True)]).to(device)
         picked = logits[row_idx, pos_idx].float()  # (N, V)
         nll = F.cross_entropy(picked, targets, reduction="none")
         greedy = picked.argmax(dim=-1) == targets
@@ -93,13 +86,10 @@ def continuation_logprobs(
     half block of its context, one window per forward pass."""
     block_size = model.config.block_size
     half = max(1, block_size // 2)
-    short: list[Window] = []
-    long: list[Window] = []
+    short, long = [], []
     for i, (context, continuation) in enumerate(pairs):
         if not context or not continuation:
-            raise MiniGPTError(
-                "continuation_logprobs needs a non-empty context (e.g. [eot_id]) and continuation"
-            )
+            raise MiniGPTError("continuation_logprobs needs a non-empty context ([eot_id]) and continuation")
         if len(continuation) <= block_size:
             full = [*context, *continuation][-(block_size + 1) :]
             short.append(Window(full, len(full) - 1 - len(continuation), doc=i))
@@ -155,5 +145,5 @@ def rolling_nll(
 ) -> RollingScore:
     """NLL of ids[1:] given everything before, by sliding windows of block_size moving `stride` tokens."""
     block_size = model.config.block_size
-    stride = stride or max(1, block_size // 2)
-    return score_windows(model, list(windows(ids, block_size, stride)), batch_size)[0]
+    wins = list(windows(ids, block_size, stride or max(1, block_size // 2)))
+    return score_windows(model, wins, batch_size)[0]

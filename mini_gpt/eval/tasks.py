@@ -32,11 +32,10 @@ class TaskInputs:
     hellaswag: list[HellaSwagItem] | None = None
 
     def share(self, rank: int, world: int) -> TaskInputs:
-        """Device `rank`'s part of the work: windows and items rank, rank + world, ..."""
-        return TaskInputs(
-            None if self.bpb is None else self.bpb.share(rank, world),
-            None if self.hellaswag is None else self.hellaswag[rank::world],
-        )
+        """Device `rank`'s part of the work: windows and items rank, rank + world, ... (bpb's `bytes` stays
+        the whole text's)."""
+        bpb = None if self.bpb is None else replace(self.bpb, windows=self.bpb.windows[rank::world])
+        return TaskInputs(bpb, None if self.hellaswag is None else self.hellaswag[rank::world])
 
 
 def read_inputs(
@@ -96,11 +95,10 @@ class TaskScores:
         """Every metric of every task run, with its seconds: `mini-gpt evaluate`'s results."""
         out: dict[str, dict[str, Any]] = {}
         if self.bpb is not None:
-            out["bpb"] = {**self.bpb.to_dict(), "text": self.source, "seconds": round(self.seconds["bpb"], 2)}
+            out["bpb"] = {**self.bpb.to_dict(), "text": self.source}
         if self.hellaswag is not None:
-            seconds = round(self.seconds["hellaswag"], 2)
-            out["hellaswag"] = {**self.hellaswag.to_dict(), "seconds": seconds}
-        return out
+            out["hellaswag"] = self.hellaswag.to_dict()
+        return {task: {**metrics, "seconds": round(self.seconds[task], 2)} for task, metrics in out.items()}
 
 
 def score_tasks(

@@ -41,21 +41,15 @@ MIN_TICK_FONT = 4.0  # points; below this, label every k-th token instead of shr
 
 def token_label(text: str) -> str:
     """A tick label for one token: spaces as '␣', newlines/tabs as '\\n'/'\\t', other controls as \\xNN."""
-    out = []
-    for ch in text:
-        if ch not in _ESCAPES and not ch.isprintable():
-            ch = ch.encode("unicode_escape").decode("ascii")
-        out.append(_ESCAPES.get(ch, ch))
-    return "".join(out) or "∅"
+    escape = {ch: ch.encode("unicode_escape").decode() for ch in text if not ch.isprintable()} | _ESCAPES
+    return "".join(escape.get(ch, ch) for ch in text) or "∅"
 
 
 def _token_text(tokenizer: Any, token_id: int) -> str:
     # A BPE token can be part of a UTF-8 character; its own bytes (\xNN for the partial ones) read
     # better than the replacement character decode() would give.
     if hasattr(tokenizer, "encoding"):  # tiktoken
-        return tokenizer.encoding.decode_single_token_bytes(token_id).decode(
-            "utf-8", errors="backslashreplace"
-        )
+        return tokenizer.encoding.decode_single_token_bytes(token_id).decode(errors="backslashreplace")
     return tokenizer.decode([token_id])
 
 
@@ -263,8 +257,9 @@ class AttentionFigures:
         args = (model, tokenizer, prompt, self.layers)
         if not self.drawn:
             if self.maps:
-                maps = attention_maps(*args, self.heads, self.max_tokens, attention, self.max_inches)
-                self.drawn["maps"] = maps
+                self.drawn["maps"] = attention_maps(
+                    *args, self.heads, self.max_tokens, attention, self.max_inches
+                )
             if self.summary:
                 self.drawn["summary"] = attention_summary(*args, self.max_tokens, attention)
         else:
@@ -295,18 +290,15 @@ class AttentionFigures:
         self.drawn.clear()
 
 
-def _short(text: str, n: int = 60, cut_before: bool = False) -> str:
-    text = "".join(_ESCAPES[ch] if ch in "\n\t\r" else ch for ch in text)
-    return "“" + ("…" if cut_before else "") + text[:n] + ("…" if len(text) > n else "") + "”"
-
-
 def window_title(tokenizer: Any, prompt: str, ids: list[int]) -> str:
-    """The text of the tokens drawn (the kept window) and how many of the prompt's tokens they are."""
+    """The text of the tokens drawn (the kept window, quoted up to 60 characters) and how many of the
+    prompt's tokens they are."""
     total = len(tokenizer.encode(prompt))
-    kept = tokenizer.decode(ids)
-    if total > len(ids):
-        return f"{_short(kept, cut_before=True)} (last {len(ids)} of {total} tokens)"
-    return f"{_short(kept)} ({len(ids)} tokens)"
+    text = "".join(_ESCAPES[ch] if ch in "\n\t\r" else ch for ch in tokenizer.decode(ids))
+    quote = "“" + "…" * (total > len(ids)) + text[:60] + "…" * (len(text) > 60) + "”"
+    return (
+        f"{quote} (last {len(ids)} of {total} tokens)" if total > len(ids) else f"{quote} ({len(ids)} tokens)"
+    )
 
 
 def summary_path(out: str | Path) -> Path:
