@@ -1,9 +1,8 @@
-"""Bits per byte, a language-modelling score that does not depend on the tokenizer:
-(total NLL in nats) / ln 2 / (UTF-8 bytes of the scored text), over documents from a file, the `.txt` files
-under a directory, a glob, or a prepared corpus split (cut at end-of-text ids), each scored by sliding
-windows. With an end-of-text id it comes first as context, so every document token is predicted (as
-lm-evaluation-harness does); otherwise the first token is context only and its bytes are not counted.
-Special-token text in a file is scored as plain text.
+"""Bits per byte, a language-modelling score independent of the tokenizer: total NLL (nats) / ln 2 / UTF-8
+bytes of the text, over documents from a file, the `.txt` files under a directory, a glob, or a prepared
+corpus split (cut at end-of-text ids), by sliding windows. With an end-of-text id it comes first as
+context, so every document token is predicted (as lm-evaluation-harness does); otherwise the first token
+is context only and its bytes are not counted. Special-token text in a file is scored as plain text.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""Our GPT as an lm-evaluation-harness model named `mini-gpt` (needs the `eval` extra: lm-eval).
-
-    mini-gpt harness --model mini-gpt --model_args ckpt=out/last.ckpt --tasks arc_easy --limit 100
-    mini-gpt evaluate ckpt=out/last.ckpt tasks=[] harness_tasks=[arc_easy] harness.limit=100
-
-`MiniGPTLM` answers the three request types with our own code: `loglikelihood` (scoring's
-`continuation_logprobs`), `loglikelihood_rolling` (sliding windows `stride` tokens apart, default
-`block_size`) and `generate_until` (the KV-cache sampler, greedy unless the task asks for sampling).
-
-Importing this module registers `mini-gpt`. The `lm_eval` command cannot find it (lm-eval has no model
-plugins), hence `mini-gpt harness`. Trap: `get_model` imports the harness's own models only while the
-registry is *empty*, so registering before `lm_eval.models` is imported would hide `hf` and all the others.
+"""Our GPT as an lm-evaluation-harness model named `mini-gpt` (the `eval` extra): `MiniGPTLM` answers
+`loglikelihood` (scoring's `continuation_logprobs`), `loglikelihood_rolling` (sliding windows `stride`
+tokens apart, default `block_size`) and `generate_until` (the KV-cache sampler, greedy unless the task
+samples) with our own code. Importing this module registers `mini-gpt`; the `lm_eval` command cannot find
+it (lm-eval has no model plugins), hence `mini-gpt harness`. Trap: `get_model` imports the harness's own
+models only while the registry is *empty*, so registering before `lm_eval.models` is imported would hide
+`hf` and all the others.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import sys
 import urllib.error
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +81,9 @@ def read_hellaswag(path: str | Path, limit: int | None = None) -> list[HellaSwag
     path = Path(path).expanduser()
     if not path.is_file():
         raise MiniGPTError(f"hellaswag.path={path} does not exist; pass the path of hellaswag_val.jsonl")
-    items = []
     with open(path, encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if limit is not None and len(items) >= limit:
-                break
-            if line.strip():
-                items.append(_parse(line, f"{path}:{i}"))
+        lines = ((i, line) for i, line in enumerate(fh, 1) if line.strip())
+        items = [_parse(line, f"{path}:{i}") for i, line in islice(lines, limit)]
     if not items:
         raise MiniGPTError(f"hellaswag.path={path} holds no items")
     return items

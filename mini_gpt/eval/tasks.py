@@ -1,8 +1,7 @@
-"""The evaluation tasks, `bpb` (bits per byte, bpb.py) and `hellaswag` (hellaswag.py), run the same way by
-`mini-gpt evaluate` and by training's `callbacks.evaluate`. Every input is read first (`read_inputs`: a
-wrong path fails in a second, not after an hour of scoring), then scored (`score_tasks`). Training splits
-the work: `TaskInputs.share(rank, world)` is one device's part, and the parts' counts add up
-(`TaskScores.add_up`) to the numbers one process gets.
+"""The evaluation tasks `bpb` (bpb.py) and `hellaswag` (hellaswag.py), run alike by `mini-gpt evaluate` and
+training's `callbacks.evaluate`: every input is read first (`read_inputs`: a wrong path fails in a second,
+not after an hour of scoring), then scored (`score_tasks`); a device scores its `TaskInputs.share` and the
+shares' counts add up (`TaskScores.add_up`) to what one process gets.
 """
 
 from __future__ import annotations

@@ -34,6 +34,9 @@ __all__ = ["AttentionFigures", "attention_maps", "attention_stats", "attention_s
 # Visible stand-ins for characters a tick label would otherwise swallow.
 _ESCAPES = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 Attention = tuple[list[int], list[str], list[np.ndarray]]  # compute_attention(): ids, labels, weights
+Drawn = dict[
+    str, tuple[Figure, dict[str, Any]]
+]  # AttentionFigures.draw(): "maps"/"summary" -> (figure, data)
 MAX_TICK_LABELS = 64  # more than this and labels overlap: label every k-th token instead
 MAX_FIGURE_INCHES = 20.0  # per side: 2400 px at the default 120 dpi
 MIN_TICK_FONT = 4.0  # points; below this, label every k-th token instead of shrinking further
@@ -80,21 +83,18 @@ def parse_selection(value: Any, n: int, name: str) -> list[int]:
 
 
 @torch.no_grad()
-def compute_attention(
-    model: GPT, tokenizer: Any, prompt: str, max_tokens: int | None = None
-) -> tuple[list[int], list[str], list[np.ndarray]]:
+def compute_attention(model: GPT, tokenizer: Any, prompt: str, max_tokens: int | None = None) -> Attention:
     """(token ids, tick labels, per-layer weights as float64 arrays (n_head, T, T)) for the last
     `max_tokens` (default block_size) tokens of one prompt, in eval mode (the model's mode is restored)."""
     ids = tokenizer.encode(prompt)  # CharTokenizer raises MiniGPTError naming unknown characters
     if not ids:
         raise MiniGPTError(f"prompt {prompt!r} encodes to no tokens; pass some text to look at")
-    limit = min(max_tokens or model.config.block_size, model.config.block_size)
-    ids = ids[-limit:]
-    device = next(model.parameters()).device
+    block_size = model.config.block_size
+    ids = ids[-min(max_tokens or block_size, block_size) :]
     was_training = model.training
     model.eval()
     try:
-        atts = model.attention_weights(torch.tensor([ids], dtype=torch.long, device=device))
+        atts = model.attention_weights(torch.tensor([ids], device=next(model.parameters()).device))
     finally:
         model.train(was_training)
     weights = [a[0].detach().to("cpu", torch.float64).numpy() for a in atts]  # (n_head, T, T) each
@@ -167,11 +167,9 @@ def attention_maps(
             bottom, left = r == nrows - 1, c == 0
             ax.set_xticks(ticks if bottom else [], tick_labels if bottom else [], rotation=90)
             ax.set_yticks(ticks if left else [], tick_labels if left else [])
+            ax.set_xlabel("key (attended to)" if bottom else "", fontsize=8)
+            ax.set_ylabel("query" if left else "", fontsize=8)
             ax.tick_params(labelsize=font)
-            if bottom:
-                ax.set_xlabel("key (attended to)", fontsize=8)
-            if left:
-                ax.set_ylabel("query", fontsize=8)
             key = (layer, head)
             data["weights"][key], data["axes"][key], data["images"][key] = w, ax, image
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
@@ -246,20 +244,17 @@ class AttentionFigures:
     summary: bool = True
     max_tokens: int | None = None
     max_inches: float | None = None
-    drawn: dict[str, tuple[Figure, dict[str, Any]]] = field(default_factory=dict, init=False)  # by view name
+    drawn: Drawn = field(default_factory=dict, init=False)
 
-    def draw(
-        self, model: GPT, tokenizer: Any, prompt: str, step: int | None = None
-    ) -> dict[str, tuple[Figure, dict[str, Any]]]:
+    def draw(self, model: GPT, tokenizer: Any, prompt: str, step: int | None = None) -> Drawn:
         """The figures for the model's current weights, titled with `step` when given."""
         attention = compute_attention(model, tokenizer, prompt, self.max_tokens)
         weights = attention[2]
         args = (model, tokenizer, prompt, self.layers)
         if not self.drawn:
             if self.maps:
-                self.drawn["maps"] = attention_maps(
-                    *args, self.heads, self.max_tokens, attention, self.max_inches
-                )
+                maps = attention_maps(*args, self.heads, self.max_tokens, attention, self.max_inches)
+                self.drawn["maps"] = maps
             if self.summary:
                 self.drawn["summary"] = attention_summary(*args, self.max_tokens, attention)
         else:

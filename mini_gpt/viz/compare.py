@@ -83,11 +83,9 @@ def find_runs(paths: list[str]) -> list[Run]:
         if not path.exists():
             raise MiniGPTError(f"{path} does not exist; pass run folders or multirun / sweep folders")
         found = (
-            [path]
-            if (path / "summary.json").is_file()
-            else sorted(p.parent for p in path.rglob("summary.json"))
+            [path] if (path / "summary.json").is_file() else [p.parent for p in path.rglob("summary.json")]
         )
-        folders += [f.resolve() for f in found if f.resolve() not in folders]
+        folders += [f.resolve() for f in sorted(found) if f.resolve() not in folders]
     if not folders:
         raise MiniGPTError(
             f"no runs in {', '.join(paths)}: a run folder has a summary.json (written when a training "
@@ -97,9 +95,7 @@ def find_runs(paths: list[str]) -> list[Run]:
 
 
 def _differing(runs: list[Run]) -> list[str]:
-    keys: list[str] = []
-    for run in runs:
-        keys += [k for k in run.config if k not in keys and not k.startswith(IGNORED_PREFIXES)]
+    keys = dict.fromkeys(k for run in runs for k in run.config if not k.startswith(IGNORED_PREFIXES))
     return [k for k in keys if len({repr(run.config.get(k)) for run in runs}) > 1]
 
 
@@ -140,9 +136,7 @@ def compare_table(runs: list[Run]) -> tuple[list[str], list[list[str]], list[Run
     for i, run in enumerate(ordered):
         best = "*" if i == 0 and math.isfinite(run.objective) else ""
         status = str(run.summary.get("status", "unknown"))  # any status string (completed, pruned, ...)
-        numbers = [
-            _fmt(run.number(k) if k not in ("steps", "tokens") else run.summary.get(k)) for k in NUMBERS
-        ]
+        numbers = [_fmt(run.summary.get(k) if k in ("steps", "tokens") else run.number(k)) for k in NUMBERS]
         rows.append([best, *(_setting(run.config.get(k)) for k in keys), status, *numbers, str(run.path)])
     return header, rows, ordered, keys
 
@@ -175,7 +169,6 @@ def write_report(
     header: list[str], rows: list[list[str]], runs: list[Run], keys: list[str], out: Path
 ) -> dict:
     """compare.csv, compare.png (curves) and compare.html (table + the plot inline) in `out`."""
-    out.mkdir(parents=True, exist_ok=True)
     files = {"csv": out / "compare.csv", "png": out / "compare.png", "html": out / "compare.html"}
     with atomic_write(files["csv"], "w") as f:
         csv.writer(f).writerows([header, *rows])

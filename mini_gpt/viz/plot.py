@@ -108,10 +108,8 @@ def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
     if not run_dir.exists():
         raise MiniGPTError(f"run directory {run_dir} does not exist")
     curves: dict[str, Series] = {}
-    used: list[Path] = []
     summary_val: Series = {}
-    summary_files: list[Path] = []
-    starts = []  # the first step of each resumed segment
+    used, summary_files, starts = [], [], []  # starts: the first step of each resumed segment
     for i, segment in enumerate([run_dir] if run_dir.is_file() else run_segments(run_dir)):
         steps: list[int] = []
         for path in _metric_files(segment):
@@ -130,9 +128,8 @@ def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
         start = start if isinstance(start, int) and not isinstance(start, bool) else None
         if i and (steps or start is not None):  # older runs without it: the first step logged
             starts.append(start if start is not None else min(steps))
-    # summary.json's val_curve carries the optimizer step of each evaluation (Lightning's self.log
-    # can record it one step earlier in the CSV), but only a finished process writes it, and only
-    # with the evaluations of that process: use it when it is at least as complete as the CSV.
+    # summary.json has each evaluation's optimizer step (the CSV's can be one earlier), but only from a
+    # finished process, for its own evaluations: use it when it is at least as complete as the CSV.
     if summary_val and len(summary_val) >= len(curves.get("val_loss", {})):
         curves["val_loss"] = summary_val
         used += summary_files
@@ -184,10 +181,9 @@ def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dic
         ax_loss.plot([], [], " ", label=NO_TRAIN_LOSS)
     ax_loss.legend()
     ax_loss.grid(alpha=0.3, which="both")
-    if "val_loss" in data:
-        ax_loss.set_title(f"{title}  (best val {min(data['val_loss'][1]):.4f})".strip(), fontsize=10)
-    elif title:
-        ax_loss.set_title(title, fontsize=10)
+    best = f"  (best val {min(data['val_loss'][1]):.4f})" if "val_loss" in data else ""
+    if title or best:
+        ax_loss.set_title(f"{title}{best}".strip(), fontsize=10)
     if has_lr:
         data["lr"] = _sorted(curves["lr"])
         axes[1].plot(*data["lr"], color="tab:green")
