@@ -79,8 +79,7 @@ def read_documents(path: str | Path) -> list[str]:
 
 
 def split_documents(prepared: Any, split: str) -> list[str]:
-    """The documents of a prepared corpus's split (`PreparedData` or `ShardedCorpus`: `train.bin`/`val.bin`
-    or llm.c-format shards)."""
+    """The documents of a prepared corpus's split (`train.bin`/`val.bin` or llm.c-format shards)."""
     shards = getattr(prepared, split)
     if not shards:
         raise MiniGPTError(f"the prepared corpus has no {split} shards")

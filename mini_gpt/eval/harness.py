@@ -84,8 +84,7 @@ class MiniGPTLM(TemplateLM):
 
     @property
     def eot_token_id(self) -> int:
-        """Also what an empty context starts from (lm-eval's prefix_token_id): end-of-text, or a newline
-        for a character model."""
+        """End-of-text, else a newline (a character model); also lm-eval's prefix for an empty context."""
         return self.tok.start_id
 
     @property
@@ -130,8 +129,7 @@ class MiniGPTLM(TemplateLM):
         return out
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        """Continue each context with the KV-cache sampler until end-of-text, a stop string (the text is cut
-        before it) or max_gen_toks."""
+        """Each context continued by the KV-cache sampler up to end-of-text, a stop string or max_gen_toks."""
         out = []
         generator = torch.Generator(device=self._device).manual_seed(self.seed)
         eot = self.tok.eot_id

@@ -57,8 +57,7 @@ def windows(ids: Sequence[int], block_size: int, stride: int, doc: int = 0) -> I
 
 @torch.inference_mode()
 def _score(model: nn.Module, wins: Sequence[Window], batch_size: int) -> list[tuple[float, bool]]:
-    """Per window, in order and `batch_size` per forward pass: (summed NLL of its scored targets, whether
-    greedy decoding predicts them all)."""
+    """Per window, `batch_size` per forward pass: (summed NLL of its targets, all predicted greedily)."""
     device = next(model.parameters()).device
     out: list[tuple[float, bool]] = []
     for b in range(0, len(wins), batch_size):

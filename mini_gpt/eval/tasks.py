@@ -31,8 +31,7 @@ class TaskInputs:
     hellaswag: list[HellaSwagItem] | None = None
 
     def share(self, rank: int, world: int) -> TaskInputs:
-        """Device `rank`'s part of the work: windows and items rank, rank + world, ... (bpb's `bytes` stays
-        the whole text's)."""
+        """Device `rank`'s windows and items (rank, rank + world, ...); bpb's `bytes` stays the total."""
         bpb = None if self.bpb is None else replace(self.bpb, windows=self.bpb.windows[rank::world])
         return TaskInputs(bpb, None if self.hellaswag is None else self.hellaswag[rank::world])
 

@@ -18,8 +18,7 @@ from mini_gpt.files import atomic_write
 
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 120, close: bool = True) -> Path:
-    """Write a figure in the format its suffix names (.png, .pdf, .svg, ...), atomically (the folder made
-    if missing), and release its memory unless close=False."""
+    """Write a figure atomically, in the format its suffix names; then close it (unless close=False)."""
     path = Path(path)
     kind = path.suffix[1:].lower()
     if kind not in fig.canvas.get_supported_filetypes():

@@ -286,8 +286,7 @@ class AttentionFigures:
 
 
 def window_title(tokenizer: Any, prompt: str, ids: list[int]) -> str:
-    """The text of the tokens drawn (the kept window, quoted up to 60 characters) and how many of the
-    prompt's tokens they are."""
+    """The kept window's text (quoted, up to 60 characters) and how many of the prompt's tokens it is."""
     total = len(tokenizer.encode(prompt))
     text = "".join(_ESCAPES[ch] if ch in "\n\t\r" else ch for ch in tokenizer.decode(ids))
     quote = "“" + "…" * (total > len(ids)) + text[:60] + "…" * (len(text) > 60) + "”"

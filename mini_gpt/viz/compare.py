@@ -147,8 +147,7 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
 
 
 def plot_curves(runs: list[Run], keys: list[str], path: Path) -> None:
-    """One PNG: val loss against step, tokens, wall seconds and FLOPs (tokens and FLOPs per step from the
-    run's totals), one line per run."""
+    """One PNG: val loss against step, tokens, wall seconds, FLOPs (per step from totals), a line per run."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for run, name in zip(runs, labels(runs, keys)):
         curve, steps = run.summary.get("val_curve") or [], max(run.summary.get("steps") or 0, 1)
@@ -240,8 +239,7 @@ def scaling_fit(runs: list[Run], params_key: str = "non_embedding_params") -> Sc
 
 
 def plot_scaling(runs: list[Run], fit: ScalingFit, path: Path) -> None:
-    """isoFLOP curves: final val loss against parameters per budget, the fitted parabola and its optimum
-    (drawn from `fit` alone: `runs` is unused)."""
+    """isoFLOP curves from `fit` (`runs` is unused): loss against parameters per budget, parabola, optimum."""
     fig, ax = plt.subplots(figsize=(8, 5.5))
     colors = plt.cm.viridis(np.linspace(0, 0.9, len(fit.minima)))
     for (budget, n_opt, loss_opt), color in zip(fit.minima, colors):

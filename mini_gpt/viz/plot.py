@@ -60,12 +60,9 @@ def _summary(path: Path) -> dict[str, Any]:
 
 def read_summary_val_curve(path: Path) -> Series:
     """{step: val_loss} from train.py's summary.json `val_curve` ([step, seconds, val_loss] rows)."""
-    series: Series = {}
-    for row in _summary(path).get("val_curve") or []:
-        value = _float(row[-1]) if isinstance(row, list) and len(row) == 3 else None
-        if value is not None and isinstance(row[0], int):
-            series[row[0]] = value
-    return series
+    rows = _summary(path).get("val_curve") or []
+    pairs = ((row[0], _float(row[2])) for row in rows if isinstance(row, list) and len(row) == 3)
+    return {step: value for step, value in pairs if isinstance(step, int) and value is not None}
 
 
 def resumed_from(run_dir: Path) -> Path | None:
