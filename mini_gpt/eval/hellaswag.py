@@ -143,12 +143,11 @@ def evaluate_hellaswag(
 ) -> HellaSwagResult:
     """acc / acc_norm over `items` (see the module docstring); a progress bar on an interactive stderr."""
     result = HellaSwagResult()
-    enabled = sys.stderr.isatty() if progress is None else progress
-    bar = Progress(
+    shown = sys.stderr.isatty() if progress is None else progress
+    with Progress(
         "hellaswag", BarColumn(), MofNCompleteColumn(), "acc_norm {task.fields[acc]:.4f}",
-        TimeRemainingColumn(), disable=not enabled, transient=True,
-    )  # fmt: skip
-    with bar:
+        TimeRemainingColumn(), disable=not shown, transient=True,
+    ) as bar:  # fmt: skip
         task = bar.add_task("hellaswag", total=len(items), acc=0.0)
         for item, (logprobs, counts) in zip(items, item_scores(model, tokenizer, items, batch_items)):
             result.n += 1

@@ -1,11 +1,7 @@
-"""Look at what the heads attend to: per-head heatmaps (`attention_maps`) and a per-layer summary
-(`attention_summary`), for `mini-gpt attention-maps` and the training callback (`AttentionFigures`
-redraws both for new weights). Row t of a panel is the distribution query t puts over the keys s <= t,
-from the exact attention path (`model.attention_weights`) in eval mode.
-
-The summary condenses each head to two numbers, averaged over query positions: entropy (nats,
--sum_s p_ts log p_ts: 0 = one token; uniform over the t+1 visible keys gives log(t+1), the dashed line)
-and mean distance (tokens, sum_s p_ts (t - s): 0 = itself; "previous token" heads give ~1). The functions
+"""Look at what the heads attend to: per-head heatmaps (`attention_maps`) and a per-layer summary of their
+entropy and distance (`attention_summary`), for `mini-gpt attention-maps` and the training callback
+(`AttentionFigures` redraws both for new weights). Row t of a panel is the distribution query t puts over
+the keys s <= t, from the exact attention path (`model.attention_weights`) in eval mode. The functions
 return the Figure and the arrays they drew, so callers can log or check exactly what is on the picture.
 """
 
@@ -103,8 +99,9 @@ def compute_attention(model: GPT, tokenizer: Any, prompt: str, max_tokens: int |
 
 
 def attention_stats(att: np.ndarray | torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Mean entropy (nats) and mean attention distance (tokens) per head of weights (n_head, T, S), over
-    the T query rows; query t sits at position S - T + t (the last T of S): key s is (S - T + t) - s back."""
+    """Per head of weights (n_head, T, S), averaged over the T query rows (query t sits at S - T + t): the
+    entropy (nats, -sum_s p log p: 0 = one token; uniform over the t+1 visible keys gives log(t+1), the
+    dashed line) and mean distance (tokens back, sum_s p (t - s): 0 = itself; "previous token" heads ~1)."""
     a = np.asarray(att, dtype=np.float64)
     T, S = a.shape[-2:]
     entropy = -(a * np.log(a, out=np.zeros_like(a), where=a > 0)).sum(-1).mean(-1)  # (n_head,)
@@ -206,8 +203,7 @@ def attention_summary(
     fig, axes = plt.subplots(
         1, 2, figsize=(max(8.0, 1.0 + 0.35 * len(layer_idx) * n_head * 2), 3.8), layout="constrained"
     )
-    x = np.arange(len(layer_idx))
-    width = 0.8 / n_head
+    x, width = np.arange(len(layer_idx)), 0.8 / n_head
     bars: dict[str, list[Any]] = {"entropy": [], "distance": []}
     cmap = plt.get_cmap("tab10" if n_head <= 10 else "tab20")
     for ax, name, values, uniform, title, unit in (
