@@ -164,15 +164,10 @@ class MiniGPTLM(TemplateLM):
         return {"model_num_parameters": params, "block_size": self.block_size}
 
 
-def _metrics(task_results: dict[str, Any]) -> dict[str, Any]:
+def _metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     """{"acc,none": 0.5, "acc_stderr,none": 0.1, "alias": ...} -> {"acc": 0.5, "acc_stderr": 0.1}."""
-    out = {}
-    for key, value in task_results.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        name, _, filt = key.partition(",")
-        out[name if filt in ("", "none") else f"{name},{filt}"] = value
-    return out
+    numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {key.removesuffix(",none"): value for key, value in numbers.items()}
 
 
 def run_harness(
@@ -187,14 +182,11 @@ def run_harness(
     builtin_tasks: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Run harness tasks on our model; {task: {metric: value}} (filter suffixes `,none` dropped)."""
-    if include_path is not None and not Path(include_path).expanduser().exists():
+    include = str(Path(include_path).expanduser()) if include_path else None
+    if include is not None and not Path(include).exists():
         raise MiniGPTError(f"harness.include_path={include_path} does not exist")
-    manager = TaskManager(
-        include_path=str(Path(include_path).expanduser()) if include_path else None,
-        include_defaults=builtin_tasks,
-    )
-    missing = [t for t in tasks if t not in manager.all_tasks]
-    if missing:
+    manager = TaskManager(include_path=include, include_defaults=builtin_tasks)
+    if missing := [t for t in tasks if t not in manager.all_tasks]:
         raise MiniGPTError(
             f"unknown lm-eval task(s) {missing}; list them with `lm_eval ls tasks`, or pass your own "
             "task YAMLs with harness.include_path=DIR"
