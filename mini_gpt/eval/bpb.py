@@ -122,8 +122,7 @@ def bpb_windows(
     """Sliding windows of `block_size` moving `stride` (None = block_size // 2) over every document."""
     stride = stride or max(1, block_size // 2)
     wins: list[Window] = []
-    n_bytes = 0
-    eot = tokenizer.eot_id
+    n_bytes, eot = 0, tokenizer.eot_id
     for d, text in enumerate(documents):
         ids = tokenizer.encode_ordinary(text)  # special-token text stays text
         if eot is not None:

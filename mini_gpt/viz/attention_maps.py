@@ -56,12 +56,8 @@ def parse_selection(value: Any, n: int, name: str) -> list[int]:
     """Which of n layers/heads: "all"/None, an int, "2", "0,3", or a list of ints (negatives count back)."""
     if value is None or str(value).strip().lower() == "all":
         return list(range(n))
-    if isinstance(value, str):
-        items: list[Any] = [v for v in value.strip("[] ").split(",") if v.strip()]
-    elif hasattr(value, "__iter__"):
-        items = list(value)
-    else:
-        items = [value]
+    items = [v for v in value.strip("[] ").split(",") if v.strip()] if isinstance(value, str) else value
+    items = list(items) if hasattr(items, "__iter__") else [items]
     if not items:
         raise MiniGPTError(f"{name}= selects nothing; use an index, a list like [0,1] or all")
     picked: list[int] = []
@@ -230,9 +226,8 @@ def attention_summary(
 @dataclass
 class AttentionFigures:
     """The heatmaps (`maps`) and / or the summary (`summary`) of one prompt, drawn by `draw`: built at the
-    first call, updated in place after (one forward pass per call, no new figures, the layout of the first
-    render kept: a later one only repaints). `layers`, `heads`, `max_tokens`, `max_inches` as in
-    `attention_maps`; `close()` releases the figures."""
+    first call, then updated in place (one forward pass per call, no new figures, the first layout kept);
+    the other fields as in `attention_maps`; `close()` releases the figures."""
 
     layers: Any = "all"
     heads: Any = "all"

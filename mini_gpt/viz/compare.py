@@ -211,9 +211,8 @@ def scaling_fit(runs: list[Run], params_key: str = "non_embedding_params") -> Sc
     groups: dict[float, list[tuple[float, float]]] = {}
     for run in runs:
         budget, n, loss = _budget(run), run.number(params_key), run.number("final_val_loss")
-        if budget is None or n is None or loss is None or not math.isfinite(loss):
-            continue
-        groups.setdefault(budget, []).append((n, loss))
+        if budget is not None and n is not None and loss is not None and math.isfinite(loss):
+            groups.setdefault(budget, []).append((n, loss))
     usable = {c: pts for c, pts in groups.items() if len({n for n, _ in pts}) >= 3}
     if not usable:
         raise MiniGPTError(
@@ -222,8 +221,7 @@ def scaling_fit(runs: list[Run], params_key: str = "non_embedding_params") -> Sc
         )
     minima, parabolas = [], {}
     for budget, pts in sorted(usable.items()):
-        x = np.log10([n for n, _ in pts])
-        y = np.array([loss for _, loss in pts])
+        x, y = np.log10([n for n, _ in pts]), np.array([loss for _, loss in pts])
         coef = np.polyfit(x, y, 2)
         if coef[0] > 0:  # a valley: its vertex, kept inside the sizes tried
             best_x = float(np.clip(-coef[1] / (2 * coef[0]), x.min(), x.max()))
