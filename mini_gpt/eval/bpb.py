@@ -1,10 +1,6 @@
-"""Bits per byte: a language-modelling score that does not depend on the tokenizer.
-
-    bits_per_byte = (total NLL in nats) / ln 2 / (UTF-8 bytes of the scored text)
-
-so a character model and a BPE model are compared on the same text: documents from a file, the `.txt`
-files under a directory, a glob, or a prepared corpus split (cut into documents at end-of-text ids),
-each scored by sliding windows (`mini_gpt.eval.scoring`). With an end-of-text id it comes first as
+"""Bits per byte, a language-modelling score independent of the tokenizer: total NLL (nats) / ln 2 / UTF-8
+bytes of the text, over documents from a file, the `.txt` files under a directory, a glob, or a prepared
+corpus split (cut at end-of-text ids), by sliding windows. With an end-of-text id it comes first as
 context, so every document token is predicted (as lm-evaluation-harness does); otherwise the first token
 is context only and its bytes are not counted. Special-token text in a file is scored as plain text.
 """
@@ -15,7 +11,8 @@ import glob
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +25,8 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.scoring import RollingScore, Window, score_windows, windows
 from mini_gpt.tokenizer import Tokenizer
 
-__all__ = [
-    "BpbResult",
-    "BpbWindows",
-    "bits_per_byte",
-    "bpb_windows",
-    "prepare_split",
-    "prepared_split_documents",
-    "read_documents",
-    "score_bpb",
-    "split_documents",
-    "split_token_ids",
-]
+__all__ = ["BpbResult", "BpbWindows", "bits_per_byte", "bpb_windows", "prepare_split",
+           "prepared_split_documents", "read_documents", "score_bpb", "split_documents"]  # fmt: skip
 
 
 @dataclass
@@ -53,8 +40,7 @@ class BpbResult:
     documents: int
 
     @property
-    def loss(self) -> float:
-        """Mean NLL per token (nats)."""
+    def loss(self) -> float:  # mean NLL per token (nats)
         return self.nll / self.tokens if self.tokens else float("nan")
 
     @property
@@ -62,17 +48,8 @@ class BpbResult:
         return self.nll / math.log(2) / self.bytes if self.bytes else float("nan")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "bits_per_byte": self.bits_per_byte,
-            "loss": self.loss,
-            "perplexity": math.exp(self.loss) if self.tokens else float("nan"),
-            "tokens": self.tokens,
-            "bytes": self.bytes,
-            "context_per_token": self.context_per_token,
-            "min_context": self.min_context,
-            "stride": self.stride,
-            "documents": self.documents,
-        }
+        metrics = {"bits_per_byte": self.bits_per_byte, "loss": self.loss, "perplexity": math.exp(self.loss)}
+        return metrics | {k: v for k, v in asdict(self).items() if k != "nll"}
 
 
 def read_documents(path: str | Path) -> list[str]:
@@ -96,24 +73,18 @@ def read_documents(path: str | Path) -> list[str]:
             docs.append(f.read_text(encoding="utf-8-sig"))
         except UnicodeDecodeError as err:
             raise MiniGPTError(f"{f} is not UTF-8 text ({err.reason} at byte {err.start})") from None
-    docs = [d for d in docs if d]
-    if not docs:
+    if not (docs := [d for d in docs if d]):
         raise MiniGPTError(f"bpb.path={path} holds no text")
     return docs
 
 
-def split_token_ids(prepared: Any, split: str) -> np.ndarray:
-    """The token ids of a prepared split: `train.bin`/`val.bin` corpora or llm.c-format shards."""
-    shards = getattr(prepared, split)  # token files (ShardInfo) of either kind
+def split_documents(prepared: Any, split: str) -> list[str]:
+    """The documents of a prepared corpus's split (`train.bin`/`val.bin` or llm.c-format shards)."""
+    shards = getattr(prepared, split)
     if not shards:
         raise MiniGPTError(f"the prepared corpus has no {split} shards")
-    ids = [np.asarray(open_shard(info)) for info in shards]
-    return ids[0] if len(ids) == 1 else np.concatenate(ids)
-
-
-def split_documents(prepared: Any, split: str) -> list[str]:
-    """The documents of a prepared corpus's split (`PreparedData` or `ShardedCorpus`)."""
-    return prepared_split_documents(split_token_ids(prepared, split).tolist(), prepared.tokenizer)
+    ids = np.concatenate([np.asarray(open_shard(info)) for info in shards])
+    return prepared_split_documents(ids.tolist(), prepared.tokenizer)
 
 
 def prepare_split(data: dict[str, Any], split: str, progress: bool | None = None) -> tuple[list[str], str]:
@@ -126,16 +97,8 @@ def prepare_split(data: dict[str, Any], split: str, progress: bool | None = None
 def prepared_split_documents(ids: Sequence[int], tokenizer: Tokenizer) -> list[str]:
     """Decode a prepared split's token ids into its documents (cut at end-of-text ids)."""
     eot = tokenizer.eot_id
-    docs: list[list[int]] = [[]]
-    if eot is None:
-        docs = [list(ids)]
-    else:
-        for t in ids:
-            if t == eot:
-                docs.append([])
-            else:
-                docs[-1].append(int(t))
-    return [text for text in (tokenizer.decode(d) for d in docs if d) if text]
+    pieces = groupby(ids, key=lambda t: t == eot)
+    return [text for is_eot, doc in pieces if not is_eot and (text := tokenizer.decode(list(doc)))]
 
 
 @dataclass
@@ -148,10 +111,6 @@ class BpbWindows:
     documents: int
     source: str = ""  # where the documents came from: a path, or corpus:split
 
-    def share(self, rank: int, world: int) -> BpbWindows:
-        """Device `rank`'s windows (rank, rank + world, ...); `bytes` stays the whole text's."""
-        return replace(self, windows=self.windows[rank::world])
-
 
 def bpb_windows(
     tokenizer: Tokenizer,
@@ -163,8 +122,7 @@ def bpb_windows(
     """Sliding windows of `block_size` moving `stride` (None = block_size // 2) over every document."""
     stride = stride or max(1, block_size // 2)
     wins: list[Window] = []
-    n_bytes = 0
-    eot = tokenizer.eot_id
+    n_bytes, eot = 0, tokenizer.eot_id
     for d, text in enumerate(documents):
         ids = tokenizer.encode_ordinary(text)  # special-token text stays text
         if eot is not None:

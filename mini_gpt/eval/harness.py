@@ -1,16 +1,10 @@
-"""Our GPT as an lm-evaluation-harness model named `mini-gpt` (needs the `eval` extra: lm-eval).
-
-    mini-gpt harness --model mini-gpt --model_args ckpt=out/last.ckpt --tasks arc_easy --limit 100
-    mini-gpt evaluate ckpt=out/last.ckpt tasks=[] harness_tasks=[arc_easy] harness.limit=100
-
-`MiniGPTLM` answers the three request types with our own code: `loglikelihood` (scoring's
-`continuation_logprobs`), `loglikelihood_rolling` (sliding windows `stride` tokens apart, default
-`block_size`) and `generate_until` (the KV-cache sampler, greedy unless the task asks for sampling).
-
-Importing this module registers `mini-gpt` (`register`, idempotent). The `lm_eval` command itself cannot
-find it (lm-eval has no model plugins), hence `mini-gpt harness` (mini_gpt.cli.harness). Trap:
-`get_model` imports the harness's own models only while the registry is *empty*, so registering before
-`lm_eval.models` is imported would hide `hf` and all the others: this module imports it first.
+"""Our GPT as an lm-evaluation-harness model named `mini-gpt` (the `eval` extra): `MiniGPTLM` answers
+`loglikelihood` (scoring's `continuation_logprobs`), `loglikelihood_rolling` (sliding windows `stride`
+tokens apart, default `block_size`) and `generate_until` (the KV-cache sampler, greedy unless the task
+samples) with our own code. Importing this module registers `mini-gpt`; the `lm_eval` command cannot find
+it (lm-eval has no model plugins), hence `mini-gpt harness`. Trap: `get_model` imports the harness's own
+models only while the registry is *empty*, so registering before `lm_eval.models` is imported would hide
+`hf` and all the others.
 """
 
 from __future__ import annotations
@@ -49,10 +43,8 @@ MODEL_NAME = "mini-gpt"
 
 
 def _as_int(value: Any, default: int) -> int:
-    """lm-eval passes batch sizes as int, str or "auto"."""
-    if value is None or value == "auto" or str(value).startswith("auto"):
-        return default
-    return int(value)
+    """lm-eval passes batch sizes as int, str or "auto" ("auto:N")."""
+    return default if value is None or str(value).startswith("auto") else int(value)
 
 
 class MiniGPTLM(TemplateLM):
@@ -90,15 +82,9 @@ class MiniGPTLM(TemplateLM):
         self.max_gen_toks = _as_int(max_gen_toks, 256)
         self.seed = _as_int(seed, 1234)
 
-    # ---- tokens -------------------------------------------------------------------------------
     @property
     def eot_token_id(self) -> int:
-        eot = self.tok.eot_id
-        return eot if eot is not None else self.prefix_token_id
-
-    @property
-    def prefix_token_id(self) -> int:
-        """What an empty context starts from: end-of-text, or a newline for a character model."""
+        """End-of-text, else a newline (a character model); also lm-eval's prefix for an empty context."""
         return self.tok.start_id
 
     @property
@@ -111,7 +97,6 @@ class MiniGPTLM(TemplateLM):
     def tok_decode(self, tokens: Sequence[int], **kwargs: Any) -> str:
         return self.tok.decode(list(tokens))
 
-    # ---- requests -----------------------------------------------------------------------------
     def _loglikelihood_tokens(
         self,
         requests: list[tuple[tuple[str, str], list[int], list[int]]],
@@ -127,8 +112,7 @@ class MiniGPTLM(TemplateLM):
                 pairs = [(requests[i][1] or [self.prefix_token_id], requests[i][2]) for i in chunk]
                 for i, score in zip(chunk, continuation_logprobs(self.model, pairs, len(pairs) or 1)):
                     results[i] = (score.logprob, score.is_greedy)
-                    if self.cache_hook is not None:
-                        self.cache_hook.add_partial("loglikelihood", requests[i][0], results[i])
+                    self.cache_hook.add_partial("loglikelihood", requests[i][0], results[i])
                 bar.update(len(order[b : b + self.batch_size]))
         return results
 
@@ -138,75 +122,52 @@ class MiniGPTLM(TemplateLM):
         for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="loglikelihood_rolling"):
             (text,) = req.args
             ids = [self.prefix_token_id, *self.tok_encode(text)]
-            wins = list(windows(ids, self.block_size, self.stride))
-            total = score_windows(self.model, wins, self.batch_size)[0].nll if len(ids) > 1 else 0.0
+            wins = list(windows(ids, self.block_size, self.stride))  # none for an empty text: 0.0
+            total = score_windows(self.model, wins, self.batch_size)[0].nll
             out.append(-total)
-            if self.cache_hook is not None:
-                self.cache_hook.add_partial("loglikelihood_rolling", (text,), -total)
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), -total)
         return out
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        """Continue each context with the KV-cache sampler until a stop string or max_gen_toks."""
+        """Each context continued by the KV-cache sampler up to end-of-text, a stop string or max_gen_toks."""
         out = []
         generator = torch.Generator(device=self._device).manual_seed(self.seed)
+        eot = self.tok.eot_id
         for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="generate_until"):
             context, gen_kwargs = req.args
             kwargs = gen_kwargs or {}
             until = kwargs.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
-            max_new = _as_int(kwargs.get("max_gen_toks"), self.max_gen_toks)
+            until = [s for s in ([until] if isinstance(until, str) else until) if s]
+            new: list[int] = []
+
+            def stop(token: torch.Tensor, new: list[int] = new, until: list[str] = until) -> bool:
+                new.append(int(token[0]))
+                return new[-1] == eot or any(s in self.tok_decode(new) for s in until)
+
+            idx = torch.tensor([self.tok_encode(context) or [self.prefix_token_id]], device=self._device)
             top_k, top_p = kwargs.get("top_k"), kwargs.get("top_p")
-            sampling = {
-                "temperature": float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0,
-                "top_k": int(top_k) if top_k else None,
-                "top_p": float(top_p) if top_p else None,
-                "generator": generator,
-            }
-            text = self._continue(context, until, max_new, sampling)
+            generate(
+                self.model, idx, _as_int(kwargs.get("max_gen_toks"), self.max_gen_toks),
+                temperature=float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0,
+                top_k=int(top_k) if top_k else None, top_p=float(top_p) if top_p else None,
+                generator=generator, stream=stop,
+            )  # fmt: skip
+            text = self.tok_decode(new[:-1] if new and new[-1] == eot else new)
+            for s in until:
+                text = text.split(s)[0]
             out.append(text)
-            if self.cache_hook is not None:
-                self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
         return out
 
-    def _continue(self, context: str, until: list[str], max_new: int, sampling: dict[str, Any]) -> str:
-        """The text generated after `context`, cut before the first stop string (or end-of-text)."""
-        ids = self.tok_encode(context) or [self.prefix_token_id]
-        idx = torch.tensor([ids], dtype=torch.long, device=self._device)
-        eot = self.tok.eot_id
-        new: list[int] = []
-
-        def stop(token: torch.Tensor) -> bool:
-            new.append(int(token[0]))
-            if eot is not None and new[-1] == eot:
-                return True
-            text = self.tok_decode(new)
-            return any(s and s in text for s in until)
-
-        generate(self.model, idx, max_new, stream=stop, **sampling)
-        if eot is not None and new and new[-1] == eot:
-            new = new[:-1]
-        text = self.tok_decode(new)
-        for s in until:
-            if s:
-                text = text.split(s)[0]
-        return text
-
     def get_model_info(self) -> dict[str, Any]:
-        return {
-            "model_num_parameters": self.model.num_params(non_embedding=False),
-            "block_size": self.block_size,
-        }
+        params = self.model.num_params(non_embedding=False)
+        return {"model_num_parameters": params, "block_size": self.block_size}
 
 
-def _metrics(task_results: dict[str, Any]) -> dict[str, Any]:
+def _metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     """{"acc,none": 0.5, "acc_stderr,none": 0.1, "alias": ...} -> {"acc": 0.5, "acc_stderr": 0.1}."""
-    out = {}
-    for key, value in task_results.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        name, _, filt = key.partition(",")
-        out[name if filt in ("", "none") else f"{name},{filt}"] = value
-    return out
+    numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {key.removesuffix(",none"): value for key, value in numbers.items()}
 
 
 def run_harness(
@@ -221,14 +182,11 @@ def run_harness(
     builtin_tasks: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Run harness tasks on our model; {task: {metric: value}} (filter suffixes `,none` dropped)."""
-    if include_path is not None and not Path(include_path).expanduser().exists():
+    include = str(Path(include_path).expanduser()) if include_path else None
+    if include is not None and not Path(include).exists():
         raise MiniGPTError(f"harness.include_path={include_path} does not exist")
-    manager = TaskManager(
-        include_path=str(Path(include_path).expanduser()) if include_path else None,
-        include_defaults=builtin_tasks,
-    )
-    missing = [t for t in tasks if t not in manager.all_tasks]
-    if missing:
+    manager = TaskManager(include_path=include, include_defaults=builtin_tasks)
+    if missing := [t for t in tasks if t not in manager.all_tasks]:
         raise MiniGPTError(
             f"unknown lm-eval task(s) {missing}; list them with `lm_eval ls tasks`, or pass your own "
             "task YAMLs with harness.include_path=DIR"

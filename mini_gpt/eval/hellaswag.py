@@ -1,12 +1,10 @@
 """HellaSwag, completion style (as in build-nanogpt and llm.c): which of 4 endings does the model prefer?
 
-The context is `encode(ctx)` and ending i is `encode(" " + endings[i])` (no BOS), scored by the
-log-likelihood of its tokens after the context, the 4 rows in one forward pass:
-- `acc`: the ending with the highest summed log-likelihood is the label;
-- `acc_norm`: the highest *mean* log-likelihood per token. lm-evaluation-harness's `hellaswag`
-  normalises by characters (and preprocesses the text), so its `acc_norm` is a different number.
-A character model drops the characters its vocabulary lacks. Contexts longer than `block_size` lose their
-beginning; an ending is kept whole. Data: `hellaswag_val.jsonl`, a local path or downloaded once.
+Ending i is scored by the log-likelihood of `encode(" " + endings[i])` after `encode(ctx)` (no BOS): `acc`
+picks the highest sum, `acc_norm` the highest mean per token (lm-evaluation-harness's `hellaswag`
+normalises by characters and preprocesses the text: a different number). A character model drops the
+characters its vocabulary lacks. A context too long for `block_size` loses its beginning; an ending is
+kept whole. Data: `hellaswag_val.jsonl`, a local path or downloaded once.
 """
 
 from __future__ import annotations
@@ -17,9 +15,11 @@ import sys
 import urllib.error
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from torch import nn
 
@@ -28,16 +28,8 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.scoring import continuation_logprobs
 from mini_gpt.tokenizer import Tokenizer
 
-__all__ = [
-    "HELLASWAG_URL",
-    "HellaSwagItem",
-    "HellaSwagResult",
-    "evaluate_hellaswag",
-    "item_scores",
-    "load_hellaswag",
-    "read_hellaswag",
-    "resolve_hellaswag_path",
-]
+__all__ = ["HELLASWAG_URL", "HellaSwagItem", "HellaSwagResult", "evaluate_hellaswag", "item_scores",
+           "load_hellaswag", "read_hellaswag", "resolve_hellaswag_path"]  # fmt: skip
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_VAL_ITEMS = 10_042
@@ -73,17 +65,15 @@ class HellaSwagResult:
 def _parse(line: str, where: str) -> HellaSwagItem:
     try:
         row = json.loads(line)
-        endings = tuple(str(e) for e in row["endings"])
-        label = int(row["label"])
-        ctx = str(row["ctx"])
+        item = HellaSwagItem(str(row["ctx"]), tuple(str(e) for e in row["endings"]), int(row["label"]))
     except (ValueError, KeyError, TypeError) as err:
         raise MiniGPTError(
             f"{where} is not a HellaSwag item ({type(err).__name__}: {err}); each line needs "
             '{"ctx": str, "endings": [4 strings], "label": 0-3}'
         ) from None
-    if len(endings) != 4 or not 0 <= label < 4:
+    if len(item.endings) != 4 or not 0 <= item.label < 4:
         raise MiniGPTError(f"{where}: a HellaSwag item needs 4 endings and a label 0-3")
-    return HellaSwagItem(ctx, endings, label)
+    return item
 
 
 def read_hellaswag(path: str | Path, limit: int | None = None) -> list[HellaSwagItem]:
@@ -91,13 +81,9 @@ def read_hellaswag(path: str | Path, limit: int | None = None) -> list[HellaSwag
     path = Path(path).expanduser()
     if not path.is_file():
         raise MiniGPTError(f"hellaswag.path={path} does not exist; pass the path of hellaswag_val.jsonl")
-    items = []
     with open(path, encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if limit is not None and len(items) >= limit:
-                break
-            if line.strip():
-                items.append(_parse(line, f"{path}:{i}"))
+        lines = ((i, line) for i, line in enumerate(fh, 1) if line.strip())
+        items = [_parse(line, f"{path}:{i}") for i, line in islice(lines, limit)]
     if not items:
         raise MiniGPTError(f"hellaswag.path={path} holds no items")
     return items
@@ -110,9 +96,8 @@ def resolve_hellaswag_path(path: str | None, cache_dir: Path, url: str = HELLASW
     dest = cache_dir / "hellaswag_val.jsonl"
     if dest.is_file():
         return dest
-    offline = os.environ.get("HF_DATASETS_OFFLINE") not in (None, "", "0")
     hint = f"download {url} where there is network and pass hellaswag.path=FILE (or put it at {dest})"
-    if offline:
+    if os.environ.get("HF_DATASETS_OFFLINE") not in (None, "", "0"):
         raise MiniGPTError(f"HellaSwag is not cached and HF_DATASETS_OFFLINE is set; {hint}")
 
     def verify(file: Path) -> None:  # a truncated or foreign file fails here, before it is cached
@@ -131,13 +116,6 @@ def load_hellaswag(path: str | None, cache_dir: Path, limit: int | None = None) 
     return read_hellaswag(resolve_hellaswag_path(path, cache_dir), limit)
 
 
-def encode_item(tokenizer: Tokenizer, item: HellaSwagItem) -> tuple[list[int], list[list[int]]]:
-    """(context ids, the 4 endings' ids): encode(ctx), encode(" " + ending); no BOS. Characters outside
-    a character tokenizer's vocabulary are dropped first."""
-    ctx = tokenizer.encode(tokenizer.known_text(item.ctx))
-    return ctx, [tokenizer.encode(tokenizer.known_text(" " + e)) for e in item.endings]
-
-
 def item_scores(
     model: nn.Module, tokenizer: Tokenizer, items: Sequence[HellaSwagItem], batch_items: int = 4
 ) -> Iterator[tuple[list[float], list[int]]]:
@@ -145,20 +123,15 @@ def item_scores(
     for b in range(0, len(items), batch_items):
         pairs = []
         for item in items[b : b + batch_items]:
-            ctx, endings = encode_item(tokenizer, item)
+            ctx = tokenizer.encode(tokenizer.known_text(item.ctx))
+            endings = [tokenizer.encode(tokenizer.known_text(" " + e)) for e in item.endings]
             if not ctx or not all(endings):
-                raise MiniGPTError(
-                    f"a HellaSwag item encodes to an empty context or ending: {item.ctx[:60]!r}"
-                )
+                raise MiniGPTError(f"HellaSwag item {item.ctx[:50]!r} encodes to an empty context or ending")
             pairs.extend((ctx, e) for e in endings)
         scores = continuation_logprobs(model, pairs, batch_size=len(pairs))
         for i in range(0, len(scores), 4):
             group = scores[i : i + 4]
             yield [s.logprob for s in group], [s.tokens for s in group]
-
-
-def _argmax(values: Sequence[float]) -> int:
-    return max(range(len(values)), key=lambda i: values[i])
 
 
 def evaluate_hellaswag(
@@ -170,16 +143,15 @@ def evaluate_hellaswag(
 ) -> HellaSwagResult:
     """acc / acc_norm over `items` (see the module docstring); a progress bar on an interactive stderr."""
     result = HellaSwagResult()
-    enabled = sys.stderr.isatty() if progress is None else progress
-    bar = Progress(
+    shown = sys.stderr.isatty() if progress is None else progress
+    with Progress(
         "hellaswag", BarColumn(), MofNCompleteColumn(), "acc_norm {task.fields[acc]:.4f}",
-        TimeRemainingColumn(), disable=not enabled, transient=True,
-    )  # fmt: skip
-    with bar:
+        TimeRemainingColumn(), disable=not shown, transient=True,
+    ) as bar:  # fmt: skip
         task = bar.add_task("hellaswag", total=len(items), acc=0.0)
         for item, (logprobs, counts) in zip(items, item_scores(model, tokenizer, items, batch_items)):
             result.n += 1
-            result.correct += int(_argmax(logprobs) == item.label)
-            result.correct_norm += int(_argmax([lp / n for lp, n in zip(logprobs, counts)]) == item.label)
+            result.correct += int(np.argmax(logprobs) == item.label)
+            result.correct_norm += int(np.argmax(np.divide(logprobs, counts)) == item.label)
             bar.update(task, advance=1, acc=result.acc_norm)
     return result

@@ -1,8 +1,7 @@
-"""The evaluation tasks, `bpb` (bits per byte, bpb.py) and `hellaswag` (hellaswag.py), run the same way by
-`mini-gpt evaluate` and by training's `callbacks.evaluate`. Every input is read first (`read_inputs`: a
-wrong path fails in a second, not after an hour of scoring), then scored (`score_tasks`). Training splits
-the work: `TaskInputs.share(rank, world)` is one device's part, and the parts' counts add up
-(`TaskScores.add_up`) to the numbers one process gets.
+"""The evaluation tasks `bpb` (bpb.py) and `hellaswag` (hellaswag.py), run alike by `mini-gpt evaluate` and
+training's `callbacks.evaluate`: every input is read first (`read_inputs`: a wrong path fails in a second,
+not after an hour of scoring), then scored (`score_tasks`); a device scores its `TaskInputs.share` and the
+shares' counts add up (`TaskScores.add_up`) to what one process gets.
 """
 
 from __future__ import annotations
@@ -31,11 +30,9 @@ class TaskInputs:
     hellaswag: list[HellaSwagItem] | None = None
 
     def share(self, rank: int, world: int) -> TaskInputs:
-        """Device `rank`'s part of the work: windows and items rank, rank + world, ..."""
-        return TaskInputs(
-            None if self.bpb is None else self.bpb.share(rank, world),
-            None if self.hellaswag is None else self.hellaswag[rank::world],
-        )
+        """Device `rank`'s windows and items (rank, rank + world, ...); bpb's `bytes` stays the total."""
+        bpb = None if self.bpb is None else replace(self.bpb, windows=self.bpb.windows[rank::world])
+        return TaskInputs(bpb, None if self.hellaswag is None else self.hellaswag[rank::world])
 
 
 def read_inputs(
@@ -95,11 +92,10 @@ class TaskScores:
         """Every metric of every task run, with its seconds: `mini-gpt evaluate`'s results."""
         out: dict[str, dict[str, Any]] = {}
         if self.bpb is not None:
-            out["bpb"] = {**self.bpb.to_dict(), "text": self.source, "seconds": round(self.seconds["bpb"], 2)}
+            out["bpb"] = {**self.bpb.to_dict(), "text": self.source}
         if self.hellaswag is not None:
-            seconds = round(self.seconds["hellaswag"], 2)
-            out["hellaswag"] = {**self.hellaswag.to_dict(), "seconds": seconds}
-        return out
+            out["hellaswag"] = self.hellaswag.to_dict()
+        return {task: {**metrics, "seconds": round(self.seconds[task], 2)} for task, metrics in out.items()}
 
 
 def score_tasks(

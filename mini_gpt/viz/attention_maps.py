@@ -1,30 +1,16 @@
-"""Look at what the heads attend to: per-head heatmaps (`attention_maps`) and a per-layer summary
-(`attention_summary`), drawn for `mini-gpt attention-maps` and the training callback.
-
-The weights come from the exact attention path (`model.attention_weights(idx)`) in eval mode: row t
-of a panel is the distribution query t puts over the keys s <= t. A prompt longer than the window keeps
-its last `max_tokens` (default block_size) tokens. The grid is capped at MAX_FIGURE_INCHES a side.
-
-The summary condenses each head to two numbers, averaged over query positions:
-- entropy (nats): -sum_s p_ts log p_ts. 0 = every query looks at one token; spreading uniformly over
-  the t+1 visible keys gives log(t+1) (the dashed reference line);
-- mean distance (tokens): sum_s p_ts (t - s). 0 = attends to itself; "previous token" heads give ~1.
-
-The functions return the Figure and the arrays they drew, so callers can log or check exactly what is
-on the picture; `update_attention_maps` / `update_attention_summary` redraw them with new weights, and
-`AttentionFigures` keeps both figures of one prompt for repeated renders (the training callback's).
+"""Look at what the heads attend to: per-head heatmaps (`attention_maps`) and a per-layer summary of their
+entropy and distance (`attention_summary`), for `mini-gpt attention-maps` and the training callback
+(`AttentionFigures` redraws both for new weights). Row t of a panel is the distribution query t puts over
+the keys s <= t, from the exact attention path (`model.attention_weights`) in eval mode. The functions
+return the Figure and the arrays they drew, so callers can log or check exactly what is on the picture.
 """
 
 from __future__ import annotations
 
-import io
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import matplotlib
-
-matplotlib.use("Agg")  # files only: never needs a display
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -33,99 +19,74 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.viz import png_bytes, save_figure
 
 if TYPE_CHECKING:
     from mini_gpt.model.gpt import GPT
 
-__all__ = [
-    "AttentionFigures",
-    "attention_maps",
-    "attention_stats",
-    "attention_summary",
-    "compute_attention",
-    "parse_selection",
-    "png_bytes",
-    "save_figure",
-    "token_label",
-    "update_attention_maps",
-    "update_attention_summary",
-]
+__all__ = ["AttentionFigures", "attention_maps", "attention_stats", "attention_summary", "compute_attention",
+           "parse_selection", "png_bytes", "save_figure", "token_label"]  # fmt: skip
 
 # Visible stand-ins for characters a tick label would otherwise swallow.
 _ESCAPES = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 Attention = tuple[list[int], list[str], list[np.ndarray]]  # compute_attention(): ids, labels, weights
+Drawn = dict[
+    str, tuple[Figure, dict[str, Any]]
+]  # AttentionFigures.draw(): "maps"/"summary" -> (figure, data)
 MAX_TICK_LABELS = 64  # more than this and labels overlap: label every k-th token instead
 MAX_FIGURE_INCHES = 20.0  # per side: 2400 px at the default 120 dpi
 MIN_TICK_FONT = 4.0  # points; below this, label every k-th token instead of shrinking further
 
 
-# ---- tokens and selections ------------------------------------------------------------------------
 def token_label(text: str) -> str:
     """A tick label for one token: spaces as '␣', newlines/tabs as '\\n'/'\\t', other controls as \\xNN."""
-    out = []
-    for ch in text:
-        if ch not in _ESCAPES and not ch.isprintable():
-            ch = ch.encode("unicode_escape").decode("ascii")
-        out.append(_ESCAPES.get(ch, ch))
-    return "".join(out) or "∅"
+    escape = {ch: ch.encode("unicode_escape").decode() for ch in text if not ch.isprintable()} | _ESCAPES
+    return "".join(escape.get(ch, ch) for ch in text) or "∅"
 
 
 def _token_text(tokenizer: Any, token_id: int) -> str:
     # A BPE token can be part of a UTF-8 character; its own bytes (\xNN for the partial ones) read
     # better than the replacement character decode() would give.
-    encoding = getattr(tokenizer, "encoding", None)
-    if encoding is not None and hasattr(encoding, "decode_single_token_bytes"):
-        return encoding.decode_single_token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+    if hasattr(tokenizer, "encoding"):  # tiktoken
+        return tokenizer.encoding.decode_single_token_bytes(token_id).decode(errors="backslashreplace")
     return tokenizer.decode([token_id])
 
 
 def parse_selection(value: Any, n: int, name: str) -> list[int]:
     """Which of n layers/heads: "all"/None, an int, "2", "0,3", or a list of ints (negatives count back)."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
+    if value is None or str(value).strip().lower() == "all":
         return list(range(n))
-    if isinstance(value, str):
-        items: list[Any] = [v for v in value.strip("[] ").split(",") if v.strip()]
-    elif hasattr(value, "__iter__"):
-        items = list(value)
-    else:
-        items = [value]
+    items = [v for v in value.strip("[] ").split(",") if v.strip()] if isinstance(value, str) else value
+    items = list(items) if hasattr(items, "__iter__") else [items]
     if not items:
         raise MiniGPTError(f"{name}= selects nothing; use an index, a list like [0,1] or all")
     picked: list[int] = []
     for item in items:
         try:
-            if isinstance(item, bool) or float(item) != int(float(item)):
-                raise ValueError
             i = int(float(item))
-        except (TypeError, ValueError):
+            if isinstance(item, bool) or float(item) != i:
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
             raise MiniGPTError(f"{name}={value!r} is not an index, a list of indices or 'all'") from None
         if not -n <= i < n:
             raise MiniGPTError(f"{name}={i} is out of range: the model has {n} (valid 0..{n - 1} or all)")
-        i %= n
-        if i not in picked:
-            picked.append(i)
-    return picked
+        picked.append(i % n)
+    return list(dict.fromkeys(picked))  # each once, in the order asked
 
 
-# ---- the numbers ----------------------------------------------------------------------------------
 @torch.no_grad()
-def compute_attention(
-    model: GPT, tokenizer: Any, prompt: str, max_tokens: int | None = None
-) -> tuple[list[int], list[str], list[np.ndarray]]:
+def compute_attention(model: GPT, tokenizer: Any, prompt: str, max_tokens: int | None = None) -> Attention:
     """(token ids, tick labels, per-layer weights as float64 arrays (n_head, T, T)) for the last
     `max_tokens` (default block_size) tokens of one prompt, in eval mode (the model's mode is restored)."""
-    if not prompt:
-        raise MiniGPTError('prompt is empty; pass prompt="some text" to look at')
     ids = tokenizer.encode(prompt)  # CharTokenizer raises MiniGPTError naming unknown characters
     if not ids:
-        raise MiniGPTError(f"prompt {prompt!r} encodes to no tokens; use a longer prompt")
-    limit = min(max_tokens or model.config.block_size, model.config.block_size)
-    ids = ids[-limit:]
-    device = next(model.parameters()).device
+        raise MiniGPTError(f"prompt {prompt!r} encodes to no tokens; pass some text to look at")
+    block_size = model.config.block_size
+    ids = ids[-min(max_tokens or block_size, block_size) :]
     was_training = model.training
     model.eval()
     try:
-        atts = model.attention_weights(torch.tensor([ids], dtype=torch.long, device=device))
+        atts = model.attention_weights(torch.tensor([ids], device=next(model.parameters()).device))
     finally:
         model.train(was_training)
     weights = [a[0].detach().to("cpu", torch.float64).numpy() for a in atts]  # (n_head, T, T) each
@@ -134,15 +95,12 @@ def compute_attention(
 
 
 def attention_stats(att: np.ndarray | torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Mean entropy (nats) and mean attention distance (tokens) per head of weights (n_head, T, S), over
-    the T query rows; query t sits at position S - T + t (the last T of S): key s is (S - T + t) - s back."""
+    """Per head of weights (n_head, T, S), averaged over the T query rows (query t sits at S - T + t): the
+    entropy (nats, -sum_s p log p: 0 = one token; uniform over the t+1 visible keys gives log(t+1), the
+    dashed line) and mean distance (tokens back, sum_s p (t - s): 0 = itself; "previous token" heads ~1)."""
     a = np.asarray(att, dtype=np.float64)
-    if a.ndim == 2:
-        a = a[None]
-    _, T, S = a.shape
-    with np.errstate(divide="ignore", invalid="ignore"):
-        plogp = np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0)), 0.0)
-    entropy = -plogp.sum(-1).mean(-1)  # (n_head,)
+    T, S = a.shape[-2:]
+    entropy = -(a * np.log(a, out=np.zeros_like(a), where=a > 0)).sum(-1).mean(-1)  # (n_head,)
     dist = (np.arange(T)[:, None] + (S - T)) - np.arange(S)[None, :]  # (T, S)
     distance = (a * dist).sum(-1).mean(-1)  # (n_head,)
     return entropy, distance
@@ -154,7 +112,6 @@ def uniform_reference(T: int) -> tuple[float, float]:
     return float(np.log(t + 1).mean()), float((t / 2).mean())
 
 
-# ---- figures --------------------------------------------------------------------------------------
 def attention_maps(
     model: GPT,
     tokenizer: Any,
@@ -173,11 +130,9 @@ def attention_maps(
     in that panel}, "axes": {(layer, head): Axes}, "images": {(layer, head): AxesImage}, "title", "shrunk"}.
     """
     ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
-    cfg = model.config
-    layer_idx = parse_selection(layers, cfg.n_layer, "layer")
-    head_idx = parse_selection(heads, cfg.n_head, "head")
-    T = len(ids)
-    nrows, ncols = len(layer_idx), len(head_idx)
+    layer_idx = parse_selection(layers, model.config.n_layer, "layer")
+    head_idx = parse_selection(heads, model.config.n_head, "head")
+    T, nrows, ncols = len(ids), len(layer_idx), len(head_idx)
     # Panels grow with the prompt so every label stays legible, but the whole grid stays within
     # MAX_FIGURE_INCHES a side: many layers x heads get small panels (zoom in with layer=/head=).
     wanted = min(12.0, max(2.6, 0.16 * T + 1.0))
@@ -190,45 +145,36 @@ def attention_maps(
     fig = plt.figure(figsize=(panel * ncols + 1.2, panel * nrows + 0.6), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     ticks = list(range(0, T, step))
-    shrunk = panel < wanted  # the cap made panels smaller than the prompt asks for
-    data: dict[str, Any] = dict(shrunk=shrunk, tokens=labels, ids=ids, layers=layer_idx, heads=head_idx)
-    data.update(weights={}, axes={}, images={})
-    # Square-root colour scale: diffuse heads (weights ~1/t) stay visible next to sharp ones; the
-    # plotted array is still the raw weights.
+    tick_labels = [labels[i] for i in ticks]
+    data: dict[str, Any] = dict(shrunk=panel < wanted, tokens=labels, ids=ids, layers=layer_idx)
+    data.update(heads=head_idx, weights={}, axes={}, images={})
+    # Square-root colour scale: diffuse heads (weights ~1/t) stay visible next to sharp ones.
     norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
-    image = None
     for r, layer in enumerate(layer_idx):
         for c, head in enumerate(head_idx):
-            ax = axes[r][c]
-            w = weights[layer][head]
+            ax, w = axes[r][c], weights[layer][head]
             image = ax.imshow(w, norm=norm, cmap="viridis", interpolation="nearest", aspect="equal")
             ax.set_title(f"layer {layer} · head {head}", fontsize=9)
             # Token ticks on the outer panels only (keys under the bottom row, queries left of the first
             # column): the panels share both axes, and every tick and label costs drawing time.
             bottom, left = r == nrows - 1, c == 0
-            ax.set_xticks(ticks if bottom else [], [labels[i] for i in ticks] if bottom else [], rotation=90)
-            ax.set_yticks(ticks if left else [], [labels[i] for i in ticks] if left else [])
+            ax.set_xticks(ticks if bottom else [], tick_labels if bottom else [], rotation=90)
+            ax.set_yticks(ticks if left else [], tick_labels if left else [])
+            ax.set_xlabel("key (attended to)" if bottom else "", fontsize=8)
+            ax.set_ylabel("query" if left else "", fontsize=8)
             ax.tick_params(labelsize=font)
-            if bottom:
-                ax.set_xlabel("key (attended to)", fontsize=8)
-            if left:
-                ax.set_ylabel("query", fontsize=8)
-            data["weights"][(layer, head)] = w
-            data["axes"][(layer, head)] = ax
-            data["images"][(layer, head)] = image
-    if image is not None:
-        fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+            key = (layer, head)
+            data["weights"][key], data["axes"][key], data["images"][key] = w, ax, image
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
     data["title"] = f"attention weights for {window_title(tokenizer, prompt, ids)}"
     fig.suptitle(data["title"], fontsize=10)
     return fig, data
 
 
-def update_attention_maps(data: dict[str, Any], weights: list[np.ndarray]) -> None:
-    """Put new weights (same prompt, e.g. later in training) into the panels of `attention_maps`."""
-    for (layer, head), image in data["images"].items():
-        w = weights[layer][head]
-        image.set_data(w)
-        data["weights"][(layer, head)] = w
+def _layer_stats(weights: list[np.ndarray], layers: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """attention_stats of each layer: (entropy, distance), each (len(layers), n_head)."""
+    entropy, distance = zip(*(attention_stats(weights[layer]) for layer in layers), strict=True)
+    return np.stack(entropy), np.stack(distance)
 
 
 def attention_summary(
@@ -248,77 +194,53 @@ def attention_summary(
     ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
     layer_idx = parse_selection(layers, model.config.n_layer, "layer")
     n_head = model.config.n_head
-    stats = [attention_stats(weights[layer]) for layer in layer_idx]
-    entropy = np.stack([s[0] for s in stats])  # (L, n_head)
-    distance = np.stack([s[1] for s in stats])
+    entropy, distance = _layer_stats(weights, layer_idx)
     u_ent, u_dist = uniform_reference(len(ids))
-
-    fig, (ax_e, ax_d) = plt.subplots(
+    fig, axes = plt.subplots(
         1, 2, figsize=(max(8.0, 1.0 + 0.35 * len(layer_idx) * n_head * 2), 3.8), layout="constrained"
     )
-    x = np.arange(len(layer_idx))
-    width = 0.8 / n_head
+    x, width = np.arange(len(layer_idx)), 0.8 / n_head
     bars: dict[str, list[Any]] = {"entropy": [], "distance": []}
     cmap = plt.get_cmap("tab10" if n_head <= 10 else "tab20")
-    for h in range(n_head):
-        offset = (h - (n_head - 1) / 2) * width
-        color = cmap(h % cmap.N)
-        bars["entropy"].append(ax_e.bar(x + offset, entropy[:, h], width, color=color, label=f"head {h}"))
-        bars["distance"].append(ax_d.bar(x + offset, distance[:, h], width, color=color, label=f"head {h}"))
-    ax_e.axhline(u_ent, ls="--", c="gray", lw=1, label="uniform")
-    ax_d.axhline(u_dist, ls="--", c="gray", lw=1, label="uniform")
-    for ax, title, unit in (
-        (ax_e, "attention entropy", "nats (0 = one token)"),
-        (ax_d, "mean attention distance", "tokens back"),
+    for ax, name, values, uniform, title, unit in (
+        (axes[0], "entropy", entropy, u_ent, "attention entropy", "nats (0 = one token)"),
+        (axes[1], "distance", distance, u_dist, "mean attention distance", "tokens back"),
     ):
+        for h in range(n_head):
+            offset = (h - (n_head - 1) / 2) * width
+            bars[name].append(
+                ax.bar(x + offset, values[:, h], width, color=cmap(h % cmap.N), label=f"head {h}")
+            )
+        ax.axhline(uniform, ls="--", c="gray", lw=1, label="uniform")
         ax.set_xticks(x, [f"layer {i}" for i in layer_idx])
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(unit)
-    ax_d.legend(fontsize=7, ncols=max(1, n_head // 6), loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes[1].legend(fontsize=7, ncols=max(1, n_head // 6), loc="upper left", bbox_to_anchor=(1.01, 1.0))
     title = f"per-head summary for {window_title(tokenizer, prompt, ids)}"
     fig.suptitle(title, fontsize=10)
     data = dict(title=title, layers=layer_idx, entropy=entropy, distance=distance, tokens=labels)
-    data.update(uniform_entropy=u_ent, uniform_distance=u_dist, axes=(ax_e, ax_d), bars=bars)
+    data.update(uniform_entropy=u_ent, uniform_distance=u_dist, axes=tuple(axes), bars=bars)
     return fig, data
 
 
-def update_attention_summary(data: dict[str, Any], weights: list[np.ndarray]) -> None:
-    """Put the statistics of new weights (same prompt) into the bars of `attention_summary`."""
-    stats = [attention_stats(weights[layer]) for layer in data["layers"]]
-    data["entropy"] = np.stack([s[0] for s in stats])  # (L, n_head)
-    data["distance"] = np.stack([s[1] for s in stats])
-    for name, ax in zip(("entropy", "distance"), data["axes"], strict=True):
-        for h, bars in enumerate(data["bars"][name]):
-            for rect, height in zip(bars.patches, data[name][:, h], strict=True):
-                rect.set_height(height)
-        ax.relim()
-        ax.autoscale_view()
-
-
+@dataclass
 class AttentionFigures:
     """The heatmaps (`maps`) and / or the summary (`summary`) of one prompt, drawn by `draw`: built at the
-    first call, updated in place after (one forward pass per call, no new figures, the layout of the first
-    render kept: a later one only repaints). `layers`, `heads`, `max_tokens`, `max_inches` as in
-    `attention_maps`; `close()` releases the figures."""
+    first call, then updated in place (one forward pass per call, no new figures, the first layout kept);
+    the other fields as in `attention_maps`; `close()` releases the figures."""
 
-    def __init__(
-        self,
-        layers: Any = "all",
-        heads: Any = "all",
-        maps: bool = True,
-        summary: bool = True,
-        max_tokens: int | None = None,
-        max_inches: float | None = None,
-    ) -> None:
-        self.layers, self.heads, self.maps, self.summary = layers, heads, maps, summary
-        self.max_tokens, self.max_inches = max_tokens, max_inches
-        self.drawn: dict[str, tuple[Figure, dict[str, Any]]] = {}  # "maps" / "summary" -> (figure, data)
+    layers: Any = "all"
+    heads: Any = "all"
+    maps: bool = True
+    summary: bool = True
+    max_tokens: int | None = None
+    max_inches: float | None = None
+    drawn: Drawn = field(default_factory=dict, init=False)
 
-    def draw(
-        self, model: GPT, tokenizer: Any, prompt: str, step: int | None = None
-    ) -> dict[str, tuple[Figure, dict[str, Any]]]:
+    def draw(self, model: GPT, tokenizer: Any, prompt: str, step: int | None = None) -> Drawn:
         """The figures for the model's current weights, titled with `step` when given."""
         attention = compute_attention(model, tokenizer, prompt, self.max_tokens)
+        weights = attention[2]
         args = (model, tokenizer, prompt, self.layers)
         if not self.drawn:
             if self.maps:
@@ -330,9 +252,19 @@ class AttentionFigures:
             for fig, _ in self.drawn.values():
                 fig.set_layout_engine("none")  # keep the layout the first render computed
             if "maps" in self.drawn:
-                update_attention_maps(self.drawn["maps"][1], attention[2])
+                data = self.drawn["maps"][1]
+                for (layer, head), image in data["images"].items():
+                    data["weights"][(layer, head)] = weights[layer][head]
+                    image.set_data(weights[layer][head])
             if "summary" in self.drawn:
-                update_attention_summary(self.drawn["summary"][1], attention[2])
+                data = self.drawn["summary"][1]
+                data["entropy"], data["distance"] = _layer_stats(weights, data["layers"])
+                for name, ax in zip(("entropy", "distance"), data["axes"], strict=True):
+                    for h, bars in enumerate(data["bars"][name]):
+                        for rect, height in zip(bars.patches, data[name][:, h], strict=True):
+                            rect.set_height(height)
+                    ax.relim()
+                    ax.autoscale_view()
         if step is not None:
             for fig, data in self.drawn.values():
                 fig.suptitle(f"{data['title']} · step {step}", fontsize=10)
@@ -344,43 +276,14 @@ class AttentionFigures:
         self.drawn.clear()
 
 
-def _short(text: str, n: int = 60, cut_before: bool = False) -> str:
-    text = "".join(_ESCAPES[ch] if ch in "\n\t\r" else ch for ch in text)
-    return "“" + ("…" if cut_before else "") + text[:n] + ("…" if len(text) > n else "") + "”"
-
-
 def window_title(tokenizer: Any, prompt: str, ids: list[int]) -> str:
-    """The text of the tokens drawn (the kept window) and how many of the prompt's tokens they are."""
+    """The kept window's text (quoted, up to 60 characters) and how many of the prompt's tokens it is."""
     total = len(tokenizer.encode(prompt))
-    kept = tokenizer.decode(ids)
-    if total > len(ids):
-        return f"{_short(kept, cut_before=True)} (last {len(ids)} of {total} tokens)"
-    return f"{_short(kept)} ({len(ids)} tokens)"
-
-
-def save_figure(fig: Figure, path: str | Path, dpi: int = 120, close: bool = True) -> Path:
-    """Write a figure as PNG (creating the folder) and release its memory (unless close=False)."""
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".pdf", ".svg"):
-        raise MiniGPTError(f"out={path} must end in .png, .pdf or .svg")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.savefig(path, dpi=dpi)
-    except ValueError as err:  # e.g. a figure too large to rasterise
-        raise MiniGPTError(
-            f"cannot draw {path}: {err}; pick fewer layers/heads or a shorter prompt"
-        ) from None
-    finally:
-        if close:
-            plt.close(fig)
-    return path
-
-
-def png_bytes(fig: Figure, dpi: int = 120) -> bytes:
-    """A figure rendered to PNG in memory (the figure stays open)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
+    text = "".join(_ESCAPES[ch] if ch in "\n\t\r" else ch for ch in tokenizer.decode(ids))
+    quote = "“" + "…" * (total > len(ids)) + text[:60] + "…" * (len(text) > 60) + "”"
+    return (
+        f"{quote} (last {len(ids)} of {total} tokens)" if total > len(ids) else f"{quote} ({len(ids)} tokens)"
+    )
 
 
 def summary_path(out: str | Path) -> Path:

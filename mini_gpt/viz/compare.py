@@ -1,11 +1,8 @@
-"""Compare training runs side by side (`mini-gpt compare runs=[DIR,...]`), from the files each run left: its
-`summary.json` (train.py) and its config (`.hydra/config.yaml`, written by Hydra and by `mini-gpt sweep`).
-
-`find_runs` collects run folders (a folder with summary.json, or any below a multirun / sweep folder);
-`compare_table` keeps the config values that differ between them and the run's numbers, sorted by the
-objective (best val loss); `write_report` writes the table as CSV and HTML and the validation curves
-against step, tokens, wall time and FLOPs as one PNG. `scaling_fit` (`scaling=true`) fits loss against model
-size per compute budget (isoFLOP minima) and a power law through the optima. No torch, no Lightning.
+"""Compare training runs side by side (`mini-gpt compare runs=[DIR,...]`) from each run's `summary.json` and
+`.hydra/config.yaml` (written by Hydra and by `mini-gpt sweep`): a table of the config values that differ
+and the runs' numbers, best val loss first, as CSV and HTML with the validation curves (`write_report`);
+`scaling_fit` (`scaling=true`) fits loss against model size per compute budget (isoFLOP minima) and a power
+law through the optima. No torch, no Lightning.
 """
 
 from __future__ import annotations
@@ -19,28 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 import yaml
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt
-
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import atomic_write
+from mini_gpt.viz import save_figure
 
-__all__ = [
-    "Run",
-    "ScalingFit",
-    "compare_table",
-    "find_runs",
-    "labels",
-    "markdown",
-    "plot_scaling",
-    "scaling_fit",
-    "write_report",
-]
+__all__ = ["Run", "ScalingFit", "compare_table", "find_runs", "labels", "markdown", "plot_scaling",
+           "scaling_fit", "write_report"]  # fmt: skip
 
 # Config keys that say where a run lives or how it was launched, not what it trained.
 IGNORED_PREFIXES = ("paths.", "hparams_search.", "trainer.default_root_dir", "hydra.", "ckpt_path", "tags")
@@ -48,6 +33,7 @@ IGNORED_PREFIXES = ("paths.", "hparams_search.", "trainer.default_root_dir", "hy
 DATA_KEYS = ("data.name", "data.path", "data.tokenizer", "data.bpe_file")
 NUMBERS = ["best_val_loss", "final_val_loss", "bits_per_byte", "steps", "tokens", "flops", "wall_seconds",
            "tokens_per_sec"]  # fmt: skip
+CURVE_AXES = ("step", "tokens", "wall seconds", "FLOPs")  # compare.png's x axes
 
 
 @dataclass
@@ -71,12 +57,9 @@ class Run:
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: node}
+    if not isinstance(node, dict):
+        return {prefix[:-1]: node}
+    return {k: v for key, value in node.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
 
 
 def _read_run(folder: Path) -> Run:
@@ -100,11 +83,9 @@ def find_runs(paths: list[str]) -> list[Run]:
         if not path.exists():
             raise MiniGPTError(f"{path} does not exist; pass run folders or multirun / sweep folders")
         found = (
-            [path]
-            if (path / "summary.json").is_file()
-            else sorted(p.parent for p in path.rglob("summary.json"))
+            [path] if (path / "summary.json").is_file() else [p.parent for p in path.rglob("summary.json")]
         )
-        folders += [f.resolve() for f in found if f.resolve() not in folders]
+        folders += [f.resolve() for f in sorted(found) if f.resolve() not in folders]
     if not folders:
         raise MiniGPTError(
             f"no runs in {', '.join(paths)}: a run folder has a summary.json (written when a training "
@@ -114,9 +95,7 @@ def find_runs(paths: list[str]) -> list[Run]:
 
 
 def _differing(runs: list[Run]) -> list[str]:
-    keys: list[str] = []
-    for run in runs:
-        keys += [k for k in run.config if k not in keys and not k.startswith(IGNORED_PREFIXES)]
+    keys = dict.fromkeys(k for run in runs for k in run.config if not k.startswith(IGNORED_PREFIXES))
     return [k for k in keys if len({repr(run.config.get(k)) for run in runs}) > 1]
 
 
@@ -132,13 +111,9 @@ def labels(runs: list[Run], keys: list[str]) -> list[str]:
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
+    if isinstance(value, float) and math.isfinite(value):
         return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.4g}"
-    return str(value)
+    return "-" if value is None else str(value)
 
 
 def _setting(value: Any) -> str:
@@ -161,9 +136,7 @@ def compare_table(runs: list[Run]) -> tuple[list[str], list[list[str]], list[Run
     for i, run in enumerate(ordered):
         best = "*" if i == 0 and math.isfinite(run.objective) else ""
         status = str(run.summary.get("status", "unknown"))  # any status string (completed, pruned, ...)
-        numbers = [
-            _fmt(run.number(k) if k not in ("steps", "tokens") else run.summary.get(k)) for k in NUMBERS
-        ]
+        numbers = [_fmt(run.summary.get(k) if k in ("steps", "tokens") else run.number(k)) for k in NUMBERS]
         rows.append([best, *(_setting(run.config.get(k)) for k in keys), status, *numbers, str(run.path)])
     return header, rows, ordered, keys
 
@@ -173,49 +146,28 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def _curves(run: Run) -> dict[str, list[float]]:
-    """The val curve against each x axis: step, tokens, wall seconds, FLOPs (per step from the totals)."""
-    curve = run.summary.get("val_curve") or []
-    steps = max(run.summary.get("steps") or 0, 1)
-    tokens_per_step = (run.summary.get("tokens") or 0) / steps
-    flops_per_step = (run.summary.get("flops") or 0) / steps
-    return {
-        "step": [s for s, _, _ in curve],
-        "tokens": [s * tokens_per_step for s, _, _ in curve],
-        "wall seconds": [t for _, t, _ in curve],
-        "FLOPs": [s * flops_per_step for s, _, _ in curve],
-        "val": [v for _, _, v in curve],
-    }
-
-
 def plot_curves(runs: list[Run], keys: list[str], path: Path) -> None:
-    """One PNG: val loss against step, tokens, wall seconds and FLOPs, one line per run."""
+    """One PNG: val loss against step, tokens, wall seconds, FLOPs (per step from totals), a line per run."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for run, name in zip(runs, labels(runs, keys)):
-        curve = _curves(run)
-        for ax, x in zip(axes.flat, ("step", "tokens", "wall seconds", "FLOPs")):
-            ax.plot(curve[x], curve["val"], marker=".", label=name)
-    for ax, x in zip(axes.flat, ("step", "tokens", "wall seconds", "FLOPs")):
-        ax.set_xlabel(x)
-        ax.set_ylabel("val loss")
+        curve, steps = run.summary.get("val_curve") or [], max(run.summary.get("steps") or 0, 1)
+        tokens, flops = (run.summary.get("tokens") or 0) / steps, (run.summary.get("flops") or 0) / steps
+        per_step = {"step": 1, "tokens": tokens, "FLOPs": flops}
+        for ax, x in zip(axes.flat, CURVE_AXES):
+            xs = [seconds if x == "wall seconds" else step * per_step[x] for step, seconds, _ in curve]
+            ax.plot(xs, [val for _, _, val in curve], marker=".", label=name)
+    for ax, x in zip(axes.flat, CURVE_AXES):
+        ax.set(xlabel=x, ylabel="val loss")
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize="small")
     fig.tight_layout()
-    _save(fig, path)
-
-
-def _save(fig: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def write_report(
     header: list[str], rows: list[list[str]], runs: list[Run], keys: list[str], out: Path
 ) -> dict:
     """compare.csv, compare.png (curves) and compare.html (table + the plot inline) in `out`."""
-    out.mkdir(parents=True, exist_ok=True)
     files = {"csv": out / "compare.csv", "png": out / "compare.png", "html": out / "compare.html"}
     with atomic_write(files["csv"], "w") as f:
         csv.writer(f).writerows([header, *rows])
@@ -244,6 +196,7 @@ class ScalingFit:
     exponent: float | None  # b (None with fewer than two budgets)
     coefficient: float | None  # a
     parabolas: dict[float, np.ndarray]  # budget -> quadratic coefficients of loss in log10 N
+    points: dict[float, list[tuple[float, float]]]  # budget -> the runs' (parameters, final val loss)
 
 
 def _budget(run: Run) -> float | None:
@@ -258,9 +211,8 @@ def scaling_fit(runs: list[Run], params_key: str = "non_embedding_params") -> Sc
     groups: dict[float, list[tuple[float, float]]] = {}
     for run in runs:
         budget, n, loss = _budget(run), run.number(params_key), run.number("final_val_loss")
-        if budget is None or n is None or loss is None or not math.isfinite(loss):
-            continue
-        groups.setdefault(budget, []).append((n, loss))
+        if budget is not None and n is not None and loss is not None and math.isfinite(loss):
+            groups.setdefault(budget, []).append((n, loss))
     usable = {c: pts for c, pts in groups.items() if len({n for n, _ in pts}) >= 3}
     if not usable:
         raise MiniGPTError(
@@ -269,8 +221,7 @@ def scaling_fit(runs: list[Run], params_key: str = "non_embedding_params") -> Sc
         )
     minima, parabolas = [], {}
     for budget, pts in sorted(usable.items()):
-        x = np.log10([n for n, _ in pts])
-        y = np.array([loss for _, loss in pts])
+        x, y = np.log10([n for n, _ in pts]), np.array([loss for _, loss in pts])
         coef = np.polyfit(x, y, 2)
         if coef[0] > 0:  # a valley: its vertex, kept inside the sizes tried
             best_x = float(np.clip(-coef[1] / (2 * coef[0]), x.min(), x.max()))
@@ -282,20 +233,15 @@ def scaling_fit(runs: list[Run], params_key: str = "non_embedding_params") -> Sc
     if len(minima) >= 2:
         b, log_a = np.polyfit(np.log10([c for c, _, _ in minima]), np.log10([n for _, n, _ in minima]), 1)
         exponent, coefficient = float(b), float(10**log_a)
-    return ScalingFit(params_key, minima, exponent, coefficient, parabolas)
+    return ScalingFit(params_key, minima, exponent, coefficient, parabolas, usable)
 
 
 def plot_scaling(runs: list[Run], fit: ScalingFit, path: Path) -> None:
-    """isoFLOP curves: final val loss against parameters per budget, the fitted parabola and its optimum."""
+    """isoFLOP curves from `fit` (`runs` is unused): loss against parameters per budget, parabola, optimum."""
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    for (budget, n_opt, loss_opt), color in zip(
-        fit.minima, plt.cm.viridis(np.linspace(0, 0.9, len(fit.minima)))
-    ):
-        pts = sorted(
-            (run.number(fit.params_key), run.number("final_val_loss"))
-            for run in runs
-            if _budget(run) == budget
-        )
+    colors = plt.cm.viridis(np.linspace(0, 0.9, len(fit.minima)))
+    for (budget, n_opt, loss_opt), color in zip(fit.minima, colors):
+        pts = sorted(fit.points[budget])
         ax.scatter([n for n, _ in pts], [v for _, v in pts], color=color, label=f"C = {budget:.2g} FLOPs")
         xs = np.linspace(math.log10(pts[0][0]), math.log10(pts[-1][0]), 50)
         ax.plot(10**xs, np.polyval(fit.parabolas[budget], xs), color=color, alpha=0.6)
@@ -310,4 +256,4 @@ def plot_scaling(runs: list[Run], fit: ScalingFit, path: Path) -> None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path, dpi=110)

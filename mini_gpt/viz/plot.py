@@ -1,11 +1,9 @@
-"""Loss and learning-rate curves of a training run as a PNG (`plot_run`), from the files the run left
-locally, for people who train without W&B online. Sources, searched for anywhere below RUN_DIR:
-- `metrics.csv` of Lightning's CSVLogger (`logger=csv`, or beside W&B): `train/loss`, `val/loss` and
-  `lr` at `step`; several files (one per resumed run) are merged, a later file winning on a repeated step;
-- train.py's `summary.json`, whose `val_curve` rows carry exact steps: used for the validation curve
-  when it has at least as many points as the CSVs.
-A resumed run's `.hydra/config.yaml` names the checkpoint it started from: the plot follows that chain
-back and joins the segments, marking where each resumed one starts. No Lightning, no torch.
+"""Loss and learning-rate curves of a training run as a PNG (`plot_run`), from the files it left locally
+(for training without W&B online), anywhere below RUN_DIR: Lightning CSVLogger `metrics.csv` files (one
+per resumed run, merged; a later file wins on a repeated step) and train.py's `summary.json`, whose
+`val_curve` has exact steps (used when it has at least as many points as the CSVs). A resumed run's
+`.hydra/config.yaml` names the checkpoint it started from: the plot follows that chain back, joins the
+segments and marks where each resumed one starts. No Lightning, no torch.
 """
 
 from __future__ import annotations
@@ -16,16 +14,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-import yaml
-
-matplotlib.use("Agg")
-
 import matplotlib.pyplot as plt
+import yaml
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.viz import save_figure
 
 Series = dict[int, float]  # step -> value
 
@@ -48,44 +43,32 @@ def read_metrics_csv(path: Path) -> dict[str, Series]:
         rows = list(csv.DictReader(fh))
     out: dict[str, Series] = {}
     for name, column in COLUMNS.items():
-        series: Series = {}
-        for row in rows:
-            value, step = _float(row.get(column)), _float(row.get("step"))
-            if value is not None and step is not None:
-                series[int(step)] = value
-        if series:
+        pairs = ((_float(row.get("step")), _float(row.get(column))) for row in rows)
+        if series := {int(step): value for step, value in pairs if step is not None and value is not None}:
             out[name] = series
     return out
 
 
-def read_summary_val_curve(path: Path) -> Series:
-    """{step: val_loss} from train.py's summary.json `val_curve` ([step, seconds, val_loss] rows)."""
+def _summary(path: Path) -> dict[str, Any]:
+    """A summary.json's object; {} when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
-    series: Series = {}
-    for row in (data.get("val_curve") or []) if isinstance(data, dict) else []:
-        value = _float(row[-1]) if isinstance(row, list) and len(row) == 3 else None
-        if value is not None and isinstance(row[0], int):
-            series[row[0]] = value
-    return series
+    return data if isinstance(data, dict) else {}
 
 
-def summary_start_step(run_dir: Path) -> int | None:
-    """The step a run directory's fit began at (summary.json's start_step: the resumed checkpoint's)."""
-    try:
-        step = json.loads((run_dir / "summary.json").read_text()).get("start_step")
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+def read_summary_val_curve(path: Path) -> Series:
+    """{step: val_loss} from train.py's summary.json `val_curve` ([step, seconds, val_loss] rows)."""
+    rows = _summary(path).get("val_curve") or []
+    pairs = ((row[0], _float(row[2])) for row in rows if isinstance(row, list) and len(row) == 3)
+    return {step: value for step, value in pairs if isinstance(step, int) and value is not None}
 
 
 def resumed_from(run_dir: Path) -> Path | None:
     """The run directory whose checkpoint `run_dir` resumed from (its `.hydra/config.yaml` ckpt_path)."""
-    config = run_dir / ".hydra" / "config.yaml"
     try:
-        ckpt = (yaml.safe_load(config.read_text()) or {}).get("ckpt_path") if config.is_file() else None
+        ckpt = (yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text()) or {}).get("ckpt_path")
     except (OSError, yaml.YAMLError, AttributeError):
         return None
     if not ckpt:
@@ -121,13 +104,10 @@ def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
     run_dir = Path(run_dir).expanduser()
     if not run_dir.exists():
         raise MiniGPTError(f"run directory {run_dir} does not exist")
-    segments = [run_dir] if run_dir.is_file() else run_segments(run_dir)
     curves: dict[str, Series] = {}
-    used: list[Path] = []
     summary_val: Series = {}
-    summary_files: list[Path] = []
-    starts = []  # the first step of each resumed segment
-    for i, segment in enumerate(segments):
+    used, summary_files, starts = [], [], []  # starts: the first step of each resumed segment
+    for i, segment in enumerate([run_dir] if run_dir.is_file() else run_segments(run_dir)):
         steps: list[int] = []
         for path in _metric_files(segment):
             if path.suffix == ".csv":
@@ -141,13 +121,12 @@ def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
                 summary_val.update(series)
                 summary_files.append(path)
                 steps += series
-        if i and (steps or summary_start_step(segment) is not None):
-            # The checkpoint's step; older runs without it: the first step this segment logged.
-            start = summary_start_step(segment)
+        start = _summary(segment / "summary.json").get("start_step")  # the resumed checkpoint's step
+        start = start if isinstance(start, int) and not isinstance(start, bool) else None
+        if i and (steps or start is not None):  # older runs without it: the first step logged
             starts.append(start if start is not None else min(steps))
-    # summary.json's val_curve carries the optimizer step of each evaluation (Lightning's self.log
-    # can record it one step earlier in the CSV), but only a finished process writes it, and only
-    # with the evaluations of that process: use it when it is at least as complete as the CSV.
+    # summary.json has each evaluation's optimizer step (the CSV's can be one earlier), but only from a
+    # finished process, for its own evaluations: use it when it is at least as complete as the CSV.
     if summary_val and len(summary_val) >= len(curves.get("val_loss", {})):
         curves["val_loss"] = summary_val
         used += summary_files
@@ -161,57 +140,54 @@ def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
     return curves, used
 
 
+def _sorted(series: Series) -> tuple[list[int], list[float]]:
+    steps = sorted(series)
+    return steps, [series[s] for s in steps]
+
+
 def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dict[str, Any]]:
     """Loss (train and val, log scale) and, when present, learning rate against optimizer step; returns
     (figure, data) with data = {name: (steps, values)} exactly as drawn, plus "axes"."""
     has_lr = bool(curves.get("lr"))
-    figsize = (8, 6.5) if has_lr else (8, 4)
     fig, axes = plt.subplots(
-        2 if has_lr else 1, 1, figsize=figsize, sharex=True, squeeze=False, layout="constrained"
-    )
-    ax_loss = axes[0][0]
+        2 if has_lr else 1, 1, figsize=(8, 6.5) if has_lr else (8, 4), sharex=True, squeeze=False,
+        layout="constrained",
+    )  # fmt: skip
+    axes = list(axes[:, 0])
+    ax_loss = axes[0]
     data: dict[str, Any] = {}
     styles = {"train_loss": dict(lw=1, alpha=0.8), "val_loss": dict(marker="o", ms=3, lw=1.5)}
     for name, label in (("train_loss", "train"), ("val_loss", "val")):
-        series = curves.get(name)
-        if not series:
-            continue
-        steps = sorted(series)
-        values = [series[s] for s in steps]
-        ax_loss.plot(steps, values, label=label, **styles[name])
-        data[name] = (steps, values)
+        if curves.get(name):
+            data[name] = _sorted(curves[name])
+            ax_loss.plot(*data[name], label=label, **styles[name])
     ax_loss.set_ylabel("loss (nats/token)")
     values = [v for _, vals in data.values() for v in vals]
     if values and min(values) > 0 and max(values) / min(values) > 4:
         ax_loss.set_yscale("log")  # early loss is much larger than late loss
         ax_loss.yaxis.set_major_formatter(ScalarFormatter())
         ax_loss.yaxis.set_minor_formatter(ScalarFormatter())
-    for step in sorted(curves.get("resumed_at", {})):
-        for ax in axes[:, 0]:
+    data["resumed_at"] = sorted(curves.get("resumed_at", {}))
+    for step in data["resumed_at"]:
+        for ax in axes:
             ax.axvline(step, color="gray", ls=":", lw=1)
         ax_loss.annotate(f"resumed at {step}", (step, 1.0), xycoords=("data", "axes fraction"),
                          fontsize=7, color="gray", rotation=90, ha="right", va="top")  # fmt: skip
-    data["resumed_at"] = sorted(curves.get("resumed_at", {}))
     if "train_loss" not in data:
         # logger=none keeps only summary.json's evaluations: say why there is no train curve.
         ax_loss.plot([], [], " ", label=NO_TRAIN_LOSS)
     ax_loss.legend()
     ax_loss.grid(alpha=0.3, which="both")
-    if "val_loss" in data:
-        best = min(data["val_loss"][1])
-        ax_loss.set_title(f"{title}  (best val {best:.4f})".strip(), fontsize=10)
-    elif title:
-        ax_loss.set_title(title, fontsize=10)
+    best = f"  (best val {min(data['val_loss'][1]):.4f})" if "val_loss" in data else ""
+    if title or best:
+        ax_loss.set_title(f"{title}{best}".strip(), fontsize=10)
     if has_lr:
-        ax_lr = axes[1][0]
-        steps = sorted(curves["lr"])
-        values = [curves["lr"][s] for s in steps]
-        ax_lr.plot(steps, values, color="tab:green")
-        ax_lr.set_ylabel("learning rate")
-        ax_lr.grid(alpha=0.3)
-        data["lr"] = (steps, values)
-    axes[-1][0].set_xlabel("optimizer step")
-    data["axes"] = [a[0] for a in axes]
+        data["lr"] = _sorted(curves["lr"])
+        axes[1].plot(*data["lr"], color="tab:green")
+        axes[1].set_ylabel("learning rate")
+        axes[1].grid(alpha=0.3)
+    axes[-1].set_xlabel("optimizer step")
+    data["axes"] = axes
     return fig, data
 
 
@@ -222,11 +198,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 120)
     run_root = run_dir.parent if run_dir.is_file() else run_dir  # a metrics file may be passed directly
     out = Path(out) if out else run_root / "curves.png"
     fig, _ = plot_curves(curves, title=run_root.name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.savefig(out, dpi=dpi)
-    finally:
-        plt.close(fig)
+    save_figure(fig, out, dpi)
     print(f"read {', '.join(str(p) for p in used)}\nwrote {out}")
     if "train_loss" not in curves:
         print(f"note: {NO_TRAIN_LOSS}")
