@@ -13,7 +13,6 @@ rebuild each multi-byte character.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import atomic_write
 from mini_gpt.interop.hf import ARCHITECTURES, NORM_EPS, OPTIONS, ROPE_BASE, find_architecture
 from mini_gpt.interop.hf_tokenizer import byte_level_bpe, bytes_to_unicode
 from mini_gpt.model.gpt import GPT, GPTConfig
@@ -216,10 +216,8 @@ def write_gguf(model: GPT, tokenizer: Tokenizer, path: str | Path, outtype: str 
         )
     vocab = gguf_vocab(tokenizer, model.config.vocab_size)
     path = Path(path).expanduser().resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # renamed into place once complete
-    try:
-        writer = gguf.GGUFWriter(tmp, arch)
+    with atomic_write(path, "wb") as fh:  # renamed into place once complete; gguf writes it by its name
+        writer = gguf.GGUFWriter(fh.name, arch)
         _add_metadata(writer, gguf, model, arch, vocab, outtype)
         for name, t in _tensors(model, arch).items():
             _add_tensor(writer, gguf, name, t, outtype)
@@ -227,9 +225,6 @@ def write_gguf(model: GPT, tokenizer: Tokenizer, path: str | Path, outtype: str 
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 

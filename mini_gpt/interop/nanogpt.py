@@ -23,8 +23,6 @@ from mini_gpt.errors import MiniGPTError, build_config
 from mini_gpt.model.gpt import GPTConfig
 from mini_gpt.tokenizer import CharTokenizer, Tokenizer, build_tokenizer
 
-__all__ = ["is_nanogpt", "nanogpt_config", "nanogpt_parts", "nanogpt_weights", "read_meta_pkl"]
-
 MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
 GPT2_VOCAB = 50257
 
@@ -32,28 +30,6 @@ GPT2_VOCAB = 50257
 def is_nanogpt(ckpt: dict[str, Any]) -> bool:
     """Whether a loaded checkpoint dict is nanoGPT's (`model_args` + `model`)."""
     return isinstance(ckpt.get("model_args"), dict) and isinstance(ckpt.get("model"), dict)
-
-
-def nanogpt_config(model_args: dict[str, Any], source: Path) -> GPTConfig:
-    missing = [k for k in MODEL_ARGS if k not in model_args]
-    if missing:
-        raise MiniGPTError(
-            f"{source}: nanoGPT model_args lack {', '.join(missing)}; is this a nanoGPT ckpt.pt?"
-        )
-    args = {k: model_args[k] for k in MODEL_ARGS}
-    # nanoGPT: LayerNorm, learned positions, nn.GELU() (the erf form), head tied to the embedding.
-    args.update(dropout=float(model_args.get("dropout", 0.0)), mlp="gelu_exact")
-    return build_config(GPTConfig, args, f"{source}: nanoGPT model_args")
-
-
-def nanogpt_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """nanoGPT's state dict under our names: `_orig_mod.` prefixes and causal-mask buffers dropped."""
-    out = {}
-    for key, value in state.items():
-        key = key.replace("_orig_mod.", "")
-        if not key.endswith(".attn.bias"):  # the (1, 1, T, T) mask buffer, not a weight
-            out[key] = value
-    return out
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -119,5 +95,16 @@ def nanogpt_parts(
     path: Path, ckpt: dict[str, Any], tokenizer_file: str | None = None
 ) -> tuple[GPTConfig, dict[str, torch.Tensor], Tokenizer]:
     """(config, weights, tokenizer) of a loaded nanoGPT checkpoint dict read from `path`."""
-    config = nanogpt_config(ckpt["model_args"], path)
-    return config, nanogpt_weights(ckpt["model"]), _tokenizer(path, ckpt, tokenizer_file, config.vocab_size)
+    model_args = ckpt["model_args"]
+    missing = [k for k in MODEL_ARGS if k not in model_args]
+    if missing:
+        raise MiniGPTError(
+            f"{path}: nanoGPT model_args lack {', '.join(missing)}; is this a nanoGPT ckpt.pt?"
+        )
+    args = {k: model_args[k] for k in MODEL_ARGS}
+    args.update(dropout=float(model_args.get("dropout", 0.0)), mlp="gelu_exact")
+    config = build_config(GPTConfig, args, f"{path}: nanoGPT model_args")
+    weights = {
+        k.replace("_orig_mod.", ""): v for k, v in ckpt["model"].items() if not k.endswith(".attn.bias")
+    }
+    return config, weights, _tokenizer(path, ckpt, tokenizer_file, config.vocab_size)
