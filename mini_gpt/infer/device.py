@@ -11,8 +11,6 @@ import torch
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, thread_note
 
-__all__ = ["autocast_context", "check_dtype", "resolve_device", "watch_cpu_load"]
-
 
 def check_dtype(dtype: str) -> None:
     """The `dtype=` key of generate and evaluate."""

@@ -13,8 +13,6 @@ from torch import Tensor
 from mini_gpt.model.attention import KVCache
 from mini_gpt.model.gpt import GPT
 
-__all__ = ["padded_last_logits"]
-
 
 def padded_last_logits(
     model: GPT, idx: Tensor, keep: Tensor, kv_caches: list[KVCache] | None = None

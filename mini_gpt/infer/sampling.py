@@ -22,16 +22,6 @@ from torch import Tensor, nn
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.padding import padded_last_logits
 
-__all__ = [
-    "apply_repetition_penalty",
-    "check_sampling_args",
-    "context_start",
-    "filter_logits",
-    "generate",
-    "next_token_probs",
-    "sample_next",
-]
-
 
 def check_sampling_args(
     temperature: float, top_k: int | None, top_p: float | None, rep: float | None = None
@@ -99,21 +89,6 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _last_logits(model: nn.Module, idx: Tensor, keep: Tensor | None, caches: list | None) -> Tensor:
-    """Logits (B, 1, V) of idx's last position; idx is the end of the context whose padding mask (with
-    left padding) is `keep` (B, S)."""
-    if keep is None:
-        return model(idx, kv_caches=caches, last_only=True)[0]
-    return padded_last_logits(model, idx, keep, caches)
-
-
-def _expand_caches(caches: list, n: int) -> None:
-    """Share a batch-1 prefill among n samples: copy the cached keys/values into n rows."""
-    for cache in caches:
-        cache.k = cache.k.expand(n, -1, -1, -1).contiguous()
-        cache.v = cache.v.expand(n, -1, -1, -1).contiguous()
-
-
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -175,21 +150,19 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        for _step in range(max_new_tokens):
+        for step in range(max_new_tokens):
             new_start = context_start(start, n, block_size, window)
-            context = keep[:, new_start:n] if keep is not None else None  # (n_rows, S)
-            if caches is None:
-                logits = _last_logits(model, seq[:, new_start:n], context, None)
-            elif _step == 0 or new_start != start:  # (re-)prefill the whole context
-                for cache in caches:
-                    cache.reset()
-                rows = 1 if _step == 0 and B == 1 else n_rows
-                mask = context[:rows] if context is not None else None
-                logits = _last_logits(model, seq[:rows, new_start:n], mask, caches)
-                if rows != n_rows:
-                    _expand_caches(caches, n_rows)
-            else:  # the one new token; the cache holds everything before it
-                logits = _last_logits(model, seq[:, n - 1 : n], context, caches)
+            prefill = caches is None or step == 0 or new_start != start  # else the one new token is fed
+            for cache in caches if caches and prefill else ():
+                cache.reset()
+            rows = 1 if caches and step == 0 and B == 1 else n_rows  # the samples share one prefill
+            x = seq[:rows, (new_start if prefill else n - 1) : n]
+            if keep is None:
+                logits = model(x, kv_caches=caches, last_only=True)[0]
+            else:  # left padding: the mask covers the whole context, cached tokens included
+                logits = padded_last_logits(model, x, keep[:rows, new_start:n], caches)
+            for cache in caches if rows != n_rows else ():
+                cache.k, cache.v = (t.expand(n_rows, -1, -1, -1).contiguous() for t in (cache.k, cache.v))
             start = new_start
             logits = logits[:, -1, :].float().expand(n_rows, -1)  # (n_rows, V)
             if repetition_penalty is not None and repetition_penalty != 1.0:

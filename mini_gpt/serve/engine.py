@@ -32,8 +32,6 @@ from mini_gpt.infer.sampling import check_sampling_args, generate
 from mini_gpt.infer.stream import TextStream, encode_prompt
 from mini_gpt.tokenizer import Tokenizer
 
-__all__ = ["Engine", "Job", "Step", "prompt_groups", "token_text"]
-
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     """One token's own text; a BPE token holding part of a UTF-8 character shows its bytes as \\xNN."""
@@ -92,25 +90,6 @@ class Job:
     # filled in by the engine
     streams: list[TextStream] = field(default_factory=list)
     finish: list[str] = field(default_factory=list)  # per row: "stop" or "length"
-
-
-class _LastLogits(nn.Module):
-    """The model as `generate` sees it, keeping the logits of each call's last position for the steps
-    (the sampler itself is untouched: it gets exactly what the model returned)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        self.config = model.config
-        self.last: Tensor | None = None
-
-    def new_kv_caches(self, *args: Any, **kwargs: Any) -> Any:
-        return self.model.new_kv_caches(*args, **kwargs)
-
-    def forward(self, *args: Any, **kwargs: Any) -> tuple[Tensor, None]:
-        logits, _ = self.model(*args, **kwargs)
-        self.last = logits[:, -1, :]
-        return logits, None
 
 
 class Engine:
@@ -190,13 +169,16 @@ class Engine:
         seed = job.seed if job.seed is not None else secrets.randbelow(2**31)
         generator = torch.Generator(device=self.device).manual_seed(seed)
         job.streams = [TextStream(self.tokenizer, job.stops) for _ in range(job.n)]
-        model = _LastLogits(self.model)
         top = max(1, job.top_logprobs)
+        last: list[Tensor] = []  # the logits of the latest model call's last position, as generate got them
+
+        def keep_last(_module: nn.Module, _args: Any, out: tuple[Tensor, Any]) -> None:
+            last[:] = [out[0][:, -1, :]]
 
         def on_token(token: Tensor) -> bool:
             chosen, alternatives = [0.0] * job.n, [[] for _ in range(job.n)]
             if job.logprobs:
-                logprobs = torch.log_softmax(model.last.float(), dim=-1).expand(job.n, -1)  # (n, V)
+                logprobs = torch.log_softmax(last[-1].float(), dim=-1).expand(job.n, -1)  # (n, V)
                 chosen = logprobs.gather(1, token[:, None])[:, 0].tolist()
                 best, best_ids = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)
                 alternatives = [
@@ -209,11 +191,15 @@ class Engine:
             return job.cancel.is_set() or all(s.stopped for s in job.streams)
 
         idx = torch.tensor([job.ids], dtype=torch.long, device=self.device)
-        with self.amp:
-            generate(
-                model, idx, job.max_tokens, temperature=job.temperature, top_k=job.top_k,
-                top_p=job.top_p, generator=generator, num_samples=job.n, stream=on_token,
-            )  # fmt: skip
+        hook = self.model.register_forward_hook(keep_last)
+        try:
+            with self.amp:
+                generate(
+                    self.model, idx, job.max_tokens, temperature=job.temperature, top_k=job.top_k,
+                    top_p=job.top_p, generator=generator, num_samples=job.n, stream=on_token,
+                )  # fmt: skip
+        finally:
+            hook.remove()
         job.finish = []
         for row, stream in enumerate(job.streams):
             stopped = stream.stopped
