@@ -1,14 +1,9 @@
-"""Export a trained model to a directory, atomically: `export_model(model, tokenizer, out, fmt)`.
+"""Export a trained model, atomically: `export_model(model, tokenizer, out, fmt)`.
 
-- `format=safetensors`: `model.safetensors` (a tied head stored once) + `config.json` holding the same
-  `mini_gpt` metadata as a training checkpoint; any model config works.
-- `format=hf`: a directory `transformers.AutoModelForCausalLM.from_pretrained` loads (GPT-2, GPT-NeoX
-  or Llama; see `mini_gpt.interop.hf`), with the tokenizer in `transformers`' files too.
-- `format=gguf`: one file `out` for llama.cpp / Ollama (`outtype` f32, f16 or q8_0; see
-  `mini_gpt.interop.gguf_export`), and an Ollama Modelfile beside it (`model.gguf` -> `model.Modelfile`).
-
-The directory (or file) is written under a temporary name and renamed into place, so an interrupted
-export leaves no half-written model; an existing `out` is replaced only with `overwrite=true`.
+`format=safetensors`: `model.safetensors` (a tied head stored once) + `config.json` holding a checkpoint's
+`mini_gpt` metadata; any model config. `format=hf`: a `transformers` directory (mini_gpt.interop.hf).
+`format=gguf`: one file for llama.cpp (mini_gpt.interop.gguf_export) and an Ollama Modelfile beside it.
+An interrupted export leaves no half-written model; an existing `out` is replaced only with `overwrite`.
 """
 
 from __future__ import annotations
@@ -34,7 +29,7 @@ FORMATS = ("hf", "safetensors", "gguf")
 
 def write_safetensors(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    if model.config.tie_weights:  # the same tensor as transformer.wte.weight; safetensors stores no aliases
+    if model.config.tie_weights:  # transformer.wte.weight's tensor; safetensors stores no aliases
         state.pop("lm_head.weight")
     save_file(state, str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
     config = {"format": "safetensors", "mini_gpt": metadata(model, tokenizer)}
@@ -64,8 +59,8 @@ def export_model(
     overwrite: bool = False,
     outtype: str = "f32",
 ) -> Path:
-    """Write `model` + `tokenizer` to `out` (a directory; a file for gguf) in format `fmt`, atomically;
-    return its path. `outtype` (f32, f16, q8_0) is gguf's weight type."""
+    """Write `model` + `tokenizer` to `out` (a directory; a file for gguf) in format `fmt`; return its path.
+    `outtype` (f32, f16, q8_0) is gguf's weight type."""
     check_format(fmt, outtype)
     out = Path(out).expanduser().resolve()
     if fmt == "gguf":

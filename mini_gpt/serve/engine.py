@@ -7,9 +7,6 @@ and settings give the same text. Each sampled token becomes a `Step`: its id, th
 model gave it (softmax of the raw logits, before temperature and top-k/top-p), the top alternatives, and
 the text it releases (`TextStream`: whole UTF-8 characters only, cut at stop strings). A job whose
 `cancel` event is set (the client went away) stops at its next token.
-
-`Engine.attention(ids, position)` reads the exact attention path (`GPT.attention_weights`): the weights
-that `position` put on each earlier token, per layer and head.
 """
 
 from __future__ import annotations
@@ -44,15 +41,12 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> str:
 def prompt_groups(tokenizer: Any, ids: list[int]) -> list[dict[str, Any]]:
     """The prompt as the page shows it: runs of ids that make whole characters, with their text."""
     stream, groups, run = TextStream(tokenizer, []), [], []
-    for i in ids:
+    for k, i in enumerate(ids, 1):
         run.append(i)
-        piece = stream.push(i)
-        if piece:
+        piece = stream.push(i) + (stream.flush() if k == len(ids) else "")
+        if piece or k == len(ids):
             groups.append({"ids": run, "texts": [token_text(tokenizer, t) for t in run], "text": piece})
             run = []
-    rest = stream.flush()
-    if run:
-        groups.append({"ids": run, "texts": [token_text(tokenizer, t) for t in run], "text": rest})
     return groups
 
 
@@ -200,13 +194,10 @@ class Engine:
                 )  # fmt: skip
         finally:
             hook.remove()
-        job.finish = []
+        job.finish = ["stop" if stream.stopped else "length" for stream in job.streams]
         for row, stream in enumerate(job.streams):
-            stopped = stream.stopped
-            rest = stream.flush()
-            if rest:
+            if rest := stream.flush():
                 job.emit(Step(row, -1, 0.0, [], rest))  # held-back bytes at the end: text only
-            job.finish.append("stop" if stopped else "length")
 
     # ---- the attention view --------------------------------------------------------------------------
     @torch.no_grad()
