@@ -101,14 +101,10 @@ ARCHITECTURES: dict[str, Architecture] = {  # keyed by transformers' model_type
 
 def find_architecture(config: GPTConfig) -> str | None:
     """The key in ARCHITECTURES that holds a model with this config (None: no architecture does)."""
-    return next(
-        (
-            name
-            for name, arch in ARCHITECTURES.items()
-            if all(getattr(config, k) in v for k, v in arch.options.items())
-        ),
-        None,
-    )
+    for name, arch in ARCHITECTURES.items():
+        if all(getattr(config, k) in v for k, v in arch.options.items()):
+            return name
+    return None
 
 
 def hf_architecture(config: GPTConfig) -> str:
@@ -188,15 +184,14 @@ def _convert(
 
 def _copy_into(target: dict[str, Tensor], source: dict[str, Tensor], where: str) -> list[str]:
     """Copy every tensor of `source` into the same-named one of `target`; return target keys not given."""
-    with torch.no_grad():
-        for name, tensor in target.items():
-            src = source.get(name)
-            if src is not None and src.shape != tensor.shape:
-                raise MiniGPTError(
-                    f"shape mismatch for {name}: {where} {tuple(tensor.shape)}, got {tuple(src.shape)}"
-                )
-            if src is not None:
-                tensor.copy_(src)
+    for name, tensor in target.items():  # (state dict tensors: detached, the model's own storage)
+        src = source.get(name)
+        if src is not None and src.shape != tensor.shape:
+            raise MiniGPTError(
+                f"shape mismatch for {name}: {where} {tuple(tensor.shape)}, got {tuple(src.shape)}"
+            )
+        if src is not None:
+            tensor.copy_(src)
     return [name for name in target if name not in source]
 
 
@@ -267,13 +262,11 @@ def _load_hf_model(source: Any) -> Any:
 
 def check_hub_available(name: str) -> None:
     """Fail in a second, not after ~30 s of retries, when a hub model is neither cached nor reachable."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
+    require_transformers()  # and huggingface_hub with it
+    from huggingface_hub import try_to_load_from_cache
 
-        if isinstance(try_to_load_from_cache(name, "config.json"), str):
-            return
-    except ImportError:
-        pass
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
     # Here, not at the top: `mini_gpt.data` brings the data pipeline, and only this check needs it.
     from mini_gpt.data.sources import hub_offline_reason
 

@@ -63,34 +63,6 @@ def read_meta_pkl(path: str | Path) -> CharTokenizer:
     return CharTokenizer("".join(itos[i] for i in range(len(itos))))
 
 
-def _find_meta(path: Path, ckpt: dict[str, Any]) -> Path | None:
-    """nanoGPT's sample.py looks in data/<dataset>/meta.pkl; we also look beside the checkpoint."""
-    dataset = (ckpt.get("config") or {}).get("dataset")
-    candidates = [path.parent / "meta.pkl"]
-    if isinstance(dataset, str) and dataset:
-        for root in (Path.cwd(), path.parent, path.parent.parent):
-            candidates.append(root / "data" / dataset / "meta.pkl")
-    return next((c for c in candidates if c.is_file()), None)
-
-
-def _tokenizer(path: Path, ckpt: dict[str, Any], tokenizer_file: str | None, vocab_size: int) -> Tokenizer:
-    meta = Path(tokenizer_file).expanduser() if tokenizer_file else _find_meta(path, ckpt)
-    if meta is None:
-        if vocab_size < GPT2_VOCAB:
-            raise MiniGPTError(
-                f"{path}: a vocabulary of {vocab_size} is not GPT-2's and no meta.pkl was found beside it or "
-                "in data/<dataset>/; pass tokenizer=PATH/meta.pkl (the one of the data it was trained on)"
-            )
-        return build_tokenizer("gpt2")
-    tokenizer = read_meta_pkl(meta)
-    if tokenizer.vocab_size != vocab_size:
-        raise MiniGPTError(
-            f"{meta} has {tokenizer.vocab_size} characters but {path} was trained with "
-            f"vocab_size={vocab_size}; pass tokenizer= the meta.pkl of the data it was trained on"
-        )
-    return tokenizer
-
-
 def nanogpt_parts(
     path: Path, ckpt: dict[str, Any], tokenizer_file: str | None = None
 ) -> tuple[GPTConfig, dict[str, torch.Tensor], Tokenizer]:
@@ -107,4 +79,25 @@ def nanogpt_parts(
     weights = {
         k.replace("_orig_mod.", ""): v for k, v in ckpt["model"].items() if not k.endswith(".attn.bias")
     }
-    return config, weights, _tokenizer(path, ckpt, tokenizer_file, config.vocab_size)
+    # nanoGPT's sample.py looks in data/<dataset>/meta.pkl; we also look beside the checkpoint
+    dataset = (ckpt.get("config") or {}).get("dataset")
+    roots = (Path.cwd(), path.parent, path.parent.parent) if isinstance(dataset, str) and dataset else ()
+    found = [path.parent / "meta.pkl", *(root / "data" / str(dataset) / "meta.pkl" for root in roots)]
+    meta = (
+        Path(tokenizer_file).expanduser() if tokenizer_file else next((f for f in found if f.is_file()), None)
+    )
+    if meta is None:
+        if config.vocab_size < GPT2_VOCAB:
+            raise MiniGPTError(
+                f"{path}: a vocabulary of {config.vocab_size} is not GPT-2's and no meta.pkl was found "
+                "beside it or in data/<dataset>/; pass tokenizer=PATH/meta.pkl (the one of the data it was "
+                "trained on)"
+            )
+        return config, weights, build_tokenizer("gpt2")
+    tokenizer = read_meta_pkl(meta)
+    if tokenizer.vocab_size != config.vocab_size:
+        raise MiniGPTError(
+            f"{meta} has {tokenizer.vocab_size} characters but {path} was trained with "
+            f"vocab_size={config.vocab_size}; pass tokenizer= the meta.pkl of the data it was trained on"
+        )
+    return config, weights, tokenizer
