@@ -130,22 +130,16 @@ def hf_architecture(config: GPTConfig) -> str:
 
 
 # ---- weights ----------------------------------------------------------------------------------------
-def interleaved_qkv_to_fused(param: Tensor, n_head: int) -> Tensor:
-    """Reorder a per-head interleaved QKV projection into our `[q; k; v]` layout.
+def interleaved_qkv_to_fused(param: Tensor, n_head: int, inverse: bool = False) -> Tensor:
+    """Reorder a per-head interleaved QKV projection into our `[q; k; v]` layout (`inverse`: back).
 
     GPT-NeoX, and tutorials that reshape the output of one `Linear(d_in, 3 * n_embd)` to
     (B, T, n_head, 3 * hs), group the output rows per head: [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]. GPT-2 and
     `nn.MultiheadAttention` group them per role: [q_0 q_1 ... | k_0 ... | v_0 ...]. Works on the weight
     (3C, d_in) and on the bias (3C,) alike.
     """
-    rest = param.shape[1:]
-    per_head = param.reshape(n_head, 3, -1, *rest)  # (nh, {q,k,v}, hs, ...)
-    return per_head.transpose(0, 1).reshape(param.shape)  # ({q,k,v}, nh, hs, ...) flattened
-
-
-def _fused_to_per_head(param: Tensor, n_head: int) -> Tensor:
-    """Our [q; k; v] rows -> GPT-NeoX's per-head grouping (the inverse of interleaved_qkv_to_fused)."""
-    return param.reshape(3, n_head, -1, *param.shape[1:]).transpose(0, 1).reshape(param.shape)
+    grouped = (3, n_head, -1) if inverse else (n_head, 3, -1)  # ({q,k,v}, nh, hs) or (nh, {q,k,v}, hs)
+    return param.reshape(*grouped, *param.shape[1:]).transpose(0, 1).reshape(param.shape)
 
 
 def _module_pairs(arch: Architecture, n_layer: int) -> Iterator[tuple[str, str, tuple[str, ...]]]:
@@ -174,7 +168,7 @@ def _convert(
             if kind == "weight" and local in arch.transposed:
                 t = t.t()
             if arch.per_head_qkv and local == "attn.c_attn":
-                t = (_fused_to_per_head if to_hf else interleaved_qkv_to_fused)(t, config.n_head)
+                t = interleaved_qkv_to_fused(t, config.n_head, inverse=to_hf)
             if to_hf:
                 out.update(zip(theirs, t.chunk(len(theirs), dim=0), strict=True))
             else:

@@ -1,14 +1,9 @@
-"""nanoGPT checkpoints in: its `ckpt.pt` as our config + weights, and its `meta.pkl` as our tokenizer.
-
-nanoGPT's train.py saves `{"model": state_dict, "optimizer": ..., "model_args": {n_layer, n_head, n_embd,
-block_size, bias, vocab_size, dropout}, "iter_num", "best_val_loss", "config"}`. Its model is GPT-2's
-shape with module names equal to ours (nn.Linear layout, tied head, LayerNorm with an optional bias,
-`nn.GELU()` = our `mlp=gelu_exact`), so the weights load one to one once `torch.compile`'s `_orig_mod.`
-prefixes and the causal-mask buffers (`attn.bias`, saved when flash attention is off) are dropped.
-
-The tokenizer: `tokenizer=` a `meta.pkl` (nanoGPT's character vocabulary: `stoi`/`itos`), else a
-`meta.pkl` beside the checkpoint or in `data/<config.dataset>/`, else GPT-2 BPE (what nanoGPT uses
-without one). mini_gpt.interop.checkpoint.load_model calls `nanogpt_parts` when it meets such a file.
+"""nanoGPT checkpoints in: its `ckpt.pt` (`model` + `model_args`) as our config + weights, its `meta.pkl`
+as our tokenizer. Its model is GPT-2's shape with our module names (`nn.GELU()` = our `mlp=gelu_exact`):
+the weights load one to one once `torch.compile`'s `_orig_mod.` prefixes and the causal-mask buffers
+(`attn.bias`, saved when flash attention is off) are dropped. The tokenizer: `tokenizer=` a `meta.pkl`
+(nanoGPT's character vocabulary), else one beside the checkpoint or in `data/<config.dataset>/`, else
+GPT-2 BPE (what nanoGPT uses without one).
 """
 
 from __future__ import annotations

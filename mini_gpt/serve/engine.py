@@ -1,12 +1,10 @@
 """The model side of `mini-gpt serve`, with no web framework: one loaded model, one generation at a time.
 
 `Engine.submit(job)` queues a `Job` on a single worker thread (first come, first served: the lock around
-the model is that one thread); the job runs `mini_gpt.infer.sampling.generate`, the very loop `mini-gpt
-generate` runs, with a per-request `torch.Generator` seeded as the CLI seeds it, so the same prompt, seed
-and settings give the same text. Each sampled token becomes a `Step`: its id, the log-probability the
-model gave it (softmax of the raw logits, before temperature and top-k/top-p), the top alternatives, and
-the text it releases (`TextStream`: whole UTF-8 characters only, cut at stop strings). A job whose
-`cancel` event is set (the client went away) stops at its next token.
+the model is that one thread). A job runs `generate`, the loop of `mini-gpt generate`, seeded as the CLI
+seeds it, so the same prompt, seed and settings give the same text. Each sampled token becomes a `Step`:
+its log-probability (before temperature and top-k/top-p), the top alternatives, and the text it releases
+(`TextStream`). A job whose `cancel` event is set (the client went away) stops at its next token.
 """
 
 from __future__ import annotations
