@@ -165,32 +165,21 @@ async def run_job(engine: Engine, job: Job) -> AsyncIterator[list[Step]]:
         job.cancel.set()
 
 
-def _sse(*payloads: Any) -> str:
-    return "".join(f"data: {json.dumps(p, ensure_ascii=False)}\n\n" for p in payloads)
-
-
-def _event_stream(
-    steps: AsyncIterator[list[Step]],
-    events: Callable[[list[Step]], list[Any]],
-    error: Callable[[str], Any],
-    last: Callable[[], str],
-    first: str = "",
-) -> StreamingResponse:
-    """Server-sent events: `first`, events(batch) for each batch of steps, then last(); a failure mid-stream
-    is logged and ends the stream with its error(message) event (OpenAI sends one too)."""
+def _event_stream(events: AsyncIterator[list[Any]], error: Callable[[str], Any]) -> StreamingResponse:
+    """Server-sent events, a list of payloads at a time (a string goes as it is); a failure mid-stream is
+    logged and ends the stream with its error(message) event (OpenAI sends one too)."""
 
     async def body() -> AsyncIterator[str]:
-        if first:
-            yield first
         try:
-            async for batch in steps:
-                if text := _sse(*events(batch)):
-                    yield text
+            async for payloads in events:
+                if payloads:
+                    yield "".join(
+                        f"data: {p if isinstance(p, str) else json.dumps(p, ensure_ascii=False)}\n\n"
+                        for p in payloads
+                    )
         except Exception as err:
             log.exception("generation failed")
-            yield _sse(error(f"Generation failed ({type(err).__name__})."))
-            return
-        yield last()
+            yield f"data: {json.dumps(error(f'Generation failed ({type(err).__name__}).'))}\n\n"
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -341,31 +330,28 @@ def create_app(engine: Engine, model_name: str, limits: Limits | None = None) ->
             return {"index": row, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
         if req.stream:
-            pending: list[list[Step]] = [[] for _ in range(n)]
-            offsets = [0] * n
 
-            def chunks(batch: list[Step]) -> list[Any]:
-                out = []
-                for step in batch:
-                    pending[step.row].append(step)
-                for row, group in enumerate(pending):
-                    text = "".join(s.text for s in group)
-                    if text:  # else half a character, or text that may begin a stop string
-                        out.append({**head, "choices": [choice(row, group, offsets[row], text, None)]})
-                        offsets[row] += len(text)
-                        pending[row] = []
-                return out
-
-            def last() -> str:
+            async def chunks() -> AsyncIterator[list[Any]]:
+                pending: list[list[Step]] = [[] for _ in range(n)]
+                offsets = [0] * n
+                async for batch in steps:
+                    for step in batch:
+                        pending[step.row].append(step)
+                    out = []
+                    for row, group in enumerate(pending):
+                        text = "".join(s.text for s in group)
+                        if text:  # else half a character, or text that may begin a stop string
+                            out.append({**head, "choices": [choice(row, group, offsets[row], text, None)]})
+                            offsets[row] += len(text)
+                            pending[row] = []
+                    yield out
                 ends = [
                     {"index": row, "text": "", "logprobs": None, "finish_reason": f}
                     for row, f in enumerate(job.finish)
                 ]
-                return _sse(*({**head, "choices": [end]} for end in ends)) + "data: [DONE]\n\n"
+                yield [*({**head, "choices": [end]} for end in ends), "[DONE]"]
 
-            return _event_stream(
-                steps, chunks, lambda message: error_body(message, kind="server_error"), last
-            )
+            return _event_stream(chunks(), lambda message: error_body(message, kind="server_error"))
 
         groups: list[list[Step]] = [[] for _ in range(n)]
         async for batch in steps:
@@ -387,22 +373,21 @@ def create_app(engine: Engine, model_name: str, limits: Limits | None = None) ->
             seed=req.seed, top_logprobs=5,
         )  # fmt: skip
 
-        def events(batch: list[Step]) -> list[Any]:
-            return [
-                {
-                    "type": "token", "id": s.token, "piece": s.text,
-                    "text": token_text(tok, s.token) if s.token >= 0 else s.text,
-                    "prob": round(math.exp(s.logprob), 5) if s.token >= 0 else None,
-                    "top": [{"text": token_text(tok, i), "prob": round(math.exp(lp), 5)} for i, lp in s.top],
-                }
-                for s in batch
-            ]  # fmt: skip
+        def token_event(s: Step) -> dict[str, Any]:
+            top = [{"text": token_text(tok, i), "prob": round(math.exp(lp), 5)} for i, lp in s.top]
+            return {
+                "type": "token", "id": s.token, "piece": s.text,
+                "text": token_text(tok, s.token) if s.token >= 0 else s.text,
+                "prob": round(math.exp(s.logprob), 5) if s.token >= 0 else None, "top": top,
+            }  # fmt: skip
 
-        return _event_stream(
-            steps, events, lambda message: {"type": "error", "message": message},
-            lambda: _sse({"type": "done", "finish_reason": job.finish[0]}),
-            first=_sse({"type": "prompt", "groups": prompt_groups(tok, job.ids)}),
-        )  # fmt: skip
+        async def events() -> AsyncIterator[list[Any]]:
+            yield [{"type": "prompt", "groups": prompt_groups(tok, job.ids)}]
+            async for batch in steps:
+                yield [token_event(s) for s in batch]
+            yield [{"type": "done", "finish_reason": job.finish[0]}]
+
+        return _event_stream(events(), lambda message: {"type": "error", "message": message})
 
     @app.post("/api/attention")
     async def attention(req: AttentionRequest) -> dict[str, Any]:
