@@ -1,14 +1,8 @@
-"""Our GPT as one GGUF file for llama.cpp (and Ollama, LM Studio), written with the `gguf` package.
-
-A model maps onto the llama.cpp architecture that computes the same function (`llama_cpp` in
-mini_gpt.interop.hf.ARCHITECTURES): gpt2, gptneox (sequential residual) or llama (whose RoPE rotates
-adjacent pairs, so the q/k rows are permuted as llama.cpp's own converter does). llama.cpp has only the
-tanh GELU (through a float16 table), so `gelu_exact` runs there as the tanh curve: the same to within 1e-3
-(docs/model-and-export.md).
-
-The tokenizer goes in as llama.cpp's byte-level BPE (`gpt2` model): tiktoken's ranks with their merges
-recovered and llama.cpp's pre-tokenizer of the same regex; a character vocabulary with merges that only
-rebuild each multi-byte character.
+"""Our GPT as one GGUF file for llama.cpp (Ollama, LM Studio), written with the `gguf` package
+(docs/model-and-export.md): the llama.cpp architecture that computes the same function (`llama_cpp` in
+mini_gpt.interop.hf.ARCHITECTURES; llama's RoPE rotates adjacent pairs, so the q/k rows are permuted as
+llama.cpp's own converter does), and the tokenizer as llama.cpp's byte-level BPE. llama.cpp has only the
+tanh GELU, so `gelu_exact` runs there as the tanh curve (the same to within 1e-3).
 """
 
 from __future__ import annotations

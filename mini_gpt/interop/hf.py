@@ -1,14 +1,8 @@
-"""Our GPT as a `transformers` model and back (GPT-2, GPT-NeoX, Llama), and the `format=hf` directory.
+"""Our GPT as a `transformers` model and back, and the `format=hf` directory (docs/model-and-export.md).
 
-Each combination of three options has one `transformers` counterpart:
-
-    norm       pos_embedding  mlp                transformers class
-    layernorm  learned        gelu | gelu_exact  GPT2LMHeadModel     (same module names; Conv1D transposed)
-    layernorm  rope           gelu | gelu_exact  GPTNeoXForCausalLM  (sequential residual, per-head QKV)
-    rmsnorm    rope           swiglu             LlamaForCausalLM    (q/k/v and gate/up as separate matrices)
-
-The maths is the same on both sides; only the storage differs (ARCHITECTURES). A model without biases
-maps onto GPT-2 / GPT-NeoX with zero biases. `transformers` is an optional extra, imported on first use.
+Each combination of norm, pos_embedding and mlp has one counterpart, GPT-2, GPT-NeoX or Llama
+(ARCHITECTURES): the maths is the same on both sides, only the storage differs. A model without biases maps
+onto GPT-2 / GPT-NeoX with zero biases. `transformers` is an optional extra, imported on first use.
 """
 
 from __future__ import annotations

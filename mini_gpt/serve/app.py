@@ -1,17 +1,8 @@
-"""The HTTP side of `mini-gpt serve`: the playground page and an OpenAI-compatible API (FastAPI).
-
-    GET  /                  the playground (static/index.html, app.js, style.css: no build step, no CDN)
-    GET  /health            {"status": "ok", "model": ..., "waiting": jobs queued or running}
-    GET  /v1/models         the one model, as OpenAI lists models
-    POST /v1/completions    OpenAI's (legacy) completions: prompt, max_tokens, temperature, top_p, top_k,
-                            stop, seed, n, stream (server-sent events), logprobs (0..5)
-    GET  /api/info          the model's shape and tokenizer, for the page
-    POST /api/generate      the page's stream: every token with its probability and top-5 alternatives
-    POST /api/attention     what one position attended to, per layer and head
-
-Every error is a 4xx (5xx only for a bug) with OpenAI's body, `{"error": {"message": one sentence, "type",
-"param", "code"}}`, never a traceback. Requests wait in the engine's queue (one generation at a time);
-a streaming client that goes away cancels its job.
+"""The HTTP side of `mini-gpt serve` (FastAPI; docs/serve.md): OpenAI's (legacy) POST /v1/completions and
+GET /v1/models, GET /health, and the playground: GET / (static/), GET /api/info (the model's shape),
+POST /api/generate (the page's stream: every token with its probability and top-5 alternatives) and
+POST /api/attention (what one position attended to, per layer and head). Every error is a 4xx (5xx only
+for a bug) with OpenAI's body, one sentence, never a traceback.
 """
 
 from __future__ import annotations
@@ -27,13 +18,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mini_gpt.errors import MiniGPTError
@@ -42,10 +33,6 @@ from mini_gpt.serve.engine import Engine, Job, Step, prompt_groups, token_text
 
 STATIC = Path(__file__).parent / "static"
 log = logging.getLogger("mini_gpt.serve")
-
-Int = Annotated[int, Field(strict=True)]
-Float = Annotated[float, Field(strict=True)]  # strict floats still take ints (1 for 1.0)
-Bool = Annotated[bool, Field(strict=True)]
 
 
 @dataclass
@@ -79,41 +66,41 @@ def error_body(message: str, param: str | None = None, kind: str = "invalid_requ
 class CompletionRequest(BaseModel):
     """POST /v1/completions; unknown keys (user, ...) are ignored, unsupported features refused."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # strict floats still take ints
 
     model: str | None = None
-    prompt: str | list[Int] | list[str] = ""
-    max_tokens: Int | None = 16
-    temperature: Float | None = 1.0
-    top_p: Float | None = 1.0
-    top_k: Int | None = None  # not OpenAI's: mini-gpt generate's top_k
-    n: Int | None = 1
-    stream: Bool | None = False
-    logprobs: Int | None = None
+    prompt: str | list[int] | list[str] = ""
+    max_tokens: int | None = 16
+    temperature: float | None = 1.0
+    top_p: float | None = 1.0
+    top_k: int | None = None  # not OpenAI's: mini-gpt generate's top_k
+    n: int | None = 1
+    stream: bool | None = False
+    logprobs: int | None = None
     stop: str | list[str] | None = None
-    seed: Int | None = None
-    echo: Bool | None = False
-    presence_penalty: Float | None = 0.0
-    frequency_penalty: Float | None = 0.0
-    best_of: Int | None = None
+    seed: int | None = None
+    echo: bool | None = False
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    best_of: int | None = None
 
 
 class PageRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt: str = ""
-    max_tokens: Int = 64
-    temperature: Float = 0.8
-    top_k: Int | None = 200
-    top_p: Float | None = None
-    seed: Int | None = 1337
+    max_tokens: int = 64
+    temperature: float = 0.8
+    top_k: int | None = 200
+    top_p: float | None = None
+    seed: int | None = 1337
 
 
 class AttentionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    ids: list[Int]
-    position: Int
+    ids: list[int]
+    position: int
 
 
 FLUSH_S = 0.02  # a token waits at most this long, or one token more, before it is sent (run_job)
@@ -229,7 +216,18 @@ def create_app(engine: Engine, model_name: str, limits: Limits | None = None) ->
         return JSONResponse(body, status_code=500)
 
     # ---- checks shared by the API and the page -------------------------------------------------------
-    def prompt_ids(prompt: str | list[int] | list[str]) -> list[int]:
+    def submit(
+        prompt: str | list[int] | list[str], max_tokens: int, n: int = 1, **settings: Any
+    ) -> tuple[Job, AsyncIterator[list[Step]]]:
+        """A job and its steps, once every setting is checked (here: run_job submits when first read)."""
+        if not 1 <= max_tokens <= limits.max_tokens:
+            raise ApiError(f"max_tokens must be between 1 and {limits.max_tokens}.", "max_tokens")
+        if not 1 <= n <= limits.max_n:
+            raise ApiError(f"n must be between 1 and {limits.max_n}.", "n")
+        if engine.waiting >= limits.max_waiting:
+            raise ApiError(
+                f"The server is busy ({engine.waiting} requests waiting); try again soon.", status=429
+            )
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
                 raise ApiError("Send one prompt per request (a list of several is not supported).", "prompt")
@@ -245,21 +243,7 @@ def create_app(engine: Engine, model_name: str, limits: Limits | None = None) ->
                 f"The prompt has {len(ids)} tokens, more than max_prompt_tokens={limits.max_prompt_tokens}.",
                 "prompt",
             )
-        return ids
-
-    def submit(
-        prompt: str | list[int] | list[str], max_tokens: int, n: int = 1, **settings: Any
-    ) -> tuple[Job, AsyncIterator[list[Step]]]:
-        """A job and its steps, once every setting is checked (here: run_job submits when first read)."""
-        if not 1 <= max_tokens <= limits.max_tokens:
-            raise ApiError(f"max_tokens must be between 1 and {limits.max_tokens}.", "max_tokens")
-        if not 1 <= n <= limits.max_n:
-            raise ApiError(f"n must be between 1 and {limits.max_n}.", "n")
-        if engine.waiting >= limits.max_waiting:
-            raise ApiError(
-                f"The server is busy ({engine.waiting} requests waiting); try again soon.", status=429
-            )
-        job = Job(prompt_ids(prompt), max_tokens, n=n, **settings)
+        job = Job(ids, max_tokens, n=n, **settings)
         check_sampling_args(job.temperature, job.top_k, job.top_p)
         return job, run_job(engine, job)
 
