@@ -80,10 +80,7 @@ def export_model(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        if fmt == "hf":
-            write_hf(model, tokenizer, tmp)
-        else:
-            write_safetensors(model, tokenizer, tmp)
+        (write_hf if fmt == "hf" else write_safetensors)(model, tokenizer, tmp)
         umask = os.umask(0)
         os.umask(umask)
         # mkdtemp makes a 0700 directory, save_pretrained 0600 files: give them the user's usual permissions
@@ -95,6 +92,5 @@ def export_model(
         tmp.rename(out)
         shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # left only by a failure
     return out
