@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import read_json
 from mini_gpt.tokenizer import (
     GPT2_PAT_STR,
     CharTokenizer,
@@ -158,7 +159,7 @@ def load_hf_tokenizer(directory: Path) -> Tokenizer:
             raise MiniGPTError(f"{vocab_path} is not a byte-level GPT-2 vocabulary") from None
         return TiktokenTokenizer("gpt2", GPT2_PAT_STR, ranks, special)
     gpt2 = build_tokenizer("gpt2")
-    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))  # load_model read it
+    config = read_json(directory / "config.json") or {}
     if config.get("model_type") == "gpt2" and config.get("vocab_size") == gpt2.vocab_size:
         return gpt2
     raise MiniGPTError(
