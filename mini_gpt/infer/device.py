@@ -12,8 +12,6 @@ import torch
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, thread_note
 
-__all__ = ["autocast_context", "resolve_device", "watch_cpu_load"]
-
 
 def resolve_device(name: str) -> torch.device:
     """auto = cuda > mps > cpu."""

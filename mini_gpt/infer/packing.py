@@ -12,8 +12,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["PackedLinear", "can_pack", "prepare_for_inference"]
-
 
 def can_pack(device: torch.device | str, dtype: torch.dtype = torch.float32) -> bool:
     """Whether Linear weights on `device` can be packed for oneDNN in `dtype`."""

@@ -1,9 +1,6 @@
-"""Prompts of different lengths as one batch: left padding, run through the model's own modules.
-
-A row padded on the left must decode as it would alone: its padding is hidden from every query (a key
-mask combined with the causal one) and its positions count its real tokens only, so its first real token
-sits at position 0. `GPT.forward` knows neither; `padded_last_logits` runs the same embeddings, blocks,
-final norm and head with both.
+"""Prompts of different lengths as one batch, padded on the left, each row decoding as it would alone:
+its padding is hidden from every query and its positions count its real tokens only. `GPT.forward` knows
+neither; `padded_last_logits` runs the model's own modules with both.
 """
 
 from __future__ import annotations
@@ -13,17 +10,12 @@ from torch import Tensor
 from mini_gpt.model.attention import KVCache
 from mini_gpt.model.gpt import GPT
 
-__all__ = ["padded_last_logits"]
-
 
 def padded_last_logits(
     model: GPT, idx: Tensor, keep: Tensor, kv_caches: list[KVCache] | None = None
 ) -> Tensor:
-    """Logits (B, 1, vocab_size) of the last position of idx (B, T), left-padded rows.
-
-    `keep` (B, S) is False at the padding of the whole context, cached tokens included (S = cached + T):
-    idx holds its last T columns.
-    """
+    """Logits (B, 1, vocab_size) of the last position of idx (B, T): the last T columns of a context whose
+    `keep` (B, S) is False at its padding (S = cached + T)."""
     T = idx.shape[1]
     positions = (keep.cumsum(dim=1) - 1).clamp(min=0)[:, -T:]  # (B, T): real tokens before, per row
     attn_mask = keep[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries

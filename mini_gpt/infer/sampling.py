@@ -22,16 +22,6 @@ from torch import Tensor, nn
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.padding import padded_last_logits
 
-__all__ = [
-    "apply_repetition_penalty",
-    "check_sampling_args",
-    "context_start",
-    "filter_logits",
-    "generate",
-    "next_token_probs",
-    "sample_next",
-]
-
 
 def check_sampling_args(
     temperature: float, top_k: int | None, top_p: float | None, rep: float | None = None
@@ -61,28 +51,23 @@ def apply_repetition_penalty(logits: Tensor, seq: Tensor, penalty: float) -> Ten
     return logits.scatter(1, seq, seen)
 
 
-def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
-    """Set to -inf every logit outside the top-k and outside the top-p nucleus; (B, V) -> (B, V). A token
-    stays in the nucleus while the mass of the tokens ranked above it is below p (the top one always)."""
-    V = logits.shape[-1]
-    if top_k is not None and top_k < V:
+def next_token_probs(
+    logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> Tensor:
+    """Distribution of the next token: logits (B, V) -> probabilities (B, V); temperature > 0. Outside the
+    top-k and the top-p nucleus, 0; a token stays in the nucleus while the mass of those ranked above it
+    is below p (the top one always)."""
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
         values, indices = torch.topk(logits, top_k, dim=-1)  # (B, k)
         logits = torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
         probs = torch.softmax(sorted_logits, dim=-1)
-        mass_before = torch.cumsum(probs, dim=-1) - probs  # exclusive prefix sum
-        keep_sorted = mass_before < top_p
+        keep_sorted = torch.cumsum(probs, dim=-1) - probs < top_p  # the mass before each token
         keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # back to vocab order
         logits = logits.masked_fill(~keep, float("-inf"))
-    return logits
-
-
-def next_token_probs(
-    logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
-) -> Tensor:
-    """Distribution of the next token: logits (B, V) -> probabilities (B, V); temperature > 0."""
-    return torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
+    return torch.softmax(logits, dim=-1)
 
 
 def sample_next(
@@ -97,21 +82,6 @@ def sample_next(
         return logits.argmax(dim=-1)
     probs = next_token_probs(logits, temperature, top_k, top_p)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
-def _last_logits(model: nn.Module, idx: Tensor, keep: Tensor | None, caches: list | None) -> Tensor:
-    """Logits (B, 1, V) of idx's last position; idx is the end of the context whose padding mask (with
-    left padding) is `keep` (B, S)."""
-    if keep is None:
-        return model(idx, kv_caches=caches, last_only=True)[0]
-    return padded_last_logits(model, idx, keep, caches)
-
-
-def _expand_caches(caches: list, n: int) -> None:
-    """Share a batch-1 prefill among n samples: copy the cached keys/values into n rows."""
-    for cache in caches:
-        cache.k = cache.k.expand(n, -1, -1, -1).contiguous()
-        cache.v = cache.v.expand(n, -1, -1, -1).contiguous()
 
 
 @torch.no_grad()
@@ -130,21 +100,16 @@ def generate(
     attention_mask: Tensor | None = None,
     stream: Callable[[Tensor], bool | None] | None = None,
 ) -> Tensor:
-    """Continue the prompts idx (B, T) by `max_new_tokens` tokens -> (B', T + max_new_tokens).
+    """Continue the prompts idx (B, T) by `max_new_tokens` tokens -> (B', T + max_new_tokens), the model in
+    eval mode meanwhile. temperature 0 is greedy; repetition_penalty None or 1 is off.
 
     Args:
-        temperature: divides the logits; 0 = greedy (argmax; top_k/top_p are then irrelevant).
-        top_k / top_p: sample only among the k most likely tokens / from the nucleus of mass >= p.
         use_cache: KV-cache decoding; False recomputes the whole context every step (module docstring).
-        generator: a seeded `torch.Generator` on the model's device makes sampling reproducible.
-        repetition_penalty: > 1 discourages tokens already in the sequence (None or 1 = off).
         num_samples: with a single prompt row, B' = num_samples samples that share one prefill.
         window: tokens kept when the context slides past block_size (default block_size // 2).
         attention_mask: (B, T), 0 at left padding: each row decodes as it would alone (while the batch
             fits in block_size; the sliding window counts the batch's columns, padding included).
         stream: called with each step's new tokens (B',); returning True stops early (a shorter result).
-
-    The model is in eval mode while this runs and gets its previous mode back at the end.
     """
     check_sampling_args(temperature, top_k, top_p, repetition_penalty)
     if idx.dim() != 2 or idx.shape[1] < 1:
@@ -175,21 +140,19 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        for _step in range(max_new_tokens):
+        for step in range(max_new_tokens):
             new_start = context_start(start, n, block_size, window)
-            context = keep[:, new_start:n] if keep is not None else None  # (n_rows, S)
-            if caches is None:
-                logits = _last_logits(model, seq[:, new_start:n], context, None)
-            elif _step == 0 or new_start != start:  # (re-)prefill the whole context
-                for cache in caches:
-                    cache.reset()
-                rows = 1 if _step == 0 and B == 1 else n_rows
-                mask = context[:rows] if context is not None else None
-                logits = _last_logits(model, seq[:rows, new_start:n], mask, caches)
-                if rows != n_rows:
-                    _expand_caches(caches, n_rows)
-            else:  # the one new token; the cache holds everything before it
-                logits = _last_logits(model, seq[:, n - 1 : n], context, caches)
+            prefill = caches is None or step == 0 or new_start != start  # else the one new token is fed
+            for cache in caches if caches and prefill else ():
+                cache.reset()
+            rows = 1 if caches and step == 0 and B == 1 else n_rows  # the samples share one prefill
+            x = seq[:rows, (new_start if prefill else n - 1) : n]
+            if keep is None:
+                logits = model(x, kv_caches=caches, last_only=True)[0]
+            else:  # left padding: the mask covers the whole context, cached tokens included
+                logits = padded_last_logits(model, x, keep[:rows, new_start:n], caches)
+            for cache in caches if rows != n_rows else ():
+                cache.k, cache.v = (t.expand(n_rows, -1, -1, -1).contiguous() for t in (cache.k, cache.v))
             start = new_start
             logits = logits[:, -1, :].float().expand(n_rows, -1)  # (n_rows, V)
             if repetition_penalty is not None and repetition_penalty != 1.0:

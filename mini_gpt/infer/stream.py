@@ -9,8 +9,6 @@ from pathlib import Path
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.tokenizer import Tokenizer
 
-__all__ = ["TextStream", "encode_prompt", "prompt_text", "unescape"]
-
 
 def unescape(text: str) -> str:
     """Turn the two-character sequences \\n, \\t and \\\\ into a newline, a tab and a backslash."""
@@ -90,16 +88,9 @@ class TextStream:
             self.text = self.text[: min(hits)]
             self.stopped = True
         end = len(self.text)
-        if not (self.stopped or final):
-            end -= self._partial_stop()
+        if not (self.stopped or final):  # hold back the longest end that may begin a stop string
+            tails = range(min(end, longest - 1), 0, -1)
+            end -= next((k for k in tails if any(s.startswith(self.text[-k:]) for s in self.stops)), 0)
         out = self.text[self.emitted : end]
         self.emitted = max(self.emitted, end)
         return out
-
-    def _partial_stop(self) -> int:
-        """Length of the longest end of `text` that is the beginning of a stop string."""
-        for k in range(min(len(self.text), max((len(s) for s in self.stops), default=1) - 1), 0, -1):
-            tail = self.text[-k:]
-            if any(s.startswith(tail) for s in self.stops):
-                return k
-        return 0

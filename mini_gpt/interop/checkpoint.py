@@ -1,10 +1,9 @@
 """Load a model and its tokenizer from whatever training or export wrote: no Lightning, no Hydra.
 
-`load_model(path)` reads a Lightning `.ckpt` (`torch.load(weights_only=True)`: a checkpoint cannot run
-code; the `mini_gpt` entry holds model config and tokenizer; LoRA adapters are merged in), a
-`format=safetensors` export (or its `model.safetensors`), or a `format=hf` / local `transformers`
-directory, or a nanoGPT `ckpt.pt` (mini_gpt.interop.nanogpt). `load_source` also takes a hub name;
-`open_model` is what the tools' `ckpt=` / `init_from=` load. Every failure is one `MiniGPTError` line.
+`load_model` reads a Lightning `.ckpt` (`torch.load(weights_only=True)`: a checkpoint cannot run code; its
+`mini_gpt` entry holds model config and tokenizer; LoRA adapters are merged in), a `format=safetensors`
+export, a `format=hf` / local `transformers` directory, or a nanoGPT `ckpt.pt`. `load_source` also takes a
+hub name; `open_model` is what the tools' `ckpt=` / `init_from=` load. Every failure is one line.
 """
 
 from __future__ import annotations
@@ -24,18 +23,6 @@ from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_dict
 from mini_gpt.train.lora import LoraSpec, has_lora_weights, merge_lora
 
-__all__ = [
-    "FORMAT_VERSION",
-    "check_resume",
-    "load_model",
-    "load_source",
-    "metadata",
-    "model_state_dict",
-    "open_model",
-    "read_checkpoint",
-    "unreadable_checkpoint",
-]
-
 FORMAT_VERSION = 1
 SAFETENSORS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -48,16 +35,6 @@ def metadata(model: GPT, tokenizer: Tokenizer | None) -> dict[str, Any]:
         "model_config": model.config.to_dict(),
         "tokenizer": tokenizer.to_dict() if tokenizer is not None else None,
     }
-
-
-def model_state_dict(state_dict: dict[str, Any], prefix: str = "model.") -> dict[str, torch.Tensor]:
-    """The GPT's weights from a LightningModule state dict: keep `prefix`ed keys, drop `_orig_mod.`."""
-    out = {}
-    for key, value in state_dict.items():
-        key = key.replace("_orig_mod.", "")  # wherever torch.compile put it
-        if key.startswith(prefix):
-            out[key[len(prefix) :]] = value
-    return out
 
 
 def unreadable_checkpoint(path: str | Path, err: BaseException) -> MiniGPTError:
@@ -208,44 +185,41 @@ def _assemble(
     return model, tokenizer
 
 
-def _load_lightning(path: Path, tokenizer_file: str | None = None) -> tuple[GPT, Tokenizer]:
-    ckpt = read_checkpoint(path)
-    if is_nanogpt(ckpt):  # nanoGPT's ckpt.pt: shape from model_args, tokenizer from meta.pkl or GPT-2
-        config, weights, tokenizer = nanogpt_parts(path, ckpt, tokenizer_file)
-        return _assemble(config, weights, tokenizer, path)
-    if tokenizer_file:
+def _load_dir(directory: Path, safetensors: bool) -> tuple[GPT, Tokenizer]:
+    """A `format=safetensors` export (also for its .safetensors file: `safetensors`), else a transformers
+    directory."""
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
         raise MiniGPTError(
-            f"tokenizer= applies to nanoGPT checkpoints only; {path} carries its own tokenizer"
+            f"{directory} has no {CONFIG_FILE}, so it is not a model directory; pass a .ckpt file, a "
+            "mini_gpt.interop.export directory or a transformers GPT-2 directory"
         )
-    meta = _check_meta(ckpt.get("mini_gpt"), path)
-    state = ckpt.get("state_dict")
-    if not isinstance(state, dict):
-        raise MiniGPTError(f"checkpoint {path} has no state_dict")
-    return _build(meta, model_state_dict(state), path)
-
-
-def _read_config(config_path: Path) -> Any:
-    """The JSON config of an export directory, or one line saying it is unreadable."""
     try:
-        return json.loads(config_path.read_text())
+        config = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise MiniGPTError(
             f"cannot read {config_path} ({type(err).__name__}); re-run mini_gpt.interop.export"
         ) from None
-
-
-def _load_safetensors_dir(directory: Path) -> tuple[GPT, Tokenizer]:
-    config_path = directory / CONFIG_FILE
-    config = _read_config(config_path)
-    meta = _check_meta(config.get("mini_gpt") if isinstance(config, dict) else None, config_path)
-    weights_path = directory / SAFETENSORS_FILE
-    if not weights_path.is_file():
-        raise MiniGPTError(f"{weights_path} does not exist; re-run mini_gpt.interop.export")
-    try:
-        weights = load_file(weights_path)
-    except (SafetensorError, OSError, ValueError) as err:
-        raise MiniGPTError(f"cannot read {weights_path}: corrupt or truncated ({err})") from None
-    return _build(meta, weights, weights_path)
+    config = config if isinstance(config, dict) else {}
+    if safetensors or "mini_gpt" in config:
+        meta = _check_meta(config.get("mini_gpt"), config_path)
+        weights_path = directory / SAFETENSORS_FILE
+        if not weights_path.is_file():
+            raise MiniGPTError(f"{weights_path} does not exist; re-run mini_gpt.interop.export")
+        try:
+            weights = load_file(weights_path)
+        except (SafetensorError, OSError, ValueError) as err:
+            raise MiniGPTError(f"cannot read {weights_path}: corrupt or truncated ({err})") from None
+        return _build(meta, weights, weights_path)
+    kind = config.get("model_type")
+    if kind not in ARCHITECTURES:
+        readable = ", ".join(a.label for a in ARCHITECTURES.values())
+        raise MiniGPTError(
+            f"{config_path} describes {f'{kind!r} model' if kind else 'no known model'}, not one "
+            f"mini-gpt reads ({readable}); pass a .ckpt file, a `mini-gpt export` directory or a "
+            "transformers directory"
+        )
+    return load_hf_dir(directory)
 
 
 def load_model(
@@ -254,34 +228,26 @@ def load_model(
     """(GPT in eval mode on `device`, tokenizer) from a `.ckpt`, an export directory or its .safetensors,
     or a nanoGPT `ckpt.pt` (`tokenizer`: its data's meta.pkl, see mini_gpt.interop.nanogpt)."""
     path = Path(path).expanduser()
-    if tokenizer and (path.is_dir() or path.suffix == ".safetensors"):
+    export = path.is_dir() or (path.suffix == ".safetensors" and (path.parent / CONFIG_FILE).is_file())
+    ckpt = None if export else read_checkpoint(path)
+    if tokenizer and (ckpt is None or not is_nanogpt(ckpt)):
         raise MiniGPTError(
             f"tokenizer= applies to nanoGPT checkpoints only; {path} carries its own tokenizer"
         )
-    if path.is_dir():
-        config_path = path / CONFIG_FILE
-        if not config_path.is_file():
-            raise MiniGPTError(
-                f"{path} has no {CONFIG_FILE}, so it is not a model directory; pass a .ckpt file, a "
-                "mini_gpt.interop.export directory or a transformers GPT-2 directory"
-            )
-        config = _read_config(config_path)
-        if isinstance(config, dict) and "mini_gpt" in config:
-            model, tok = _load_safetensors_dir(path)
-        else:
-            kind = config.get("model_type") if isinstance(config, dict) else None
-            if kind not in ARCHITECTURES:
-                readable = ", ".join(a.label for a in ARCHITECTURES.values())
-                raise MiniGPTError(
-                    f"{config_path} describes {f'{kind!r} model' if kind else 'no known model'}, not one "
-                    f"mini-gpt reads ({readable}); pass a .ckpt file, a `mini-gpt export` directory or a "
-                    "transformers directory"
-                )
-            model, tok = load_hf_dir(path)
-    elif path.suffix == ".safetensors" and (path.parent / CONFIG_FILE).is_file():
-        model, tok = _load_safetensors_dir(path.parent)
-    else:  # a Lightning or nanoGPT checkpoint; `tokenizer` is refused there for the former
-        model, tok = _load_lightning(path, tokenizer)
+    if ckpt is None:
+        model, tok = _load_dir(path if path.is_dir() else path.parent, safetensors=not path.is_dir())
+    elif is_nanogpt(ckpt):  # shape from model_args, tokenizer from meta.pkl or GPT-2
+        config, weights, tok = nanogpt_parts(path, ckpt, tokenizer)
+        model, tok = _assemble(config, weights, tok, path)
+    else:
+        meta = _check_meta(ckpt.get("mini_gpt"), path)
+        state = ckpt.get("state_dict")
+        if not isinstance(state, dict):
+            raise MiniGPTError(f"checkpoint {path} has no state_dict")
+        state = {k.replace("_orig_mod.", ""): v for k, v in state.items()}  # wherever torch.compile put it
+        model, tok = _build(
+            meta, {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}, path
+        )
     return model.to(device).eval(), tok
 
 

@@ -1,14 +1,9 @@
-"""Export a trained model to a directory, atomically: `export_model(model, tokenizer, out, fmt)`.
+"""Export a trained model, atomically: `export_model(model, tokenizer, out, fmt)`.
 
-- `format=safetensors`: `model.safetensors` (a tied head stored once) + `config.json` holding the same
-  `mini_gpt` metadata as a training checkpoint; any model config works.
-- `format=hf`: a directory `transformers.AutoModelForCausalLM.from_pretrained` loads (GPT-2, GPT-NeoX
-  or Llama; see `mini_gpt.interop.hf`), with the tokenizer in `transformers`' files too.
-- `format=gguf`: one file `out` for llama.cpp / Ollama (`outtype` f32, f16 or q8_0; see
-  `mini_gpt.interop.gguf_export`), and an Ollama Modelfile beside it (`model.gguf` -> `model.Modelfile`).
-
-The directory (or file) is written under a temporary name and renamed into place, so an interrupted
-export leaves no half-written model; an existing `out` is replaced only with `overwrite=true`.
+`format=safetensors`: `model.safetensors` (a tied head stored once) + `config.json` holding a checkpoint's
+`mini_gpt` metadata; any model config. `format=hf`: a `transformers` directory (mini_gpt.interop.hf).
+`format=gguf`: one file for llama.cpp (mini_gpt.interop.gguf_export) and an Ollama Modelfile beside it.
+An interrupted export leaves no half-written model; an existing `out` is replaced only with `overwrite`.
 """
 
 from __future__ import annotations
@@ -29,27 +24,16 @@ from mini_gpt.interop.hf import write_hf
 from mini_gpt.model.gpt import GPT
 from mini_gpt.tokenizer import Tokenizer
 
-__all__ = ["FORMATS", "check_format", "export_model", "modelfile_path", "write_safetensors"]
-
 FORMATS = ("hf", "safetensors", "gguf")
 
 
 def write_safetensors(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    if model.config.tie_weights:  # the same tensor as transformer.wte.weight; safetensors stores no aliases
+    if model.config.tie_weights:  # transformer.wte.weight's tensor; safetensors stores no aliases
         state.pop("lm_head.weight")
     save_file(state, str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
     config = {"format": "safetensors", "mini_gpt": metadata(model, tokenizer)}
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=1))
-
-
-def _apply_umask(directory: Path) -> None:
-    """Give the export the permissions of any new file of the user (mkdtemp makes 0700 directories)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    directory.chmod(0o777 & ~umask)
-    for path in directory.rglob("*"):
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def check_format(fmt: str, outtype: str = "f32") -> None:
@@ -67,22 +51,6 @@ def modelfile_path(gguf_path: Path) -> Path:
     return gguf_path.with_suffix(".Modelfile")
 
 
-def _export_gguf(model: GPT, tokenizer: Tokenizer, out: Path, outtype: str, overwrite: bool) -> Path:
-    modelfile = modelfile_path(out)
-    if out.is_dir():
-        raise MiniGPTError(f"{out} is a directory; format=gguf writes one file: pass out=PATH/model.gguf")
-    if not overwrite:
-        for path in (out, modelfile):
-            if path.exists():
-                raise MiniGPTError(
-                    f"{path} already exists; choose another out=FILE.gguf or pass overwrite=true"
-                )
-    write_gguf(model, tokenizer, out, outtype)
-    with atomic_write(modelfile) as fh:
-        fh.write(modelfile_text(model, tokenizer, out.name))
-    return out
-
-
 def export_model(
     model: GPT,
     tokenizer: Tokenizer,
@@ -91,30 +59,38 @@ def export_model(
     overwrite: bool = False,
     outtype: str = "f32",
 ) -> Path:
-    """Write `model` + `tokenizer` to `out` (a directory; a file for gguf) in format `fmt`, atomically;
-    return its path. `outtype` (f32, f16, q8_0) is gguf's weight type."""
+    """Write `model` + `tokenizer` to `out` (a directory; a file for gguf) in format `fmt`; return its path.
+    `outtype` (f32, f16, q8_0) is gguf's weight type."""
     check_format(fmt, outtype)
     out = Path(out).expanduser().resolve()
     if fmt == "gguf":
-        return _export_gguf(model, tokenizer, out, outtype, overwrite)
+        if out.is_dir():
+            raise MiniGPTError(f"{out} is a directory; format=gguf writes one file: pass out=PATH/model.gguf")
+        for path in () if overwrite else (out, modelfile_path(out)):
+            if path.exists():
+                raise MiniGPTError(
+                    f"{path} already exists; choose another out=FILE.gguf or pass overwrite=true"
+                )
+        write_gguf(model, tokenizer, out, outtype)
+        with atomic_write(modelfile_path(out)) as fh:
+            fh.write(modelfile_text(model, tokenizer, out.name))
+        return out
     if out.exists() and not overwrite:
         raise MiniGPTError(f"{out} already exists; choose another out=DIR or pass overwrite=true")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        if fmt == "hf":
-            write_hf(model, tokenizer, tmp)
-        else:
-            write_safetensors(model, tokenizer, tmp)
-        _apply_umask(tmp)
+        (write_hf if fmt == "hf" else write_safetensors)(model, tokenizer, tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        # mkdtemp makes a 0700 directory, save_pretrained 0600 files: give them the user's usual permissions
+        for p in (tmp, *tmp.rglob("*")):
+            p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
         if out.exists():  # overwrite: move the old one aside first, so a failure leaves one intact copy
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
-        else:
-            tmp.rename(out)
+        tmp.rename(out)
+        shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # left only by a failure
     return out

@@ -1,9 +1,8 @@
 """Our tokenizers in `transformers`' files and back (the tokenizer half of a `format=hf` directory).
 
-`save_hf_tokenizer` writes ours as `mini_gpt_tokenizer.json` (exact) plus `transformers`' own files, so
-`AutoTokenizer.from_pretrained(dir)` gives the same ids (GPT-2's BPE files; any other tiktoken BPE, such as
-one from `mini-gpt tokenizer train`, as a `tokenizers` byte-level BPE in tokenizer.json; a `tokenizers`
-character vocabulary); `load_hf_tokenizer` reads ours, else GPT-2's `vocab.json`.
+`save_hf_tokenizer` writes ours as `mini_gpt_tokenizer.json` (exact) plus files `AutoTokenizer` reads to
+the same ids: GPT-2's vocab.json + merges.txt; any other tiktoken BPE (`mini-gpt tokenizer train`) as a
+`tokenizers` byte-level BPE in tokenizer.json; a character vocabulary as a `tokenizers` BPE without merges.
 """
 
 from __future__ import annotations
@@ -14,28 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import read_json
 from mini_gpt.tokenizer import (
     GPT2_PAT_STR,
     CharTokenizer,
     TiktokenTokenizer,
     Tokenizer,
+    build_tokenizer,
     tokenizer_from_dict,
 )
 from mini_gpt.tokenizer.bpe import merge_parts
 
-__all__ = [
-    "HF_TOKENIZER_FILE",
-    "char_tokenizer",
-    "gpt2_tokenizer_files",
-    "load_hf_tokenizer",
-    "require_transformers",
-    "save_hf_tokenizer",
-]
-
 HF_TOKENIZER_FILE = "mini_gpt_tokenizer.json"  # our tokenizer, saved beside a `format=hf` export
-# tiktoken encodings with GPT-2's vocabulary *and* pre-tokenisation regex, which is what
-# transformers' GPT2Tokenizer implements.
-GPT2_LIKE = ("gpt2", "r50k_base")
+GPT2_LIKE = ("gpt2", "r50k_base")  # GPT-2's vocabulary and regex: what transformers' GPT2Tokenizer does
 
 
 def require_transformers() -> Any:
@@ -49,46 +39,42 @@ def require_transformers() -> Any:
     return transformers
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable characters (the alphabet of vocab.json/merges.txt)."""
-    require_transformers()
-    try:
-        from transformers.convert_slow_tokenizer import bytes_to_unicode
-    except ImportError:  # transformers 4.x kept it beside the GPT-2 tokenizer
-        from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-    return bytes_to_unicode()
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map, the alphabet of byte-level BPE vocabularies:
+    printable Latin-1 bytes stand for themselves, the others for code points from 256 on."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
 
 
-def _vocab_and_merges(tokenizer: TiktokenTokenizer) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """The ranks as a byte-level BPE's vocabulary and merges, in GPT-2's printable byte alphabet. tiktoken
-    stores only ranks (token bytes -> id): each token's merge is recovered by running BPE on its bytes
-    with the merges ranked before it, which must end in exactly two parts."""
-    to_char = _bytes_to_unicode()
+def byte_level_bpe(tokenizer: TiktokenTokenizer) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The ranks as a byte-level BPE's vocabulary and merges, in `bytes_to_unicode`'s alphabet. tiktoken
+    stores only ranks: each token's merge is recovered by running BPE on its bytes with the merges ranked
+    before it, which must end in exactly two parts."""
+    to_char = bytes_to_unicode()
 
     def text(b: bytes) -> str:
         return "".join(to_char[x] for x in b)
 
-    ranks = tokenizer.ranks
-    vocab = {text(tok): rank for tok, rank in ranks.items()}
-    merges = []
+    ranks, merges = tokenizer.ranks, []
     for tok in sorted(ranks, key=ranks.__getitem__):
-        if len(tok) < 2:
-            continue
-        parts = merge_parts(tok, ranks)
-        if parts is None:
-            raise MiniGPTError(
-                f"tokenizer {tokenizer.name!r}: token {tok!r} is not one BPE merge; use format=safetensors"
-            )
-        merges.append((text(parts[0]), text(parts[1])))
-    return vocab, merges
+        if len(tok) > 1:
+            parts = merge_parts(tok, ranks)
+            if parts is None:
+                raise MiniGPTError(
+                    f"tokenizer {tokenizer.name!r}: token {tok!r} is not one BPE merge of earlier tokens, "
+                    "so it cannot be rebuilt outside mini-gpt; export with format=safetensors"
+                )
+            merges.append((text(parts[0]), text(parts[1])))
+    return {text(tok): rank for tok, rank in ranks.items()}, merges
 
 
 def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) -> dict[str, str]:
     """vocab.json, merges.txt and tokenizer_config.json for transformers' GPT2Tokenizer."""
-    vocab, merges = _vocab_and_merges(tokenizer)
+    vocab, merges = byte_level_bpe(tokenizer)
     vocab.update(tokenizer.special_tokens)
     eot = "<|endoftext|>" if "<|endoftext|>" in tokenizer.special_tokens else None
-    config: dict[str, Any] = {
+    config = {
         "tokenizer_class": "GPT2Tokenizer",
         "model_max_length": model_max_length,
         "add_prefix_space": False,
@@ -103,20 +89,6 @@ def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) ->
     }
 
 
-def char_tokenizer(tokenizer: CharTokenizer, model_max_length: int) -> Any:
-    """Our character vocabulary as a `transformers` fast tokenizer: a `tokenizers` BPE model with no merges
-    (one id per character) and the `Fuse` decoder (no spaces between characters). Characters outside the
-    vocabulary are dropped there, where our CharTokenizer raises an error naming them."""
-    transformers = require_transformers()
-    from tokenizers import Tokenizer as Backend
-    from tokenizers import decoders, models
-
-    vocab = {ch: i for i, ch in enumerate(tokenizer.chars)}
-    backend = Backend(models.BPE(vocab=vocab, merges=[]))
-    backend.decoder = decoders.Fuse()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, model_max_length=model_max_length)
-
-
 def _greedy(pat_str: str) -> str:
     """`pat_str` with possessive quantifiers (`++`, `*+`, `?+`, `{1,3}+`) made greedy: the Oniguruma engine
     of `tokenizers` reads a trailing `+` as one more repetition, and on tiktoken's patterns the greedy
@@ -124,15 +96,24 @@ def _greedy(pat_str: str) -> str:
     return re.sub(r"(?<!\\)([+*?]|\{\d+(?:,\d*)?\})\+", r"\1", pat_str)
 
 
-def bpe_tokenizer(tokenizer: TiktokenTokenizer, model_max_length: int) -> Any:
-    """Any tiktoken BPE as a `transformers` fast tokenizer (saved as tokenizer.json): a `tokenizers`
-    byte-level BPE with tiktoken's split regex, whole pre-tokens in the vocabulary taken as they are
-    (`ignore_merges`, as tiktoken does), and the special tokens."""
+def fast_tokenizer(tokenizer: TiktokenTokenizer | CharTokenizer, model_max_length: int) -> Any:
+    """Our tokenizer as a `transformers` fast tokenizer (saved as tokenizer.json).
+
+    tiktoken BPE: a `tokenizers` byte-level BPE with tiktoken's split regex, whole pre-tokens in the
+    vocabulary taken as they are (`ignore_merges`, as tiktoken does), and the special tokens. Characters:
+    a BPE with no merges (one id per character) and the `Fuse` decoder; characters outside the vocabulary
+    are dropped there, where our CharTokenizer raises an error naming them."""
     transformers = require_transformers()
     from tokenizers import Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as Backend
 
-    vocab, merges = _vocab_and_merges(tokenizer)
+    if isinstance(tokenizer, CharTokenizer):
+        backend = Backend(models.BPE(vocab={ch: i for i, ch in enumerate(tokenizer.chars)}, merges=[]))
+        backend.decoder = decoders.Fuse()
+        return transformers.PreTrainedTokenizerFast(
+            tokenizer_object=backend, model_max_length=model_max_length
+        )
+    vocab, merges = byte_level_bpe(tokenizer)
     backend = Backend(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
     backend.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(_greedy(tokenizer.pat_str)), behavior="isolated"),
@@ -151,35 +132,38 @@ def bpe_tokenizer(tokenizer: TiktokenTokenizer, model_max_length: int) -> Any:
     return fast
 
 
-def _gpt2_tokenizer_from_vocab(vocab_path: Path) -> Tokenizer:
-    """GPT-2's byte-level BPE from a transformers `vocab.json`: token id = BPE rank (true for GPT-2)."""
-    vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
-    byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
-    special = {tok: i for tok, i in vocab.items() if tok.startswith("<|") and tok.endswith("|>")}
-    try:
-        ranks = {bytes(byte_of[c] for c in tok): i for tok, i in vocab.items() if tok not in special}
-    except KeyError:
-        raise MiniGPTError(f"{vocab_path} is not a byte-level GPT-2 vocabulary") from None
-    return TiktokenTokenizer("gpt2", GPT2_PAT_STR, ranks, special)
-
-
 def save_hf_tokenizer(tokenizer: Tokenizer, directory: Path, model_max_length: int) -> None:
     """Write our tokenizer and, where `transformers` has a counterpart, its files (module docstring)."""
     (directory / HF_TOKENIZER_FILE).write_text(json.dumps(tokenizer.to_dict()), encoding="utf-8")
     if isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name in GPT2_LIKE:
         for name, content in gpt2_tokenizer_files(tokenizer, model_max_length).items():
             (directory / name).write_text(content, encoding="utf-8")
-    elif isinstance(tokenizer, TiktokenTokenizer):
-        bpe_tokenizer(tokenizer, model_max_length).save_pretrained(str(directory))
-    elif isinstance(tokenizer, CharTokenizer):
-        char_tokenizer(tokenizer, model_max_length).save_pretrained(str(directory))
+    elif isinstance(tokenizer, (TiktokenTokenizer, CharTokenizer)):
+        fast_tokenizer(tokenizer, model_max_length).save_pretrained(str(directory))
 
 
 def load_hf_tokenizer(directory: Path) -> Tokenizer:
-    """Our tokenizer saved in `directory`, else GPT-2's from its `vocab.json`."""
-    ours = directory / HF_TOKENIZER_FILE
-    if ours.is_file():
-        return tokenizer_from_dict(json.loads(ours.read_text(encoding="utf-8")))
-    if (directory / "vocab.json").is_file():
-        return _gpt2_tokenizer_from_vocab(directory / "vocab.json")
-    raise MiniGPTError(f"{directory} has no tokenizer ({HF_TOKENIZER_FILE} or vocab.json)")
+    """Our tokenizer saved in `directory`, else GPT-2's from its `vocab.json` (token id = BPE rank); for a
+    GPT-2 saved without one (`model.save_pretrained(DIR)` alone), the shipped GPT-2 BPE, once config.json
+    shows GPT-2's vocabulary size."""
+    if (directory / HF_TOKENIZER_FILE).is_file():
+        return tokenizer_from_dict(json.loads((directory / HF_TOKENIZER_FILE).read_text(encoding="utf-8")))
+    vocab_path = directory / "vocab.json"
+    if vocab_path.is_file():
+        vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
+        byte_of = {ch: b for b, ch in bytes_to_unicode().items()}
+        special = {tok: i for tok, i in vocab.items() if tok.startswith("<|") and tok.endswith("|>")}
+        try:
+            ranks = {bytes(byte_of[c] for c in tok): i for tok, i in vocab.items() if tok not in special}
+        except KeyError:
+            raise MiniGPTError(f"{vocab_path} is not a byte-level GPT-2 vocabulary") from None
+        return TiktokenTokenizer("gpt2", GPT2_PAT_STR, ranks, special)
+    gpt2 = build_tokenizer("gpt2")
+    config = read_json(directory / "config.json") or {}
+    if config.get("model_type") == "gpt2" and config.get("vocab_size") == gpt2.vocab_size:
+        return gpt2
+    raise MiniGPTError(
+        f"{directory} has no tokenizer ({HF_TOKENIZER_FILE} or vocab.json) and its vocabulary is not GPT-2's "
+        "(model_type gpt2, vocab_size 50257); save the tokenizer beside the weights: "
+        "AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR)"
+    )

@@ -1,14 +1,9 @@
-"""nanoGPT checkpoints in: its `ckpt.pt` as our config + weights, and its `meta.pkl` as our tokenizer.
-
-nanoGPT's train.py saves `{"model": state_dict, "optimizer": ..., "model_args": {n_layer, n_head, n_embd,
-block_size, bias, vocab_size, dropout}, "iter_num", "best_val_loss", "config"}`. Its model is GPT-2's
-shape with module names equal to ours (nn.Linear layout, tied head, LayerNorm with an optional bias,
-`nn.GELU()` = our `mlp=gelu_exact`), so the weights load one to one once `torch.compile`'s `_orig_mod.`
-prefixes and the causal-mask buffers (`attn.bias`, saved when flash attention is off) are dropped.
-
-The tokenizer: `tokenizer=` a `meta.pkl` (nanoGPT's character vocabulary: `stoi`/`itos`), else a
-`meta.pkl` beside the checkpoint or in `data/<config.dataset>/`, else GPT-2 BPE (what nanoGPT uses
-without one). mini_gpt.interop.checkpoint.load_model calls `nanogpt_parts` when it meets such a file.
+"""nanoGPT checkpoints in: its `ckpt.pt` (`model` + `model_args`) as our config + weights, its `meta.pkl`
+as our tokenizer. Its model is GPT-2's shape with our module names (`nn.GELU()` = our `mlp=gelu_exact`):
+the weights load one to one once `torch.compile`'s `_orig_mod.` prefixes and the causal-mask buffers
+(`attn.bias`, saved when flash attention is off) are dropped. The tokenizer: `tokenizer=` a `meta.pkl`
+(nanoGPT's character vocabulary), else one beside the checkpoint or in `data/<config.dataset>/`, else
+GPT-2 BPE (what nanoGPT uses without one).
 """
 
 from __future__ import annotations
@@ -23,8 +18,6 @@ from mini_gpt.errors import MiniGPTError, build_config
 from mini_gpt.model.gpt import GPTConfig
 from mini_gpt.tokenizer import CharTokenizer, Tokenizer, build_tokenizer
 
-__all__ = ["is_nanogpt", "nanogpt_config", "nanogpt_parts", "nanogpt_weights", "read_meta_pkl"]
-
 MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
 GPT2_VOCAB = 50257
 
@@ -32,28 +25,6 @@ GPT2_VOCAB = 50257
 def is_nanogpt(ckpt: dict[str, Any]) -> bool:
     """Whether a loaded checkpoint dict is nanoGPT's (`model_args` + `model`)."""
     return isinstance(ckpt.get("model_args"), dict) and isinstance(ckpt.get("model"), dict)
-
-
-def nanogpt_config(model_args: dict[str, Any], source: Path) -> GPTConfig:
-    missing = [k for k in MODEL_ARGS if k not in model_args]
-    if missing:
-        raise MiniGPTError(
-            f"{source}: nanoGPT model_args lack {', '.join(missing)}; is this a nanoGPT ckpt.pt?"
-        )
-    args = {k: model_args[k] for k in MODEL_ARGS}
-    # nanoGPT: LayerNorm, learned positions, nn.GELU() (the erf form), head tied to the embedding.
-    args.update(dropout=float(model_args.get("dropout", 0.0)), mlp="gelu_exact")
-    return build_config(GPTConfig, args, f"{source}: nanoGPT model_args")
-
-
-def nanogpt_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """nanoGPT's state dict under our names: `_orig_mod.` prefixes and causal-mask buffers dropped."""
-    out = {}
-    for key, value in state.items():
-        key = key.replace("_orig_mod.", "")
-        if not key.endswith(".attn.bias"):  # the (1, 1, T, T) mask buffer, not a weight
-            out[key] = value
-    return out
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -87,37 +58,41 @@ def read_meta_pkl(path: str | Path) -> CharTokenizer:
     return CharTokenizer("".join(itos[i] for i in range(len(itos))))
 
 
-def _find_meta(path: Path, ckpt: dict[str, Any]) -> Path | None:
-    """nanoGPT's sample.py looks in data/<dataset>/meta.pkl; we also look beside the checkpoint."""
-    dataset = (ckpt.get("config") or {}).get("dataset")
-    candidates = [path.parent / "meta.pkl"]
-    if isinstance(dataset, str) and dataset:
-        for root in (Path.cwd(), path.parent, path.parent.parent):
-            candidates.append(root / "data" / dataset / "meta.pkl")
-    return next((c for c in candidates if c.is_file()), None)
-
-
-def _tokenizer(path: Path, ckpt: dict[str, Any], tokenizer_file: str | None, vocab_size: int) -> Tokenizer:
-    meta = Path(tokenizer_file).expanduser() if tokenizer_file else _find_meta(path, ckpt)
-    if meta is None:
-        if vocab_size < GPT2_VOCAB:
-            raise MiniGPTError(
-                f"{path}: a vocabulary of {vocab_size} is not GPT-2's and no meta.pkl was found beside it or "
-                "in data/<dataset>/; pass tokenizer=PATH/meta.pkl (the one of the data it was trained on)"
-            )
-        return build_tokenizer("gpt2")
-    tokenizer = read_meta_pkl(meta)
-    if tokenizer.vocab_size != vocab_size:
-        raise MiniGPTError(
-            f"{meta} has {tokenizer.vocab_size} characters but {path} was trained with "
-            f"vocab_size={vocab_size}; pass tokenizer= the meta.pkl of the data it was trained on"
-        )
-    return tokenizer
-
-
 def nanogpt_parts(
     path: Path, ckpt: dict[str, Any], tokenizer_file: str | None = None
 ) -> tuple[GPTConfig, dict[str, torch.Tensor], Tokenizer]:
     """(config, weights, tokenizer) of a loaded nanoGPT checkpoint dict read from `path`."""
-    config = nanogpt_config(ckpt["model_args"], path)
-    return config, nanogpt_weights(ckpt["model"]), _tokenizer(path, ckpt, tokenizer_file, config.vocab_size)
+    model_args = ckpt["model_args"]
+    missing = [k for k in MODEL_ARGS if k not in model_args]
+    if missing:
+        raise MiniGPTError(
+            f"{path}: nanoGPT model_args lack {', '.join(missing)}; is this a nanoGPT ckpt.pt?"
+        )
+    args = {k: model_args[k] for k in MODEL_ARGS}
+    args.update(dropout=float(model_args.get("dropout", 0.0)), mlp="gelu_exact")
+    config = build_config(GPTConfig, args, f"{path}: nanoGPT model_args")
+    weights = {
+        k.replace("_orig_mod.", ""): v for k, v in ckpt["model"].items() if not k.endswith(".attn.bias")
+    }
+    # nanoGPT's sample.py looks in data/<dataset>/meta.pkl; we also look beside the checkpoint
+    dataset = (ckpt.get("config") or {}).get("dataset")
+    roots = (Path.cwd(), path.parent, path.parent.parent) if isinstance(dataset, str) and dataset else ()
+    found = [path.parent / "meta.pkl", *(root / "data" / str(dataset) / "meta.pkl" for root in roots)]
+    meta = (
+        Path(tokenizer_file).expanduser() if tokenizer_file else next((f for f in found if f.is_file()), None)
+    )
+    if meta is None:
+        if config.vocab_size < GPT2_VOCAB:
+            raise MiniGPTError(
+                f"{path}: a vocabulary of {config.vocab_size} is not GPT-2's and no meta.pkl was found "
+                "beside it or in data/<dataset>/; pass tokenizer=PATH/meta.pkl (the one of the data it was "
+                "trained on)"
+            )
+        return config, weights, build_tokenizer("gpt2")
+    tokenizer = read_meta_pkl(meta)
+    if tokenizer.vocab_size != config.vocab_size:
+        raise MiniGPTError(
+            f"{meta} has {tokenizer.vocab_size} characters but {path} was trained with "
+            f"vocab_size={config.vocab_size}; pass tokenizer= the meta.pkl of the data it was trained on"
+        )
+    return config, weights, tokenizer

@@ -1,5 +1,2 @@
-"""`mini-gpt serve`: a local playground page and an OpenAI-compatible API over one model.
-
-engine.py holds the model side (a queue, the sampler `mini-gpt generate` uses, the attention view) and
-imports no web framework; app.py is the FastAPI application; static/ is the page (plain HTML, JS, CSS).
-"""
+"""`mini-gpt serve`: a local playground page and an OpenAI-compatible API over one model (engine.py: the
+model side, no web framework; app.py: the FastAPI application; static/: the page, plain HTML, JS, CSS)."""

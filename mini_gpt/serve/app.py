@@ -1,17 +1,8 @@
-"""The HTTP side of `mini-gpt serve`: the playground page and an OpenAI-compatible API (FastAPI).
-
-    GET  /                  the playground (static/index.html, app.js, style.css: no build step, no CDN)
-    GET  /health            {"status": "ok", "model": ..., "waiting": jobs queued or running}
-    GET  /v1/models         the one model, as OpenAI lists models
-    POST /v1/completions    OpenAI's (legacy) completions: prompt, max_tokens, temperature, top_p, top_k,
-                            stop, seed, n, stream (server-sent events), logprobs (0..5)
-    GET  /api/info          the model's shape and tokenizer, for the page
-    POST /api/generate      the page's stream: every token with its probability and top-5 alternatives
-    POST /api/attention     what one position attended to, per layer and head
-
-Every error is a 4xx (5xx only for a bug) with OpenAI's body, `{"error": {"message": one sentence, "type",
-"param", "code"}}`, never a traceback. Requests wait in the engine's queue (one generation at a time);
-a streaming client that goes away cancels its job.
+"""The HTTP side of `mini-gpt serve` (FastAPI; docs/serve.md): OpenAI's (legacy) POST /v1/completions and
+GET /v1/models, GET /health, and the playground: GET / (static/), GET /api/info (the model's shape),
+POST /api/generate (the page's stream: every token with its probability and top-5 alternatives) and
+POST /api/attention (what one position attended to, per layer and head). Every error is a 4xx (5xx only
+for a bug) with OpenAI's body, one sentence, never a traceback.
 """
 
 from __future__ import annotations
@@ -23,16 +14,17 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mini_gpt.errors import MiniGPTError
@@ -41,10 +33,6 @@ from mini_gpt.serve.engine import Engine, Job, Step, prompt_groups, token_text
 
 STATIC = Path(__file__).parent / "static"
 log = logging.getLogger("mini_gpt.serve")
-
-Int = Annotated[int, Field(strict=True)]
-Float = Annotated[float, Field(strict=True)]  # strict floats still take ints (1 for 1.0)
-Bool = Annotated[bool, Field(strict=True)]
 
 
 @dataclass
@@ -57,12 +45,12 @@ class Limits:
     max_waiting: int = 64
 
 
-class ApiError(Exception):
+class ApiError(MiniGPTError):
     """A request the server refuses: HTTP `status` and one sentence."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.param = status, param
 
 
 def sentence(err: BaseException | str) -> str:
@@ -78,71 +66,65 @@ def error_body(message: str, param: str | None = None, kind: str = "invalid_requ
 class CompletionRequest(BaseModel):
     """POST /v1/completions; unknown keys (user, ...) are ignored, unsupported features refused."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # strict floats still take ints
 
     model: str | None = None
-    prompt: str | list[Int] | list[str] = ""
-    max_tokens: Int | None = 16
-    temperature: Float | None = 1.0
-    top_p: Float | None = 1.0
-    top_k: Int | None = None  # not OpenAI's: mini-gpt generate's top_k
-    n: Int | None = 1
-    stream: Bool | None = False
-    logprobs: Int | None = None
+    prompt: str | list[int] | list[str] = ""
+    max_tokens: int | None = 16
+    temperature: float | None = 1.0
+    top_p: float | None = 1.0
+    top_k: int | None = None  # not OpenAI's: mini-gpt generate's top_k
+    n: int | None = 1
+    stream: bool | None = False
+    logprobs: int | None = None
     stop: str | list[str] | None = None
-    seed: Int | None = None
-    echo: Bool | None = False
-    presence_penalty: Float | None = 0.0
-    frequency_penalty: Float | None = 0.0
-    best_of: Int | None = None
+    seed: int | None = None
+    echo: bool | None = False
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    best_of: int | None = None
 
 
 class PageRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt: str = ""
-    max_tokens: Int = 64
-    temperature: Float = 0.8
-    top_k: Int | None = 200
-    top_p: Float | None = None
-    seed: Int | None = 1337
+    max_tokens: int = 64
+    temperature: float = 0.8
+    top_k: int | None = 200
+    top_p: float | None = None
+    seed: int | None = 1337
 
 
 class AttentionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    ids: list[Int]
-    position: Int
-
-
-class _Done:
-    def __init__(self, error: BaseException | None) -> None:
-        self.error = error
+    ids: list[int]
+    position: int
 
 
 FLUSH_S = 0.02  # a token waits at most this long, or one token more, before it is sent (run_job)
 
 
 async def run_job(engine: Engine, job: Job) -> AsyncIterator[list[Step]]:
-    """The steps of `job` as it runs on the engine's worker, in batches. Leaving early (a client that
-    disconnects cancels the task reading this) cancels the job.
+    """The steps of `job` as it runs on the engine's worker, in batches; leaving early (a client that went
+    away cancels the task reading this) cancels the job.
 
-    The worker wakes the event loop for a step only when FLUSH_S has passed since the last wake-up (and
-    always for the first step and at the end); the steps in between wait in a list. Waking the loop for
-    every token of a fast model costs more than the token: each wake-up hands the GIL to the loop's
-    thread and back, and on a busy machine every hand-over waits for the OS to schedule the other
-    thread (measured: the decoding loop ran at ~0.75x generate's speed; `mini-gpt bench serve`)."""
+    The worker wakes the event loop only when FLUSH_S has passed since the last wake-up, and at the end:
+    waking it for every token of a fast model costs more than the token (each wake-up hands the GIL to the
+    loop's thread and back, on a busy machine through the OS scheduler: the decoding loop ran at ~0.75x
+    generate's speed; `mini-gpt bench serve`)."""
     loop = asyncio.get_running_loop()
     ready = asyncio.Event()
-    items: list[Step | _Done] = []
+    items: list[Step | BaseException | None] = []  # the steps, then the end: None or the job's error
     lock = threading.Lock()
     last_wake = [0.0]
 
-    def post(item: Step | _Done) -> None:
+    def post(item: Step | BaseException | None) -> None:
         now = time.perf_counter()
         with lock:
             items.append(item)
-            if not (isinstance(item, _Done) or now - last_wake[0] >= FLUSH_S):
+            if isinstance(item, Step) and now - last_wake[0] < FLUSH_S:
                 return
             last_wake[0] = now
         try:
@@ -150,7 +132,7 @@ async def run_job(engine: Engine, job: Job) -> AsyncIterator[list[Step]]:
         except RuntimeError:  # the event loop is closed: the server is shutting down
             job.cancel.set()
 
-    job.emit, job.done = post, lambda error: post(_Done(error))
+    job.emit = job.done = post
     engine.submit(job)
     try:
         while True:
@@ -159,20 +141,34 @@ async def run_job(engine: Engine, job: Job) -> AsyncIterator[list[Step]]:
             with lock:
                 taken = items[:]
                 items.clear()
-            done = next((x for x in taken if isinstance(x, _Done)), None)
             batch = [x for x in taken if isinstance(x, Step)]
             if batch:
                 yield batch
-            if done is not None:
-                if done.error is not None:
-                    raise done.error
+            if len(batch) < len(taken):  # the end
+                if taken[-1] is not None:
+                    raise taken[-1]
                 return
     finally:
         job.cancel.set()
 
 
-def _sse(payload: Any) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+def _event_stream(events: AsyncIterator[list[Any]], error: Callable[[str], Any]) -> StreamingResponse:
+    """Server-sent events, a list of payloads at a time (a string goes as it is); a failure mid-stream is
+    logged and ends the stream with its error(message) event (OpenAI sends one too)."""
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            async for payloads in events:
+                if payloads:
+                    yield "".join(
+                        f"data: {p if isinstance(p, str) else json.dumps(p, ensure_ascii=False)}\n\n"
+                        for p in payloads
+                    )
+        except Exception as err:
+            log.exception("generation failed")
+            yield f"data: {json.dumps(error(f'Generation failed ({type(err).__name__}).'))}\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def create_app(engine: Engine, model_name: str, limits: Limits | None = None) -> FastAPI:
@@ -181,11 +177,13 @@ def create_app(engine: Engine, model_name: str, limits: Limits | None = None) ->
     app = FastAPI(title="mini-gpt", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     created = int(time.time())
+    tok = engine.tokenizer
 
     # ---- errors: one sentence in OpenAI's shape ------------------------------------------------------
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, err: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(err.message, err.param), status_code=err.status)
+    @app.exception_handler(MiniGPTError)  # ApiError, and the model side's refusals (400)
+    async def _refused(request: Request, err: MiniGPTError) -> JSONResponse:
+        body = error_body(sentence(err), getattr(err, "param", None))
+        return JSONResponse(body, status_code=getattr(err, "status", 400))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -218,42 +216,36 @@ def create_app(engine: Engine, model_name: str, limits: Limits | None = None) ->
         return JSONResponse(body, status_code=500)
 
     # ---- checks shared by the API and the page -------------------------------------------------------
-    def prompt_ids(prompt: str | list[int] | list[str]) -> list[int]:
+    def submit(
+        prompt: str | list[int] | list[str], max_tokens: int, n: int = 1, **settings: Any
+    ) -> tuple[Job, AsyncIterator[list[Step]]]:
+        """A job and its steps, once every setting is checked (here: run_job submits when first read)."""
+        if not 1 <= max_tokens <= limits.max_tokens:
+            raise ApiError(f"max_tokens must be between 1 and {limits.max_tokens}.", "max_tokens")
+        if not 1 <= n <= limits.max_n:
+            raise ApiError(f"n must be between 1 and {limits.max_n}.", "n")
+        if engine.waiting >= limits.max_waiting:
+            raise ApiError(
+                f"The server is busy ({engine.waiting} requests waiting); try again soon.", status=429
+            )
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
-                raise ApiError(
-                    400, "Send one prompt per request (a list of several is not supported).", "prompt"
-                )
+                raise ApiError("Send one prompt per request (a list of several is not supported).", "prompt")
             prompt = prompt[0]
         if isinstance(prompt, str) and len(prompt) > limits.max_prompt_tokens * 32:
-            raise ApiError(
-                400, f"The prompt is longer than {limits.max_prompt_tokens * 32} characters.", "prompt"
-            )
+            raise ApiError(f"The prompt is longer than {limits.max_prompt_tokens * 32} characters.", "prompt")
         try:
             ids = engine.encode(prompt)  # type: ignore[arg-type]
         except MiniGPTError as err:
-            raise ApiError(400, sentence(err), "prompt") from None
+            raise ApiError(sentence(err), "prompt") from None
         if len(ids) > limits.max_prompt_tokens:
-            limit = limits.max_prompt_tokens
             raise ApiError(
-                400, f"The prompt has {len(ids)} tokens, more than max_prompt_tokens={limit}.", "prompt"
+                f"The prompt has {len(ids)} tokens, more than max_prompt_tokens={limits.max_prompt_tokens}.",
+                "prompt",
             )
-        return ids
-
-    def check_common(max_tokens: int | None, n: int = 1) -> None:
-        if max_tokens is None or not 1 <= max_tokens <= limits.max_tokens:
-            raise ApiError(400, f"max_tokens must be between 1 and {limits.max_tokens}.", "max_tokens")
-        if not 1 <= n <= limits.max_n:
-            raise ApiError(400, f"n must be between 1 and {limits.max_n}.", "n")
-        if engine.waiting >= limits.max_waiting:
-            raise ApiError(429, f"The server is busy ({engine.waiting} requests waiting); try again soon.")
-
-    def submit_checked(job: Job) -> AsyncIterator[list[Step]]:
-        try:
-            check_sampling_args(job.temperature, job.top_k, job.top_p)
-        except MiniGPTError as err:
-            raise ApiError(400, sentence(err)) from None
-        return run_job(engine, job)
+        job = Job(ids, max_tokens, n=n, **settings)
+        check_sampling_args(job.temperature, job.top_k, job.top_p)
+        return job, run_job(engine, job)
 
     # ---- routes --------------------------------------------------------------------------------------
     @app.get("/", include_in_schema=False)
@@ -275,150 +267,116 @@ def create_app(engine: Engine, model_name: str, limits: Limits | None = None) ->
         return {
             "model": model_name, "n_layer": c.n_layer, "n_head": c.n_head, "n_embd": c.n_embd,
             "block_size": c.block_size, "vocab_size": c.vocab_size,
-            "tokenizer": type(engine.tokenizer).__name__, "max_tokens": limits.max_tokens,
+            "tokenizer": type(tok).__name__, "max_tokens": limits.max_tokens,
         }  # fmt: skip
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> Any:
         if req.model is not None and req.model != model_name:
             raise ApiError(
-                404, f"The model {req.model!r} does not exist; this server has {model_name!r}.", "model"
+                f"The model {req.model!r} does not exist; this server has {model_name!r}.", "model", 404
             )
         if req.echo:
-            raise ApiError(400, "echo is not supported.", "echo")
+            raise ApiError("echo is not supported.", "echo")
         if req.best_of not in (None, 1, req.n):
-            raise ApiError(400, "best_of is not supported.", "best_of")
+            raise ApiError("best_of is not supported.", "best_of")
         if req.presence_penalty or req.frequency_penalty:
-            raise ApiError(400, "presence_penalty and frequency_penalty are not supported.")
+            raise ApiError("presence_penalty and frequency_penalty are not supported.")
         if req.logprobs is not None and not 0 <= req.logprobs <= 5:
-            raise ApiError(400, "logprobs must be between 0 and 5.", "logprobs")
+            raise ApiError("logprobs must be between 0 and 5.", "logprobs")
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stops) > 4:
-            raise ApiError(400, "stop may hold at most 4 strings.", "stop")
+            raise ApiError("stop may hold at most 4 strings.", "stop")
         n = 1 if req.n is None else req.n
-        max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
-        check_common(max_tokens, n)
-        ids = prompt_ids(req.prompt)
-        top_p = None if req.top_p is None or req.top_p == 1.0 else req.top_p
-        job = Job(
-            ids, max_tokens, 1.0 if req.temperature is None else req.temperature, req.top_k, top_p,
-            req.seed, n, [s for s in stops if s], req.logprobs or 0, logprobs=req.logprobs is not None,
+        job, steps = submit(
+            req.prompt, 16 if req.max_tokens is None else req.max_tokens, n,  # OpenAI's defaults for null
+            temperature=1.0 if req.temperature is None else req.temperature, top_k=req.top_k,
+            top_p=None if req.top_p is None or req.top_p == 1.0 else req.top_p, seed=req.seed,
+            stops=[s for s in stops if s], top_logprobs=req.logprobs or 0, logprobs=req.logprobs is not None,
         )  # fmt: skip
-        steps = submit_checked(job)
         ident, now = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         head = {"id": ident, "object": "text_completion", "created": now, "model": model_name}
-        want_logprobs = req.logprobs is not None
 
-        def logprobs_of(group: list[Step], offset: int) -> dict[str, Any] | None:
-            if not want_logprobs:
-                return None
-            real = [s for s in group if s.token >= 0]
-            tok = engine.tokenizer
-            offsets = []  # where each token's released text starts in the completion
-            for s in group:
-                if s.token >= 0:
-                    offsets.append(offset)
-                offset += len(s.text)
-            return {
-                "tokens": [token_text(tok, s.token) for s in real],
-                "token_logprobs": [s.logprob for s in real],
-                "top_logprobs": [
-                    {token_text(tok, i): lp for i, lp in s.top[: req.logprobs]} for s in real
-                ] if req.logprobs else None,
-                "text_offset": offsets,
-            }  # fmt: skip
+        def choice(row: int, group: list[Step], offset: int, text: str, finish: str | None) -> dict[str, Any]:
+            """One row's text, and the log-probabilities of the tokens in `group` (text from `offset`)."""
+            logprobs = None
+            if req.logprobs is not None:
+                real = [s for s in group if s.token >= 0]  # not the held-back text of the end
+                starts = list(accumulate((len(s.text) for s in group), initial=offset))  # each step's text
+                logprobs = {
+                    "tokens": [token_text(tok, s.token) for s in real],
+                    "token_logprobs": [s.logprob for s in real],
+                    "top_logprobs": [
+                        {token_text(tok, i): lp for i, lp in s.top[: req.logprobs]} for s in real
+                    ] if req.logprobs else None,
+                    "text_offset": [starts[k] for k, s in enumerate(group) if s.token >= 0],
+                }  # fmt: skip
+            return {"index": row, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
         if req.stream:
 
-            async def events() -> AsyncIterator[str]:
-                pending: dict[int, list[Step]] = {}
+            async def chunks() -> AsyncIterator[list[Any]]:
+                pending: list[list[Step]] = [[] for _ in range(n)]
                 offsets = [0] * n
-                try:
-                    async for batch in steps:
-                        chunks = []
-                        for row in range(n):
-                            group = pending.setdefault(row, [])
-                            group += [s for s in batch if s.row == row]
-                            text = "".join(s.text for s in group)
-                            if not text:
-                                continue  # half a character, or text that may begin a stop string
-                            logprobs = logprobs_of(group, offsets[row])
-                            choice = {"index": row, "text": text, "logprobs": logprobs, "finish_reason": None}
+                async for batch in steps:
+                    for step in batch:
+                        pending[step.row].append(step)
+                    out = []
+                    for row, group in enumerate(pending):
+                        text = "".join(s.text for s in group)
+                        if text:  # else half a character, or text that may begin a stop string
+                            out.append({**head, "choices": [choice(row, group, offsets[row], text, None)]})
                             offsets[row] += len(text)
                             pending[row] = []
-                            chunks.append(_sse({**head, "choices": [choice]}))
-                        if chunks:
-                            yield "".join(chunks)
-                except Exception as err:  # mid-stream: an error event, as OpenAI sends one
-                    log.exception("generation failed")
-                    yield _sse(error_body(f"Generation failed ({type(err).__name__}).", kind="server_error"))
-                    return
-                for row in range(n):
-                    choice = {"index": row, "text": "", "logprobs": None, "finish_reason": job.finish[row]}
-                    yield _sse({**head, "choices": [choice]})
-                yield "data: [DONE]\n\n"
+                    yield out
+                ends = [
+                    {"index": row, "text": "", "logprobs": None, "finish_reason": f}
+                    for row, f in enumerate(job.finish)
+                ]
+                yield [*({**head, "choices": [end]} for end in ends), "[DONE]"]
 
-            return StreamingResponse(
-                events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-            )
+            return _event_stream(chunks(), lambda message: error_body(message, kind="server_error"))
 
         groups: list[list[Step]] = [[] for _ in range(n)]
         async for batch in steps:
             for step in batch:
                 groups[step.row].append(step)
         if not job.streams:
-            raise ApiError(503, "The server is stopping: this request was cancelled before it ran.")
-        choices = []
-        for row, stream in enumerate(job.streams):
-            group = groups[row]
-            lp = logprobs_of(group, 0)
-            choices.append(
-                {"index": row, "text": stream.text, "logprobs": lp, "finish_reason": job.finish[row]}
-            )
+            raise ApiError("The server is stopping: this request was cancelled before it ran.", status=503)
+        choices = [choice(row, groups[row], 0, s.text, job.finish[row]) for row, s in enumerate(job.streams)]
         completion_tokens = sum(s.tokens for s in job.streams)
-        usage = {"prompt_tokens": len(ids), "completion_tokens": completion_tokens,
-                 "total_tokens": len(ids) + completion_tokens}  # fmt: skip
+        usage = {"prompt_tokens": len(job.ids), "completion_tokens": completion_tokens,
+                 "total_tokens": len(job.ids) + completion_tokens}  # fmt: skip
         return {**head, "choices": choices, "usage": usage}
 
     @app.post("/api/generate")
     async def page_generate(req: PageRequest) -> StreamingResponse:
-        check_common(req.max_tokens)
-        ids = prompt_ids(req.prompt)
         top_p = None if req.top_p is None or req.top_p >= 1.0 else req.top_p
-        job = Job(ids, req.max_tokens, req.temperature, req.top_k, top_p, req.seed, top_logprobs=5)
-        steps = submit_checked(job)
-        tok = engine.tokenizer
+        job, steps = submit(
+            req.prompt, req.max_tokens, temperature=req.temperature, top_k=req.top_k, top_p=top_p,
+            seed=req.seed, top_logprobs=5,
+        )  # fmt: skip
 
-        def page_event(step: Step) -> dict[str, Any]:
-            top = [{"text": token_text(tok, i), "prob": round(math.exp(lp), 5)} for i, lp in step.top]
+        def token_event(s: Step) -> dict[str, Any]:
+            top = [{"text": token_text(tok, i), "prob": round(math.exp(lp), 5)} for i, lp in s.top]
             return {
-                "type": "token", "id": step.token, "piece": step.text,
-                "text": token_text(tok, step.token) if step.token >= 0 else step.text,
-                "prob": round(math.exp(step.logprob), 5) if step.token >= 0 else None, "top": top,
+                "type": "token", "id": s.token, "piece": s.text,
+                "text": token_text(tok, s.token) if s.token >= 0 else s.text,
+                "prob": round(math.exp(s.logprob), 5) if s.token >= 0 else None, "top": top,
             }  # fmt: skip
 
-        async def events() -> AsyncIterator[str]:
-            yield _sse({"type": "prompt", "groups": prompt_groups(tok, ids)})
-            try:
-                async for batch in steps:
-                    yield "".join(_sse(page_event(step)) for step in batch)
-            except Exception as err:
-                log.exception("generation failed")
-                yield _sse({"type": "error", "message": f"Generation failed ({type(err).__name__})."})
-                return
-            yield _sse({"type": "done", "finish_reason": job.finish[0]})
+        async def events() -> AsyncIterator[list[Any]]:
+            yield [{"type": "prompt", "groups": prompt_groups(tok, job.ids)}]
+            async for batch in steps:
+                yield [token_event(s) for s in batch]
+            yield [{"type": "done", "finish_reason": job.finish[0]}]
 
-        return StreamingResponse(
-            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+        return _event_stream(events(), lambda message: {"type": "error", "message": message})
 
     @app.post("/api/attention")
     async def attention(req: AttentionRequest) -> dict[str, Any]:
         if len(req.ids) > limits.max_prompt_tokens + limits.max_tokens:
-            raise ApiError(400, "Too many token ids for one attention view.", "ids")
-        try:
-            return await asyncio.to_thread(engine.attention, req.ids, req.position)
-        except MiniGPTError as err:
-            raise ApiError(400, sentence(err)) from None
+            raise ApiError("Too many token ids for one attention view.", "ids")
+        return await asyncio.to_thread(engine.attention, req.ids, req.position)
 
     return app

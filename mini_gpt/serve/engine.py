@@ -1,15 +1,10 @@
 """The model side of `mini-gpt serve`, with no web framework: one loaded model, one generation at a time.
 
 `Engine.submit(job)` queues a `Job` on a single worker thread (first come, first served: the lock around
-the model is that one thread); the job runs `mini_gpt.infer.sampling.generate`, the very loop `mini-gpt
-generate` runs, with a per-request `torch.Generator` seeded as the CLI seeds it, so the same prompt, seed
-and settings give the same text. Each sampled token becomes a `Step`: its id, the log-probability the
-model gave it (softmax of the raw logits, before temperature and top-k/top-p), the top alternatives, and
-the text it releases (`TextStream`: whole UTF-8 characters only, cut at stop strings). A job whose
-`cancel` event is set (the client went away) stops at its next token.
-
-`Engine.attention(ids, position)` reads the exact attention path (`GPT.attention_weights`): the weights
-that `position` put on each earlier token, per layer and head.
+the model is that one thread). A job runs `generate`, the loop of `mini-gpt generate`, seeded as the CLI
+seeds it, so the same prompt, seed and settings give the same text. Each sampled token becomes a `Step`:
+its log-probability (before temperature and top-k/top-p), the top alternatives, and the text it releases
+(`TextStream`). A job whose `cancel` event is set (the client went away) stops at its next token.
 """
 
 from __future__ import annotations
@@ -32,8 +27,6 @@ from mini_gpt.infer.sampling import check_sampling_args, generate
 from mini_gpt.infer.stream import TextStream, encode_prompt
 from mini_gpt.tokenizer import Tokenizer
 
-__all__ = ["Engine", "Job", "Step", "prompt_groups", "token_text"]
-
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     """One token's own text; a BPE token holding part of a UTF-8 character shows its bytes as \\xNN."""
@@ -46,15 +39,12 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> str:
 def prompt_groups(tokenizer: Any, ids: list[int]) -> list[dict[str, Any]]:
     """The prompt as the page shows it: runs of ids that make whole characters, with their text."""
     stream, groups, run = TextStream(tokenizer, []), [], []
-    for i in ids:
+    for k, i in enumerate(ids, 1):
         run.append(i)
-        piece = stream.push(i)
-        if piece:
+        piece = stream.push(i) + (stream.flush() if k == len(ids) else "")
+        if piece or k == len(ids):
             groups.append({"ids": run, "texts": [token_text(tokenizer, t) for t in run], "text": piece})
             run = []
-    rest = stream.flush()
-    if run:
-        groups.append({"ids": run, "texts": [token_text(tokenizer, t) for t in run], "text": rest})
     return groups
 
 
@@ -92,25 +82,6 @@ class Job:
     # filled in by the engine
     streams: list[TextStream] = field(default_factory=list)
     finish: list[str] = field(default_factory=list)  # per row: "stop" or "length"
-
-
-class _LastLogits(nn.Module):
-    """The model as `generate` sees it, keeping the logits of each call's last position for the steps
-    (the sampler itself is untouched: it gets exactly what the model returned)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        self.config = model.config
-        self.last: Tensor | None = None
-
-    def new_kv_caches(self, *args: Any, **kwargs: Any) -> Any:
-        return self.model.new_kv_caches(*args, **kwargs)
-
-    def forward(self, *args: Any, **kwargs: Any) -> tuple[Tensor, None]:
-        logits, _ = self.model(*args, **kwargs)
-        self.last = logits[:, -1, :]
-        return logits, None
 
 
 class Engine:
@@ -190,13 +161,16 @@ class Engine:
         seed = job.seed if job.seed is not None else secrets.randbelow(2**31)
         generator = torch.Generator(device=self.device).manual_seed(seed)
         job.streams = [TextStream(self.tokenizer, job.stops) for _ in range(job.n)]
-        model = _LastLogits(self.model)
         top = max(1, job.top_logprobs)
+        last: list[Tensor] = []  # the logits of the latest model call's last position, as generate got them
+
+        def keep_last(_module: nn.Module, _args: Any, out: tuple[Tensor, Any]) -> None:
+            last[:] = [out[0][:, -1, :]]
 
         def on_token(token: Tensor) -> bool:
             chosen, alternatives = [0.0] * job.n, [[] for _ in range(job.n)]
             if job.logprobs:
-                logprobs = torch.log_softmax(model.last.float(), dim=-1).expand(job.n, -1)  # (n, V)
+                logprobs = torch.log_softmax(last[-1].float(), dim=-1).expand(job.n, -1)  # (n, V)
                 chosen = logprobs.gather(1, token[:, None])[:, 0].tolist()
                 best, best_ids = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)
                 alternatives = [
@@ -209,18 +183,19 @@ class Engine:
             return job.cancel.is_set() or all(s.stopped for s in job.streams)
 
         idx = torch.tensor([job.ids], dtype=torch.long, device=self.device)
-        with self.amp:
-            generate(
-                model, idx, job.max_tokens, temperature=job.temperature, top_k=job.top_k,
-                top_p=job.top_p, generator=generator, num_samples=job.n, stream=on_token,
-            )  # fmt: skip
-        job.finish = []
+        hook = self.model.register_forward_hook(keep_last)
+        try:
+            with self.amp:
+                generate(
+                    self.model, idx, job.max_tokens, temperature=job.temperature, top_k=job.top_k,
+                    top_p=job.top_p, generator=generator, num_samples=job.n, stream=on_token,
+                )  # fmt: skip
+        finally:
+            hook.remove()
+        job.finish = ["stop" if stream.stopped else "length" for stream in job.streams]
         for row, stream in enumerate(job.streams):
-            stopped = stream.stopped
-            rest = stream.flush()
-            if rest:
+            if rest := stream.flush():
                 job.emit(Step(row, -1, 0.0, [], rest))  # held-back bytes at the end: text only
-            job.finish.append("stop" if stopped else "length")
 
     # ---- the attention view --------------------------------------------------------------------------
     @torch.no_grad()
