@@ -176,3 +176,54 @@ def test_the_model_imports_only_torch_and_itself():
                 modules = [node.module]
             offences += [f"{name}: {m}" for m in modules if m.split(".")[0] not in ALLOWED_IN_MODEL]
     assert offences == []
+
+
+def _trainer_chain(node: ast.AST) -> bool:
+    """`trainer.x`, `self.trainer.x`, `pl_module.trainer.x`: an attribute of a Trainer."""
+    value = node.value if isinstance(node, ast.Attribute) else None
+    return isinstance(value, ast.Name | ast.Attribute) and ast.unparse(value).split(".")[-1] in {
+        "trainer",
+        "_trainer",
+    }
+
+
+def test_nothing_changes_a_built_trainer():
+    """The Trainer is built once with its final arguments: no code writes its attributes or loops (the one
+    write allowed is `should_stop`, Lightning's public way for a module or callback to end the fit)."""
+    offences = []
+    for name, tree in MODULES.items():
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AugAssign | ast.AnnAssign) else []  # fmt: skip
+            for target in targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and _trainer_chain(target)
+                    and target.attr != "should_stop"
+                ):
+                    offences.append(f"{name}: {ast.unparse(target)} (line {node.lineno})")
+            if isinstance(node, ast.Attribute) and node.attr == "fit_loop":
+                offences.append(f"{name}: {ast.unparse(node)} (line {node.lineno})")
+    assert offences == []
+
+
+def test_callbacks_never_look_each_other_up():
+    """A callback talks to the module and trainer.callback_metrics, never to another callback: no callback
+    module reads `trainer.callbacks`, and none imports another callback's module (their shared base and
+    the checkpoint helpers aside)."""
+    shared = {"mini_gpt.train.callbacks.base", "mini_gpt.train.callbacks.checkpointing"}
+    offences = []
+    for name, tree in MODULES.items():
+        if not name.startswith("mini_gpt.train.callbacks."):
+            continue
+        offences += [
+            f"{name}: {ast.unparse(node)}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr == "callbacks" and _trainer_chain(node)
+        ]
+        offences += [
+            f"{name} imports {source}"
+            for source, _ in imports_of(name, tree)
+            if source.startswith("mini_gpt.train.callbacks.") and source not in shared
+        ]
+    assert offences == []
