@@ -311,7 +311,7 @@ def check_world(trainer: L.Trainer, world_size: int, multirun: bool) -> None:
             f"trainer.devices x trainer.num_nodes gives {world_size} processes but Lightning started "
             f"{trainer.world_size}; set trainer.devices to a number"
         )
-    if multirun:
+    if multirun and world_size > 1:  # (a single-device strategy has no cluster environment)
         external = trainer.strategy.cluster_environment.creates_processes_externally
         refuse_multirun_devices(world_size, external, trainer.num_devices)
 
