@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     from mini_gpt.model.gpt import GPT, GPTConfig
     from mini_gpt.tokenizer import CharTokenizer
     from mini_gpt.train.callbacks.attention_maps import DEFAULT_PROMPT, AttentionMaps
-    from mini_gpt.viz.attention_maps import attention_maps, attention_summary, png_bytes
+    from mini_gpt.viz import png_bytes
+    from mini_gpt.viz.attention_maps import attention_maps, attention_summary
 
     torch.manual_seed(0)
     tokenizer = CharTokenizer.from_text(DEFAULT_PROMPT)

@@ -1,8 +1,6 @@
 """What to train on: the validated configs of `data=...`, mirrored key for key by conf/data/*.yaml.
-`DataConfig` is a named corpus or your own text files (text.py), `HFDataConfig` (`data=hf`) anything
-`datasets` reads, tokenized into shards (hf.py), `ShardsDataConfig` (`data=shards`) existing
-llm.c-format shards. `data_config(dict)` picks the class by `name` and checks the value types (OmegaConf);
-the classes check ranges and choices. No Lightning, Hydra or torch here.
+`data_config(dict)` picks the class by `name` and checks the value types (OmegaConf); the classes check
+ranges and choices. No Lightning, Hydra or torch here.
 """
 
 from __future__ import annotations
@@ -120,9 +118,7 @@ class DataConfig:
 
     @property
     def resolved_tokenizer(self) -> str:
-        if self.tokenizer:
-            return self.tokenizer
-        return CORPORA[self.name].tokenizer if self.name in CORPORA else "gpt2"
+        return self.tokenizer or (CORPORA[self.name].tokenizer if self.name in CORPORA else "gpt2")
 
     @property
     def root(self) -> Path:
@@ -161,14 +157,14 @@ class HFDataConfig:
         if not self.split:
             raise DataConfigError(f"data.split={self.split!r} must name a split, e.g. train")
         _check_tokenizer(self.tokenizer, self.bpe_file)
-        # val_fraction None: sized to the corpus when it is read (split.auto_val_fraction)
         _check_fraction_and_dtype(self.val_fraction, "0.001", self.dtype)
         check_ints(error=DataConfigError, minimum=0, **{"data.split_seed": self.split_seed})
         check_ints(error=DataConfigError, **{"data.shard_tokens": self.shard_tokens})
         if self.shard_tokens > 2**31 - 1:
             raise DataConfigError(f"data.shard_tokens={self.shard_tokens:,} exceeds a shard's int32 count")
-        nullable = {"data.max_tokens": self.max_tokens, "data.num_proc": self.num_proc}
-        check_ints(True, DataConfigError, **nullable)
+        check_ints(
+            True, DataConfigError, **{"data.max_tokens": self.max_tokens, "data.num_proc": self.num_proc}
+        )
 
     @property
     def root(self) -> Path:

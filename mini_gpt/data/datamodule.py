@@ -1,10 +1,8 @@
-"""LightningDataModule over prepared token files (text.py's train.bin / val.bin, or shards) with the
-windows of windows.py. The train loader is an endless stream of whole `(x, y)` batches, a pure function
-of the batch index: after `k` optimizer steps with gradient accumulation `a` it restarts at batch `k * a`
-(Lightning restores `global_step` before it asks for the loader). For shards the checkpoint also holds
-the windows consumed by all ranks (`state_dict`), so a resumed run on another device count repeats no
-window. Validation uses fixed windows split across ranks without padding, so val loss compares across
-steps, runs and devices.
+"""LightningDataModule over prepared token files (text.py's train.bin / val.bin, or shards) and the
+windows of windows.py. After `k` optimizer steps with gradient accumulation `a` the train stream restarts
+at batch `k * a` (Lightning restores `global_step` before it asks for the loader); for shards the
+checkpoint also holds the windows consumed by all ranks (`state_dict`), so a resumed run on another device
+count repeats no window.
 """
 
 from __future__ import annotations
@@ -21,13 +19,7 @@ from mini_gpt.data import prepare
 from mini_gpt.data.config import AnyDataConfig, DataConfig, HFDataConfig, ShardsDataConfig, data_config
 from mini_gpt.data.shards import ShardedCorpus
 from mini_gpt.data.text import PreparedData, cache_dir
-from mini_gpt.data.windows import (
-    ShardTrainBatches,
-    TrainBatches,
-    ValBatches,
-    ValWindows,
-    val_window_count,
-)
+from mini_gpt.data.windows import ShardTrainBatches, TrainBatches, ValBatches, ValWindows, val_window_count
 from mini_gpt.errors import MiniGPTError, check_ints
 from mini_gpt.tokenizer import Tokenizer
 

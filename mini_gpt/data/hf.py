@@ -51,7 +51,8 @@ STATE = ".state.json"
 VAL_SHARD = "val_000000.bin"  # all validation documents, in one shard
 # The config keys that change the tokens; with the format, the absolute path of local files, the files'
 # fingerprint and the tokenizer they make the shards' key (the directory is named after their hash).
-IDENTITY = "subset split text_field tokenizer val_fraction split_seed max_tokens shard_tokens dtype".split()
+IDENTITY = ("subset", "split", "text_field", "tokenizer", "val_fraction", "split_seed", "max_tokens",
+            "shard_tokens", "dtype")  # fmt: skip
 Task = tuple[int, list[Any]]  # (index of the first document, the documents' texts)
 
 

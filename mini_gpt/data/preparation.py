@@ -15,16 +15,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from filelock import FileLock, Timeout
+from rich import progress
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskProgressColumn,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import make_dirs, remove_empty, space_note
@@ -122,11 +114,11 @@ def progress_bar(
         yield lambda **_: None
         return
     if rates:
-        middle = (TaskProgressColumn(), TextColumn("{task.fields[rates]}"))
+        middle = (progress.TaskProgressColumn(), progress.TextColumn("{task.fields[rates]}"))
     else:
-        middle = (DownloadColumn(), TransferSpeedColumn())
-    columns = ("{task.description}", BarColumn(), *middle, TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        middle = (progress.DownloadColumn(), progress.TransferSpeedColumn())
+    columns = ("{task.description}", progress.BarColumn(), *middle, progress.TimeRemainingColumn())
+    with progress.Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(description, total=total, rates="")
         yield lambda **fields: bar.update(task, **fields)
 

@@ -143,7 +143,6 @@ class ShardWriter:
 
     @staticmethod
     def temporary(path: Path) -> Path:
-        """Where the writer of `path` streams its tokens until `close`."""
         return path.with_name(f".{path.name}.tmp")
 
     @classmethod
@@ -172,7 +171,6 @@ class ShardWriter:
         return ShardInfo(self.path, self.dtype, self.n_tokens)
 
     def suspend(self) -> None:
-        """Close the temporary file as it is, for a later `ShardWriter(..., resume_tokens=...)`."""
         self._fh.close()
 
     def abort(self) -> None:

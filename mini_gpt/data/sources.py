@@ -102,15 +102,18 @@ def find_files(value: str, key: str, in_dir: Callable[[Path], list[Path]], kinds
     return files
 
 
+def text_files(value: str, key: str) -> list[Path]:
+    """The text files `key=value` names: one file, the .txt files under a directory, or a glob; sorted."""
+    return find_files(value, key, lambda d: sorted(p for p in d.rglob("*.txt") if p.is_file()), ".txt files")
+
+
 def corpus_files(cfg: DataConfig, progress: bool | None = None) -> list[Path]:
     """The files of a text corpus: data=text's (one file, the .txt files under a directory, or a glob;
     sorted), else the named corpus's verified file: data.path, else the repository's copy, else
     <data_dir>/<name>/ (or a corpus sharing the file), else downloaded there."""
     if cfg.name == TEXT_CORPUS:
         assert cfg.path is not None
-        return find_files(
-            cfg.path, "data.path", lambda d: sorted(p for p in d.rglob("*.txt") if p.is_file()), ".txt files"
-        )
+        return text_files(cfg.path, "data.path")
     corpus = CORPORA[cfg.name]
     if cfg.path:
         path = Path(cfg.path).expanduser().resolve()

@@ -4,8 +4,8 @@ text`, tokenized once and memory-mapped by the training windows (windows.py). En
 The split is by characters of the concatenated text, like nanoGPT (the last `val_fraction` is validation),
 each side tokenized on its own; `text` corpora's files are documents, preceded by the end-of-text id when
 the tokenizer has one. Files are streamed in ~1 MB pieces cut where BPE pre-tokenization cuts anyway
-(`safe_cut`), so the ids equal a one-shot encode while memory stays flat. meta.json is deleted first and
-written last; building holds the folder's preparation lock, checking a valid cache takes none.
+(`safe_cut`), so the ids equal a one-shot encode while memory stays flat (the cache's rules:
+preparation.py).
 """
 
 from __future__ import annotations

@@ -200,8 +200,7 @@ class ShardTrainBatches(_Stream):
         """(shard number, token start) of each window of batch `index` of this rank."""
         first = (index * self.world + self.rank) * self.batch_size
         shard_ids, starts = [], []
-        g = first
-        end = first + self.batch_size
+        g, end = first, first + self.batch_size
         while g < end:  # a batch may straddle two epochs
             epoch, e_first, n = self._locate(g)
             take = min(end, e_first + n) - g

@@ -7,9 +7,7 @@ is context only and its bytes are not counted. Special-token text in a file is s
 
 from __future__ import annotations
 
-import glob
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from itertools import groupby
@@ -21,12 +19,10 @@ from torch import nn
 
 from mini_gpt.data import data_config, prepare
 from mini_gpt.data.shards import open_shard
+from mini_gpt.data.sources import text_files
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.scoring import RollingScore, Window, score_windows, windows
 from mini_gpt.tokenizer import Tokenizer
-
-__all__ = ["BpbResult", "BpbWindows", "bits_per_byte", "bpb_windows", "prepare_split",
-           "prepared_split_documents", "read_documents", "score_bpb", "split_documents"]  # fmt: skip
 
 
 @dataclass
@@ -54,21 +50,8 @@ class BpbResult:
 
 def read_documents(path: str | Path) -> list[str]:
     """The documents of `path`: a UTF-8 file, the .txt files under a directory, or a glob (sorted)."""
-    raw = os.path.expanduser(str(path))
-    if any(ch in raw for ch in "*?["):
-        files = sorted(Path(p) for p in glob.glob(raw, recursive=True) if Path(p).is_file())
-        if not files:
-            raise MiniGPTError(f"bpb.path={path} matches no files; fix the glob pattern")
-    elif Path(raw).is_file():
-        files = [Path(raw)]
-    elif Path(raw).is_dir():
-        files = sorted(p for p in Path(raw).rglob("*.txt") if p.is_file())
-        if not files:
-            raise MiniGPTError(f"bpb.path={path} is a directory with no .txt files")
-    else:
-        raise MiniGPTError(f"bpb.path={path} does not exist; pass a text file, a directory or a glob")
     docs = []
-    for f in files:
+    for f in text_files(str(path), "bpb.path"):
         try:
             docs.append(f.read_text(encoding="utf-8-sig"))
         except UnicodeDecodeError as err:

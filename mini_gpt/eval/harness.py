@@ -37,8 +37,6 @@ from mini_gpt.interop.checkpoint import open_model
 from mini_gpt.model.gpt import GPT
 from mini_gpt.tokenizer import Tokenizer
 
-__all__ = ["MODEL_NAME", "MiniGPTLM", "register", "run_harness"]
-
 MODEL_NAME = "mini-gpt"
 
 

@@ -28,9 +28,6 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.scoring import continuation_logprobs
 from mini_gpt.tokenizer import Tokenizer
 
-__all__ = ["HELLASWAG_URL", "HellaSwagItem", "HellaSwagResult", "evaluate_hellaswag", "item_scores",
-           "load_hellaswag", "read_hellaswag", "resolve_hellaswag_path"]  # fmt: skip
-
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_VAL_ITEMS = 10_042
 

@@ -16,8 +16,6 @@ from torch.nn.utils.rnn import pad_sequence
 
 from mini_gpt.errors import MiniGPTError
 
-__all__ = ["Continuation", "RollingScore", "continuation_logprobs", "rolling_nll", "score_windows", "windows"]
-
 
 @dataclass(frozen=True)
 class Continuation:

@@ -13,13 +13,10 @@ from typing import Any
 
 from torch import nn
 
-from mini_gpt.conf.tools import TASKS
 from mini_gpt.data.config import data_root
 from mini_gpt.eval.bpb import BpbResult, BpbWindows, bpb_windows, score_bpb
 from mini_gpt.eval.hellaswag import HellaSwagItem, HellaSwagResult, evaluate_hellaswag, load_hellaswag
 from mini_gpt.tokenizer import Tokenizer
-
-__all__ = ["TASKS", "TaskInputs", "TaskScores", "read_inputs", "score_tasks"]
 
 
 @dataclass

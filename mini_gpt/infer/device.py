@@ -36,9 +36,7 @@ def autocast_context(device: torch.device, dtype: str) -> Any:
     """bf16 autocast on GPUs that support it (dtype=auto), or the dtype asked for; float32 = none."""
     if dtype == "auto":
         dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(device.type, dtype=getattr(torch, dtype))
+    return nullcontext() if dtype == "float32" else torch.autocast(device.type, dtype=getattr(torch, dtype))
 
 
 @contextmanager

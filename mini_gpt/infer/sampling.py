@@ -104,9 +104,7 @@ def generate(
     eval mode meanwhile. temperature 0 is greedy; repetition_penalty None or 1 is off.
 
     Args:
-        use_cache: KV-cache decoding; False recomputes the whole context every step (module docstring).
         num_samples: with a single prompt row, B' = num_samples samples that share one prefill.
-        window: tokens kept when the context slides past block_size (default block_size // 2).
         attention_mask: (B, T), 0 at left padding: each row decodes as it would alone (while the batch
             fits in block_size; the sliding window counts the batch's columns, padding included).
         stream: called with each step's new tokens (B',); returning True stops early (a shorter result).

@@ -1,5 +1,5 @@
-"""Prompts in, printable text out: reading and encoding a prompt, and streaming a sample's tokens as
-text (whole UTF-8 characters only, cut at stop strings)."""
+"""Prompts in, printable text out: reading and encoding a prompt, a token's own text, and streaming a
+sample's tokens as text (whole UTF-8 characters only, cut at stop strings)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,15 @@ def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
         if ids:
             return ids
     return [tokenizer.start_id]
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    """One token's own text; a BPE token holding part of a UTF-8 character shows its bytes as \\xNN (they
+    read better than the replacement character `decode` gives)."""
+    encoding = getattr(tokenizer, "encoding", None)  # tiktoken's
+    if encoding is not None:
+        return encoding.decode_single_token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+    return tokenizer.decode([token_id])
 
 
 class TextStream:

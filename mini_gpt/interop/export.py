@@ -52,12 +52,7 @@ def modelfile_path(gguf_path: Path) -> Path:
 
 
 def export_model(
-    model: GPT,
-    tokenizer: Tokenizer,
-    out: str | Path,
-    fmt: str,
-    overwrite: bool = False,
-    outtype: str = "f32",
+    model: GPT, tokenizer: Tokenizer, out: str | Path, fmt: str, overwrite: bool = False, outtype: str = "f32"
 ) -> Path:
     """Write `model` + `tokenizer` to `out` (a directory; a file for gguf) in format `fmt`; return its path.
     `outtype` (f32, f16, q8_0) is gguf's weight type."""

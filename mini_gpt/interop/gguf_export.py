@@ -30,12 +30,9 @@ from mini_gpt.tokenizer import (
 
 OUTTYPES = ("f32", "f16", "q8_0")
 # A tokenizer's pre-tokenisation regex -> the llama.cpp pre-tokenizer (`tokenizer.ggml.pre`) that splits
-# text the same way (llama.cpp src/llama-vocab.cpp; tests/integration/test_gguf.py checks each one).
-PRE_TOKENIZERS = {
-    GPT2_PAT_STR: "gpt-2",
-    CL100K_PAT_STR: "llama-bpe",  # Llama 3's regex is cl100k_base's
-    O200K_PAT_STR: "gpt-4o",
-}
+# text the same way (llama.cpp src/llama-vocab.cpp; tests/integration/test_gguf.py checks each one);
+# Llama 3's regex is cl100k_base's.
+PRE_TOKENIZERS = {GPT2_PAT_STR: "gpt-2", CL100K_PAT_STR: "llama-bpe", O200K_PAT_STR: "gpt-4o"}
 
 
 def require_gguf() -> Any:

@@ -15,8 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["CHUNK_ELEMENTS", "IGNORE_INDEX", "lm_loss"]
-
 IGNORE_INDEX = -100  # a target with this value adds nothing to the loss (F.cross_entropy's default)
 CHUNK_ELEMENTS = 1 << 24  # logits computed at once (64 MB in float32); more rows x vocab are chunked
 

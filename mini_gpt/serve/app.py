@@ -29,7 +29,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.sampling import check_sampling_args
-from mini_gpt.serve.engine import Engine, Job, Step, prompt_groups, token_text
+from mini_gpt.infer.stream import token_text
+from mini_gpt.serve.engine import Engine, Job, Step, prompt_groups
 
 STATIC = Path(__file__).parent / "static"
 log = logging.getLogger("mini_gpt.serve")

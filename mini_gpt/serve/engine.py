@@ -24,16 +24,8 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.device import autocast_context
 from mini_gpt.infer.packing import can_pack, prepare_for_inference
 from mini_gpt.infer.sampling import check_sampling_args, generate
-from mini_gpt.infer.stream import TextStream, encode_prompt
+from mini_gpt.infer.stream import TextStream, encode_prompt, token_text
 from mini_gpt.tokenizer import Tokenizer
-
-
-def token_text(tokenizer: Tokenizer, token_id: int) -> str:
-    """One token's own text; a BPE token holding part of a UTF-8 character shows its bytes as \\xNN."""
-    encoding = getattr(tokenizer, "encoding", None)
-    if encoding is not None and hasattr(encoding, "decode_single_token_bytes"):
-        return encoding.decode_single_token_bytes(token_id).decode("utf-8", errors="backslashreplace")
-    return tokenizer.decode([token_id])
 
 
 def prompt_groups(tokenizer: Any, ids: list[int]) -> list[dict[str, Any]]:

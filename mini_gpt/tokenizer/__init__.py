@@ -215,9 +215,7 @@ class TiktokenTokenizer(Tokenizer):
     def __init__(
         self, name: str, pat_str: str, mergeable_ranks: dict[bytes, int], special_tokens: dict[str, int]
     ) -> None:
-        self.name = name
-        self.pat_str = pat_str
-        self.special_tokens = dict(special_tokens)
+        self.name, self.pat_str, self.special_tokens = name, pat_str, dict(special_tokens)
         self.ranks = mergeable_ranks  # token bytes -> id
         self.encoding = tiktoken.Encoding(
             name=name, pat_str=pat_str, mergeable_ranks=mergeable_ranks, special_tokens=self.special_tokens

@@ -19,20 +19,16 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.viz import png_bytes, save_figure
+from mini_gpt.infer.stream import token_text
+from mini_gpt.viz import save_figure as save_figure  # the CLI draws through this module: viz.save_figure
 
 if TYPE_CHECKING:
     from mini_gpt.model.gpt import GPT
 
-__all__ = ["AttentionFigures", "attention_maps", "attention_stats", "attention_summary", "compute_attention",
-           "parse_selection", "png_bytes", "save_figure", "token_label"]  # fmt: skip
-
 # Visible stand-ins for characters a tick label would otherwise swallow.
 _ESCAPES = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 Attention = tuple[list[int], list[str], list[np.ndarray]]  # compute_attention(): ids, labels, weights
-Drawn = dict[
-    str, tuple[Figure, dict[str, Any]]
-]  # AttentionFigures.draw(): "maps"/"summary" -> (figure, data)
+Drawn = dict[str, tuple[Figure, dict[str, Any]]]  # AttentionFigures.draw(), by view ("maps", "summary")
 MAX_TICK_LABELS = 64  # more than this and labels overlap: label every k-th token instead
 MAX_FIGURE_INCHES = 20.0  # per side: 2400 px at the default 120 dpi
 MIN_TICK_FONT = 4.0  # points; below this, label every k-th token instead of shrinking further
@@ -42,14 +38,6 @@ def token_label(text: str) -> str:
     """A tick label for one token: spaces as '␣', newlines/tabs as '\\n'/'\\t', other controls as \\xNN."""
     escape = {ch: ch.encode("unicode_escape").decode() for ch in text if not ch.isprintable()} | _ESCAPES
     return "".join(escape.get(ch, ch) for ch in text) or "∅"
-
-
-def _token_text(tokenizer: Any, token_id: int) -> str:
-    # A BPE token can be part of a UTF-8 character; its own bytes (\xNN for the partial ones) read
-    # better than the replacement character decode() would give.
-    if hasattr(tokenizer, "encoding"):  # tiktoken
-        return tokenizer.encoding.decode_single_token_bytes(token_id).decode(errors="backslashreplace")
-    return tokenizer.decode([token_id])
 
 
 def parse_selection(value: Any, n: int, name: str) -> list[int]:
@@ -90,7 +78,7 @@ def compute_attention(model: GPT, tokenizer: Any, prompt: str, max_tokens: int |
     finally:
         model.train(was_training)
     weights = [a[0].detach().to("cpu", torch.float64).numpy() for a in atts]  # (n_head, T, T) each
-    labels = [token_label(_token_text(tokenizer, i)) for i in ids]
+    labels = [token_label(token_text(tokenizer, i)) for i in ids]
     return ids, labels, weights
 
 

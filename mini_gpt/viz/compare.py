@@ -24,9 +24,6 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import atomic_write
 from mini_gpt.viz import save_figure
 
-__all__ = ["Run", "ScalingFit", "compare_table", "find_runs", "labels", "markdown", "plot_scaling",
-           "scaling_fit", "write_report"]  # fmt: skip
-
 # Config keys that say where a run lives or how it was launched, not what it trained.
 IGNORED_PREFIXES = ("paths.", "hparams_search.", "trainer.default_root_dir", "hydra.", "ckpt_path", "tags")
 # Keys whose difference makes val losses incomparable (another corpus or tokenizer).
@@ -199,20 +196,16 @@ class ScalingFit:
     points: dict[float, list[tuple[float, float]]]  # budget -> the runs' (parameters, final val loss)
 
 
-def _budget(run: Run) -> float | None:
-    value = run.config.get("trainer.max_flops")
-    return float(value) if isinstance(value, int | float) else None
-
-
 def scaling_fit(runs: list[Run], params_key: str = "non_embedding_params") -> ScalingFit:
     """Per compute budget (trainer.max_flops): a parabola of final val loss in log10(parameters), whose
     minimum is the budget's optimal size N_opt; then log N_opt = log a + b log C. Needs >= 3 sizes per
     budget (the parabola) and runs that recorded their parameter count (summary.json `params`)."""
     groups: dict[float, list[tuple[float, float]]] = {}
     for run in runs:
-        budget, n, loss = _budget(run), run.number(params_key), run.number("final_val_loss")
-        if budget is not None and n is not None and loss is not None and math.isfinite(loss):
-            groups.setdefault(budget, []).append((n, loss))
+        budget = run.config.get("trainer.max_flops")
+        n, loss = run.number(params_key), run.number("final_val_loss")
+        if isinstance(budget, int | float) and n is not None and loss is not None and math.isfinite(loss):
+            groups.setdefault(float(budget), []).append((n, loss))
     usable = {c: pts for c, pts in groups.items() if len({n for n, _ in pts}) >= 3}
     if not usable:
         raise MiniGPTError(

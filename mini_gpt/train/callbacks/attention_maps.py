@@ -20,7 +20,8 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from mini_gpt.errors import MiniGPTError, check_ints
 from mini_gpt.train.callbacks.base import StepCallback
-from mini_gpt.viz.attention_maps import AttentionFigures, parse_selection, png_bytes, save_figure
+from mini_gpt.viz import png_bytes, save_figure
+from mini_gpt.viz.attention_maps import AttentionFigures, parse_selection
 
 DEFAULT_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak."
 

@@ -14,9 +14,10 @@ from typing import Any
 import lightning as L
 import torch
 
+from mini_gpt.conf.tools import TASKS
 from mini_gpt.errors import MiniGPTError, check_ints
 from mini_gpt.eval.bpb import split_documents
-from mini_gpt.eval.tasks import TASKS, TaskInputs, read_inputs, score_tasks
+from mini_gpt.eval.tasks import TaskInputs, read_inputs, score_tasks
 from mini_gpt.train.callbacks.base import StepCallback
 
 
