@@ -1,5 +1,5 @@
-"""Multi-device helpers: this process's rank, the batch arithmetic of data-parallel training (known before
-the Trainer is built), a dead rank in words, and the FSDP strategy factory.
+"""Multi-device helpers: this process's rank and the batch arithmetic (both known before the Trainer is
+built), a dead rank in words, the FSDP strategy factory.
 
 Each of the `devices x num_nodes` processes draws micro-batches of `micro_batch` sequences of
 `block_size` tokens and accumulates `accumulate` of them per optimizer step, so
@@ -20,18 +20,6 @@ from typing import Any
 from hydra.utils import get_class
 
 from mini_gpt.errors import MiniGPTError, check_ints
-
-__all__ = [
-    "BatchLayout",
-    "accumulation_for",
-    "batch_layout",
-    "dead_ranks",
-    "devices_per_node",
-    "fsdp_strategy",
-    "launcher_rank",
-    "local_rank",
-    "refuse_multirun_devices",
-]
 
 
 def _env_rank(keys: Sequence[str]) -> int:
@@ -115,13 +103,9 @@ class BatchLayout:
         return self.sequences_per_step * self.block_size
 
     def as_dict(self) -> dict[str, int]:
-        """Plain ints for loggers (the W&B config) and summaries."""
-        return {
-            **asdict(self),
-            "world_size": self.world_size,
-            "sequences_per_step": self.sequences_per_step,
-            "tokens_per_step": self.tokens_per_step,
-        }
+        """Plain ints for loggers (the W&B config)."""
+        derived = ("world_size", "sequences_per_step", "tokens_per_step")
+        return {**asdict(self), **{key: getattr(self, key) for key in derived}}
 
     def describe(self) -> str:
         return (
@@ -134,15 +118,14 @@ class BatchLayout:
 def devices_per_node(accelerator: str, devices: Any) -> int:
     """The processes Lightning starts per node for trainer.accelerator / trainer.devices, resolved the way
     its accelerators do (`auto`: every GPU; 1 on a CPU)."""
-    import torch
     from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 
-    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-    if gpu:
+    from mini_gpt.train.precision import device_type  # here: torch is imported with it
+
+    if device_type(accelerator) == "cuda":
+        auto = devices == "auto"
         return (
-            CUDAAccelerator.auto_device_count()
-            if devices == "auto"
-            else len(CUDAAccelerator.parse_devices(devices) or [])
+            CUDAAccelerator.auto_device_count() if auto else len(CUDAAccelerator.parse_devices(devices) or [])
         )
     if devices == "auto" or accelerator not in ("cpu", "auto"):
         return 1  # Apple's MPS and other single-device accelerators
@@ -198,15 +181,6 @@ def accumulation_for(global_batch_tokens: int, micro_batch: int, block_size: int
     return accumulate
 
 
-def _module_class(dotted: str) -> type:
-    try:
-        return get_class(dotted)
-    except (ImportError, ValueError):
-        raise MiniGPTError(
-            f"cannot import the module class {dotted!r}; give a dotted path like mini_gpt.model.gpt.Block"
-        ) from None
-
-
 def fsdp_strategy(
     wrap: Sequence[str] = ("mini_gpt.model.gpt.Block",),
     activation_checkpointing: bool = False,
@@ -220,7 +194,13 @@ def fsdp_strategy(
     recomputes those modules' activations in the backward pass (less memory, ~1/3 more compute)."""
     from lightning.pytorch.strategies import FSDPStrategy  # here: this module is imported before Lightning
 
-    classes = {_module_class(name) for name in wrap}
+    classes = set()
+    for name in wrap:
+        try:
+            classes.add(get_class(name))
+        except (ImportError, ValueError):
+            hint = "give a dotted path like mini_gpt.model.gpt.Block"
+            raise MiniGPTError(f"cannot import the module class {name!r}; {hint}") from None
     if not classes:
         raise MiniGPTError(
             "trainer.strategy.wrap is empty; list at least one module class (mini_gpt.model.gpt.Block)"

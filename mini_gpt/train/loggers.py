@@ -18,8 +18,6 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import WandbLogger
 
-__all__ = ["build_loggers", "default_wandb_group", "finish_wandb", "hydra_trial", "wandb_mode"]
-
 
 def hydra_trial() -> tuple[str, int] | None:
     """(sweep dir, job number) inside a Hydra multirun job (`python train.py -m ...`), else None."""

@@ -1,11 +1,12 @@
 """Checkpoints: written atomically (`AtomicCheckpointIO`), last.ckpt at every evaluation (`EvalCheckpoint`),
-and saved between two optimizer steps when a run is stopped (`save_last_now`, `save_hpc_checkpoint`: the
-StopOnSignal callback). The uses of Lightning internals (checked on Lightning 2.6.6, the version pyproject
-pins) are here, each with its reason beside it.
+saved between two optimizer steps when a run is stopped (`save_last_now`, `save_hpc_checkpoint`). The
+uses of Lightning internals (checked on Lightning 2.6.6, the version pyproject pins) are all here, each
+with its reason.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shlex
@@ -25,16 +26,6 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import atomic_write, space_note
 from mini_gpt.interop.checkpoint import unreadable_checkpoint
-
-__all__ = [
-    "AtomicCheckpointIO",
-    "EvalCheckpoint",
-    "last_checkpoint_path",
-    "resume_command",
-    "save_hpc_checkpoint",
-    "save_last_now",
-    "slurm_requeue_signal",
-]
 
 
 def last_checkpoint_path(trainer: L.Trainer) -> Path | None:
@@ -82,12 +73,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             ) from None
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> Any:
+        where = {} if map_location is None else {"map_location": map_location}  # None: Lightning's default
         try:
-            if map_location is None:
-                return super().load_checkpoint(path, weights_only=weights_only)
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        except MiniGPTError:
-            raise
+            return super().load_checkpoint(path, weights_only=weights_only, **where)
         except Exception as err:  # truncated, corrupt, not a checkpoint: the message generate/export give
             raise unreadable_checkpoint(path, err) from None
 
@@ -117,16 +105,12 @@ def _remove_stale_temporaries(directory: Path) -> None:
 
 def _fsync_dir(directory: Path) -> None:
     """Make a rename in `directory` durable (POSIX); a no-op where folders cannot be opened."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class EvalCheckpoint(ModelCheckpoint):
@@ -172,7 +156,7 @@ def save_last_now(trainer: L.Trainer, pl_module: L.LightningModule, why: str) ->
     path = last_checkpoint_path(trainer)
     if path is None or pl_module.saw_nonfinite_loss():
         return None
-    # The one use of a Trainer private (Lightning 2.6.6). The public trainer.save_checkpoint ends at
+    # A Trainer private (Lightning 2.6.6): the public trainer.save_checkpoint ends at
     # a barrier, and a rank interrupted alone must not wait there for the others; no public call
     # returns the checkpoint dict, so it is dumped here and written by the strategy (public).
     checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)

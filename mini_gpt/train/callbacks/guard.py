@@ -1,5 +1,4 @@
-"""The loss guard: stops a run whose training loss became NaN/inf or exploded while staying finite, with
-one line, before anything of the broken state is saved (last.ckpt stays the last good one)."""
+"""The loss guard: a NaN/inf or exploding training loss stops the run before its state is saved."""
 
 from __future__ import annotations
 
@@ -12,10 +11,6 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.train.callbacks.base import StepCallback
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
 from mini_gpt.train.stops import DivergedError, NonFiniteLossError
-
-__all__ = ["LossGuard"]
-
-FULL_PRECISION = ("32-true", "32", "64-true", "64")
 
 
 class LossGuard(StepCallback):
@@ -48,33 +43,29 @@ class LossGuard(StepCallback):
         vocab = getattr(pl_module.tokenizer, "vocab_size", None) or pl_module.model.config.vocab_size
         return self.factor * math.log(vocab)
 
-    def _stop(self, error: type[MiniGPTError], trainer: L.Trainer, what: str, advice: str) -> None:
+    def _stop(self, error: type[MiniGPTError], trainer: L.Trainer, what: str, *tips: str) -> None:
+        clip = [] if trainer.gradient_clip_val else ["set trainer.gradient_clip_val=1.0"]
+        tips = ("lower optim.lr", *clip, *tips)  # only what the run has not tried
+        advice = ", ".join(tips[:-1]) + (" or " if len(tips) > 1 else "") + tips[-1]
         last = last_checkpoint_path(trainer)
         kept = f"last good checkpoint: {last}" if last and last.exists() else "no checkpoint was saved yet"
         raise error(f"{what}; stopped without saving this state ({kept}); {advice}")
 
     def check_finite(self, trainer: L.Trainer, pl_module: Any) -> None:
         """Raise NonFiniteLossError if the loss has been NaN/inf (reads the device once)."""
-        if not pl_module.saw_nonfinite_loss():
-            return
-        tips = ["lower optim.lr"]
-        if not trainer.gradient_clip_val:
-            tips.append("set trainer.gradient_clip_val=1.0")
-        if str(trainer.precision) not in FULL_PRECISION:
-            tips.append(f"use trainer.precision=32-true (this run used {trainer.precision})")
-        advice = ", ".join(tips[:-1]) + (" or " if len(tips) > 1 else "") + tips[-1]
-        self._stop(NonFiniteLossError, trainer, f"training loss became NaN/inf by step {trainer.global_step}",
-                   advice)  # fmt: skip
+        if pl_module.saw_nonfinite_loss():
+            full = str(trainer.precision) in ("32-true", "32", "64-true", "64")
+            tip = [] if full else [f"use trainer.precision=32-true (this run used {trainer.precision})"]
+            what = f"training loss became NaN/inf by step {trainer.global_step}"
+            self._stop(NonFiniteLossError, trainer, what, *tip)
 
     def _diverged(self, trainer: L.Trainer, pl_module: Any, what: str) -> None:
-        advice = "lower optim.lr" + (
-            "" if trainer.gradient_clip_val else " or set trainer.gradient_clip_val=1.0"
+        limit = (
+            f"{self.factor:g} x ln(vocab) = {self.limit(pl_module):.2f} (a uniform guess scores ln(vocab))"
         )
         self._stop(
-            DivergedError, trainer, f"training diverged by step {trainer.global_step}: {what} > "
-            f"{self.factor:g} x ln(vocab) = {self.limit(pl_module):.2f} (a uniform guess scores ln(vocab))",
-            advice,
-        )  # fmt: skip
+            DivergedError, trainer, f"training diverged by step {trainer.global_step}: {what} > {limit}"
+        )
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: Any) -> None:
         every = self.check_every_n_steps or max(1, trainer.log_every_n_steps)
