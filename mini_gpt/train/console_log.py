@@ -31,11 +31,8 @@ class Screen:
     `keep` above it) go to `out` as they scroll away; `close()` writes the rest."""
 
     def __init__(self, out: IO[str], keep: int = 200) -> None:
-        self.out = out
-        self.keep = keep  # a live display redraws at most this many lines above the cursor
-        self.lines: list[str] = [""]
-        self.row = 0
-        self.col = 0
+        self.out, self.keep = out, keep  # a live display redraws at most `keep` lines above the cursor
+        self.lines, self.row, self.col = [""], 0, 0
 
     def write(self, text: str) -> None:
         for match in _TOKEN.finditer(text):

@@ -34,8 +34,7 @@ _MISSING = object()
 
 @dataclass(frozen=True)
 class Resume:
-    """A checkpoint to resume from, read once (memory-mapped: the weights stay on disk until Lightning
-    loads them)."""
+    """A checkpoint to resume from, read once (memory-mapped: the weights stay on disk)."""
 
     path: Path
     step: int
@@ -83,8 +82,8 @@ def read_resume(value: str | None, init_from: str | None = None) -> Resume | Non
 def _compose_run(
     overrides: Sequence[str], config_name: str = "train", hydra_node: bool = False
 ) -> DictConfig:
-    """Compose `config_name` with `overrides`; inside train.py's Hydra job through that job's Hydra (which
-    refuses a second initialization), elsewhere as the tools do. A refused override is one line."""
+    """Compose `config_name` with `overrides` (inside train.py's Hydra job through its Hydra, which refuses
+    a second initialization); a refused override is one line."""
     try:
         if GlobalHydra.instance().is_initialized():
             return hydra.compose(config_name, list(overrides), return_hydra_config=hydra_node)
@@ -164,16 +163,13 @@ def _config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list
 def resumed_config(
     cfg: DictConfig, resume: Resume | None, overrides: Sequence[str] | None = None
 ) -> DictConfig:
-    """The config to run: `cfg` itself for a fresh run; resuming, the run's saved overrides followed by the
-    command line's `overrides` (default: Hydra's task overrides), composed again. Rank 0 prints the changes
-    and saves the config in the run directory's `.hydra/config.yaml` (in a Hydra job). Outside Hydra and
-    without `overrides` (a library call with a config of its own), `cfg` is what runs."""
+    """The config to run: resuming, the run's saved overrides followed by `overrides` (default: Hydra's),
+    composed again; rank 0 prints the changes and records the config in `.hydra/config.yaml`. A fresh run,
+    or a library call outside Hydra without `overrides`, runs `cfg` itself."""
     in_hydra = HydraConfig.initialized()
     if resume is None or (overrides is None and not in_hydra):
         return cfg
-    if overrides is None:
-        overrides = list(HydraConfig.get().overrides.task)
-    new = _without(overrides)
+    new = _without(HydraConfig.get().overrides.task if overrides is None else overrides)
     announce = launcher_rank() == 0
     if resume.run_overrides is not None:
         restored = _compose_run([*_without(resume.run_overrides, _NEVER_RESTORED), *new])

@@ -262,14 +262,12 @@ def _callbacks(cfg: DictConfig, options: TrainConfig) -> list[L.Callback]:
         if node is None:
             continue
         callback = _instantiate(checked_arguments(node, f"callbacks.{name}"), f"callbacks.{name}")
-        if not getattr(callback, "enabled", True):
-            continue
         # Lightning refuses a progress bar / checkpoint callback that its own switch turned off.
-        if isinstance(callback, ProgressBar) and not options.trainer.enable_progress_bar:
-            continue
-        if isinstance(callback, ModelCheckpoint) and not options.trainer.enable_checkpointing:
-            continue
-        callbacks.append(callback)
+        off = (isinstance(callback, ProgressBar) and not options.trainer.enable_progress_bar) or (
+            isinstance(callback, ModelCheckpoint) and not options.trainer.enable_checkpointing
+        )
+        if getattr(callback, "enabled", True) and not off:
+            callbacks.append(callback)
     return callbacks
 
 
@@ -289,9 +287,7 @@ def check_world(trainer: L.Trainer, world_size: int, multirun: bool) -> None:
 def _dead_rank_line(dead: str, trainer: L.Trainer) -> str:
     """`rank 1 (...) died at step N; ... resume with: ...` (every rank must live through a DDP run)."""
     last = last_checkpoint_path(trainer)
-    resume = (
-        f"resume from the last checkpoint with: {resume_command(last)}"
-        if last is not None and last.is_file()
-        else "no checkpoint was saved yet: run again"
-    )
+    resume = "no checkpoint was saved yet: run again"
+    if last is not None and last.is_file():
+        resume = f"resume from the last checkpoint with: {resume_command(last)}"
     return f"{dead} during step {trainer.global_step + 1}; the run stopped (every rank must live); {resume}"

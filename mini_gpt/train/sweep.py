@@ -79,8 +79,7 @@ class StudySettings:
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> StudySettings:
-        node = cfg.get("hparams_search")
-        if node is None:
+        if (node := cfg.get("hparams_search")) is None:
             raise MiniGPTError(
                 "mini-gpt sweep needs a search space: add hparams_search=lr_search (or your own "
                 "conf/hparams_search/NAME.yaml)"
@@ -136,8 +135,7 @@ def searched_params(settings: StudySettings, cfg: DictConfig) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _experimental() -> Iterator[None]:
-    """Quiet Optuna's ExperimentalWarning: heartbeats and stale-trial retries are "experimental" since
-    Optuna 2.8 / 2.9, unchanged since."""
+    """Quiet Optuna's ExperimentalWarning on heartbeats and stale-trial retries (unchanged since 2.9)."""
     import optuna
 
     with warnings.catch_warnings():
@@ -215,8 +213,8 @@ def open_study(settings: StudySettings, space: dict[str, Any]) -> optuna.Study:
 
 class ReportValLoss(Callback):
     """Reports each validation's val/loss to the Optuna trial at its optimizer step, and stops the fit
-    (after that validation, checkpoints saved) when the pruner prunes the trial. Not optuna-integration's
-    PyTorchLightningPruningCallback: that one reports per epoch, and a mini-gpt run is one long epoch."""
+    (checkpoints saved) when the pruner prunes the trial. Not optuna-integration's pruning callback: that
+    one reports per epoch, and a mini-gpt run is one long epoch."""
 
     def __init__(self, trial: optuna.Trial, monitor: str = "val/loss") -> None:
         self.trial, self.monitor = trial, monitor
@@ -269,14 +267,6 @@ def wandb_trial_names(cfg: DictConfig, number: int) -> list[str]:
     return names + ([] if wandb.get("group") is not None else [f"logger.wandb.group=sweep-{study}"])
 
 
-def _record_config(trial_dir: Path, cfg: DictConfig, overrides: list[str]) -> None:
-    """The trial's config and overrides where Hydra keeps them (`.hydra/`), for `mini-gpt compare`."""
-    hydra_dir = trial_dir / ".hydra"
-    hydra_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, hydra_dir / "config.yaml")
-    (hydra_dir / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-
-
 def run_study(
     settings: StudySettings,
     compose: Callable[[Sequence[str]], DictConfig],
@@ -309,7 +299,10 @@ def run_study(
         print(f"trial {trial.number}: {shown} -> {trial_dir}", flush=True)
         where = [f"paths.run_dir={trial_dir}", *wandb_trial_names(base, trial.number)]
         cfg = compose([*fixed, *overrides, *where])
-        _record_config(trial_dir, cfg, [*fixed, *overrides])
+        hydra_dir = trial_dir / ".hydra"  # where Hydra keeps them, for `mini-gpt compare` and the table
+        hydra_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, hydra_dir / "config.yaml")
+        (hydra_dir / "overrides.yaml").write_text(yaml.safe_dump([*fixed, *overrides]))
         report = ReportValLoss(trial)
         summary = train_trial(cfg, [report])
         if summary is None:
@@ -381,10 +374,9 @@ def _summary(trial_dir: Path) -> dict[str, Any]:
 def _error_line(trial_dir: Path) -> str:
     """The reason a trial failed, from its train.log: the `error:` line, else the last line."""
     log = trial_dir / "train.log"
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()] if log.is_file() else []
-    lines = [line for line in lines if line]
-    errors = [line for line in lines if line.startswith("error:")]
-    return (errors or lines or ["no train.log"])[-1]
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return ([line for line in lines if line.startswith("error:")] or lines or ["no train.log"])[-1]
 
 
 def read_trials(sweep_dir: str | Path) -> list[dict[str, Any]]:
@@ -395,27 +387,17 @@ def read_trials(sweep_dir: str | Path) -> list[dict[str, Any]]:
         overrides_file = trial_dir / ".hydra" / "overrides.yaml"
         overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
         summary = _summary(trial_dir)
-        row: dict[str, Any] = {
-            "trial": int(trial_dir.name),
-            "overrides": dict(o.split("=", 1) for o in overrides or [] if "=" in o),
-            "status": summary.get("status", "failed"),
-            **{k: summary.get(k) for k in ("best_val_loss", "wall_seconds", "steps")},
-            "error": "",
-        }
-        if row["status"] != "completed":
-            row["error"] = _error_line(trial_dir)
-        rows.append(row)
+        status = summary.get("status", "failed")
+        rows.append(
+            {
+                "trial": int(trial_dir.name),
+                "overrides": dict(o.split("=", 1) for o in overrides or [] if "=" in o),
+                "status": status,
+                **{k: summary.get(k) for k in ("best_val_loss", "wall_seconds", "steps")},
+                "error": "" if status == "completed" else _error_line(trial_dir),
+            }
+        )
     return rows
-
-
-def _varying_keys(rows: list[dict[str, Any]]) -> list[str]:
-    """Override keys whose value differs between trials (all keys for a single trial), in first-seen order."""
-    keys: list[str] = []
-    for row in rows:
-        keys += [k for k in row["overrides"] if k not in keys]
-    if len(rows) < 2:
-        return keys
-    return [k for k in keys if len({row["overrides"].get(k) for row in rows}) > 1]
 
 
 def _fmt(value: Any) -> str:
@@ -432,8 +414,11 @@ def _seconds(value: float | None) -> str:
 
 
 def trials_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """(header, rows of strings) of a multirun's table; only the overrides that vary get a column."""
-    keys = _varying_keys(rows)
+    """(header, rows of strings) of a multirun's table; only the overrides that vary get a column (all of
+    them for a single trial), in first-seen order."""
+    keys = list(dict.fromkeys(k for row in rows for k in row["overrides"]))
+    if len(rows) > 1:
+        keys = [k for k in keys if len({row["overrides"].get(k) for row in rows}) > 1]
     header = ["trial", *keys, "status", "best_val_loss", "wall_seconds", "steps", "error"]
     body = [
         [

@@ -37,11 +37,9 @@ def last_checkpoint_path(trainer: L.Trainer) -> Path | None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes every checkpoint so that a crash, a hard kill or a full disk leaves the previous file (e.g.
-    last.ckpt) intact, and reads them with one-line errors. `torch.save` streams into `.<name>.<pid>.tmp`
-    beside the target (same file system), which is fsynced and renamed over it (`atomic_write`); the next
-    save there removes the temporaries of killed processes. (Lightning's own writer moves the file from
-    the system temp dir: a copy when that is another file system.) Remote URLs go through Lightning."""
+    """Writes every checkpoint so that a crash, a hard kill or a full disk leaves the previous file intact
+    (`atomic_write` beside the target; Lightning's own writer moves it from the system temp dir, a copy
+    across file systems), and reads them with one-line errors. Remote URLs go through Lightning."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         if storage_options is not None or "://" in str(path):
@@ -114,10 +112,9 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class EvalCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint that writes last.ckpt after *every* evaluation: Lightning (2.6) refreshes it only
-    when val/loss improved, so a run whose val loss plateaus would resume from an old step. A resumed run
-    writes into its own new directory, so the previous directory's callback state is restored only for
-    the same directory (Lightning would restore part of it and warn "The dirpath has changed")."""
+    """ModelCheckpoint that writes last.ckpt after *every* evaluation (Lightning 2.6 only when val/loss
+    improved: a plateau would resume from an old step). Its state is restored only into the same
+    directory (a resumed run writes into a new one; Lightning would restore part and warn)."""
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
@@ -139,8 +136,8 @@ class EvalCheckpoint(ModelCheckpoint):
 
 
 def resume_command(ckpt: Path) -> str:
-    """The command that resumes from `ckpt`: this script or `mini-gpt train` with `ckpt_path=` alone (the
-    rest of the config comes from the checkpoint), run by `python` if that is this interpreter."""
+    """This script (or `mini-gpt train`) with `ckpt_path=` alone: the rest of the config comes from the
+    checkpoint."""
     on_path = shutil.which("python")
     same = on_path is not None and Path(on_path).resolve() == Path(sys.executable).resolve()
     python = "python" if same else sys.executable
@@ -150,9 +147,8 @@ def resume_command(ckpt: Path) -> str:
 
 
 def save_last_now(trainer: L.Trainer, pl_module: L.LightningModule, why: str) -> Path | None:
-    """Write last.ckpt at the current step (between two optimizer steps, so resuming is exact) and print
-    `<why> at step N: saved PATH` + the resume command; None (nothing written) without a checkpoint
-    callback or after a NaN/inf loss. Every rank calls it; the strategy writes on rank 0's behalf."""
+    """Write last.ckpt now (between two optimizer steps, so resuming is exact) and say how to resume; None
+    (nothing written) without a checkpoint callback or after a NaN/inf loss. Every rank calls it."""
     path = last_checkpoint_path(trainer)
     if path is None or pl_module.saw_nonfinite_loss():
         return None
@@ -180,9 +176,8 @@ def slurm_requeue_signal(trainer: L.Trainer) -> int | None:
 
 
 def save_hpc_checkpoint(trainer: L.Trainer) -> Path:
-    """Write the current state as Lightning's `hpc_ckpt_<n>.ckpt` in the trainer's root dir: a requeued
-    SLURM job's fit resumes from the newest one there (Lightning 2.6.6's checkpoint connector: no public
-    call names the file or writes it without a barrier)."""
+    """Write the current state as Lightning's `hpc_ckpt_<n>.ckpt`, which a requeued SLURM job's fit resumes
+    from (no public call names the file or writes it without a barrier)."""
     connector = trainer._checkpoint_connector
     path = Path(connector.hpc_save_path(trainer.default_root_dir))
     trainer.strategy.save_checkpoint(connector.dump_checkpoint(weights_only=False), path)

@@ -14,19 +14,15 @@ from mini_gpt.train.stops import DivergedError, NonFiniteLossError
 
 
 class LossGuard(StepCallback):
-    """Stops training with a one-line error when the loss went bad:
+    """Stops training with a one-line error when the loss went bad, before anything of it is saved
+    (Lightning runs the checkpoint callback after the others; Ctrl-C and preemption saves refuse it too):
 
-    - non-finite: any training loss so far was NaN/inf (`pl_module.saw_nonfinite_loss()`, a sticky flag on
-      the device), checked every `check_every_n_steps` (null: trainer.log_every_n_steps; each check reads
-      the device once) and before every checkpoint;
-    - diverged: the logged train loss exceeds `factor` x ln(vocabulary) at `patience` log steps in a row,
-      or at the last log step before a checkpoint. ln V is what a uniform guess scores and about where a
-      fresh model starts; a healthy run only goes down from there, a fine-tune starts below. (Muon at
-      lr=1e2 reaches ~1e5 where AdamW goes NaN: a NaN check alone misses it.) The val loss is no
-      yardstick: memorising one batch (debug=overfit_batch) sends it past 3 x ln V.
-
-    Lightning runs the checkpoint callback after the others, so the error comes first and nothing of the
-    bad state is written; Ctrl-C and preemption saves refuse it too."""
+    - non-finite: any training loss so far was NaN/inf (a sticky flag on the device, read every
+      `check_every_n_steps` and before every checkpoint);
+    - diverged: the logged train loss exceeds `factor` x ln(vocab) at `patience` log steps in a row, or at
+      the last log step before a checkpoint. ln V is what a uniform guess scores, about where a fresh model
+      starts. (Muon at lr=1e2 reaches ~1e5 where AdamW goes NaN: a NaN check alone misses it.) The val
+      loss is no yardstick: memorising one batch (debug=overfit_batch) sends it past 3 x ln V."""
 
     def __init__(
         self, check_every_n_steps: int | None = None, factor: float = 3.0, patience: int = 3
