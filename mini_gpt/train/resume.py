@@ -200,11 +200,8 @@ def resumed_config(
         what = "\n".join(f"  {line}" for line in changes) or "  (none: the run continues as it was started)"
         print(f"resuming {resume.path} with {how}; changes from the run's config:\n{what}")
         job = HydraConfig.get() if in_hydra else None
-        if (
-            job is not None
-            and job.output_subdir is not None
-            and not OmegaConf.is_missing(job.runtime, "output_dir")
-        ):
+        recorded = job is not None and job.output_subdir is not None
+        if recorded and not OmegaConf.is_missing(job.runtime, "output_dir"):
             # the run directory records the config that runs, not the command line's
             OmegaConf.save(restored, Path(job.runtime.output_dir) / job.output_subdir / "config.yaml")
     return restored

@@ -54,11 +54,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except (OSError, RuntimeError) as err:
             # torch's zip writer reports a full disk as RuntimeError ("... unexpected pos" or "file write
             # failed"), not OSError; any other RuntimeError is not about writing.
-            if isinstance(err, RuntimeError):
-                if not any(m in str(err) for m in _ZIP_WRITE_FAILURES):
-                    raise
-                # the OSError of the file's write, when Python raised it inside torch's writer
-                err = err.__context__ if isinstance(err.__context__, OSError) else err
+            if isinstance(err, RuntimeError) and not any(m in str(err) for m in _ZIP_WRITE_FAILURES):
+                raise
+            if isinstance(err, RuntimeError) and isinstance(err.__context__, OSError):
+                err = err.__context__  # the file's write, which Python raised inside torch's writer
             if isinstance(err, OSError) and err.errno not in (errno.ENOSPC, errno.EDQUOT):
                 reason = err.strerror or str(err)
             else:

@@ -101,7 +101,7 @@ class Throughput(StepCallback):
         self._val_t0 = 0.0
         self._val_seconds = 0.0
         self._flops_per_token = 0.0
-        self._seq_len: int | None = None
+        self._seq_len = 0
 
     def _sync(self, pl_module: L.LightningModule) -> None:
         if pl_module.device.type == "cuda":
@@ -114,9 +114,9 @@ class Throughput(StepCallback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        x = batch[0] if isinstance(batch, list | tuple) else batch
+        x, _ = batch  # (B, T) token ids
         self._tokens += x.numel() * trainer.world_size
-        self._seq_len = x.shape[-1] if x.dim() > 1 else None
+        self._seq_len = x.shape[-1]
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: Any) -> None:
