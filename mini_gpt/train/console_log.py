@@ -1,9 +1,5 @@
-"""The run directory around one run (`run_directory`), and its `train.log`: a copy of what the console
-showed during the run, as plain text.
-
-`record_console(path)` tees stdout and stderr into `path`, the console still getting every byte. The
-file gets what a terminal would end up displaying: a progress bar's in-place redraws (carriage returns,
-erase line, cursor up) once in their final state, no colour codes, and a traceback that escapes the block.
+"""The run directory around one run (`run_directory`) and its `train.log`: what the console showed, as a
+terminal would end up displaying it (a progress bar's redraws once in their final state, no colours).
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ from typing import IO, Any
 from mini_gpt.files import remove_empty
 from mini_gpt.train.distributed import launcher_rank
 
-__all__ = ["Screen", "record_console", "run_directory"]
-
 # What Hydra and a run that never reached training leave in a run directory (removed on such a failure).
 _UNSTARTED_ENTRIES = {".hydra", "train.log", "wandb", "csv", "checkpoints", "attention_maps"}
 _KEPT_IF_FILLED = {"checkpoints", "attention_maps"}  # a run that never trained writes no file in these
@@ -37,11 +31,8 @@ class Screen:
     `keep` above it) go to `out` as they scroll away; `close()` writes the rest."""
 
     def __init__(self, out: IO[str], keep: int = 200) -> None:
-        self.out = out
-        self.keep = keep  # a live display redraws at most this many lines above the cursor
-        self.lines: list[str] = [""]
-        self.row = 0
-        self.col = 0
+        self.out, self.keep = out, keep  # a live display redraws at most `keep` lines above the cursor
+        self.lines, self.row, self.col = [""], 0, 0
 
     def write(self, text: str) -> None:
         for match in _TOKEN.finditer(text):
@@ -62,17 +53,15 @@ class Screen:
         self._scroll()
 
     def _escape(self, params: str | None, final: str | None) -> None:
+        line = self.lines[self.row]
         if final == "A":  # cursor up n lines
             self.row = max(0, self.row - int(params or 1))
-        elif final == "K":  # erase in line: 0 = to the end, 1 = to the cursor, 2 = all
-            line = self.lines[self.row]
-            mode = params or "0"
-            if mode == "2":
-                self.lines[self.row] = ""
-            elif mode == "1":
-                self.lines[self.row] = " " * self.col + line[self.col :]
-            else:
-                self.lines[self.row] = line[: self.col]
+        elif final == "K" and params == "2":  # erase the line
+            self.lines[self.row] = ""
+        elif final == "K" and params == "1":  # erase up to the cursor
+            self.lines[self.row] = " " * self.col + line[self.col :]
+        elif final == "K":  # erase to the end
+            self.lines[self.row] = line[: self.col]
 
     def _scroll(self) -> None:
         gone = self.row - self.keep
@@ -95,8 +84,7 @@ class _Tee:
     """A text stream that writes to the console stream and to a shared Screen."""
 
     def __init__(self, console: Any, screen: Screen) -> None:
-        self._console = console
-        self._screen = screen
+        self._console, self._screen = console, screen
 
     def write(self, text: str) -> int:
         self._screen.write(text)
@@ -141,14 +129,13 @@ def run_directory(
         yield
         return
     run_dir = Path(run_dir)
-    completed = False
     try:
         with record_console(run_dir / "train.log"):
             yield
-        completed = True
-    finally:
-        if not completed and not keep_unstarted and not (run_dir / "summary.json").exists():
+    except BaseException:
+        if not keep_unstarted and not (run_dir / "summary.json").exists():
             _remove_unstarted(run_dir.resolve(), Path(output_dir).resolve() if output_dir else None)
+        raise
 
 
 def _remove_unstarted(run_dir: Path, output_dir: Path | None) -> None:

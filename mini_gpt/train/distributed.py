@@ -1,13 +1,9 @@
-"""Multi-device helpers: this process's rank, the batch arithmetic of data-parallel training (known before
-the Trainer is built), a dead rank in words, and the FSDP strategy factory.
-
-Each of the `devices x num_nodes` processes draws micro-batches of `micro_batch` sequences of
-`block_size` tokens and accumulates `accumulate` of them per optimizer step, so
+"""Multi-device helpers: this process's rank and the batch arithmetic (both known before the Trainer is
+built), a dead rank in words, the FSDP strategy factory.
 
     tokens per optimizer step = micro_batch x accumulate x devices x num_nodes x block_size
 
-and lr, warmup and max_steps keep their meaning only while that product stays fixed (`accumulation_for`
-derives `accumulate` from a global batch in tokens).
+lr, warmup and max_steps keep their meaning only while that product stays fixed (`global_batch_tokens`).
 """
 
 from __future__ import annotations
@@ -20,18 +16,6 @@ from typing import Any
 from hydra.utils import get_class
 
 from mini_gpt.errors import MiniGPTError, check_ints
-
-__all__ = [
-    "BatchLayout",
-    "accumulation_for",
-    "batch_layout",
-    "dead_ranks",
-    "devices_per_node",
-    "fsdp_strategy",
-    "launcher_rank",
-    "local_rank",
-    "refuse_multirun_devices",
-]
 
 
 def _env_rank(keys: Sequence[str]) -> int:
@@ -64,10 +48,8 @@ _PEER_GONE = (
 
 def dead_ranks(trainer: Any, err: BaseException) -> str | None:
     """Which rank's death `err` (raised in this rank's fit) comes from, in words; None when it is not a
-    lost peer. The ranks that `python train.py trainer=ddp` started itself are Lightning's launcher's
-    child processes (local rank i + 1), so the dead one is named with its exit; the survivors among
-    them are killed, so nothing is left behind. Under torchrun / SLURM the launcher owns the processes:
-    a collective's lost connection is all there is to go on."""
+    lost peer. Ranks that Lightning's launcher started are its child processes: the dead one is named with
+    its exit and the survivors are killed. Under torchrun / SLURM a lost connection is all there is."""
     if getattr(trainer, "world_size", 1) <= 1:
         return None
     procs = list(getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or [])
@@ -115,13 +97,9 @@ class BatchLayout:
         return self.sequences_per_step * self.block_size
 
     def as_dict(self) -> dict[str, int]:
-        """Plain ints for loggers (the W&B config) and summaries."""
-        return {
-            **asdict(self),
-            "world_size": self.world_size,
-            "sequences_per_step": self.sequences_per_step,
-            "tokens_per_step": self.tokens_per_step,
-        }
+        """Plain ints for loggers (the W&B config)."""
+        derived = ("world_size", "sequences_per_step", "tokens_per_step")
+        return {**asdict(self), **{key: getattr(self, key) for key in derived}}
 
     def describe(self) -> str:
         return (
@@ -132,17 +110,15 @@ class BatchLayout:
 
 
 def devices_per_node(accelerator: str, devices: Any) -> int:
-    """The processes Lightning starts per node for trainer.accelerator / trainer.devices, resolved the way
-    its accelerators do (`auto`: every GPU; 1 on a CPU)."""
-    import torch
+    """The processes Lightning starts per node, resolved as its accelerators do (`auto`: every GPU)."""
     from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 
-    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-    if gpu:
+    from mini_gpt.train.precision import device_type  # here: torch is imported with it
+
+    if device_type(accelerator) == "cuda":
+        auto = devices == "auto"
         return (
-            CUDAAccelerator.auto_device_count()
-            if devices == "auto"
-            else len(CUDAAccelerator.parse_devices(devices) or [])
+            CUDAAccelerator.auto_device_count() if auto else len(CUDAAccelerator.parse_devices(devices) or [])
         )
     if devices == "auto" or accelerator not in ("cpu", "auto"):
         return 1  # Apple's MPS and other single-device accelerators
@@ -150,9 +126,9 @@ def devices_per_node(accelerator: str, devices: Any) -> int:
 
 
 def refuse_multirun_devices(world_size: int, external: bool, devices: Any) -> None:
-    """A sweep trial trains alone or is a rank a cluster launcher (`external`: SLURM, torchrun) started:
-    DDP that re-runs the script per device makes every extra rank run the whole sweep, and ddp_spawn
-    trains in child processes, leaving the trial without the val losses it must return."""
+    """A sweep trial trains alone or is a rank a cluster launcher (`external`) started: DDP that re-runs
+    the script per device would run the whole sweep per rank, and ddp_spawn leaves the trial without the
+    val losses it must return."""
     if world_size > 1 and not external:
         raise MiniGPTError(
             "Hydra multirun (-m) cannot run a multi-device strategy started from inside the trial "
@@ -164,8 +140,7 @@ def refuse_multirun_devices(world_size: int, external: bool, devices: Any) -> No
 def batch_layout(
     trainer: Any, micro_batch: int, block_size: int, global_batch_tokens: int | None
 ) -> BatchLayout:
-    """The run's BatchLayout from conf/trainer (`trainer`: its dataclass): devices resolved, accumulation
-    derived from `global_batch_tokens` when set."""
+    """The run's BatchLayout from conf/trainer's dataclass, the accumulation from `global_batch_tokens`."""
     devices = devices_per_node(trainer.accelerator, trainer.devices)
     accumulate = trainer.accumulate_grad_batches
     if global_batch_tokens is not None:
@@ -176,9 +151,8 @@ def batch_layout(
 
 
 def accumulation_for(global_batch_tokens: int, micro_batch: int, block_size: int, world_size: int) -> int:
-    """Micro-batches to accumulate per device so one optimizer step sees exactly `global_batch_tokens`;
-    anything but a positive multiple of micro_batch x block_size x world_size is refused (rounding would
-    silently train with another batch than asked for)."""
+    """Micro-batches to accumulate per device so one optimizer step sees exactly `global_batch_tokens`
+    (rounding would silently train with another batch than asked for)."""
     check_ints(
         global_batch_tokens=global_batch_tokens,
         micro_batch=micro_batch,
@@ -198,15 +172,6 @@ def accumulation_for(global_batch_tokens: int, micro_batch: int, block_size: int
     return accumulate
 
 
-def _module_class(dotted: str) -> type:
-    try:
-        return get_class(dotted)
-    except (ImportError, ValueError):
-        raise MiniGPTError(
-            f"cannot import the module class {dotted!r}; give a dotted path like mini_gpt.model.gpt.Block"
-        ) from None
-
-
 def fsdp_strategy(
     wrap: Sequence[str] = ("mini_gpt.model.gpt.Block",),
     activation_checkpointing: bool = False,
@@ -215,12 +180,18 @@ def fsdp_strategy(
     state_dict_type: str = "full",
     **kwargs: Any,
 ) -> Any:
-    """Lightning's FSDPStrategy, each module of a `wrap` class (dotted paths) one FSDP unit: its parameters
-    are gathered just before its forward/backward and freed after. `activation_checkpointing=True`
-    recomputes those modules' activations in the backward pass (less memory, ~1/3 more compute)."""
+    """Lightning's FSDPStrategy, each module of a `wrap` class one FSDP unit (its parameters gathered just
+    for its forward/backward); `activation_checkpointing` recomputes their activations in the backward
+    pass (less memory, ~1/3 more compute)."""
     from lightning.pytorch.strategies import FSDPStrategy  # here: this module is imported before Lightning
 
-    classes = {_module_class(name) for name in wrap}
+    classes = set()
+    for name in wrap:
+        try:
+            classes.add(get_class(name))
+        except (ImportError, ValueError):
+            hint = "give a dotted path like mini_gpt.model.gpt.Block"
+            raise MiniGPTError(f"cannot import the module class {name!r}; {hint}") from None
     if not classes:
         raise MiniGPTError(
             "trainer.strategy.wrap is empty; list at least one module class (mini_gpt.model.gpt.Block)"

@@ -1,12 +1,9 @@
 """Start a training run from pretrained weights (`init_from=...`), fully or with LoRA adapters.
 
-`plan_finetune` gives the run's `FinetunePlan`: the source (`load_source`: a hub name, a transformers or
-`mini-gpt export` directory, or one of our `.ckpt` files, weights only) fixes every key that shapes a
-weight; a run may change `dropout` and shrink `block_size` (`finetune_model_config`). `FinetuneConfig`
-(conf/finetune/*.yaml) chooses what trains (`prepare_model`): `full` freezes the embeddings and early
-blocks it is asked to, `lora` adds adapters (mini_gpt.train.lora) and freezes the rest. `finetune_meta`
-is what a checkpoint records (primitives), so a resume rebuilds the same adapters and frozen parts.
-Guide: docs/fine-tuning.md.
+The source (`load_source`: a hub name, a transformers or `mini-gpt export` directory, or a `.ckpt`) fixes
+every key that shapes a weight. `FinetuneConfig` chooses what trains: `full` freezes what it is asked to,
+`lora` adds adapters and freezes the rest. A checkpoint records how (`finetune_meta`), so a resume
+rebuilds the same adapters and frozen parts. Guide: docs/fine-tuning.md.
 """
 
 from __future__ import annotations
@@ -27,21 +24,6 @@ from mini_gpt.tokenizer import ENCODINGS, CharTokenizer, Tokenizer
 from mini_gpt.train.lora import LoraSpec, add_lora
 from mini_gpt.train.resume import Resume
 
-__all__ = [
-    "FinetunePlan",
-    "build_model",
-    "check_tokenizer",
-    "count_parameters",
-    "describe",
-    "finetune_meta",
-    "finetune_model_config",
-    "load_source",
-    "plan_finetune",
-    "prepare_model",
-]
-
-_MUTABLE_MODEL_KEYS = ("dropout", "block_size")  # the model keys a fine-tuning run may change
-
 
 def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_from: str) -> GPTConfig:
     """`source`'s config with the `requested` dropout / smaller context. `requested` (the model keys the
@@ -49,12 +31,10 @@ def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_
     changes: dict[str, Any] = {}
     refused = []
     for key, value in requested.items():
-        if not hasattr(source, key):
-            raise MiniGPTError(f"model.{key} is not a model key")
         if key == "dropout":
             changes[key] = value
         elif key == "block_size":
-            if value is None or value > source.block_size:
+            if value > source.block_size:
                 raise MiniGPTError(
                     f"model.block_size={value} is longer than the {source.block_size} positions "
                     f"init_from={init_from} was trained for; the context can only shrink"
@@ -67,8 +47,7 @@ def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_
     if refused:
         raise MiniGPTError(
             f"init_from={init_from} fixes the model's shape; remove {', '.join(refused)} "
-            f"(only {' and '.join('model.' + k for k in _MUTABLE_MODEL_KEYS)} may change, the context "
-            "only shrink)"
+            "(only model.dropout and model.block_size may change, the context only shrink)"
         )
     return build_config(GPTConfig, {**source.to_dict(), **changes}, "model")
 
@@ -85,13 +64,8 @@ def build_model(source: GPT, config: GPTConfig) -> GPT:
 
 def check_tokenizer(source: Tokenizer, data: Tokenizer, init_from: str) -> None:
     """Refuse data tokenized differently from the source (ids would mean other tokens)."""
-
-    def key(tok: Tokenizer) -> dict[str, Any]:
-        d = dict(tok.to_dict())
-        d.pop("name", None)  # gpt2 and r50k_base are the same encoding under two names
-        return d
-
-    if key(source) == key(data):
+    # gpt2 and r50k_base are the same encoding under two names
+    if {**source.to_dict(), "name": None} == {**data.to_dict(), "name": None}:
         return
     if isinstance(source, CharTokenizer):
         hint = "fine-tune a char model on char data with exactly the same characters (data.tokenizer=char)"

@@ -1,8 +1,5 @@
-"""Experiment loggers of a training run: built from `cfg.logger`, W&B set up so it never blocks.
-
-W&B runs online only with credentials and a reachable server, else offline and silent (no login prompt,
-no banner); the runs of one sweep share a group; `finish_wandb` uploads the checkpoint if asked, finishes
-the run and prints once how to upload an offline run.
+"""Experiment loggers of a training run, built from `cfg.logger`. W&B never blocks: online only with
+credentials and a reachable server, else offline and silent (no login prompt, no banner).
 """
 
 from __future__ import annotations
@@ -17,8 +14,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import WandbLogger
-
-__all__ = ["build_loggers", "default_wandb_group", "finish_wandb", "hydra_trial", "wandb_mode"]
 
 
 def hydra_trial() -> tuple[str, int] | None:
@@ -85,10 +80,9 @@ def build_loggers(logger_cfgs: Mapping[str, Any], trial: tuple[str, int] | None)
 
 
 def _drop_anonymous(logger: WandbLogger) -> None:
-    """The one use of a WandbLogger private (checked on Lightning 2.6.6 with wandb 0.31.0). The logger
-    always passes `anonymous` to wandb.init (None when not asked for), and wandb >= 0.19 answers any
-    value with "WARNING The anonymous setting has no effect" on every run; no public argument or
-    setting leaves it out, so it is removed from the arguments the logger will pass."""
+    """The one use of a WandbLogger private (Lightning 2.6.6, wandb 0.31.0): the logger always passes
+    `anonymous` to wandb.init, which wandb >= 0.19 answers with a warning on every run; nothing public
+    leaves it out."""
     init_args = getattr(logger, "_wandb_init", None)
     if isinstance(init_args, dict):
         init_args.pop("anonymous", None)

@@ -4,9 +4,8 @@ LoRA (Hu et al., 2021) leaves a pretrained weight W frozen and learns a low-rank
 
     y = x Wᵀ + (alpha / r) · dropout(x) Aᵀ Bᵀ        A: (r, in), B: (out, r), B starts at zero
 
-`add_lora` injects the adapters in place (the model stays a `GPT`; its state dict holds
-`<module>.base_layer.weight` beside `<module>.lora_A.default.weight` / `lora_B`); `merge_lora` folds the
-update into W, giving a plain GPT whose tied head is still tied. `LoraSpec.to_dict()` is primitives only.
+`add_lora` injects the adapters in place (the model stays a `GPT`, with `<module>.base_layer.weight` beside
+`<module>.lora_A.default.weight` / `lora_B`); `merge_lora` folds the update into W.
 """
 
 from __future__ import annotations
@@ -19,10 +18,6 @@ import torch
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.model.gpt import GPT, GPTConfig
-
-__all__ = ["ADAPTER_KEY", "LoraSpec", "add_lora", "has_lora_weights", "merge_lora"]
-
-ADAPTER_KEY = ".lora_"  # appears in every adapter parameter's name (lora_A / lora_B)
 
 
 @dataclass(frozen=True)
@@ -56,12 +51,9 @@ def _peft() -> Any:
 
 
 def _peft_config(spec: LoraSpec) -> Any:
+    targets = list(spec.target_modules)
     return _peft().LoraConfig(
-        r=spec.rank,
-        lora_alpha=spec.alpha,
-        lora_dropout=spec.dropout,
-        target_modules=list(spec.target_modules),
-        bias="none",
+        r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=targets, bias="none"
     )
 
 
@@ -75,7 +67,7 @@ def add_lora(model: GPT, spec: LoraSpec) -> GPT:
 
 
 def has_lora_weights(state_dict: dict[str, Any]) -> bool:
-    return any(ADAPTER_KEY in key for key in state_dict)
+    return any(".lora_" in key for key in state_dict)  # lora_A / lora_B
 
 
 def merge_lora(config: GPTConfig, spec: LoraSpec, state_dict: dict[str, torch.Tensor]) -> GPT:

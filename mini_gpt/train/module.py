@@ -1,12 +1,10 @@
 """The LightningModule: next-token cross-entropy on a GPT, AdamW/Muon, a per-step LR schedule.
 
-The GPT lives at `self.model` (checkpoint keys `model.<...>`); with `compile=True` a compiled wrapper runs
-the forward passes but owns no weights, so no `_orig_mod.` keys appear. `checkpoint["mini_gpt"]` holds the
-model config and tokenizer as primitives: a checkpoint alone rebuilds both (mini_gpt.interop.checkpoint).
+The GPT lives at `self.model` (checkpoint keys `model.<...>`); `checkpoint["mini_gpt"]` holds its config
+and tokenizer as primitives, so a checkpoint alone rebuilds both (mini_gpt.interop.checkpoint).
 
 The hot loop never syncs with the device: every `trainer.log_every_n_steps` optimizer steps the loss is
-read once and logged with `self.log` (train/loss, lr, grad_norm, at the optimizer step's number), and kept
-in `self.stats`; validation sums token losses on the device and syncs once per evaluation.
+read once, logged with `self.log` and kept in `self.stats`; validation syncs once per evaluation.
 """
 
 from __future__ import annotations
@@ -31,15 +29,13 @@ from mini_gpt.train.optim import build_optimizer, build_scheduler
 
 
 def exact(metrics: dict[str, float]) -> dict[str, Tensor]:
-    """Python numbers as float64 tensors for `self.log`, which would store a float as float32: the loggers
-    get every digit."""
+    """Python numbers as float64 tensors: `self.log` would store a float as float32, losing digits."""
     return {key: torch.tensor(value, dtype=torch.float64) for key, value in metrics.items()}
 
 
 @dataclass
 class RunStats:
-    """The loss curve of one fit as host-side python numbers (reading them never syncs). The module is the
-    only writer, at its log steps and evaluations; callbacks, the summary and tests only read."""
+    """The loss curve of one fit as host numbers (reading them never syncs); only the module writes it."""
 
     train_history: list[tuple[int, float]] = field(default_factory=list)  # (step, train loss), log steps
     val_history: list[tuple[int, float, float]] = field(default_factory=list)  # (step, unix time, val loss)
@@ -62,10 +58,9 @@ class GPTLitModule(L.LightningModule):
         run_config: dict[str, Any] | None = None,
         run_overrides: list[str] | None = None,
     ) -> None:
-        """`model`: a GPT prepared by mini_gpt.train.finetune instead of a fresh one; `finetune` (primitives,
-        saved in checkpoints) says how, so resume and loading can rebuild it. `tokens_per_step`: over all
-        devices (0 = unknown). `run_config` (plain, unresolved) and `run_overrides` (Hydra runs) go into
-        checkpoints so a resume can restore the run's config."""
+        """`model`: a GPT prepared by mini_gpt.train.finetune, `finetune` its record (primitives, saved in
+        checkpoints). `tokens_per_step`: over all devices (0 = unknown). `run_config` (plain, unresolved)
+        and `run_overrides` go into checkpoints for mini_gpt.train.resume."""
         super().__init__()
         self.model_config = model_config
         self.optim_config = optim
@@ -92,7 +87,7 @@ class GPTLitModule(L.LightningModule):
 
     @property
     def net(self) -> torch.nn.Module:
-        """The module that runs forward passes: compiled wrapper if enabled, else the GPT itself."""
+        """The module that runs forward passes: the compiled wrapper (owning no weights), else the GPT."""
         if self.compile and self._compiled is None:
             # object.__setattr__: nn.Module would register it as a submodule (`_compiled._orig_mod.*` keys)
             object.__setattr__(self, "_compiled", torch.compile(self.model))
@@ -105,8 +100,8 @@ class GPTLitModule(L.LightningModule):
         return self.net(x, targets=y, reduction=reduction)[1]  # never all (B, T, V) logits at once
 
     def logs_step(self, step: int) -> bool:
-        """Whether optimizer step `step` (1-based) logs its scalars, the only steps that read the device:
-        every trainer.log_every_n_steps, and the last (Lightning flushes the loggers there)."""
+        """Whether optimizer step `step` (1-based) logs, the only steps that read the device: every
+        trainer.log_every_n_steps, and the last (Lightning flushes the loggers there)."""
         return step % max(1, self.trainer.log_every_n_steps) == 0 or step == self.trainer.max_steps
 
     def saw_nonfinite_loss(self) -> bool:
@@ -116,7 +111,7 @@ class GPTLitModule(L.LightningModule):
     @contextmanager
     def side_work(self) -> Iterator[None]:
         """Work between steps that is not training (samples, attention maps, evaluations): its seconds go
-        to `stats.side_seconds`, which the Throughput callback leaves out of tokens/s."""
+        to `stats.side_seconds`, left out of tokens/s."""
         t0 = time.perf_counter()
         try:
             yield
@@ -198,7 +193,6 @@ class GPTLitModule(L.LightningModule):
         val_loss = (total / count.clamp(min=1)).item()  # mean over every token of every window (all ranks)
         if self.trainer.sanity_checking:
             return
-        # reduced above: the same numbers on every rank
         ppl = math.exp(min(val_loss, 50.0))
         self.log_dict(exact({"val/loss": val_loss, "val/ppl": ppl, "step": self.global_step}))
         self.stats.val_history.append((self.global_step, time.time(), val_loss))

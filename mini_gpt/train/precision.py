@@ -1,14 +1,11 @@
-"""`trainer.precision=auto`: bf16 autocast where it pays, float32 elsewhere.
+"""`trainer.precision=auto`: bf16 autocast where it pays, float32 elsewhere (any other value is kept).
 
-- A CUDA GPU: bf16-mixed when it supports bfloat16 (Ampere or newer), else 32-true.
-- A CPU: bf16-mixed when the CPU has native bfloat16 instructions (AVX512-BF16 on Zen 4 and Cooper Lake
-  or newer, AMX on Sapphire Rapids or newer) and the model is at least `CPU_BF16_MIN_WIDTH` wide; else
-  32-true. On a CPU without them bf16 is emulated and slower than float32; on narrow models the matrices
-  are too small for the faster multiply to outweigh the casts around it (measured per model preset:
-  docs/benchmarks.md, "bf16 on the CPU").
-- Anything else (Apple's MPS, other accelerators): 32-true.
-
-Any other value of trainer.precision is used as given.
+- A CUDA GPU: bf16-mixed when it supports bfloat16 (Ampere or newer).
+- A CPU: bf16-mixed when it has native bfloat16 instructions (AVX512-BF16, AMX) and the model is at least
+  `CPU_BF16_MIN_WIDTH` wide. Without them bf16 is emulated and slower than float32; on narrow models the
+  matrices are too small for the faster multiply to outweigh the casts (docs/benchmarks.md, "bf16 on the
+  CPU").
+- Anything else: 32-true.
 """
 
 from __future__ import annotations
@@ -17,10 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CPU_BF16_MIN_WIDTH", "PrecisionChoice", "choose_precision", "cpu_has_native_bf16", "device_type"]
-
-# The narrowest model (n_embd) whose training step bf16 autocast clearly speeds up on a CPU, set by
-# `mini-gpt bench train --compare nanogpt` (docs/benchmarks.md, "bf16 on the CPU").
+# The narrowest model (n_embd) whose training step bf16 autocast clearly speeds up on a CPU (measured with
+# `mini-gpt bench train --compare nanogpt`).
 CPU_BF16_MIN_WIDTH = 256
 
 
@@ -65,9 +60,8 @@ def device_type(accelerator: object) -> str:
 def choose_precision(
     requested: object, accelerator: object, n_embd: int, *, cpu_bf16: bool | None = None
 ) -> PrecisionChoice:
-    """Resolve trainer.precision for a model `n_embd` wide on `accelerator` (trainer.accelerator).
-
-    `cpu_bf16` overrides the CPU capability check (None: ask the CPU)."""
+    """Resolve trainer.precision for a model `n_embd` wide on `accelerator`; `cpu_bf16` overrides the CPU
+    capability check (None: ask the CPU)."""
     if str(requested) != "auto":
         return PrecisionChoice(str(requested))
     device = device_type(accelerator)

@@ -1,13 +1,9 @@
 """Resuming: `python train.py ckpt_path=.../last.ckpt [key=value]` continues a run with its own config.
 
-`read_resume` reads the checkpoint once into a `Resume` record: its step, its `mini_gpt` entry (model
-config, tokenizer, a fine-tuning record), the overrides that composed its run's config (`run_overrides`)
-and that config itself (`run_config`, unresolved). `resumed_config` composes conf/ again from the saved
-overrides followed by the command line's, so the command line wins and everything else continues as the
-run was started; what differs from the trained config is printed (`trainer.max_steps: 500 -> 900`) and
-the new run directory's `.hydra/config.yaml` records the config that runs. A checkpoint without overrides
-resumes its saved config with the command line's `key=value` changes applied (no group choices). The
-checkpoint, the run directory and `init_from` are always this process's (`_NEVER_RESTORED`).
+`read_resume` reads the checkpoint once (`Resume`). `resumed_config` composes conf/ again from the run's
+saved overrides followed by the command line's, so the command line wins and everything else continues as
+the run was started; the differences are printed (`trainer.max_steps: 500 -> 900`). A checkpoint without
+overrides resumes its saved config with `key=value` changes only (no group choices).
 """
 
 from __future__ import annotations
@@ -29,15 +25,6 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.checkpoint import read_checkpoint
 from mini_gpt.train.distributed import launcher_rank
 
-__all__ = [
-    "Resume",
-    "checkpoint_path",
-    "explicit_model_keys",
-    "read_resume",
-    "resumed_config",
-    "run_overrides",
-]
-
 # Always this process's: the checkpoint, the new run dir, and init_from (a resumed run's weights come from
 # the checkpoint; a fine-tuning run's adapters and frozen parts are rebuilt from its record there).
 _NEVER_RESTORED = ("ckpt_path", "paths.run_dir", "init_from")
@@ -47,8 +34,7 @@ _MISSING = object()
 
 @dataclass(frozen=True)
 class Resume:
-    """A checkpoint to resume from, read once (memory-mapped: the weights stay on disk until Lightning
-    loads them)."""
+    """A checkpoint to resume from, read once (memory-mapped: the weights stay on disk)."""
 
     path: Path
     step: int
@@ -59,7 +45,7 @@ class Resume:
 
 
 def checkpoint_path(value: str | None) -> Path | None:
-    """`ckpt_path=` as an absolute path, None when unset; a file that does not exist is one line."""
+    """`ckpt_path=` as an absolute path (None when unset); a missing file is one line."""
     if value is None:
         return None
     path = Path(value).expanduser().resolve()
@@ -96,8 +82,8 @@ def read_resume(value: str | None, init_from: str | None = None) -> Resume | Non
 def _compose_run(
     overrides: Sequence[str], config_name: str = "train", hydra_node: bool = False
 ) -> DictConfig:
-    """Compose `config_name` with `overrides`; inside train.py's Hydra job through that job's Hydra (which
-    refuses a second initialization), elsewhere as the tools do. A refused override is one line."""
+    """Compose `config_name` with `overrides` (inside train.py's Hydra job through its Hydra, which refuses
+    a second initialization); a refused override is one line."""
     try:
         if GlobalHydra.instance().is_initialized():
             return hydra.compose(config_name, list(overrides), return_hydra_config=hydra_node)
@@ -112,14 +98,12 @@ def _keys(overrides: Sequence[str]) -> list[str]:
     return [o.key_or_group for o in OverridesParser.create().parse_overrides(list(overrides))]
 
 
-def _is_hydra(key: str) -> bool:
-    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
-
-
-def _restorable(overrides: Sequence[str]) -> list[str]:
-    """The saved overrides a resume re-applies: no hydra.* ones and none of `_NEVER_RESTORED`."""
+def _without(overrides: Sequence[str], keys: Sequence[str] = ()) -> list[str]:
+    """`overrides` less the hydra.* ones and those that set one of `keys`."""
     return [
-        o for o, key in zip(overrides, _keys(overrides)) if not (_is_hydra(key) or key in _NEVER_RESTORED)
+        o
+        for o, key in zip(overrides, _keys(overrides))
+        if not (key == "hydra" or key.startswith(("hydra.", "hydra/")) or key in keys)
     ]
 
 
@@ -131,7 +115,7 @@ def run_overrides(cfg: DictConfig, resume: Resume | None) -> list[str] | None:
     task = list(HydraConfig.get().overrides.task)
     if resume is None:
         return task
-    return None if resume.run_overrides is None else [*_restorable(resume.run_overrides), *task]
+    return None if resume.run_overrides is None else [*_without(resume.run_overrides, _NEVER_RESTORED), *task]
 
 
 def explicit_model_keys(cfg: DictConfig) -> dict[str, Any]:
@@ -163,48 +147,41 @@ def _config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list
     """`key: old -> new` for every leaf that differs (added: `(unset)`), ckpt_path and the run dir aside.
     A key added since the run with a null value (a newer version's option, off) is not a change."""
     old, new = dict(_leaves(before)), dict(_leaves(after))
-    lines = []
-    for key in [*old, *(k for k in new if k not in old)]:
-        if key in _NEVER_RESTORED or old.get(key, _MISSING) == new.get(key, _MISSING):
-            continue
-        if key not in old and new[key] is None:
-            continue
-        show = [("(unset)" if v is _MISSING else repr(v) if isinstance(v, str) else str(v)) for v in
-                (old.get(key, _MISSING), new.get(key, _MISSING))]  # fmt: skip
-        lines.append(f"{key}: {show[0]} -> {show[1]}")
-    return lines
 
+    def show(value: Any) -> str:
+        return "(unset)" if value is _MISSING else repr(value) if isinstance(value, str) else str(value)
 
-def _on_saved_config(saved: Mapping[str, Any], overrides: Sequence[str]) -> DictConfig:
-    """`saved` with the `key=value` overrides applied by Hydra (a checkpoint that records no overrides)."""
-    ConfigStore.instance().store(name=_SAVED_CONFIG, node=dict(saved))
-    try:
-        return _compose_run(overrides, _SAVED_CONFIG)
-    except MiniGPTError as err:
-        raise MiniGPTError(
-            f"{err} (this checkpoint records no overrides: resuming it takes key=value changes only)"
-        ) from None
+    return [
+        f"{key}: {show(old.get(key, _MISSING))} -> {show(new.get(key, _MISSING))}"
+        for key in [*old, *(k for k in new if k not in old)]
+        if key not in _NEVER_RESTORED
+        and old.get(key, _MISSING) != new.get(key, _MISSING)
+        and (key in old or new[key] is not None)
+    ]
 
 
 def resumed_config(
     cfg: DictConfig, resume: Resume | None, overrides: Sequence[str] | None = None
 ) -> DictConfig:
-    """The config to run: `cfg` itself for a fresh run; resuming, the run's saved overrides followed by the
-    command line's `overrides` (default: Hydra's task overrides), composed again. Rank 0 prints the changes
-    and saves the config in the run directory's `.hydra/config.yaml` (in a Hydra job). Outside Hydra and
-    without `overrides` (a library call with a config of its own), `cfg` is what runs."""
+    """The config to run: resuming, the run's saved overrides followed by `overrides` (default: Hydra's),
+    composed again; rank 0 prints the changes and records the config in `.hydra/config.yaml`. A fresh run,
+    or a library call outside Hydra without `overrides`, runs `cfg` itself."""
     in_hydra = HydraConfig.initialized()
     if resume is None or (overrides is None and not in_hydra):
         return cfg
-    if overrides is None:
-        overrides = list(HydraConfig.get().overrides.task)
-    new = [o for o, key in zip(overrides, _keys(overrides)) if not _is_hydra(key)]
+    new = _without(HydraConfig.get().overrides.task if overrides is None else overrides)
     announce = launcher_rank() == 0
     if resume.run_overrides is not None:
-        restored = _compose_run([*_restorable(resume.run_overrides), *new])
+        restored = _compose_run([*_without(resume.run_overrides, _NEVER_RESTORED), *new])
         how = "its run's overrides and the command line's"
-    elif resume.run_config is not None:
-        restored = _on_saved_config(resume.run_config, new)
+    elif resume.run_config is not None:  # Hydra applies `new` to the saved config itself
+        ConfigStore.instance().store(name=_SAVED_CONFIG, node=dict(resume.run_config))
+        try:
+            restored = _compose_run(new, _SAVED_CONFIG)
+        except MiniGPTError as err:
+            raise MiniGPTError(
+                f"{err} (this checkpoint records no overrides: resuming it takes key=value changes only)"
+            ) from None
         how = f"its run's config (from {resume.config_source}) and the command line's key=value changes"
     else:
         if announce:
@@ -223,11 +200,8 @@ def resumed_config(
         what = "\n".join(f"  {line}" for line in changes) or "  (none: the run continues as it was started)"
         print(f"resuming {resume.path} with {how}; changes from the run's config:\n{what}")
         job = HydraConfig.get() if in_hydra else None
-        if (
-            job is not None
-            and job.output_subdir is not None
-            and not OmegaConf.is_missing(job.runtime, "output_dir")
-        ):
+        recorded = job is not None and job.output_subdir is not None
+        if recorded and not OmegaConf.is_missing(job.runtime, "output_dir"):
             # the run directory records the config that runs, not the command line's
             OmegaConf.save(restored, Path(job.runtime.output_dir) / job.output_subdir / "config.yaml")
     return restored

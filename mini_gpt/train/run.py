@@ -1,11 +1,5 @@
-"""One training run, read top to bottom: `train(cfg) -> RunResult`, `cfg` composed from conf/train.yaml.
-
-    1. settings  the run's config (resuming: its own config + the command line's), seeds, threads
-    2. data      token files prepared once per node -> the tokenizer, whose vocabulary sizes the model
-    3. model     GPTConfig, or the fine-tuning plan's model (init_from=...)
-    4. steps     the batch over devices and accumulation, max_steps (or the FLOP budget's), precision
-    5. trainer   L.Trainer built once with its final arguments, callbacks and loggers
-    6. fit       checkpoints as it goes; summary.json whatever the outcome
+"""One training run, read top to bottom in six steps: `train(cfg) -> RunResult`, `cfg` composed from
+conf/train.yaml.
 
 Multi-device: Lightning re-runs the entry point once per extra device, so everything before `fit` runs on
 every rank; the rank comes from the launcher's environment (distributed.launcher_rank), data preparation
@@ -51,16 +45,6 @@ from mini_gpt.train.precision import choose_precision, device_type
 from mini_gpt.train.resume import explicit_model_keys, read_resume, resumed_config, run_overrides
 from mini_gpt.train.summary import print_summary, run_start, run_status, write_summary
 
-__all__ = [
-    "RunResult",
-    "budget_steps",
-    "check_steps",
-    "check_world",
-    "flops_per_token",
-    "train",
-    "trainer_arguments",
-]
-
 
 @dataclass(frozen=True)
 class RunResult:
@@ -74,10 +58,6 @@ class RunResult:
         return self.summary["best_val_loss"] if self.summary else None
 
     @property
-    def best_ckpt(self) -> Path | None:
-        return Path(self.summary["best_ckpt"]) if self.summary and self.summary["best_ckpt"] else None
-
-    @property
     def last_ckpt(self) -> Path | None:
         return Path(self.summary["last_ckpt"]) if self.summary and self.summary["last_ckpt"] else None
 
@@ -89,7 +69,7 @@ def train(
     `overrides`: the command line's, which a resumed run applies to its own config (default: Hydra's)."""
     started = run_start()
     rank_zero = launcher_rank() == 0
-    load = LoadMeter().start()  # the machine's other load over the set-up: the busy-CPU note
+    load = LoadMeter(MIN_WINDOW_S).start()  # the machine's other load over the set-up: the busy-CPU note
 
     # 1. The settings: the checkpoint read once; a resumed run continues with its own config.
     resume = read_resume(cfg.get("ckpt_path"), cfg.get("init_from"))
@@ -133,9 +113,11 @@ def train(
         if options.trainer.max_flops is not None:
             budget = f"trainer.max_flops={options.trainer.max_flops:.3g}"
             print(f"{budget}: {max_steps} steps (replaces trainer.max_steps)", flush=True)
-        if plan and model is not None:
+        if plan:
             print(describe(model, plan.record), flush=True)
-        _note_busy_cpu(options, device_type(options.trainer.accelerator), load)
+        cpu = options.threads is None and device_type(options.trainer.accelerator) == "cpu"
+        if cpu and (note := thread_note(torch.get_num_threads(), load.stop().other_load)):
+            print(note, flush=True)  # other processes keep the CPU busy: try threads=N
     module = GPTLitModule(
         model_config,
         options.optim,
@@ -200,8 +182,8 @@ def _quiet_lightning() -> None:
 def trainer_arguments(
     trainer: DictConfig, layout: BatchLayout, max_steps: int, precision: str
 ) -> dict[str, Any]:
-    """conf/trainer as the Trainer's final arguments: max_flops (ours) turned into `max_steps`, precision
-    resolved, the accumulation of the batch layout, val_check_interval from steps to micro-batches."""
+    """conf/trainer as the Trainer's final arguments: `max_steps` (max_flops is ours), precision resolved,
+    the batch layout's accumulation, val_check_interval from optimizer steps to micro-batches."""
     arguments = OmegaConf.to_container(trainer, resolve=True)
     assert isinstance(arguments, dict)
     del arguments["max_flops"]
@@ -227,8 +209,7 @@ def _model_config(model: GPTConfig, vocab_size: int) -> GPTConfig:
 
 
 def flops_per_token(config: GPTConfig) -> float:
-    """Training FLOPs per token of a model config (`GPT.flops_per_token`, the MFU's count), without
-    allocating its weights."""
+    """Training FLOPs per token of a model config (the MFU's count), without allocating its weights."""
     with torch.device("meta"):
         return GPT(config).flops_per_token()
 
@@ -260,17 +241,6 @@ def check_steps(max_steps: int, warmup_steps: int, resumed_step: int | None) -> 
         )
 
 
-def _note_busy_cpu(options: TrainConfig, device_type: str, load: LoadMeter) -> None:
-    """One line suggesting `threads=N` when other processes keep the CPU busy (training on the CPU with
-    torch's default threads). `load` has run since train() began; a short window is stretched to
-    MIN_WINDOW_S (nothing to prepare), a longer one costs nothing."""
-    if options.threads is None and device_type == "cpu":
-        load.min_seconds = MIN_WINDOW_S
-        note = thread_note(torch.get_num_threads(), load.stop().other_load)
-        if note:
-            print(note, flush=True)
-
-
 def _instantiate(node: Any, key: str, **kwargs: Any) -> Any:
     """hydra's instantiate, with what the class refuses (an unknown argument, a bad value) as one line."""
     try:
@@ -292,20 +262,18 @@ def _callbacks(cfg: DictConfig, options: TrainConfig) -> list[L.Callback]:
         if node is None:
             continue
         callback = _instantiate(checked_arguments(node, f"callbacks.{name}"), f"callbacks.{name}")
-        if not getattr(callback, "enabled", True):
-            continue
         # Lightning refuses a progress bar / checkpoint callback that its own switch turned off.
-        if isinstance(callback, ProgressBar) and not options.trainer.enable_progress_bar:
-            continue
-        if isinstance(callback, ModelCheckpoint) and not options.trainer.enable_checkpointing:
-            continue
-        callbacks.append(callback)
+        off = (isinstance(callback, ProgressBar) and not options.trainer.enable_progress_bar) or (
+            isinstance(callback, ModelCheckpoint) and not options.trainer.enable_checkpointing
+        )
+        if getattr(callback, "enabled", True) and not off:
+            callbacks.append(callback)
     return callbacks
 
 
 def check_world(trainer: L.Trainer, world_size: int, multirun: bool) -> None:
-    """The Trainer has as many processes as the batch layout counted, and a sweep trial trains alone (or
-    as one rank of a cluster launcher's job)."""
+    """The Trainer has as many processes as the batch layout counted; a sweep trial trains alone (or as one
+    rank of a cluster launcher's job)."""
     if trainer.world_size != world_size:
         raise MiniGPTError(
             f"trainer.devices x trainer.num_nodes gives {world_size} processes but Lightning started "
@@ -319,9 +287,7 @@ def check_world(trainer: L.Trainer, world_size: int, multirun: bool) -> None:
 def _dead_rank_line(dead: str, trainer: L.Trainer) -> str:
     """`rank 1 (...) died at step N; ... resume with: ...` (every rank must live through a DDP run)."""
     last = last_checkpoint_path(trainer)
-    resume = (
-        f"resume from the last checkpoint with: {resume_command(last)}"
-        if last is not None and last.is_file()
-        else "no checkpoint was saved yet: run again"
-    )
+    resume = "no checkpoint was saved yet: run again"
+    if last is not None and last.is_file():
+        resume = f"resume from the last checkpoint with: {resume_command(last)}"
     return f"{dead} during step {trainer.global_step + 1}; the run stopped (every rank must live); {resume}"

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from mini_gpt.errors import MiniGPTError
 
-__all__ = ["EXIT_PREEMPTED", "DivergedError", "NonFiniteLossError", "Preempted"]
-
 # sysexits.h EX_TEMPFAIL, "try again later": not a success (the run is unfinished), not a user error (2).
 EXIT_PREEMPTED = 75
 

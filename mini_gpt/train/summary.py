@@ -1,8 +1,5 @@
-"""`summary.json`: what a run did, written by train() when its fit ends, however it ends.
-
-It reads the module's loss curve (`module.stats`), the trainer and its `callback_metrics` (tokens/s and
-MFU from the Throughput callback, `eval/...` from the evaluation callback); times count from the run's
-start (`run_start`: process start for the first run of a process, so imports and start-up count).
+"""`summary.json`: what a run did, written by train() when its fit ends, however it ends, from the
+module's loss curve, the trainer and its `callback_metrics`.
 """
 
 from __future__ import annotations
@@ -19,8 +16,6 @@ from mini_gpt.files import write_json_atomic
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
 from mini_gpt.train.module import GPTLitModule
 from mini_gpt.train.stops import DivergedError, NonFiniteLossError, Preempted
-
-__all__ = ["print_summary", "run_start", "run_status", "write_summary"]
 
 _runs_in_process = 0  # train() calls so far: the first run's clock starts at process start
 
@@ -40,20 +35,13 @@ def run_status(error: BaseException | None, step: int, start_step: int) -> str |
         return "completed"
     if isinstance(error, KeyboardInterrupt | SystemExit):  # Lightning exits with status 1 on Ctrl-C
         return "interrupted"
-    for kind, status in (
-        (Preempted, "preempted"),
-        (NonFiniteLossError, "nonfinite"),
-        (DivergedError, "diverged"),
-    ):
+    kinds = {Preempted: "preempted", NonFiniteLossError: "nonfinite", DivergedError: "diverged"}
+    for kind, status in kinds.items():
         if isinstance(error, kind):
             return status
     if isinstance(error, MiniGPTError) and step == start_step:
         return None
     return "failed"
-
-
-def _number(metrics: dict[str, Any], key: str) -> float | None:
-    return float(metrics[key]) if key in metrics else None
 
 
 def write_summary(
@@ -68,6 +56,7 @@ def write_summary(
     if not last and saved is not None and saved.is_file() and saved.stat().st_mtime >= start:
         last = str(saved)
     tokens = trainer.global_step * module.tokens_per_step  # includes the steps before a resume
+    rate = metrics.get("run/tokens_per_sec")  # training time only (Throughput)
     summary = {
         "status": status,
         "best_val_loss": min((v for _, _, v in vals), default=None),
@@ -81,7 +70,7 @@ def write_summary(
         "non_embedding_params": module.model.num_params(non_embedding=True),
         "precision": str(trainer.precision),  # what trainer.precision=auto chose
         "wall_seconds": time.time() - start,
-        "tokens_per_sec": _number(metrics, "run/tokens_per_sec"),  # training time only (Throughput)
+        "tokens_per_sec": None if rate is None else float(rate),
         "val_curve": [[s, t - start, v] for s, t, v in vals],
         "eval": {k: float(v) for k, v in metrics.items() if k.startswith("eval/")},  # callbacks.evaluate
         # val losses are estimates on `val_tokens` of the `val_split_tokens` (loader.val_windows)

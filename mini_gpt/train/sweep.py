@@ -1,19 +1,13 @@
 """Hyperparameter sweeps, both kinds, and the table of trials they end with.
 
-Optuna (`mini-gpt sweep`): a thin driver over Optuna (`study.optimize`) with pruning, a study in a storage
-file that parallel workers share, and resuming after a kill. The search space, sampler and pruner come
-from the `hparams_search` config group (conf/hparams_search/): `params` in Hydra's override grammar
-(`interval`, `tag(log, interval)`, `range`, `choice`), `sampler` and `pruner` as `_target_` nodes. Each
-trial composes the train config with the fixed overrides plus its suggested values and trains in
-`<dir>/<trial number>/`; `ReportValLoss` reports every validation to Optuna and stops the fit when the
-pruner says so (the folder keeps its checkpoints, summary.json says `pruned`).
+Optuna (`mini-gpt sweep`): a thin driver over `study.optimize` with pruning, a study in a storage file that
+parallel workers share, resumable after a kill. conf/hparams_search/ gives the space (`params` in Hydra's
+sweep grammar), sampler and pruner; each trial trains in `<dir>/<trial number>/`.
 
-Hydra multirun (`python train.py -m ...`): `SweepReport` (a Hydra callback, conf/hydra/default.yaml)
-refuses in one line a multi-device strategy the trials could not run, before the first trial.
+Hydra multirun (`python train.py -m ...`): `SweepReport` (conf/hydra/default.yaml) refuses a multi-device
+strategy the trials could not run, before the first trial.
 
-After the last trial either kind prints its table (`study_table`: params, state, best val loss;
-`trials_table`: the overrides that vary, status, best val loss, a failed trial's error) and writes it to
-`<sweep dir>/trials.csv` (`report_table`).
+Either kind ends by printing its table and writing it to `<sweep dir>/trials.csv` (`report_table`).
 """
 
 from __future__ import annotations
@@ -44,37 +38,15 @@ if TYPE_CHECKING:
     import lightning as L
     import optuna
 
-__all__ = [
-    "TABLE_FILE",
-    "ReportValLoss",
-    "StudySettings",
-    "SweepReport",
-    "check_sweep_strategy",
-    "distribution",
-    "make_pruner",
-    "open_study",
-    "read_trials",
-    "render_table",
-    "report_table",
-    "require_optuna",
-    "run_study",
-    "searched_params",
-    "study_table",
-    "trials_table",
-    "wandb_trial_names",
-]
-
-INSTALL_HINT = 'pip install -e ".[sweep]"'
 TABLE_FILE = "trials.csv"
 
 
 def require_optuna() -> None:
-    """One line naming the extra to install when Optuna is missing."""
     try:
         import optuna  # noqa: F401
     except ImportError:
         raise MiniGPTError(
-            f"mini-gpt sweep needs Optuna, which is not installed; run {INSTALL_HINT}"
+            'mini-gpt sweep needs Optuna, which is not installed; run pip install -e ".[sweep]"'
         ) from None
 
 
@@ -97,14 +69,8 @@ class StudySettings:
     def __post_init__(self) -> None:
         if self.direction not in ("minimize", "maximize"):
             raise MiniGPTError(f"hparams_search.direction={self.direction!r} must be minimize or maximize")
-        check_ints(
-            error=MiniGPTError,
-            **{
-                "hparams_search.n_trials": self.n_trials,
-                "hparams_search.heartbeat_interval": self.heartbeat_interval,
-                "hparams_search.grace_period": self.grace_period,
-            },
-        )
+        counts = ("n_trials", "heartbeat_interval", "grace_period")
+        check_ints(**{f"hparams_search.{key}": getattr(self, key) for key in counts})
         if not self.params:
             raise MiniGPTError("hparams_search.params is empty: name at least one key to search")
         for key in self.when:
@@ -113,8 +79,7 @@ class StudySettings:
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> StudySettings:
-        node = cfg.get("hparams_search")
-        if node is None:
+        if (node := cfg.get("hparams_search")) is None:
             raise MiniGPTError(
                 "mini-gpt sweep needs a search space: add hparams_search=lr_search (or your own "
                 "conf/hparams_search/NAME.yaml)"
@@ -170,8 +135,7 @@ def searched_params(settings: StudySettings, cfg: DictConfig) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _experimental() -> Iterator[None]:
-    """Quiet Optuna's ExperimentalWarning: heartbeats and stale-trial retries are "experimental" since
-    Optuna 2.8 / 2.9, unchanged since."""
+    """Quiet Optuna's ExperimentalWarning on heartbeats and stale-trial retries (unchanged since 2.9)."""
     import optuna
 
     with warnings.catch_warnings():
@@ -249,8 +213,8 @@ def open_study(settings: StudySettings, space: dict[str, Any]) -> optuna.Study:
 
 class ReportValLoss(Callback):
     """Reports each validation's val/loss to the Optuna trial at its optimizer step, and stops the fit
-    (after that validation, checkpoints saved) when the pruner prunes the trial. Not optuna-integration's
-    PyTorchLightningPruningCallback: that one reports per epoch, and a mini-gpt run is one long epoch."""
+    (checkpoints saved) when the pruner prunes the trial. Not optuna-integration's pruning callback: that
+    one reports per epoch, and a mini-gpt run is one long epoch."""
 
     def __init__(self, trial: optuna.Trial, monitor: str = "val/loss") -> None:
         self.trial, self.monitor = trial, monitor
@@ -281,10 +245,6 @@ def _param(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _heartbeat(settings: StudySettings) -> bool:
-    return settings.storage is not None and "://" in settings.storage
-
-
 def _finished(study: optuna.Study) -> int:
     """Trials that count towards n_trials: completed, pruned, or failed and not retried, plus the ones
     running or waiting now (other workers'), so that workers together stop at n_trials."""
@@ -307,14 +267,6 @@ def wandb_trial_names(cfg: DictConfig, number: int) -> list[str]:
     return names + ([] if wandb.get("group") is not None else [f"logger.wandb.group=sweep-{study}"])
 
 
-def _record_config(trial_dir: Path, cfg: DictConfig, overrides: list[str]) -> None:
-    """The trial's config and overrides where Hydra keeps them (`.hydra/`), for `mini-gpt compare`."""
-    hydra_dir = trial_dir / ".hydra"
-    hydra_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, hydra_dir / "config.yaml")
-    (hydra_dir / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-
-
 def run_study(
     settings: StudySettings,
     compose: Callable[[Sequence[str]], DictConfig],
@@ -329,11 +281,9 @@ def run_study(
     base = compose(fixed)
     space = searched_params(settings, base)
     study = open_study(settings, space)
-    sweep_dir = Path(settings.dir)
-
+    sweep_dir = Path(settings.dir)  # made by open_study
     # Counting the study's trials and creating the next one is one step under this lock: two workers
     # that both see n_trials - 1 trials would otherwise both start one (n_trials + 1 in all).
-    sweep_dir.mkdir(parents=True, exist_ok=True)
     ask_lock = FileLock(sweep_dir / ".next-trial.lock")
 
     def objective(trial: optuna.Trial) -> float:
@@ -349,7 +299,10 @@ def run_study(
         print(f"trial {trial.number}: {shown} -> {trial_dir}", flush=True)
         where = [f"paths.run_dir={trial_dir}", *wandb_trial_names(base, trial.number)]
         cfg = compose([*fixed, *overrides, *where])
-        _record_config(trial_dir, cfg, [*fixed, *overrides])
+        hydra_dir = trial_dir / ".hydra"  # where Hydra keeps them, for `mini-gpt compare` and the table
+        hydra_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, hydra_dir / "config.yaml")
+        (hydra_dir / "overrides.yaml").write_text(yaml.safe_dump([*fixed, *overrides]))
         report = ReportValLoss(trial)
         summary = train_trial(cfg, [report])
         if summary is None:
@@ -379,7 +332,8 @@ def run_study(
         while run_one_trial():
             pass
         running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        if not running or not _heartbeat(settings):  # a journal file cannot tell killed trials from live ones
+        # a journal file (no heartbeat) cannot tell killed trials from live ones
+        if not running or "://" not in (settings.storage or ""):
             return study
         # Other workers' trials, or a killed one whose heartbeat is not stale yet: wait, then retry it here.
         print(f"waiting for running trial(s) {', '.join(str(t.number) for t in running)}", flush=True)
@@ -387,23 +341,17 @@ def run_study(
 
 
 # ---- Hydra multirun ---------------------------------------------------------------------------------
-def check_sweep_strategy(config: DictConfig) -> None:
-    """Refuse trials that would each start a multi-device strategy from inside the trial (every trial would
-    fail); a cluster launcher (SLURM) starts the ranks itself and is allowed."""
-    launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
-    trainer = config.trainer
-    world = devices_per_node(trainer.accelerator, trainer.devices) * trainer.num_nodes
-    refuse_multirun_devices(world, external="submitit" in launcher.lower(), devices=trainer.devices)
-
-
 class SweepReport(HydraCallback):
     """Hydra callback: refuse an impossible strategy before the first trial; the table after the last."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if "trainer" not in config:  # another tool's multirun
             return
-        try:
-            check_sweep_strategy(config)
+        launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+        trainer = config.trainer
+        world = devices_per_node(trainer.accelerator, trainer.devices) * trainer.num_nodes
+        try:  # a cluster launcher (SLURM) starts the ranks itself
+            refuse_multirun_devices(world, external="submitit" in launcher.lower(), devices=trainer.devices)
         except MiniGPTError as err:  # before any trial: one line, nothing started
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
@@ -426,10 +374,9 @@ def _summary(trial_dir: Path) -> dict[str, Any]:
 def _error_line(trial_dir: Path) -> str:
     """The reason a trial failed, from its train.log: the `error:` line, else the last line."""
     log = trial_dir / "train.log"
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()] if log.is_file() else []
-    lines = [line for line in lines if line]
-    errors = [line for line in lines if line.startswith("error:")]
-    return (errors or lines or ["no train.log"])[-1]
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return ([line for line in lines if line.startswith("error:")] or lines or ["no train.log"])[-1]
 
 
 def read_trials(sweep_dir: str | Path) -> list[dict[str, Any]]:
@@ -440,27 +387,17 @@ def read_trials(sweep_dir: str | Path) -> list[dict[str, Any]]:
         overrides_file = trial_dir / ".hydra" / "overrides.yaml"
         overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
         summary = _summary(trial_dir)
-        row: dict[str, Any] = {
-            "trial": int(trial_dir.name),
-            "overrides": dict(o.split("=", 1) for o in overrides or [] if "=" in o),
-            "status": summary.get("status", "failed"),
-            **{k: summary.get(k) for k in ("best_val_loss", "wall_seconds", "steps")},
-            "error": "",
-        }
-        if row["status"] != "completed":
-            row["error"] = _error_line(trial_dir)
-        rows.append(row)
+        status = summary.get("status", "failed")
+        rows.append(
+            {
+                "trial": int(trial_dir.name),
+                "overrides": dict(o.split("=", 1) for o in overrides or [] if "=" in o),
+                "status": status,
+                **{k: summary.get(k) for k in ("best_val_loss", "wall_seconds", "steps")},
+                "error": "" if status == "completed" else _error_line(trial_dir),
+            }
+        )
     return rows
-
-
-def _varying_keys(rows: list[dict[str, Any]]) -> list[str]:
-    """Override keys whose value differs between trials (all keys for a single trial), in first-seen order."""
-    keys: list[str] = []
-    for row in rows:
-        keys += [k for k in row["overrides"] if k not in keys]
-    if len(rows) < 2:
-        return keys
-    return [k for k in keys if len({row["overrides"].get(k) for row in rows}) > 1]
 
 
 def _fmt(value: Any) -> str:
@@ -477,8 +414,11 @@ def _seconds(value: float | None) -> str:
 
 
 def trials_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """(header, rows of strings) of a multirun's table; only the overrides that vary get a column."""
-    keys = _varying_keys(rows)
+    """(header, rows of strings) of a multirun's table; only the overrides that vary get a column (all of
+    them for a single trial), in first-seen order."""
+    keys = list(dict.fromkeys(k for row in rows for k in row["overrides"]))
+    if len(rows) > 1:
+        keys = [k for k in keys if len({row["overrides"].get(k) for row in rows}) > 1]
     header = ["trial", *keys, "status", "best_val_loss", "wall_seconds", "steps", "error"]
     body = [
         [
@@ -499,10 +439,8 @@ def study_table(study: optuna.Study, sweep_dir: Path) -> tuple[list[str], list[l
     """(header, rows) of an Optuna study's trials: params with 4 significant digits, best marked."""
     trials = study.get_trials(deepcopy=False)
     keys = sorted({k for t in trials for k in t.params})
-    try:
-        best = study.best_trial.number
-    except ValueError:  # no completed trial
-        best = None
+    completed = [t for t in trials if t.state.name == "COMPLETE"]
+    best = study.best_trial.number if completed else None
     header = ["trial", *keys, "state", "best_val_loss", "steps", "wall_seconds", "best"]
     body = []
     for t in trials:
@@ -521,20 +459,13 @@ def study_table(study: optuna.Study, sweep_dir: Path) -> tuple[list[str], list[l
     return header, body
 
 
-def render_table(header: list[str], body: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header) - 1)]
-    lines = []
-    for r in [header, *body]:
-        cells = [c.ljust(w) for c, w in zip(r, widths)]
-        lines.append("  ".join([*cells, r[-1]]).rstrip())
-    return "\n".join(lines)
-
-
 def report_table(sweep_dir: Path, header: list[str], body: list[list[str]], title: str) -> Path:
     """Write the table to `<sweep_dir>/trials.csv` and print it under "trials of <title>"; the CSV's path."""
     path = sweep_dir / TABLE_FILE
     sweep_dir.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         csv.writer(f).writerows([header, *body])
-    print(f"\ntrials of {title} (also in {path}):\n{render_table(header, body)}", flush=True)
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header) - 1)]  # the last: ragged
+    lines = ["  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip() for r in [header, *body]]
+    print(f"\ntrials of {title} (also in {path}):\n" + "\n".join(lines), flush=True)
     return path

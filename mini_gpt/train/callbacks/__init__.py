@@ -1,9 +1,5 @@
-"""The Lightning callbacks of a training run, one job each (conf/callbacks/default.yaml lists them).
-
-A callback talks to the LightningModule (its loss curve `stats`, `logs_step`, `side_work`) and to the
-trainer's `callback_metrics`, never to another callback: the Throughput callback logs tokens/s and MFU,
-which the progress bar and summary.json read back from `callback_metrics`.
-"""
+"""The Lightning callbacks of a training run, one job each; they talk to the module and the trainer's
+`callback_metrics`, never to one another (conf/callbacks/default.yaml lists them)."""
 
 from mini_gpt.train.callbacks.attention_maps import AttentionMaps
 from mini_gpt.train.callbacks.checkpointing import AtomicCheckpointIO, EvalCheckpoint, resume_command
@@ -14,17 +10,6 @@ from mini_gpt.train.callbacks.samples import SampleText
 from mini_gpt.train.callbacks.stop import StopOnSignal
 from mini_gpt.train.callbacks.throughput import Throughput, measure_cpu_matmul_flops, peak_flops
 
-__all__ = [
-    "AtomicCheckpointIO",
-    "AttentionMaps",
-    "EvalCheckpoint",
-    "EvaluateCallback",
-    "LossGuard",
-    "ProgressBar",
-    "SampleText",
-    "StopOnSignal",
-    "Throughput",
-    "measure_cpu_matmul_flops",
-    "peak_flops",
-    "resume_command",
-]
+__all__ = ["AtomicCheckpointIO", "AttentionMaps", "EvalCheckpoint", "EvaluateCallback", "LossGuard"]
+__all__ += ["ProgressBar", "SampleText", "StopOnSignal", "Throughput", "resume_command"]
+__all__ += ["measure_cpu_matmul_flops", "peak_flops"]

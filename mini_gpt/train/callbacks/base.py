@@ -7,8 +7,6 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-__all__ = ["StepCallback"]
-
 
 class StepCallback(Callback):
     """A callback with `on_optimizer_step`, once per optimizer step (`on_train_batch_end` fires per

@@ -1,11 +1,12 @@
 """Checkpoints: written atomically (`AtomicCheckpointIO`), last.ckpt at every evaluation (`EvalCheckpoint`),
-and saved between two optimizer steps when a run is stopped (`save_last_now`, `save_hpc_checkpoint`: the
-StopOnSignal callback). The uses of Lightning internals (checked on Lightning 2.6.6, the version pyproject
-pins) are here, each with its reason beside it.
+saved between two optimizer steps when a run is stopped (`save_last_now`, `save_hpc_checkpoint`). The
+uses of Lightning internals (checked on Lightning 2.6.6, the version pyproject pins) are all here, each
+with its reason.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shlex
@@ -26,16 +27,6 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import atomic_write, space_note
 from mini_gpt.interop.checkpoint import unreadable_checkpoint
 
-__all__ = [
-    "AtomicCheckpointIO",
-    "EvalCheckpoint",
-    "last_checkpoint_path",
-    "resume_command",
-    "save_hpc_checkpoint",
-    "save_last_now",
-    "slurm_requeue_signal",
-]
-
 
 def last_checkpoint_path(trainer: L.Trainer) -> Path | None:
     """Where the checkpoint callback writes last.ckpt (None without one)."""
@@ -46,11 +37,9 @@ def last_checkpoint_path(trainer: L.Trainer) -> Path | None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes every checkpoint so that a crash, a hard kill or a full disk leaves the previous file (e.g.
-    last.ckpt) intact, and reads them with one-line errors. `torch.save` streams into `.<name>.<pid>.tmp`
-    beside the target (same file system), which is fsynced and renamed over it (`atomic_write`); the next
-    save there removes the temporaries of killed processes. (Lightning's own writer moves the file from
-    the system temp dir: a copy when that is another file system.) Remote URLs go through Lightning."""
+    """Writes every checkpoint so that a crash, a hard kill or a full disk leaves the previous file intact
+    (`atomic_write` beside the target; Lightning's own writer moves it from the system temp dir, a copy
+    across file systems), and reads them with one-line errors. Remote URLs go through Lightning."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         if storage_options is not None or "://" in str(path):
@@ -65,11 +54,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except (OSError, RuntimeError) as err:
             # torch's zip writer reports a full disk as RuntimeError ("... unexpected pos" or "file write
             # failed"), not OSError; any other RuntimeError is not about writing.
-            if isinstance(err, RuntimeError):
-                if not any(m in str(err) for m in _ZIP_WRITE_FAILURES):
-                    raise
-                # the OSError of the file's write, when Python raised it inside torch's writer
-                err = err.__context__ if isinstance(err.__context__, OSError) else err
+            if isinstance(err, RuntimeError) and not any(m in str(err) for m in _ZIP_WRITE_FAILURES):
+                raise
+            if isinstance(err, RuntimeError) and isinstance(err.__context__, OSError):
+                err = err.__context__  # the file's write, which Python raised inside torch's writer
             if isinstance(err, OSError) and err.errno not in (errno.ENOSPC, errno.EDQUOT):
                 reason = err.strerror or str(err)
             else:
@@ -82,12 +70,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             ) from None
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> Any:
+        where = {} if map_location is None else {"map_location": map_location}  # None: Lightning's default
         try:
-            if map_location is None:
-                return super().load_checkpoint(path, weights_only=weights_only)
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        except MiniGPTError:
-            raise
+            return super().load_checkpoint(path, weights_only=weights_only, **where)
         except Exception as err:  # truncated, corrupt, not a checkpoint: the message generate/export give
             raise unreadable_checkpoint(path, err) from None
 
@@ -117,23 +102,18 @@ def _remove_stale_temporaries(directory: Path) -> None:
 
 def _fsync_dir(directory: Path) -> None:
     """Make a rename in `directory` durable (POSIX); a no-op where folders cannot be opened."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class EvalCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint that writes last.ckpt after *every* evaluation: Lightning (2.6) refreshes it only
-    when val/loss improved, so a run whose val loss plateaus would resume from an old step. A resumed run
-    writes into its own new directory, so the previous directory's callback state is restored only for
-    the same directory (Lightning would restore part of it and warn "The dirpath has changed")."""
+    """ModelCheckpoint that writes last.ckpt after *every* evaluation (Lightning 2.6 only when val/loss
+    improved: a plateau would resume from an old step). Its state is restored only into the same
+    directory (a resumed run writes into a new one; Lightning would restore part and warn)."""
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
@@ -155,8 +135,8 @@ class EvalCheckpoint(ModelCheckpoint):
 
 
 def resume_command(ckpt: Path) -> str:
-    """The command that resumes from `ckpt`: this script or `mini-gpt train` with `ckpt_path=` alone (the
-    rest of the config comes from the checkpoint), run by `python` if that is this interpreter."""
+    """This script (or `mini-gpt train`) with `ckpt_path=` alone: the rest of the config comes from the
+    checkpoint."""
     on_path = shutil.which("python")
     same = on_path is not None and Path(on_path).resolve() == Path(sys.executable).resolve()
     python = "python" if same else sys.executable
@@ -166,13 +146,12 @@ def resume_command(ckpt: Path) -> str:
 
 
 def save_last_now(trainer: L.Trainer, pl_module: L.LightningModule, why: str) -> Path | None:
-    """Write last.ckpt at the current step (between two optimizer steps, so resuming is exact) and print
-    `<why> at step N: saved PATH` + the resume command; None (nothing written) without a checkpoint
-    callback or after a NaN/inf loss. Every rank calls it; the strategy writes on rank 0's behalf."""
+    """Write last.ckpt now (between two optimizer steps, so resuming is exact) and say how to resume; None
+    (nothing written) without a checkpoint callback or after a NaN/inf loss. Every rank calls it."""
     path = last_checkpoint_path(trainer)
     if path is None or pl_module.saw_nonfinite_loss():
         return None
-    # The one use of a Trainer private (Lightning 2.6.6). The public trainer.save_checkpoint ends at
+    # A Trainer private (Lightning 2.6.6): the public trainer.save_checkpoint ends at
     # a barrier, and a rank interrupted alone must not wait there for the others; no public call
     # returns the checkpoint dict, so it is dumped here and written by the strategy (public).
     checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
@@ -196,9 +175,8 @@ def slurm_requeue_signal(trainer: L.Trainer) -> int | None:
 
 
 def save_hpc_checkpoint(trainer: L.Trainer) -> Path:
-    """Write the current state as Lightning's `hpc_ckpt_<n>.ckpt` in the trainer's root dir: a requeued
-    SLURM job's fit resumes from the newest one there (Lightning 2.6.6's checkpoint connector: no public
-    call names the file or writes it without a barrier)."""
+    """Write the current state as Lightning's `hpc_ckpt_<n>.ckpt`, which a requeued SLURM job's fit resumes
+    from (no public call names the file or writes it without a barrier)."""
     connector = trainer._checkpoint_connector
     path = Path(connector.hpc_save_path(trainer.default_root_dir))
     trainer.strategy.save_checkpoint(connector.dump_checkpoint(weights_only=False), path)

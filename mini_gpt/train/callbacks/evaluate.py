@@ -1,10 +1,8 @@
 """Evaluations during training, logged as `eval/<task>/<metric>` at the step measured.
 
-Off by default. With `callbacks.evaluate.every_n_steps=N` (N > 0), every N optimizer steps and after the
-last, it runs the chosen tasks on the current weights: `bpb` (bits per byte of the validation split,
-scored like `mini-gpt evaluate`) and `hellaswag` (acc / acc_norm on the first `hellaswag_limit`
-items). Rank r takes windows / items r, r + world, ... and the sums are reduced, so the devices share the
-work and log one number. The seconds spent are kept out of tokens/s.
+Off by default. Every `callbacks.evaluate.every_n_steps` optimizer steps and after the last, it runs the
+tasks of `mini-gpt evaluate` (mini_gpt.eval.tasks) on the current weights; the ranks share the windows /
+items and add up their sums, so they log one number. The seconds spent are kept out of tokens/s.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ from mini_gpt.train.callbacks.base import StepCallback
 
 class EvaluateCallback(StepCallback):
     """Every `every_n_steps` optimizer steps (0 = off), evaluate `tasks` and log `eval/<task>/<metric>`.
-    `stride`: the bpb window step in tokens (None = block_size // 2); `batch_size`: windows or items per
-    forward pass; `hellaswag_path` None = the cached copy. The keys: conf/callbacks/default.yaml."""
+    The keys: conf/callbacks/default.yaml."""
 
     def __init__(
         self,
@@ -57,9 +54,7 @@ class EvaluateCallback(StepCallback):
         """Read the val split / HellaSwag once, so a missing file fails now and not hours into training."""
         if not self.enabled or stage != "fit":
             return
-        datamodule = getattr(trainer, "datamodule", None)
-        if datamodule is None or not hasattr(datamodule, "prepared_data"):
-            raise MiniGPTError("callbacks.evaluate needs the GPTDataModule (its val split and tokenizer)")
+        datamodule = trainer.datamodule  # a GPTDataModule
         prepared = datamodule.prepared_data()
         self._tokenizer = prepared.tokenizer
         self._inputs = read_inputs(
@@ -70,7 +65,7 @@ class EvaluateCallback(StepCallback):
         )  # fmt: skip
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        last = trainer.max_steps is not None and trainer.global_step >= trainer.max_steps
+        last = trainer.global_step >= trainer.max_steps
         if self.enabled and (trainer.global_step % self.every_n_steps == 0 or last):
             self.evaluate(trainer, pl_module)
 

@@ -1,5 +1,4 @@
-"""The loss guard: stops a run whose training loss became NaN/inf or exploded while staying finite, with
-one line, before anything of the broken state is saved (last.ckpt stays the last good one)."""
+"""The loss guard: a NaN/inf or exploding training loss stops the run before its state is saved."""
 
 from __future__ import annotations
 
@@ -13,25 +12,17 @@ from mini_gpt.train.callbacks.base import StepCallback
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
 from mini_gpt.train.stops import DivergedError, NonFiniteLossError
 
-__all__ = ["LossGuard"]
-
-FULL_PRECISION = ("32-true", "32", "64-true", "64")
-
 
 class LossGuard(StepCallback):
-    """Stops training with a one-line error when the loss went bad:
+    """Stops training with a one-line error when the loss went bad, before anything of it is saved
+    (Lightning runs the checkpoint callback after the others; Ctrl-C and preemption saves refuse it too):
 
-    - non-finite: any training loss so far was NaN/inf (`pl_module.saw_nonfinite_loss()`, a sticky flag on
-      the device), checked every `check_every_n_steps` (null: trainer.log_every_n_steps; each check reads
-      the device once) and before every checkpoint;
-    - diverged: the logged train loss exceeds `factor` x ln(vocabulary) at `patience` log steps in a row,
-      or at the last log step before a checkpoint. ln V is what a uniform guess scores and about where a
-      fresh model starts; a healthy run only goes down from there, a fine-tune starts below. (Muon at
-      lr=1e2 reaches ~1e5 where AdamW goes NaN: a NaN check alone misses it.) The val loss is no
-      yardstick: memorising one batch (debug=overfit_batch) sends it past 3 x ln V.
-
-    Lightning runs the checkpoint callback after the others, so the error comes first and nothing of the
-    bad state is written; Ctrl-C and preemption saves refuse it too."""
+    - non-finite: any training loss so far was NaN/inf (a sticky flag on the device, read every
+      `check_every_n_steps` and before every checkpoint);
+    - diverged: the logged train loss exceeds `factor` x ln(vocab) at `patience` log steps in a row, or at
+      the last log step before a checkpoint. ln V is what a uniform guess scores, about where a fresh model
+      starts. (Muon at lr=1e2 reaches ~1e5 where AdamW goes NaN: a NaN check alone misses it.) The val
+      loss is no yardstick: memorising one batch (debug=overfit_batch) sends it past 3 x ln V."""
 
     def __init__(
         self, check_every_n_steps: int | None = None, factor: float = 3.0, patience: int = 3
@@ -48,33 +39,29 @@ class LossGuard(StepCallback):
         vocab = getattr(pl_module.tokenizer, "vocab_size", None) or pl_module.model.config.vocab_size
         return self.factor * math.log(vocab)
 
-    def _stop(self, error: type[MiniGPTError], trainer: L.Trainer, what: str, advice: str) -> None:
+    def _stop(self, error: type[MiniGPTError], trainer: L.Trainer, what: str, *tips: str) -> None:
+        clip = [] if trainer.gradient_clip_val else ["set trainer.gradient_clip_val=1.0"]
+        tips = ("lower optim.lr", *clip, *tips)  # only what the run has not tried
+        advice = ", ".join(tips[:-1]) + (" or " if len(tips) > 1 else "") + tips[-1]
         last = last_checkpoint_path(trainer)
         kept = f"last good checkpoint: {last}" if last and last.exists() else "no checkpoint was saved yet"
         raise error(f"{what}; stopped without saving this state ({kept}); {advice}")
 
     def check_finite(self, trainer: L.Trainer, pl_module: Any) -> None:
         """Raise NonFiniteLossError if the loss has been NaN/inf (reads the device once)."""
-        if not pl_module.saw_nonfinite_loss():
-            return
-        tips = ["lower optim.lr"]
-        if not trainer.gradient_clip_val:
-            tips.append("set trainer.gradient_clip_val=1.0")
-        if str(trainer.precision) not in FULL_PRECISION:
-            tips.append(f"use trainer.precision=32-true (this run used {trainer.precision})")
-        advice = ", ".join(tips[:-1]) + (" or " if len(tips) > 1 else "") + tips[-1]
-        self._stop(NonFiniteLossError, trainer, f"training loss became NaN/inf by step {trainer.global_step}",
-                   advice)  # fmt: skip
+        if pl_module.saw_nonfinite_loss():
+            full = str(trainer.precision) in ("32-true", "32", "64-true", "64")
+            tip = [] if full else [f"use trainer.precision=32-true (this run used {trainer.precision})"]
+            what = f"training loss became NaN/inf by step {trainer.global_step}"
+            self._stop(NonFiniteLossError, trainer, what, *tip)
 
     def _diverged(self, trainer: L.Trainer, pl_module: Any, what: str) -> None:
-        advice = "lower optim.lr" + (
-            "" if trainer.gradient_clip_val else " or set trainer.gradient_clip_val=1.0"
+        limit = (
+            f"{self.factor:g} x ln(vocab) = {self.limit(pl_module):.2f} (a uniform guess scores ln(vocab))"
         )
         self._stop(
-            DivergedError, trainer, f"training diverged by step {trainer.global_step}: {what} > "
-            f"{self.factor:g} x ln(vocab) = {self.limit(pl_module):.2f} (a uniform guess scores ln(vocab))",
-            advice,
-        )  # fmt: skip
+            DivergedError, trainer, f"training diverged by step {trainer.global_step}: {what} > {limit}"
+        )
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: Any) -> None:
         every = self.check_every_n_steps or max(1, trainer.log_every_n_steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -10,8 +11,6 @@ from lightning.pytorch.callbacks.progress.rich_progress import CustomBarColumn
 from rich.progress import ProgressColumn, Task, TextColumn
 from rich.table import Column
 from rich.text import Text
-
-__all__ = ["ProgressBar"]
 
 
 def _clock(seconds: float | None) -> str:
@@ -23,91 +22,42 @@ def _clock(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{sec:02d}" if hours else f"{minutes}:{sec:02d}"
 
 
-class _TimeColumn(ProgressColumn):
-    """`elapsed<remaining`, as compact as tqdm's."""
+class _Column(ProgressColumn):
+    """A cell that never wraps (cut with an ellipsis on a very narrow terminal), drawn by `draw(task)`."""
 
-    max_refresh = 0.5  # redrawn at most twice a second: no jitter
-
-    def __init__(self) -> None:
-        super().__init__(table_column=Column(no_wrap=True))
-
-    def render(self, task: Task) -> Text:
-        elapsed = task.finished_time if task.finished else task.elapsed
-        return Text(f"{_clock(elapsed)}<{_clock(task.time_remaining)}", style="grey70")
-
-
-class _NameColumn(ProgressColumn):
-    """The task's description; `train` for the training task ("Epoch 0/-2" would only confuse)."""
-
-    def __init__(self, bar: ProgressBar) -> None:
-        super().__init__(table_column=Column(no_wrap=True))
-        self.bar = bar
-
-    def render(self, task: Task) -> Text:
-        if self.bar.is_train_task(task):
-            return Text(ProgressBar.TRAIN, style="progress.description")
-        return Text.from_markup(task.description, style="progress.description")
-
-
-class _StatsColumn(ProgressColumn):
-    """The run's numbers as one line that never wraps (cut with an ellipsis on a very narrow terminal)."""
-
-    def __init__(self, bar: ProgressBar) -> None:
+    def __init__(self, draw: Callable[[Task], Text], max_refresh: float | None = None) -> None:
         super().__init__(table_column=Column(no_wrap=True, overflow="ellipsis"))
-        self.bar = bar
-        self.text = ""  # set by ProgressBar.get_metrics; render() runs in Rich's thread
+        self.draw, self.max_refresh = draw, max_refresh
 
     def render(self, task: Task) -> Text:
-        return Text(self.text if self.bar.is_train_task(task) else "", style="grey82")
+        return self.draw(task)
 
 
 class ProgressBar(RichProgressBar):
     """Rich bar, one line within 80 columns:
     `train ━━━━━━━━━━ <done>/<total> <elapsed><<left> loss <train> val <val> <rate> tok/s <mfu>% mfu`.
-    Losses come from the module's loss curve (`stats`, host numbers), tokens/s and MFU from the trainer's
-    callback_metrics (logged by the Throughput callback), read only at log steps and evaluations, so
-    refreshing never syncs in between; at the end tok/s and MFU are the run's averages (summary.json's)."""
-
-    TRAIN = "train"
+    Losses come from the module's loss curve (`stats`), tokens/s and MFU from `callback_metrics` (logged by
+    the Throughput callback), read only at log steps and evaluations; at the end tok/s and MFU are the
+    run's averages (summary.json's)."""
 
     def __init__(self, refresh_rate: int = 10, leave: bool = True) -> None:
         super().__init__(refresh_rate=refresh_rate, leave=leave)
-        self._stats = _StatsColumn(self)
+        self.shown_stats = ""  # the numbers after the time; drawn in Rich's thread
         self._shown_for: tuple[int, int] = (-1, -1)  # (step, evaluations) the numbers were read at
 
-    def is_train_task(self, task: Task) -> bool:
+    def _is_train(self, task: Task) -> bool:
         return self.train_progress_bar_id is not None and task.id == self.train_progress_bar_id
-
-    @property
-    def shown_stats(self) -> str:
-        """The numbers the bar shows after the time (as last drawn)."""
-        return self._stats.text
-
-    @staticmethod
-    def stats_text(latest: dict[str, float]) -> str:
-        parts = []
-        if "train/loss" in latest:
-            parts.append(f"loss {latest['train/loss']:.3f}")
-        if "val/loss" in latest:
-            parts.append(f"val {latest['val/loss']:.3f}")
-        if "tokens_per_sec" in latest:
-            parts.append(f"{latest['tokens_per_sec']:,.0f} tok/s")
-        if "mfu" in latest:
-            parts.append(f"{100 * latest['mfu']:.1f}% mfu")
-        return " ".join(parts)
 
     def _read(self, trainer: L.Trainer, pl_module: Any, ended: bool = False) -> None:
         stats, metrics = pl_module.stats, trainer.callback_metrics
-        shown: dict[str, float] = {}
-        if stats.train_history:
-            shown["train/loss"] = stats.train_history[-1][1]
-        if stats.val_history:
-            shown["val/loss"] = stats.val_history[-1][2]
         prefix = "run/" if ended else ""  # the run's averages at the end, else the last interval's
-        for key in ("tokens_per_sec", "mfu"):
-            if prefix + key in metrics:
-                shown[key] = float(metrics[prefix + key])
-        self._stats.text = self.stats_text(shown)
+        parts = [f"loss {stats.train_history[-1][1]:.3f}"] if stats.train_history else []
+        parts += [f"val {stats.val_history[-1][2]:.3f}"] if stats.val_history else []
+        if (rate := metrics.get(prefix + "tokens_per_sec")) is not None:
+            parts.append(f"{float(rate):,.0f} tok/s")
+        if (mfu := metrics.get(prefix + "mfu")) is not None:
+            parts.append(f"{100 * float(mfu):.1f}% mfu")
+        self.shown_stats = " ".join(parts)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: Any) -> dict[str, Any]:
         moment = (trainer.global_step, len(pl_module.stats.val_history))
@@ -119,14 +69,22 @@ class ProgressBar(RichProgressBar):
         return {}  # Lightning's own metrics column stays empty: ours is compact and never wraps
 
     def configure_columns(self, trainer: L.Trainer) -> list[Any]:
+        def name(task: Task) -> Text:  # "Epoch 0/-2" would only confuse
+            description = "train" if self._is_train(task) else task.description
+            return Text.from_markup(description, style="progress.description")
+
+        def time(task: Task) -> Text:  # elapsed<remaining, as compact as tqdm's
+            elapsed = task.finished_time if task.finished else task.elapsed
+            return Text(f"{_clock(elapsed)}<{_clock(task.time_remaining)}", style="grey70")
+
         return [
-            _NameColumn(self),
+            _Column(name),
             CustomBarColumn(bar_width=10),
             TextColumn(
                 "{task.completed:.0f}/{task.total:.0f}", style="grey70", table_column=Column(no_wrap=True)
             ),
-            _TimeColumn(),
-            self._stats,
+            _Column(time, max_refresh=0.5),  # redrawn at most twice a second: no jitter
+            _Column(lambda task: Text(self.shown_stats if self._is_train(task) else "", style="grey82")),
         ]
 
     @property

@@ -13,8 +13,6 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.sampling import generate
 from mini_gpt.train.callbacks.base import StepCallback
 
-__all__ = ["SampleText"]
-
 
 class SampleText(StepCallback):
     """Every `every_n_steps` optimizer steps (and at the end), generate text from `prompt`, print it and
@@ -36,14 +34,9 @@ class SampleText(StepCallback):
         if every_n_steps < 0 or max_new_tokens < 1:
             raise MiniGPTError("callbacks.sample_text: every_n_steps must be >= 0, max_new_tokens >= 1")
         self.every_n_steps = every_n_steps  # 0 = only at the end
-        self.prompt = prompt
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.top_k = top_k
-        self.top_p = top_p
-        self.seed = seed
-        self.at_end = at_end
-        self.print_samples = print_samples
+        self.prompt, self.max_new_tokens, self.seed = prompt, max_new_tokens, seed
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.at_end, self.print_samples = at_end, print_samples
         self.rows: list[list[Any]] = []  # (step, text) for the W&B table
 
     def sample(self, pl_module: L.LightningModule) -> str:
@@ -52,16 +45,8 @@ class SampleText(StepCallback):
         device = pl_module.device
         idx = torch.tensor([ids], dtype=torch.long, device=device)
         gen = torch.Generator(device=device).manual_seed(self.seed + pl_module.global_step)
-        out = generate(
-            pl_module.model,
-            idx,
-            self.max_new_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            generator=gen,
-        )
-        return tok.decode(out[0].tolist())
+        sampling = dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, generator=gen)
+        return tok.decode(generate(pl_module.model, idx, self.max_new_tokens, **sampling)[0].tolist())
 
     @rank_zero_only
     def _emit(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

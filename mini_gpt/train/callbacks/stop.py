@@ -1,10 +1,10 @@
 """Stopping a run on a signal without losing it: Ctrl-C (SIGINT), SIGTERM (SLURM preemption and time limits,
-`docker stop`, `kill`) and SIGUSR1 (what SLURM sends ahead of the time limit with `#SBATCH
---signal=USR1@90`) finish the current optimizer step, save last.ckpt at that step (so resuming from it is
-exact) and stop: Ctrl-C as an interrupt (summary.json status `interrupted`, exit status 1), the others with
-`Preempted` (status `preempted`, exit status EXIT_PREEMPTED). Under SLURM with Lightning's auto-requeue
-(its SLURMEnvironment, detected under srun) the job is also requeued, and the requeued job resumes from
-the checkpoint Lightning looks for in the run dir. Nothing is saved after a NaN/inf loss.
+`docker stop`, `kill`) and SIGUSR1 (SLURM's warning ahead of the time limit, `#SBATCH --signal=USR1@90`)
+finish the current optimizer step, save last.ckpt at that step (so resuming is exact) and stop: Ctrl-C as
+an interrupt (summary.json status `interrupted`, exit status 1), the others with `Preempted` (status
+`preempted`, exit status EXIT_PREEMPTED). Under SLURM with Lightning's auto-requeue the job is also
+requeued, and resumes from the checkpoint Lightning looks for in the run dir. Nothing is saved after a
+NaN/inf loss.
 
 Not Lightning's OnExceptionCheckpoint: it saves when the exception arrives, which can be in the middle of
 an optimizer step (a state no uninterrupted run ever had), and after a NaN as well.
@@ -26,10 +26,6 @@ from mini_gpt.train.callbacks.base import StepCallback
 from mini_gpt.train.callbacks.checkpointing import save_hpc_checkpoint, save_last_now, slurm_requeue_signal
 from mini_gpt.train.stops import EXIT_PREEMPTED, Preempted
 
-__all__ = ["PREEMPT_SIGNALS", "StopOnSignal"]
-
-PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
 
 def _requeue() -> str:
     """`scontrol requeue` this SLURM job (array task); returns what happened, for the stop line."""
@@ -47,12 +43,10 @@ def _requeue() -> str:
 
 
 class StopOnSignal(StepCallback):
-    """Ctrl-C, SIGTERM or SIGUSR1: save last.ckpt after the current optimizer step, then stop. A second
-    Ctrl-C interrupts at once. For SIGTERM / SIGUSR1 one process checks its flag every step; the ranks of
-    a multi-process run agree at each log step (one all-reduce, where the loss is read anyway), so they all
-    stop after the same step, whichever of them got the signal. Lightning's own SIGUSR1 handler (SLURM
-    auto-requeue) would save from inside the signal handler, in the middle of a step: ours replaces it
-    and requeues after the save."""
+    """Ctrl-C, SIGTERM or SIGUSR1: save last.ckpt after the current optimizer step, then stop; a second
+    Ctrl-C interrupts at once. The ranks of a multi-process run agree on a preemption at each log step (one
+    all-reduce, where the loss is read anyway), so they all stop after the same step. Lightning's own
+    SIGUSR1 handler would save inside the signal handler, mid-step: ours replaces it."""
 
     def __init__(self) -> None:
         self.interrupted = False  # Ctrl-C pressed
@@ -75,7 +69,7 @@ class StopOnSignal(StepCallback):
         super().on_train_start(trainer, pl_module)
         if threading.current_thread() is threading.main_thread():
             self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)
-            for signum in PREEMPT_SIGNALS:
+            for signum in (signal.SIGTERM, signal.SIGUSR1):
                 self._previous[signum] = signal.signal(signum, self._on_preemption)
 
     def _restore(self) -> None:

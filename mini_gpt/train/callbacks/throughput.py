@@ -18,9 +18,6 @@ from mini_gpt.machine import LoadMeter, cache_dir, cpu_name
 from mini_gpt.train.callbacks.base import StepCallback
 from mini_gpt.train.module import exact
 
-__all__ = ["Throughput", "cpu_peak_flops", "measure_cpu_matmul_flops", "peak_flops"]
-
-
 # The fp32 matmul peak assumed when the CPU probe fails (a small 2-core machine's order of magnitude).
 _DEFAULT_CPU_PEAK_FLOPS = 185e9
 
@@ -46,16 +43,13 @@ def measure_cpu_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 512, r
         return _DEFAULT_CPU_PEAK_FLOPS
 
 
-CPU_PEAK_FILE = "cpu_peak_flops.json"  # under mini_gpt.machine.cache_dir(): {machine key: FLOP/s}
-
-
 def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
     """This machine's CPU matmul peak, measured once and kept in cache_dir()/cpu_peak_flops.json (keyed
     by CPU, thread count, dtype and torch version), so MFU compares like with like between runs: a probe
     per run swung it between 34% and 56% on one machine. A probe taken while other processes kept half a
     core busy or more is used for this run only, not cached."""
     key = f"{cpu_name()} | {torch.get_num_threads()} threads | {dtype} | torch {torch.__version__}"
-    path = cache_dir() / CPU_PEAK_FILE
+    path = cache_dir() / "cpu_peak_flops.json"  # {machine key: FLOP/s}
     cached = read_json(path) or {}
     if isinstance(cached.get(key), int | float) and cached[key] > 0:
         return float(cached[key])
@@ -70,21 +64,12 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
     return peak
 
 
-def _precision_dtype(precision: str) -> torch.dtype:
-    precision = str(precision)
-    if "bf16" in precision:
-        return torch.bfloat16
-    if precision.startswith("16"):
-        return torch.float16
-    return torch.float32
-
-
 def peak_flops(device: torch.device, precision: str = "32-true", override: float | None = None) -> float:
     """Peak FLOP/s for MFU: `override` if given; on a GPU Lightning's table of dense peaks per dtype
     (`get_available_flops`; 0 for a GPU it does not know); on a CPU a matmul probe in the training dtype."""
     if override:
         return float(override)
-    dtype = _precision_dtype(precision)
+    dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(str(precision).split("-")[0], torch.float32)
     if device.type == "cuda":
         return float(get_available_flops(device, dtype) or 0.0)  # 0: MFU is not logged
     if device.type == "cpu":
@@ -93,12 +78,10 @@ def peak_flops(device: torch.device, precision: str = "32-true", override: float
 
 
 class Throughput(StepCallback):
-    """Tokens/s and MFU of the run. At every log step of the module (`logs_step`) it logs `tokens_per_sec`
-    and `mfu` of the interval since the last one, and, for the progress bar and summary.json (not the
-    loggers), `run/tokens_per_sec` and `run/mfu` of the run so far; when training ends, those two hold the
-    whole run's averages. Time is training wall time: validation and the module's side work
-    (`pl_module.side_work()`: samples, attention maps, evaluations) are left out. Tokens are counted from
-    the batches (x world size), so accumulation and DDP need no setup.
+    """At every log step of the module it logs `tokens_per_sec` and `mfu` of the interval since the last,
+    and, for the progress bar and summary.json (not the loggers), `run/tokens_per_sec` and `run/mfu` of
+    the run so far (at the end: the whole run's). Time is training wall time: validation and the module's
+    `side_work()` are left out. Tokens are counted from the batches (x world size).
     MFU = flops_per_token (forward + backward) x tokens/s / (peak FLOP/s of one device x devices).
     """
 
@@ -118,7 +101,7 @@ class Throughput(StepCallback):
         self._val_t0 = 0.0
         self._val_seconds = 0.0
         self._flops_per_token = 0.0
-        self._seq_len: int | None = None
+        self._seq_len = 0
 
     def _sync(self, pl_module: L.LightningModule) -> None:
         if pl_module.device.type == "cuda":
@@ -131,23 +114,20 @@ class Throughput(StepCallback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        x = batch[0] if isinstance(batch, list | tuple) else batch
+        x, _ = batch  # (B, T) token ids
         self._tokens += x.numel() * trainer.world_size
-        self._seq_len = x.shape[-1] if x.dim() > 1 else None
+        self._seq_len = x.shape[-1]
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: Any) -> None:
         if not pl_module.logs_step(trainer.global_step):
             return
         tokens, seconds = self._close_interval(pl_module)
-        interval = {"tokens_per_sec": tokens / seconds if seconds > 0 else 0.0}
         if self.peak is None:  # first log interval: the CPU probe runs here, not before step 1
             self.peak = peak_flops(pl_module.device, str(trainer.precision), self.peak_flops_override)
             self._flops_per_token = pl_module.model.flops_per_token(self._seq_len)
             self._t0 = time.perf_counter()  # the probe is not training either
-        if self.peak:
-            interval["mfu"] = self._mfu(interval["tokens_per_sec"], trainer.world_size)
-        pl_module.log_dict(exact(interval))
+        pl_module.log_dict(exact(self._rates(tokens, seconds, trainer.world_size)))
         self._log_run(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
@@ -156,16 +136,15 @@ class Throughput(StepCallback):
         self._log_run(trainer, pl_module)
 
     def _log_run(self, trainer: L.Trainer, pl_module: Any) -> None:
-        run = {
-            "run/tokens_per_sec": self.total_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
-        }
-        if self.peak:
-            run["run/mfu"] = self._mfu(run["run/tokens_per_sec"], trainer.world_size)
+        run = self._rates(self.total_tokens, self.total_seconds, trainer.world_size, prefix="run/")
         pl_module.log_dict(exact(run), logger=False)
 
-    def _mfu(self, tokens_per_sec: float, world_size: int) -> float:
-        assert self.peak
-        return self._flops_per_token * tokens_per_sec / (self.peak * world_size)
+    def _rates(self, tokens: int, seconds: float, world_size: int, prefix: str = "") -> dict[str, float]:
+        rate = tokens / seconds if seconds > 0 else 0.0
+        rates = {f"{prefix}tokens_per_sec": rate}
+        if self.peak:  # 0: a GPU Lightning does not know
+            rates[f"{prefix}mfu"] = self._flops_per_token * rate / (self.peak * world_size)
+        return rates
 
     def _close_interval(self, pl_module: Any) -> tuple[int, float]:
         """Tokens and training seconds since the last call; adds them to the run totals."""
