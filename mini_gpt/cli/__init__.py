@@ -1,7 +1,7 @@
 """`mini-gpt <verb> [args]`: the one command. One module per verb (mini_gpt.cli.<verb>); this dispatcher
-imports only the one asked for (so `mini-gpt generate` never loads Lightning) and hands it the rest of
-the command line: Hydra overrides of conf/<verb>.yaml (`--help` lists its keys), or, for bench and
-harness, their own flags.
+imports only the one asked for (so `mini-gpt generate` never loads Lightning) and hands the rest of the
+command line to its `main(argv)` (argv default: the command line): Hydra overrides of conf/<verb>.yaml
+(`--help` lists its keys), or, for bench and harness, their own flags.
 """
 
 from __future__ import annotations

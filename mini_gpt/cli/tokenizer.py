@@ -1,11 +1,5 @@
-"""`mini-gpt tokenizer train|eval [key=value ...]`: your own byte-level BPE, e.g.
-
-    mini-gpt tokenizer train data=text data.path=corpus.txt vocab_size=4096 out=tok/   # learn it
-    mini-gpt tokenizer eval tokenizer=tok/ data=text data.path=corpus.txt             # judge it
-    mini-gpt train data=text data.path=corpus.txt data.tokenizer=tok/                   # use it
-
-Overrides of conf/tokenizer_train.yaml and conf/tokenizer_eval.yaml (schemas: mini_gpt.conf.tools).
-See docs/tokenizers.md.
+"""`mini-gpt tokenizer train|eval [key=value ...]`: learn your own byte-level BPE, or judge one
+(conf/tokenizer_train.yaml, conf/tokenizer_eval.yaml; docs/tokenizers.md).
 """
 
 from __future__ import annotations
@@ -151,7 +145,6 @@ ACTIONS = {"train": ("tokenizer_train", train), "eval": ("tokenizer_eval", evalu
 
 
 def main(argv: Sequence[str] | None = None) -> Any:
-    """`mini-gpt tokenizer train|eval OVERRIDES`; `argv` default: the command line."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         print(f"error: {USAGE}", file=sys.stderr)
