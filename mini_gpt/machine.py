@@ -100,10 +100,8 @@ def suggested_threads(threads: int, other_load: float, cores: int) -> int | None
 
 def thread_note(threads: int, other_load: float | None, cores: int | None = None) -> str | None:
     """One line suggesting `threads=N` when other processes keep the cores torch's threads need busy."""
-    if other_load is None:
-        return None
     cores = cores or machine_cores()
-    better = suggested_threads(threads, other_load, cores)
+    better = None if other_load is None else suggested_threads(threads, other_load, cores)
     if better is None:
         return None
     return (

@@ -30,12 +30,7 @@ def compare(cfg: CompareConfig) -> None:
     if not paths:
         raise MiniGPTError("name the runs: mini-gpt compare DIR... or runs=[DIR,...] (globs work)")
     header, rows, ordered, keys = compare_table(find_runs(paths))
-    if cfg.out:
-        out = Path(cfg.out)
-    elif len(paths) == 1 and Path(paths[0]).is_dir():
-        out = Path(paths[0])
-    else:
-        out = Path("compare")
+    out = Path(cfg.out or (paths[0] if len(paths) == 1 and Path(paths[0]).is_dir() else "compare"))
     files = write_report(header, rows, ordered, keys, out)
     print(markdown(header, rows))
     print(f"\n{len(rows)} runs; table: {files['csv']}, report: {files['html']}, curves: {files['png']}")

@@ -12,9 +12,6 @@ from mini_gpt.conf.tools import PlotConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.viz.plot import plot_run
 
-# Paths, taken verbatim: a Hydra sweep directory may be named like `lr=0.1` or hold commas.
-PATH_KEYS = ("run_dir", "out")
-
 
 def overrides_of(argv: Sequence[str]) -> list[str]:
     """The command line as overrides: RUN_DIR (the first argument without `=`, or an existing path) is
@@ -34,5 +31,8 @@ def _run(cfg: PlotConfig) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    overrides, paths = split_free_text(overrides_of(sys.argv[1:] if argv is None else argv), PATH_KEYS)
+    # Paths, taken verbatim: a Hydra sweep directory may be named like `lr=0.1` or hold commas.
+    overrides, paths = split_free_text(
+        overrides_of(sys.argv[1:] if argv is None else argv), ("run_dir", "out")
+    )
     run_tool("plot", lambda cfg: _run(replace(cfg, **paths)), overrides)

@@ -241,15 +241,15 @@ def tool_help(config_name: str) -> str:
 
     lines = [f"usage: {command(config_name)} [group=option ...] [key=value ...]", ""]
 
-    def walk(node: Any, raw: dict[str, Any], prefix: str) -> None:
-        cls = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    def walk(node: DictConfig, raw: dict[str, Any], prefix: str) -> None:
+        cls = OmegaConf.get_type(node)
         hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
         comments = field_comments(cls) if hints else {}  # type: ignore[arg-type]
         for key, value in raw.items():
             about = f"  # {comments[key]}" if key in comments else ""
             if isinstance(value, dict) and value and not str(key).startswith("_"):
                 lines.append(f"{prefix}{key}:{about}")
-                walk(node[key] if isinstance(node, DictConfig) else None, value, prefix + "  ")
+                walk(node[key], value, prefix + "  ")
                 continue
             what = f" ({_what(hints[key])})" if hints.get(key, Any) is not Any else ""
             shown = (  # a value as YAML on one line: lists in brackets, newlines as \n

@@ -10,9 +10,7 @@ from typing import Any
 
 from mini_gpt.errors import MiniGPTError, at_least, one_of
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 TASKS = ("bpb", "hellaswag")  # mini_gpt.eval.tasks scores them
-VIEWS = ("maps", "summary", "both")
 SPLITS = ("train", "val")
 SCALING_PARAMS = {"non_embedding": "non_embedding_params", "total": "params"}  # summary.json's keys
 
@@ -30,7 +28,7 @@ class ModelSource:
     threads: int | None = None  # CPU threads (null = torch's default); on a busy machine 1 is often faster
 
     def __post_init__(self) -> None:
-        one_of(DTYPES, dtype=self.dtype)
+        one_of(("auto", "float32", "bfloat16", "float16"), dtype=self.dtype)
         at_least(1, threads=self.threads)
 
 
@@ -165,7 +163,7 @@ class AttentionMapsConfig:
     dpi: int = 120  # resolution of the PNG
 
     def __post_init__(self) -> None:
-        one_of(VIEWS, view=self.view)
+        one_of(("maps", "summary", "both"), view=self.view)
         at_least(1, dpi=self.dpi, max_tokens=self.max_tokens)
 
 

@@ -11,10 +11,7 @@ from typing import Any
 from mini_gpt.errors import MiniGPTError, at_least, one_of
 from mini_gpt.model.gpt import GPTConfig
 
-OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "linear", "constant")
-MATMUL_PRECISIONS = ("highest", "high", "medium")
-FINETUNE_METHODS = ("full", "lora")
 LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
 
 
@@ -39,7 +36,7 @@ class OptimConfig:
     muon_adjust_lr_fn: str | None = None  # null/original: lr x sqrt(max(1, rows/cols)); match_rms_adamw
 
     def __post_init__(self) -> None:
-        one_of(OPTIMIZERS, **{"optim.name": self.name})
+        one_of(("adamw", "muon"), **{"optim.name": self.name})
         one_of(SCHEDULES, **{"optim.schedule": self.schedule})
         for key in ("lr", "muon_lr"):
             if not getattr(self, key) > 0:
@@ -68,7 +65,7 @@ class FinetuneConfig:
     lora_targets: tuple[str, ...] = LORA_TARGETS  # projections that get adapters: c_attn, c_proj, c_fc
 
     def __post_init__(self) -> None:
-        one_of(FINETUNE_METHODS, **{"finetune.method": self.method})
+        one_of(("full", "lora"), **{"finetune.method": self.method})
         at_least(1, **{"finetune.train_last_n_blocks": self.train_last_n_blocks})
         at_least(1, **{"finetune.lora_rank": self.lora_rank})
         self.lora_targets = tuple(self.lora_targets)
@@ -175,5 +172,5 @@ class TrainConfig:
     tags: list[str] = field(default_factory=list)  # labels for the run (W&B tags)
 
     def __post_init__(self) -> None:
-        one_of(MATMUL_PRECISIONS, float32_matmul_precision=self.float32_matmul_precision)
+        one_of(("highest", "high", "medium"), float32_matmul_precision=self.float32_matmul_precision)
         at_least(1, threads=self.threads, global_batch_tokens=self.global_batch_tokens)
