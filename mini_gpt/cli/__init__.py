@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: unknown verb {verb!r}; the verbs are {', '.join(VERBS)}", file=sys.stderr)
         return 2
     # For a verb that reads sys.argv (Hydra, lm_eval); argv[0] names the command, e.g. in the resume hint
-    # that SaveOnInterrupt prints (mini_gpt.train.callbacks.resume_command).
+    # that StopOnSignal prints (mini_gpt.train.callbacks.resume_command).
     sys.argv = [f"mini-gpt {verb}", *rest]
     status = importlib.import_module(VERBS[verb][0]).main(rest)
     return status if isinstance(status, int) else 0  # a verb may return its result (generate: the samples)
