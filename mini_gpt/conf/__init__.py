@@ -112,7 +112,9 @@ def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
                 )
         return compose(overrides, config_name)
     except Exception as err:
-        if isinstance(err, ConfigCompositionException):  # `model=baby` for a config without that group
+        # `model=baby` for a config without a model group: to Hydra a group override that matches nothing in
+        # the defaults list, to the user a key the config does not have.
+        if isinstance(err, ConfigCompositionException):
             for key in (override.partition("=")[0] for override in overrides):
                 if (CONF_DIR / key).is_dir() and key not in config_groups(config_name):
                     keys = ", ".join(str(k) for k in compose((), config_name))
