@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -33,6 +33,20 @@ def exit_on_user_error(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def at_least(minimum: int, **values: int | None) -> None:
+    """A schema's range check: one line for the first value below `minimum` (None passes)."""
+    for key, value in values.items():
+        if value is not None and value < minimum:
+            raise MiniGPTError(f"{key}={value} must be >= {minimum}")
+
+
+def one_of(choices: Collection[str], **values: str) -> None:
+    """A schema's choice check: one line for the first value not in `choices`."""
+    for key, value in values.items():
+        if value not in choices:
+            raise MiniGPTError(f"{key}={value!r} must be one of {', '.join(choices)}")
+
+
 def check_ints(
     allow_none: bool = False, error: type[MiniGPTError] = MiniGPTError, minimum: int = 1, **values: Any
 ) -> None:
@@ -46,18 +60,14 @@ def check_ints(
             raise error(f"{name}={value!r} must be {what}{' or null' if allow_none else ''}")
 
 
-def build_config(
-    cls: type[T], d: Mapping[str, Any], section: str, error: type[MiniGPTError] = MiniGPTError
-) -> T:
+def build_config(cls: type[T], d: Mapping[str, Any], section: str) -> T:
     """`cls(**d)` for a config dataclass; keys it does not have (a typo in YAML) are one line, and so is a
     plain ValueError of its checks (the model's GPTConfig raises those: it imports nothing of ours)."""
     known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     unknown = sorted(set(d) - set(known))
     if unknown:
-        raise error(f"{section}: unknown key(s) {unknown}; the keys are {', '.join(known)}")
+        raise MiniGPTError(f"{section}: unknown key(s) {unknown}; the keys are {', '.join(known)}")
     try:
         return cls(**d)
-    except MiniGPTError:
-        raise
-    except ValueError as err:
-        raise error(str(err)) from None
+    except ValueError as err:  # a MiniGPTError as it is
+        raise err if isinstance(err, MiniGPTError) else MiniGPTError(str(err)) from None

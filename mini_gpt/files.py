@@ -12,16 +12,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = [
-    "atomic_write",
-    "make_dirs",
-    "read_json",
-    "remove_empty",
-    "sha256_file",
-    "space_note",
-    "write_json_atomic",
-]
-
 
 def read_json(path: Path) -> dict[str, Any] | None:
     """The JSON object in `path`, or None when it is missing or unreadable (a cache to rebuild)."""

@@ -14,16 +14,6 @@ import platform
 import time
 from pathlib import Path
 
-__all__ = [
-    "MIN_WINDOW_S",
-    "LoadMeter",
-    "cache_dir",
-    "cpu_name",
-    "machine_cores",
-    "suggested_threads",
-    "thread_note",
-]
-
 MIN_WINDOW_S = 0.2  # a shorter measurement is mostly noise (jiffies are 10 ms)
 
 
@@ -93,8 +83,7 @@ class LoadMeter:
 
     def stop(self) -> LoadMeter:
         time.sleep(max(0.0, self.min_seconds - (time.perf_counter() - self.wall0)))
-        wall = time.perf_counter() - self.wall0
-        self.wall = wall
+        self.wall = wall = time.perf_counter() - self.wall0
         if self.busy0 is not None:
             machine_busy = (_cpu_times()[0] - self.busy0) / self.tick
             own = _own_cpu_seconds() - self.own0
@@ -111,10 +100,8 @@ def suggested_threads(threads: int, other_load: float, cores: int) -> int | None
 
 def thread_note(threads: int, other_load: float | None, cores: int | None = None) -> str | None:
     """One line suggesting `threads=N` when other processes keep the cores torch's threads need busy."""
-    if other_load is None:
-        return None
     cores = cores or machine_cores()
-    better = suggested_threads(threads, other_load, cores)
+    better = None if other_load is None else suggested_threads(threads, other_load, cores)
     if better is None:
         return None
     return (

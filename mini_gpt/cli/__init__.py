@@ -1,7 +1,7 @@
 """`mini-gpt <verb> [args]`: the one command. One module per verb (mini_gpt.cli.<verb>); this dispatcher
-imports only the one asked for (so `mini-gpt generate` never loads Lightning) and hands it the rest of
-the command line: Hydra overrides of conf/<verb>.yaml (`--help` lists its keys), or, for bench and
-harness, their own flags.
+imports only the one asked for (so `mini-gpt generate` never loads Lightning) and hands the rest of the
+command line to its `main(argv)` (argv default: the command line): Hydra overrides of conf/<verb>.yaml
+(`--help` lists its keys), or, for bench and harness, their own flags.
 """
 
 from __future__ import annotations
@@ -28,20 +28,13 @@ VERBS: dict[str, tuple[str, str]] = {
 }
 
 
-def usage() -> str:
-    width = max(map(len, VERBS))
-    lines = [f"  {verb:<{width}}  {about}" for verb, (_, about) in VERBS.items()]
-    return (
-        "usage: mini-gpt <verb> [key=value ...]    (mini-gpt <verb> --help lists the verb's keys)\n\n"
-        "verbs:\n" + "\n".join(lines) + "\n"
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The `mini-gpt` console script; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print(usage(), end="")
+        width = max(map(len, VERBS))
+        print("usage: mini-gpt <verb> [key=value ...]    (mini-gpt <verb> --help lists the verb's keys)\n")
+        print("verbs:", *(f"  {verb:<{width}}  {about}" for verb, (_, about) in VERBS.items()), sep="\n")
         return 0
     verb, rest = args[0], args[1:]
     if verb not in VERBS:

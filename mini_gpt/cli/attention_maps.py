@@ -1,6 +1,4 @@
-"""`mini-gpt attention-maps ckpt=PATH prompt="..." [layer=..] [head=..] [view=..] [out=attn.png]`: draws
-mini_gpt.viz.attention_maps's figures to files. Every key lives in conf/attention_maps.yaml
-(mini_gpt.conf.tools.AttentionMapsConfig)."""
+"""`mini-gpt attention-maps ckpt=PATH prompt="..."`: mini_gpt.viz.attention_maps's figures drawn to files."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ def run(cfg: AttentionMapsConfig) -> list[Path]:
         raise MiniGPTError("ckpt=PATH is required (a training .ckpt or an export directory)")
     if not cfg.prompt:
         raise MiniGPTError('prompt is empty; pass prompt="some text" (or prompt=@file.txt) to look at')
-    # @FILE: the file's text as it is; typed text reads \n, \t and \\ as escapes (as generate does).
-    prompt = prompt_text(cfg.prompt)
+    prompt = prompt_text(cfg.prompt)  # @FILE, or typed text with \n \t \\ escapes (as generate's)
     out = Path(cfg.out)
     model, tokenizer = load_model(cfg.ckpt, cfg.device)
     figures = viz.AttentionFigures(
@@ -41,9 +38,8 @@ def run(cfg: AttentionMapsConfig) -> list[Path]:
             )
             n_layers, n_heads = len(data["layers"]), len(data["heads"])
             notes.append(
-                f"note: {n_layers} layer{'s' * (n_layers != 1)} x {n_heads} head{'s' * (n_heads != 1)} "
-                "were shrunk to fit "
-                f"{viz.MAX_FIGURE_INCHES:g} in a side; {zoom}"
+                f"note: {n_layers} layer{'s' * (n_layers != 1)} x {n_heads} head{'s' * (n_heads != 1)} were "
+                f"shrunk to fit {viz.MAX_FIGURE_INCHES:g} in a side; {zoom}"
             )
     if "summary" in figures:
         target = out if cfg.view == "summary" else Path(cfg.summary_out or viz.summary_path(out))
@@ -54,10 +50,5 @@ def run(cfg: AttentionMapsConfig) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`mini-gpt attention-maps ARGS`; `argv` default: the command line."""
     overrides, text = split_free_text(argv, ("prompt",))  # prompt= takes any text, commas included
     run_tool("attention_maps", lambda cfg: run(replace(cfg, **text)), overrides)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,6 @@
-"""`mini-gpt compare runs=[DIR,...] [out=DIR] [scaling=true] [params=non_embedding|total]` (or
-`mini-gpt compare DIR...`): one table of runs (a run folder, a `python train.py -m` multirun folder, a
-`mini-gpt sweep` folder, globs; any mix), printed as markdown and written with the validation curves to
-OUT/compare.{csv,html,png}. `scaling=true` also fits loss against model size per compute budget (runs
-trained with trainer.max_flops) and writes OUT/scaling.png. Keys: conf/compare.yaml
-(mini_gpt.conf.tools.CompareConfig); the older flags `--scaling`, `--out DIR`, `--params P` still work.
-See docs/sweeps.md.
+"""`mini-gpt compare runs=[DIR,...]` (or `mini-gpt compare DIR...`): one table and the curves of runs, and
+optionally a scaling fit (conf/compare.yaml says what it writes). The older flags `--scaling`, `--out DIR`,
+`--params P` still work.
 """
 
 from __future__ import annotations
@@ -34,12 +30,7 @@ def compare(cfg: CompareConfig) -> None:
     if not paths:
         raise MiniGPTError("name the runs: mini-gpt compare DIR... or runs=[DIR,...] (globs work)")
     header, rows, ordered, keys = compare_table(find_runs(paths))
-    if cfg.out:
-        out = Path(cfg.out)
-    elif len(paths) == 1 and Path(paths[0]).is_dir():
-        out = Path(paths[0])
-    else:
-        out = Path("compare")
+    out = Path(cfg.out or (paths[0] if len(paths) == 1 and Path(paths[0]).is_dir() else "compare"))
     files = write_report(header, rows, ordered, keys, out)
     print(markdown(header, rows))
     print(f"\n{len(rows)} runs; table: {files['csv']}, report: {files['html']}, curves: {files['png']}")
@@ -76,12 +67,7 @@ def arguments(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`mini-gpt compare ARGS`; `argv` default: the command line."""
     keyed, paths = arguments(sys.argv[1:] if argv is None else argv)
     overrides, out = split_free_text(keyed, ("out",))  # a path, verbatim
     run_tool("compare", lambda cfg: compare(replace(cfg, runs=[*cfg.runs, *paths], **out)), overrides)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,6 @@
-"""Evaluate a model: `mini-gpt evaluate ckpt=PATH tasks=[bpb,hellaswag] output=results.json`.
-
-Every key lives in conf/evaluate.yaml (schema: mini_gpt.conf.tools.EvaluateConfig). Tasks (run by
-mini_gpt.eval.tasks): `bpb` (bits per byte by sliding windows) and `hellaswag` (acc / acc_norm), and any
-lm-evaluation-harness task through `harness_tasks` (mini_gpt.eval.harness; the `eval` extra). Prints a
-markdown table; `output=FILE` also writes the results and the checkpoint's step and tokens as JSON.
+"""`mini-gpt evaluate ckpt=PATH tasks=[bpb,hellaswag] output=results.json`: the tasks of mini_gpt.eval.tasks
+and lm-evaluation-harness tasks (`harness_tasks`, the `eval` extra) as a markdown table; `output=FILE` also
+writes the results and the checkpoint's step and tokens as JSON.
 """
 
 from __future__ import annotations
@@ -39,13 +36,10 @@ def markdown_table(results: dict[str, Any]) -> str:
     """The metrics as a markdown table: task | metric | value."""
     lines = ["| task | metric | value |", "| --- | --- | ---: |"]
     for task, metrics in results.items():
-        if not isinstance(metrics, dict):
-            continue
-        for name, value in metrics.items():
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            shown = f"{value:,}" if isinstance(value, int) else f"{value:.4f}"
-            lines.append(f"| {task} | {name} | {shown} |")
+        for name, value in metrics.items() if isinstance(metrics, dict) else ():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                shown = f"{value:,}" if isinstance(value, int) else f"{value:.4f}"
+                lines.append(f"| {task} | {name} | {shown} |")
     return "\n".join(lines)
 
 
@@ -93,9 +87,4 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`mini-gpt evaluate key=value ...`; `argv` default: the command line."""
     run_tool("evaluate", run, argv)
-
-
-if __name__ == "__main__":
-    main()

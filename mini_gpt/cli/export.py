@@ -1,6 +1,5 @@
-"""`mini-gpt export ckpt=PATH format=hf|safetensors|gguf out=DIR|FILE.gguf [outtype=f32|f16|q8_0]`:
-see mini_gpt.interop.export for what each format writes. Every key lives in conf/export.yaml
-(mini_gpt.conf.tools.ExportConfig)."""
+"""`mini-gpt export ckpt=PATH format=hf|safetensors|gguf out=DIR|FILE.gguf`: see mini_gpt.interop.export for
+what each format writes."""
 
 from __future__ import annotations
 
@@ -26,24 +25,15 @@ def _run(cfg: ExportConfig) -> Path:
     if fmt == "gguf":
         print(f"Ollama: ollama create NAME -f {modelfile_path(out)}")
     if fmt == "hf" and tokenizer.eot_id is None:
-        print(lm_eval_note(tokenizer.start_id))
+        # Without an end-of-text token (characters), lm-eval's `hf` model finds no BOS/EOS to start a
+        # context from and fails; declaring the newline one in the export would make
+        # `decode(skip_special_tokens=True)` (the text-generation pipeline) drop every newline instead.
+        print(
+            "note: this vocabulary has no end-of-text token; with lm-eval's own hf model add prefix_token_id="
+            f"{tokenizer.start_id} (the newline, what mini-gpt's harness model starts from) to --model_args"
+        )
     return out
 
 
-def lm_eval_note(start_id: int) -> str:
-    """For a vocabulary without an end-of-text token (characters): lm-eval's `hf` model finds no BOS/EOS
-    to start a context from and fails; declaring the newline one in the export would make
-    `decode(skip_special_tokens=True)` (the text-generation pipeline) drop every newline instead."""
-    return (
-        "note: this vocabulary has no end-of-text token; with lm-eval's own hf model add "
-        f"prefix_token_id={start_id} (the newline, what mini-gpt's harness model starts from) to --model_args"
-    )
-
-
 def main(argv: list[str] | None = None) -> None:
-    """`mini-gpt export ARGS`; `argv` default: the command line."""
     run_tool("export", _run, argv)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,14 +1,7 @@
-"""Sample text from a model: `mini-gpt generate ckpt=PATH prompt="ROMEO:"` (keys: conf/generate.yaml,
-mini_gpt.conf.tools.GenerateConfig).
-
-    mini-gpt generate ckpt=export/ prompt=@prompt.txt num_samples=3 seed=1 stop='\\n\\n' output=s.jsonl
-    mini-gpt generate init_from=gpt2 prompt="Hello, I'm a language model," top_p=0.95   # needs network
-
-`prompt=` and `stop=` take any text (commas, quotes, `$`) as typed, except that both read `\\n`, `\\t`
-and `\\\\` as a newline, a tab and a backslash; `prompt=@FILE` is the file as it is. One sample streams
-to stdout; several are one batch (one shared prefill) printed between `--- sample i/n ---` lines;
-warnings and timings go to stderr. Start-up is paid on every call, so this imports no Lightning, W&B or
-transformers (unless `init_from` needs it).
+"""`mini-gpt generate ckpt=PATH prompt="ROMEO:"`: sample text from a model (keys: conf/generate.yaml). One
+sample streams to stdout; several are one batch (one shared prefill) printed between `--- sample i/n ---`
+lines; warnings and timings go to stderr. Start-up is paid on every call, so this imports no Lightning, W&B
+or transformers (unless `init_from` needs it).
 """
 
 from __future__ import annotations
@@ -69,8 +62,9 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
     torch.manual_seed(seed)
     generator = torch.Generator(device=device).manual_seed(seed)
     amp = autocast_context(device, cfg.dtype)
-    weights_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}
-    weights_dtype = weights_dtype.get(cfg.dtype)
+    weights_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}.get(
+        cfg.dtype
+    )
     if cfg.compile:
         model = torch.compile(model, dynamic=True)
     elif weights_dtype is not None and can_pack(device, weights_dtype):
@@ -144,18 +138,12 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a", encoding="utf-8") as f:
-                for record in records:
-                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
         except OSError as e:
             raise MiniGPTError(f"cannot write output={path} ({e.strerror or e})") from None
     return records
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`mini-gpt generate ARGS`; `argv` default: the command line."""
     overrides, text = split_free_text(argv)
     run_tool("generate", lambda cfg: run(replace(cfg, **text)), overrides)
-
-
-if __name__ == "__main__":
-    main()

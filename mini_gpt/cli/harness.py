@@ -10,8 +10,6 @@ from pathlib import Path
 
 from mini_gpt.errors import MiniGPTError, exit_on_user_error
 
-__all__ = ["OLD_HOOK_FILE", "main", "remove_old_hook", "with_default_device"]
-
 OLD_HOOK_FILE = "mini_gpt_lm_eval.pth"  # what an older version's `install-hook` wrote into site-packages
 
 

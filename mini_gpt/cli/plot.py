@@ -1,5 +1,4 @@
-"""`mini-gpt plot RUN_DIR [out=curves.png] [dpi=120]`: a run's loss curves (mini_gpt.viz.plot) drawn to a
-PNG. Every key lives in conf/plot.yaml (mini_gpt.conf.tools.PlotConfig)."""
+"""`mini-gpt plot RUN_DIR [out=curves.png]`: a run's loss curves (mini_gpt.viz.plot) drawn to a PNG."""
 
 from __future__ import annotations
 
@@ -12,9 +11,6 @@ from mini_gpt.conf import run_tool, split_free_text
 from mini_gpt.conf.tools import PlotConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.viz.plot import plot_run
-
-# Paths, taken verbatim: a Hydra sweep directory may be named like `lr=0.1` or hold commas.
-PATH_KEYS = ("run_dir", "out")
 
 
 def overrides_of(argv: Sequence[str]) -> list[str]:
@@ -35,10 +31,8 @@ def _run(cfg: PlotConfig) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`mini-gpt plot ARGS`; `argv` default: the command line."""
-    overrides, paths = split_free_text(overrides_of(sys.argv[1:] if argv is None else argv), PATH_KEYS)
+    # Paths, taken verbatim: a Hydra sweep directory may be named like `lr=0.1` or hold commas.
+    overrides, paths = split_free_text(
+        overrides_of(sys.argv[1:] if argv is None else argv), ("run_dir", "out")
+    )
     run_tool("plot", lambda cfg: _run(replace(cfg, **paths)), overrides)
-
-
-if __name__ == "__main__":
-    main()

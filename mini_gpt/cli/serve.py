@@ -1,16 +1,12 @@
-"""Serve a model: `mini-gpt serve ckpt=PATH [host=127.0.0.1] [port=8000]` (keys: conf/serve.yaml,
-mini_gpt.conf.tools.ServeConfig).
-
-One process holds the model; http://HOST:PORT/ is the playground page (tokens streamed, shaded by
-probability, alternatives on hover, attention on click) and http://HOST:PORT/v1 an OpenAI-compatible API
-(mini_gpt/serve/app.py lists the routes; docs/serve.md has examples). Ctrl-C stops it.
+"""`mini-gpt serve ckpt=PATH`: the playground page and an OpenAI-compatible API (conf/serve.yaml;
+mini_gpt/serve/app.py lists the routes). Ctrl-C stops it.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
@@ -56,9 +52,8 @@ def build(cfg: ServeConfig) -> Any:
     return app
 
 
-def run(cfg: ServeConfig, err: TextIO | None = None) -> None:
+def run(cfg: ServeConfig) -> None:
     """Load the model and serve until Ctrl-C."""
-    err = err or sys.stderr
     import uvicorn
 
     app = build(cfg)
@@ -68,11 +63,10 @@ def run(cfg: ServeConfig, err: TextIO | None = None) -> None:
         if cfg.host in ("127.0.0.1", "localhost", "::1")
         else "other machines can connect: there is no authentication"
     )
-    name = default_name(cfg)
     print(
-        f"mini-gpt serve: {name} on {engine.device}; page http://{cfg.host}:{cfg.port}/ , "
+        f"mini-gpt serve: {default_name(cfg)} on {engine.device}; page http://{cfg.host}:{cfg.port}/ , "
         f"API http://{cfg.host}:{cfg.port}/v1 (bound to {cfg.host}: {where}); Ctrl-C stops it",
-        file=err,
+        file=sys.stderr,
         flush=True,
     )
     config = uvicorn.Config(
@@ -88,23 +82,18 @@ def run(cfg: ServeConfig, err: TextIO | None = None) -> None:
             super().handle_exit(sig, frame)
 
     server = Server(config)
+    # uvicorn shuts down gracefully on Ctrl-C, then raises it again; it exits when it cannot bind (its own
+    # log line says why)
     try:
         server.run()
-    except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then raises it again
-        pass
-    except SystemExit:  # uvicorn exits when it cannot bind (its own log line says why)
+    except (KeyboardInterrupt, SystemExit):
         pass
     finally:
         engine.close()
     if not server.started:
         raise MiniGPTError(f"could not serve on {cfg.host}:{cfg.port} (is the port in use? try port=8001)")
-    print("mini-gpt serve: stopped", file=err, flush=True)
+    print("mini-gpt serve: stopped", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`mini-gpt serve ARGS`; `argv` default: the command line."""
     run_tool("serve", run, argv)
-
-
-if __name__ == "__main__":
-    main()

@@ -17,8 +17,6 @@ from mini_gpt.conf import compose_command_line, exit_with_help_if_asked
 from mini_gpt.errors import MiniGPTError, exit_on_user_error
 from mini_gpt.train.sweep import StudySettings, report_table, require_optuna, run_study, study_table
 
-HELP = __doc__
-
 
 def _train_trial(cfg: Any, callbacks: Sequence[Any]) -> dict[str, Any] | None:
     """Train one trial in its folder; its summary, or None when it failed (the error is in its train.log)."""
@@ -30,11 +28,10 @@ def _train_trial(cfg: Any, callbacks: Sequence[Any]) -> dict[str, Any] | None:
     with run_directory(run_dir, keep_unstarted=True):
         try:
             return train(cfg, callbacks=callbacks).summary
-        except NonFiniteLossError as err:  # a diverged trial: its summary says so, ranked worst
-            print(f"error: {err}", file=sys.stderr)
-            return {**json.loads((run_dir / "summary.json").read_text()), "best_val_loss": float("inf")}
         except MiniGPTError as err:
             print(f"error: {err}", file=sys.stderr)
+            if isinstance(err, NonFiniteLossError):  # a diverged trial: its summary says so, ranked worst
+                return {**json.loads((run_dir / "summary.json").read_text()), "best_val_loss": float("inf")}
             return None
 
 
@@ -52,11 +49,7 @@ def sweep(argv: Sequence[str]) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if {"--help", "-h"} & set(args):
-        print(HELP)
+        print(__doc__)
     exit_with_help_if_asked("train", args)
     exit_on_user_error(sweep)(args)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,5 @@
-"""`mini-gpt tokenizer train|eval [key=value ...]`: your own byte-level BPE, e.g.
-
-    mini-gpt tokenizer train data=text data.path=corpus.txt vocab_size=4096 out=tok/   # learn it
-    mini-gpt tokenizer eval tokenizer=tok/ data=text data.path=corpus.txt             # judge it
-    mini-gpt train data=text data.path=corpus.txt data.tokenizer=tok/                   # use it
-
-Overrides of conf/tokenizer_train.yaml and conf/tokenizer_eval.yaml (schemas: mini_gpt.conf.tools).
-See docs/tokenizers.md.
+"""`mini-gpt tokenizer train|eval [key=value ...]`: learn your own byte-level BPE, or judge one
+(conf/tokenizer_train.yaml, conf/tokenizer_eval.yaml; docs/tokenizers.md).
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from mini_gpt.data import DataConfig, data_config
 from mini_gpt.data.documents import split_documents, text_bytes
 from mini_gpt.data.preparation import byte_progress
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.tokenizer import TiktokenTokenizer, Tokenizer, build_tokenizer, load_tokenizer_dir
+from mini_gpt.tokenizer import TiktokenTokenizer, build_tokenizer, load_tokenizer_dir
 from mini_gpt.tokenizer.bpe import check_vocab_size, cropped, train_bpe, write_tokenizer_dir
 
 USAGE = "usage: mini-gpt tokenizer {train,eval} [key=value ...]   (mini-gpt tokenizer train --help)"
@@ -78,14 +72,11 @@ def train(cfg: TokenizerTrainConfig) -> Path:
     return out
 
 
-def _count_tokens(tok: Tokenizer | None, texts: list[str], counts: np.ndarray | None) -> int:
+def _count_tokens(tok: TiktokenTokenizer | None, texts: list[str], counts: np.ndarray | None) -> int:
     """Tokens of `texts` (None: characters); adds each id's count to `counts` when given."""
     if tok is None:
         return sum(len(t) for t in texts)
-    if isinstance(tok, TiktokenTokenizer):
-        ids = tok.encoding.encode_ordinary_batch(texts)
-    else:
-        ids = [tok.encode_ordinary(t) for t in texts]
+    ids = tok.encoding.encode_ordinary_batch(texts)
     if counts is not None:
         for row in ids:
             counts += np.bincount(np.asarray(row, dtype=np.int64), minlength=len(counts))
@@ -98,8 +89,9 @@ def evaluate(cfg: TokenizerEvalConfig) -> list[dict[str, Any]]:
         raise MiniGPTError("tokenizer eval needs tokenizer=DIR (a directory from mini-gpt tokenizer train)")
     ours = load_tokenizer_dir(cfg.tokenizer)
     others = [name for name in cfg.compare if name != cfg.tokenizer]
-    # char counts characters: its vocabulary would be the text's own, so every character is one token.
-    tokenizers: dict[str, Tokenizer | None] = {ours.name: ours}
+    # char counts characters: its vocabulary would be the text's own, so every character is one token. The
+    # others are a tokenizer directory or an encoding tiktoken ships: tiktoken's (build_tokenizer).
+    tokenizers: dict[str, Any] = {ours.name: ours}
     tokenizers |= {name: None if name == "char" else build_tokenizer(name) for name in others}
     totals = dict.fromkeys(tokenizers, 0)
     counts = np.zeros(ours.vocab_size, dtype=np.int64)
@@ -151,7 +143,6 @@ ACTIONS = {"train": ("tokenizer_train", train), "eval": ("tokenizer_eval", evalu
 
 
 def main(argv: Sequence[str] | None = None) -> Any:
-    """`mini-gpt tokenizer train|eval OVERRIDES`; `argv` default: the command line."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         print(f"error: {USAGE}", file=sys.stderr)

@@ -9,27 +9,17 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from mini_gpt.conf import CONF_DIR, exit_on_bad_overrides, exit_with_help_if_asked, register
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.conf import CONF_DIR, compose_command_line, exit_with_help_if_asked, register
+from mini_gpt.errors import MiniGPTError, exit_on_user_error
 from mini_gpt.train.console_log import run_directory
 from mini_gpt.train.distributed import launcher_rank
 from mini_gpt.train.stops import EXIT_PREEMPTED, DivergedError, NonFiniteLossError, Preempted
-
-
-def _train(cfg: DictConfig) -> Any:
-    from mini_gpt.train.resume import checkpoint_path
-
-    checkpoint_path(cfg.ckpt_path)  # a typo fails in a second, before Lightning is imported
-    from mini_gpt.train.run import train  # Lightning: seconds to import, which --help and typos skip
-
-    return train(cfg)
 
 
 # Hydra names the job after this module ("train"): runs go to outputs/train/runs/..., as from train.py.
@@ -38,7 +28,12 @@ def train_app(cfg: DictConfig) -> float | None:
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     with run_directory(cfg.paths.run_dir, keep_unstarted=in_sweep, output_dir=cfg.paths.output_dir):
         try:
-            result = _train(cfg)
+            from mini_gpt.train.resume import checkpoint_path
+
+            checkpoint_path(cfg.ckpt_path)  # a typo fails in a second, before Lightning is imported
+            from mini_gpt.train.run import train  # Lightning: seconds to import, which --help and typos skip
+
+            result = train(cfg)
         except KeyboardInterrupt:  # Ctrl-C before fit (during fit, StopOnSignal saves, Lightning exits)
             print(
                 "interrupted (Ctrl-C) before training started; nothing half-written was kept, "
@@ -67,7 +62,6 @@ def sweep_objective(value: float | None) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python train.py ARGS` / `mini-gpt train ARGS`; `argv` default: the command line."""
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]  # Hydra reads its command line from sys.argv
     register()  # the schemas and resolvers hydra.main composes with
@@ -79,9 +73,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
-    exit_on_bad_overrides("train")  # a typo is one line, not Hydra's report
+    # A typo is one line, not Hydra's report; command lines with Hydra's own flags (-m, --cfg job) may
+    # hold sweep syntax: left to Hydra.
+    if not any(arg.startswith("-") for arg in sys.argv[1:]):
+        exit_on_user_error(compose_command_line)("train", sys.argv[1:])
     train_app()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,17 +1,7 @@
-"""How every mini-gpt verb reads its configuration: one YAML file per verb in `CONF_DIR` (values and
-comments), one dataclass schema per verb (keys, types, defaults, the comments `--help` shows), composed by
-Hydra. The schemas: `mini_gpt.conf.train` (train, prepare, sweep) and `mini_gpt.conf.tools` (the others).
-
-- `compose(overrides, name)`: the config a verb would run with. Each `<name>.yaml` starts its defaults list
-  with `<name>_schema`, the verb's dataclass in Hydra's ConfigStore, so Hydra refuses unknown keys and
-  converts or refuses values of the wrong type (`compose_command_line`: refusals as one line).
-- `config_error(err, name)`: the one place where what Hydra or OmegaConf refuses becomes one `MiniGPTError`
-  line; `checked_config` applies the same check to a section read later (`data`, whose dataclass depends
-  on its `name`).
-- `run_tool(name, task, argv)`: a one-shot verb's `main`: `--help` from the schema, then
-  `task(tool_config(name, overrides))`, the composed config as its dataclass; a user error is one `error:`
-  line and exit status 2. `mini-gpt train` is the one Hydra app (hydra.main: run directories, -m sweeps,
-  launchers) and checks its overrides the same way before Hydra runs (`exit_on_bad_overrides`).
+"""How every verb reads its configuration: conf/<verb>.yaml holds the values (and comments), its schema
+dataclass (`mini_gpt.conf.train`, `mini_gpt.conf.tools`; in Hydra's ConfigStore as `<verb>_schema`, the
+first entry of the YAML's defaults list) the keys, types and the comments `--help` shows. `config_error` is
+the one place where what Hydra or OmegaConf refuses becomes one `MiniGPTError` line.
 
 The YAML lives in `conf/` at the top of a checkout (a wheel carries it as `mini_gpt/configs/`).
 """
@@ -21,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import io
 import json
+import re
 import sys
-import tokenize
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -44,16 +33,13 @@ CONF_DIR = _CHECKOUT / "conf" if _IN_CHECKOUT else _PACKAGE_DIR / "configs"
 # package uses the working directory.
 PROJECT_ROOT = _CHECKOUT if _IN_CHECKOUT else Path.cwd()
 
-# Keys whose values are free text: taken from the command line verbatim, never parsed by Hydra (whose
-# override grammar rejects braces and non-ASCII letters and splits values on commas).
-FREE_TEXT_KEYS = ("prompt", "stop")
-
 
 def split_free_text(
-    argv: Sequence[str] | None, keys: Sequence[str] = FREE_TEXT_KEYS
+    argv: Sequence[str] | None, keys: Sequence[str] = ("prompt", "stop")
 ) -> tuple[list[str], dict[str, Any]]:
-    """(the Hydra overrides, {"prompt": text, "stop": [texts]}) of `argv` (default: the command line);
-    `stop=` may be given several times. `keys`: the tool's free-text keys (paths, for `mini-gpt plot`)."""
+    """(the Hydra overrides, {"prompt": text, "stop": [texts]}) of `argv` (default: the command line):
+    free text taken verbatim, never parsed by Hydra (whose grammar rejects braces and non-ASCII letters
+    and splits values on commas); `stop=` may be given several times. `keys`: the tool's free-text keys."""
     overrides: list[str] = []
     text: dict[str, Any] = {}
     for arg in sys.argv[1:] if argv is None else argv:
@@ -68,7 +54,7 @@ def split_free_text(
 
 
 def schemas() -> dict[str, type]:
-    """{config name: its schema dataclass} for every verb that has one."""
+    """{config name: its schema dataclass}."""
     from mini_gpt.conf import tools
     from mini_gpt.conf.train import TrainConfig
 
@@ -89,8 +75,8 @@ def schemas() -> dict[str, type]:
 
 @functools.cache
 def register() -> None:
-    """Store every schema in Hydra's ConfigStore (`<name>_schema`) and the `${project_root:}` resolver
-    (paths/default.yaml); call before Hydra composes a config."""
+    """Store every schema in Hydra's ConfigStore and the `${project_root:}` resolver (paths/default.yaml);
+    call before Hydra composes a config."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -111,13 +97,29 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train", hydra: bo
 
 
 def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
-    """`compose` for a command line: what Hydra refuses (an unknown key, a wrong type, bad syntax, a list
-    without brackets) is one `MiniGPTError` line."""
-    _refuse_sweep_values(overrides, config_name)
+    """`compose` for a command line: what Hydra refuses is one `MiniGPTError` line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import ConfigCompositionException
+
     try:
+        parsed = OverridesParser.create().parse_overrides([o for o in overrides if not o.startswith("-")])
+        for override in parsed:
+            if override.is_sweep_override():  # `tasks=a,b` outside a sweep: a list without brackets
+                key, value = override.key_or_group, override.input_line.split("=", 1)[1]
+                raise MiniGPTError(
+                    f"{config_name}: {key}={value} is ambiguous: write a list in brackets, {key}=[{value}] "
+                    f"(quoted for the shell: '{key}=[{value}]')"
+                )
         return compose(overrides, config_name)
     except Exception as err:
-        raise _group_it_lacks(err, config_name, overrides) or config_error(err, config_name) from None
+        # `model=baby` for a config without a model group: to Hydra a group override that matches nothing in
+        # the defaults list, to the user a key the config does not have.
+        if isinstance(err, ConfigCompositionException):
+            for key in (override.partition("=")[0] for override in overrides):
+                if (CONF_DIR / key).is_dir() and key not in config_groups(config_name):
+                    keys = ", ".join(str(k) for k in compose((), config_name))
+                    raise MiniGPTError(f"{config_name}: unknown key {key!r}; the keys are {keys}") from None
+        raise config_error(err, config_name) from None
 
 
 def config_groups(config_name: str) -> list[str]:
@@ -126,35 +128,9 @@ def config_groups(config_name: str) -> list[str]:
     return sorted(group for group in choices if group.split("/")[0] != "hydra")
 
 
-def _group_it_lacks(err: BaseException, config_name: str, overrides: Sequence[str]) -> MiniGPTError | None:
-    """`model=baby` for a config without a model group: Hydra reads it as a group override that matches
-    nothing in the defaults list; for the user it is a key the config does not have."""
-    from hydra.errors import ConfigCompositionException
-
-    if isinstance(err, ConfigCompositionException):
-        for key in (override.partition("=")[0] for override in overrides):
-            if (CONF_DIR / key).is_dir() and key not in config_groups(config_name):
-                keys = ", ".join(str(k) for k in compose((), config_name))
-                return MiniGPTError(f"{config_name}: unknown key {key!r}; the keys are {keys}")
-    return None
-
-
-def _refuse_sweep_values(overrides: Sequence[str], config_name: str) -> None:
-    """`tasks=a,b` outside a sweep is a list written without brackets: say how to write it."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides([o for o in overrides if not o.startswith("-")])
-    except OverrideParseException as err:
-        raise config_error(err, config_name) from None
-    for override in parsed:
-        if override.is_sweep_override():
-            key, value = override.key_or_group, override.input_line.split("=", 1)[1]
-            raise MiniGPTError(
-                f"{config_name}: {key}={value} is ambiguous: write a list in brackets, {key}=[{value}] "
-                f"(quoted for the shell: '{key}=[{value}]')"
-            )
+def group_options(group: str) -> str:
+    """The options of a config group: the names of conf/<group>/*.yaml."""
+    return ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
 
 
 _WHAT = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -185,7 +161,7 @@ def config_error(err: BaseException, config_name: str, schema: Any = None, prefi
         return MiniGPTError(str(cause))  # a dataclass's own range check (GPTConfig raises plain ValueErrors)
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and "/" in err.missing_cfg_file:
         group, _, option = err.missing_cfg_file.rpartition("/")
-        options = ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+        options = group_options(group)
         why = f"{group}={option}: there is no conf/{group}/{option}.yaml; the options are {options}"
     elif isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
         key = str(cause.full_key)
@@ -221,8 +197,9 @@ def _hint_at(cls: Any, key: str) -> Any:
 
 
 def checked_config(cls: type[T], d: Mapping[str, Any], section: str) -> T:
-    """`cls(**d)` with `d`'s keys and value types checked (and converted) by OmegaConf first; `section`
-    prefixes the keys in the error line (`data`, `hparams_search`)."""
+    """`cls(**d)` with `d`'s keys and value types checked (and converted) by OmegaConf first, for a section
+    read after composing (`data`, whose dataclass depends on its `name`); `section` prefixes the keys in
+    the error line."""
     from omegaconf import OmegaConf
 
     try:
@@ -233,8 +210,8 @@ def checked_config(cls: type[T], d: Mapping[str, Any], section: str) -> T:
 
 
 def typed_config(cfg: Any, config_name: str) -> Any:
-    """A composed config as its schema dataclass (each section's `__post_init__` range checks run); a
-    refusal is one `MiniGPTError` line."""
+    """A composed config (or node) as its schema dataclass, `__post_init__` checks run; a refusal is one
+    `MiniGPTError` line."""
     from omegaconf import OmegaConf
 
     try:
@@ -253,22 +230,9 @@ def command(config_name: str) -> str:
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """{field: the comment on its line (or lines)} of a dataclass's source: what `--help` says of a key."""
-    try:  # a base class's fields first (ModelSource), then the class's own
-        source = "".join(inspect.getsource(c) for c in reversed(cls.__mro__) if dataclasses.is_dataclass(c))
-    except (OSError, TypeError):
-        return {}
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    comments: dict[str, str] = {}
-    key = None  # the field whose statement is being read (a formatter may wrap it over several lines)
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.NAME and token.start[1] == 4 and token.string in names and key is None:
-            key = token.string
-        elif token.type == tokenize.COMMENT and key is not None:
-            comments.setdefault(key, token.string.lstrip("#").strip())
-        elif token.type == tokenize.NEWLINE:
-            key = None
-    return comments
+    """{field: the comment on its line} in a dataclass's source (its bases' first): what `--help` says."""
+    source = "".join(inspect.getsource(c) for c in reversed(cls.__mro__) if dataclasses.is_dataclass(c))
+    return dict(re.findall(r"^    (\w+): .*?  # (.*)$", source, re.MULTILINE))
 
 
 def tool_help(config_name: str) -> str:
@@ -277,34 +241,31 @@ def tool_help(config_name: str) -> str:
     import yaml
     from omegaconf import DictConfig, OmegaConf
 
-    cfg = compose((), config_name)
     lines = [f"usage: {command(config_name)} [group=option ...] [key=value ...]", ""]
 
-    def walk(node: Any, raw: dict[str, Any], prefix: str) -> None:
-        cls = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
-        typed = dataclasses.is_dataclass(cls)
-        hints = typing.get_type_hints(cls) if typed else {}
-        comments = field_comments(cls) if typed else {}  # type: ignore[arg-type]
+    def walk(node: DictConfig, raw: dict[str, Any], prefix: str) -> None:
+        cls = OmegaConf.get_type(node)
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        comments = field_comments(cls) if hints else {}  # type: ignore[arg-type]
         for key, value in raw.items():
             about = f"  # {comments[key]}" if key in comments else ""
             if isinstance(value, dict) and value and not str(key).startswith("_"):
                 lines.append(f"{prefix}{key}:{about}")
-                walk(node[key] if isinstance(node, DictConfig) else None, value, prefix + "  ")
+                walk(node[key], value, prefix + "  ")
                 continue
-            hint = hints.get(key, Any)
-            what = f" ({_what(hint)})" if hint is not Any else ""
+            what = f" ({_what(hints[key])})" if hints.get(key, Any) is not Any else ""
             shown = (  # a value as YAML on one line: lists in brackets, newlines as \n
                 json.dumps(value) if isinstance(value, str) and "\n" in value
                 else yaml.safe_dump({"v": value}, default_flow_style=True, width=2**31)[4:-2]
             )  # fmt: skip
             lines.append(f"{prefix}{key}: {shown}{what}{about}")
 
+    cfg = compose((), config_name)
     walk(cfg, OmegaConf.to_container(cfg, resolve=False), "")  # type: ignore[arg-type]
     groups = config_groups(config_name)
     if groups:
         lines += ["", "Options of each group (conf/<group>/<option>.yaml), picked with group=option:"]
-        for group in groups:
-            lines.append(f"  {group}: {', '.join(sorted(p.stem for p in (CONF_DIR / group).glob('*.yaml')))}")
+        lines += [f"  {group}: {group_options(group)}" for group in groups]
     if config_name == "train":  # the one Hydra app (hydra.main): Hydra's flags work
         lines.append("--cfg job prints every key of the composed config; -m runs a sweep.")
     lines.append("Set any key with key=value; a key that does not exist is an error.")
@@ -319,34 +280,17 @@ def exit_with_help_if_asked(config_name: str, argv: Sequence[str] | None = None)
         raise SystemExit(0)
 
 
-def exit_on_bad_overrides(config_name: str) -> None:
-    """Before `hydra.main` runs: an override on the command line that Hydra would refuse becomes one
-    `error: ...` line and exit status 2 instead of Hydra's multi-line report. Left to Hydra: command lines
-    with its own flags (`-m`, `--cfg job`, ...), whose overrides may be sweep syntax."""
-    overrides = sys.argv[1:]
-    if not any(arg.startswith("-") for arg in overrides):
-        exit_on_user_error(compose_command_line)(config_name, overrides)
-
-
 def tool_config(config_name: str, overrides: Sequence[str] = (), node: str | None = None) -> Any:
-    """The config `mini-gpt <verb> OVERRIDES` runs with: the verb's schema dataclass (its `__post_init__`
-    checks run; a plain dict for a config without one), or only its `node` (prepare: data). What Hydra,
-    OmegaConf or a check refuses is one `MiniGPTError` line."""
-    from omegaconf import OmegaConf
-
+    """`typed_config` of a command line's config (or of its `node`: prepare's data)."""
     cfg = compose_command_line(config_name, overrides)
-    cfg = cfg if node is None else cfg[node]
-    if OmegaConf.get_type(cfg) is dict:
-        return OmegaConf.to_container(cfg, resolve=True)
-    return typed_config(cfg, config_name)
+    return typed_config(cfg if node is None else cfg[node], config_name)
 
 
 def run_tool(
     config_name: str, task: Callable[[Any], Any], argv: Sequence[str] | None = None, node: str | None = None
 ) -> Any:
-    """Run `task(tool_config(config_name, the key=value overrides in argv, node))` (`argv` default: the
-    command line). A refused override or a `MiniGPTError` is one `error:` line and exit status 2;
-    `--help` / `-h` prints `tool_help(config_name)`."""
+    """A one-shot verb's `main`: `--help` from the schema, else `task(tool_config(...))` of the overrides in
+    `argv` (default: the command line); a `MiniGPTError` is one `error:` line and exit status 2."""
     overrides = sys.argv[1:] if argv is None else list(argv)
     exit_with_help_if_asked(config_name, overrides)
     return exit_on_user_error(lambda: task(tool_config(config_name, overrides, node)))()
@@ -358,11 +302,8 @@ _PLAIN = (int, float, bool, str)
 def _checkable(hint: Any) -> Any:
     """`hint` if OmegaConf can check it (a plain type, optional or not), else Any."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if hint in _PLAIN or (
-        typing.get_origin(hint) in (typing.Union, UnionType) and len(args) == 1 and args[0] in _PLAIN
-    ):
-        return hint
-    return Any
+    union = typing.get_origin(hint) in (typing.Union, UnionType)
+    return hint if hint in _PLAIN or (union and len(args) == 1 and args[0] in _PLAIN) else Any
 
 
 def checked_arguments(node: Mapping[str, Any], section: str) -> dict[str, Any]:
@@ -372,15 +313,14 @@ def checked_arguments(node: Mapping[str, Any], section: str) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     target = get_object(str(node["_target_"]))
-    params = inspect.signature(target).parameters.values()
+    params = [p for p in inspect.signature(target).parameters.values() if p.kind is not p.VAR_POSITIONAL]
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return dict(node)  # takes anything: nothing to check here
     hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
-    fields = [
+    fields = [  # an argument without a default: "???", OmegaConf's missing value
         (p.name, _checkable(hints.get(p.name, Any)),
-         dataclasses.field(default=p.default) if p.default is not p.empty and not isinstance(p.default, list)
-         else dataclasses.field(default_factory=list) if isinstance(p.default, list) else dataclasses.field())
-        for p in params if p.kind is not p.VAR_POSITIONAL
+         dataclasses.field(default_factory=lambda v=p.default: "???" if v is inspect.Parameter.empty else v))
+        for p in params
     ]  # fmt: skip
     schema = dataclasses.make_dataclass(f"{getattr(target, '__name__', 'target')}Arguments", fields)
     arguments = {k: v for k, v in node.items() if k != "_target_"}
@@ -398,6 +338,5 @@ def model_preset(name: str, **overrides: Any) -> dict[str, Any]:
 
     path = CONF_DIR / "model" / f"{name}.yaml"
     if not path.is_file():
-        options = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
-        raise MiniGPTError(f"unknown model preset {name!r}; choose one of {options}")
+        raise MiniGPTError(f"unknown model preset {name!r}; choose one of {group_options('model')}")
     return {**OmegaConf.to_container(OmegaConf.load(path)), **overrides}  # type: ignore[dict-item]

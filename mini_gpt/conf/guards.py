@@ -6,13 +6,15 @@ Hydra's traceback.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from mini_gpt.errors import MiniGPTError, exit_on_user_error
 
+
+@exit_on_user_error
 def check_writable(directory: str | Path, key: str) -> None:
     """Exit with one `error:` line (status 2) unless `directory` can be created and written."""
     path = Path(directory).expanduser().absolute()
@@ -20,12 +22,10 @@ def check_writable(directory: str | Path, key: str) -> None:
     if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
         return
     why = "is not a directory" if not existing.is_dir() else "is read-only or not writable by you"
-    print(
-        f"error: cannot create the output directory {path}: {existing} {why}; "
-        f"set paths.output_dir=... (or {key}=...) to a writable directory",
-        file=sys.stderr,
+    raise MiniGPTError(
+        f"cannot create the output directory {path}: {existing} {why}; "
+        f"set paths.output_dir=... (or {key}=...) to a writable directory"
     )
-    sys.exit(2)
 
 
 class WritableOutputDir(Callback):

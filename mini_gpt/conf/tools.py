@@ -1,8 +1,6 @@
-"""The schemas of the one-shot verbs (generate, evaluate, export, serve, attention-maps, plot, compare,
-tokenizer train|eval): keys, types, defaults and the comment `--help` shows; conf/<verb>.yaml holds the
-values. Each is registered as `<name>_schema` (mini_gpt.conf.schemas), the first entry of its YAML's
-defaults list, so Hydra refuses unknown keys and values of the wrong type; `__post_init__` checks ranges
-and choices. No imports of the rooms that read these configs: they import from here.
+"""The schemas of the one-shot verbs (mini_gpt.conf.schemas): keys, types, defaults and the comment `--help`
+shows; conf/<verb>.yaml holds the values, `__post_init__` checks ranges and choices. No imports of the rooms
+that read these configs: they import from here.
 """
 
 from __future__ import annotations
@@ -10,18 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, at_least, one_of
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 TASKS = ("bpb", "hellaswag")  # mini_gpt.eval.tasks scores them
-VIEWS = ("maps", "summary", "both")
+SPLITS = ("train", "val")
 SCALING_PARAMS = {"non_embedding": "non_embedding_params", "total": "params"}  # summary.json's keys
-
-
-def _at_least(minimum: int, **values: int | None) -> None:
-    for key, value in values.items():
-        if value is not None and value < minimum:
-            raise MiniGPTError(f"{key}={value} must be >= {minimum}")
 
 
 @dataclass
@@ -37,15 +28,12 @@ class ModelSource:
     threads: int | None = None  # CPU threads (null = torch's default); on a busy machine 1 is often faster
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise MiniGPTError(f"dtype={self.dtype!r} must be one of {', '.join(DTYPES)}")
-        _at_least(1, threads=self.threads)
+        one_of(("auto", "float32", "bfloat16", "float16"), dtype=self.dtype)
+        at_least(1, threads=self.threads)
 
 
 @dataclass
 class GenerateConfig(ModelSource):
-    """`mini-gpt generate`: sample text from a model."""
-
     prompt: str = ""  # text to continue (\n \t \\ are escapes); @FILE reads FILE (@@ a literal @); "" = none
     prompt_file: str | None = None  # alternative to prompt=@FILE
     max_new_tokens: int = 500  # tokens to generate per sample
@@ -64,35 +52,30 @@ class GenerateConfig(ModelSource):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _at_least(0, max_new_tokens=self.max_new_tokens)
-        _at_least(1, num_samples=self.num_samples)
+        at_least(0, max_new_tokens=self.max_new_tokens)
+        at_least(1, num_samples=self.num_samples)
 
 
 @dataclass
 class BpbConfig:
-    """Bits per byte by sliding windows."""
-
     path: str | None = None  # a text file, a directory of .txt (one document each) or a glob; null = `data`
     split: str = "val"  # train | val: the split of the prepared corpus `data` scored when path is null
     stride: int | None = None  # window step in tokens; null = block_size // 2
     batch_size: int = 16  # windows per forward pass
 
     def __post_init__(self) -> None:
-        if self.split not in ("train", "val"):
-            raise MiniGPTError(f"bpb.split={self.split!r} must be train or val")
-        _at_least(1, **{"bpb.batch_size": self.batch_size, "bpb.stride": self.stride})
+        one_of(SPLITS, **{"bpb.split": self.split})
+        at_least(1, **{"bpb.batch_size": self.batch_size, "bpb.stride": self.stride})
 
 
 @dataclass
 class HellaSwagConfig:
-    """HellaSwag completion accuracy (acc / acc_norm)."""
-
     path: str | None = None  # hellaswag_val.jsonl; null = <data dir>/hellaswag/, downloaded once when online
     limit: int | None = None  # score only the first N items (null = all 10,042)
     batch_size: int = 4  # items per forward pass (4 rows each: the context and each ending)
 
     def __post_init__(self) -> None:
-        _at_least(1, **{"hellaswag.batch_size": self.batch_size, "hellaswag.limit": self.limit})
+        at_least(1, **{"hellaswag.batch_size": self.batch_size, "hellaswag.limit": self.limit})
 
 
 @dataclass
@@ -113,8 +96,6 @@ class HarnessConfig:
 
 @dataclass
 class EvaluateConfig(ModelSource):
-    """`mini-gpt evaluate`: bits per byte, HellaSwag and lm-evaluation-harness tasks of a model."""
-
     tasks: list[str] = field(default_factory=lambda: ["bpb"])  # any of: bpb | hellaswag
     harness_tasks: list[str] = field(default_factory=list)  # lm-eval task names, e.g. [arc_easy] (eval extra)
     data: dict[str, Any] = field(default_factory=dict)  # conf/data/: the corpus bpb scores
@@ -138,7 +119,7 @@ class EvaluateConfig(ModelSource):
 
 @dataclass
 class ServeConfig(ModelSource):
-    """`mini-gpt serve`: the playground page and an OpenAI-compatible API (a request over a limit: 400)."""
+    """A request over one of the limits gets 400."""
 
     model_name: str | None = None  # the id /v1/models lists and requests may name; null = from ckpt
     host: str = "127.0.0.1"  # 127.0.0.1 = this machine only; 0.0.0.0 = other machines too (no auth!)
@@ -153,15 +134,13 @@ class ServeConfig(ModelSource):
         super().__post_init__()
         if self.port > 65535:
             raise MiniGPTError(f"port={self.port} must be at most 65535")
-        _at_least(0, port=self.port)
-        _at_least(1, max_tokens=self.max_tokens, max_prompt_tokens=self.max_prompt_tokens, max_n=self.max_n,
+        at_least(0, port=self.port)
+        at_least(1, max_tokens=self.max_tokens, max_prompt_tokens=self.max_prompt_tokens, max_n=self.max_n,
                   max_waiting=self.max_waiting)  # fmt: skip
 
 
 @dataclass
 class ExportConfig:
-    """`mini-gpt export`: a checkpoint as safetensors, a transformers directory or a GGUF file."""
-
     ckpt: str | None = None  # a training .ckpt, an export directory or a nanoGPT ckpt.pt (required)
     format: str = "safetensors"  # safetensors | hf (transformers GPT-2, GPT-NeoX or Llama) | gguf
     out: str | None = None  # the directory to create; for format=gguf the file, e.g. model.gguf (required)
@@ -172,8 +151,6 @@ class ExportConfig:
 
 @dataclass
 class AttentionMapsConfig:
-    """`mini-gpt attention-maps`: a model's attention weights for a prompt, drawn to PNG files."""
-
     ckpt: str | None = None  # a training .ckpt or an export directory (required)
     prompt: str = "ROMEO:\nBut soft, what light through yonder window breaks?"  # as generate's; @FILE too
     layer: Any = "all"  # all | N | a list like [0,2] (negative indices count from the end)
@@ -186,41 +163,33 @@ class AttentionMapsConfig:
     dpi: int = 120  # resolution of the PNG
 
     def __post_init__(self) -> None:
-        if self.view not in VIEWS:
-            raise MiniGPTError(f"view={self.view!r} must be one of {', '.join(VIEWS)}")
-        _at_least(1, dpi=self.dpi, max_tokens=self.max_tokens)
+        one_of(("maps", "summary", "both"), view=self.view)
+        at_least(1, dpi=self.dpi, max_tokens=self.max_tokens)
 
 
 @dataclass
 class PlotConfig:
-    """`mini-gpt plot RUN_DIR`: a run's loss and learning-rate curves (its CSV log) drawn to a PNG."""
-
     run_dir: str | None = None  # the run directory (or its metrics.csv); the first argument without `=`
     out: str | None = None  # the PNG to write; null = <run_dir>/curves.png
     dpi: int = 120  # resolution of the PNG
 
     def __post_init__(self) -> None:
-        _at_least(1, dpi=self.dpi)
+        at_least(1, dpi=self.dpi)
 
 
 @dataclass
 class CompareConfig:
-    """`mini-gpt compare`: one table and the validation curves of runs, optionally a scaling fit."""
-
     runs: list[str] = field(default_factory=list)  # run, multirun or sweep folders, globs; or as arguments
     out: str | None = None  # folder for compare.csv/.html/.png; null = the one folder given, else ./compare
     scaling: bool = False  # also fit loss against model size per FLOP budget (runs with trainer.max_flops)
     params: str = "non_embedding"  # the parameter count of the scaling fit: non_embedding | total
 
     def __post_init__(self) -> None:
-        if self.params not in SCALING_PARAMS:
-            raise MiniGPTError(f"params={self.params!r} must be one of {', '.join(SCALING_PARAMS)}")
+        one_of(SCALING_PARAMS, params=self.params)
 
 
 @dataclass
 class TokenizerTrainConfig:
-    """`mini-gpt tokenizer train`: a byte-level BPE learned on the train split of a text corpus."""
-
     data: dict[str, Any] = field(default_factory=dict)  # conf/data/: the corpus (its train split)
     out: str | None = None  # the directory to write (required; it must not exist yet)
     overwrite: bool = False  # replace an existing out directory (once the new tokenizer is complete)
@@ -233,13 +202,11 @@ class TokenizerTrainConfig:
     progress: bool | None = None  # progress bar: null = on an interactive terminal only
 
     def __post_init__(self) -> None:
-        _at_least(1, max_chars=self.max_chars, doc_max_chars=self.doc_max_chars)
+        at_least(1, max_chars=self.max_chars, doc_max_chars=self.doc_max_chars)
 
 
 @dataclass
 class TokenizerEvalConfig:
-    """`mini-gpt tokenizer eval`: bytes per token of a tokenizer and others on a held-out split."""
-
     data: dict[str, Any] = field(default_factory=dict)  # conf/data/: the corpus to judge on
     tokenizer: str | None = None  # a directory written by mini-gpt tokenizer train (required)
     compare: list[str] = field(default_factory=lambda: ["gpt2", "char"])  # char, gpt2, tiktoken names, dirs
@@ -248,7 +215,6 @@ class TokenizerEvalConfig:
     split: str = "val"  # val (held out from tokenizer training) | train
 
     def __post_init__(self) -> None:
-        if self.split not in ("train", "val"):
-            raise MiniGPTError(f"split={self.split!r} must be train or val")
-        _at_least(0, top=self.top)
-        _at_least(1, max_chars=self.max_chars)
+        one_of(SPLITS, split=self.split)
+        at_least(0, top=self.top)
+        at_least(1, max_chars=self.max_chars)

@@ -1,8 +1,6 @@
-"""The schema of `mini-gpt train` (= `python train.py`): the keys, types and defaults conf/train.yaml and its
-groups may hold (the YAML files hold the values). Hydra checks the composed config against `TrainConfig`
-(registered as `train_schema`, the first entry of train.yaml's defaults list); `__post_init__` checks the
-ranges when a section becomes its dataclass. The model section is `mini_gpt.model.gpt.GPTConfig` itself;
-`data` is one of three dataclasses chosen by its `name` (mini_gpt.data.config), checked when it is read.
+"""The schema of `mini-gpt train` (= `python train.py`) and its groups. The model section is
+`mini_gpt.model.gpt.GPTConfig` itself; `data` is one of three dataclasses chosen by its `name`
+(mini_gpt.data.config), checked when it is read.
 """
 
 from __future__ import annotations
@@ -10,35 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, at_least, one_of
 from mini_gpt.model.gpt import GPTConfig
 
-__all__ = [
-    "FinetuneConfig",
-    "LoaderConfig",
-    "OptimConfig",
-    "PathsConfig",
-    "TrainConfig",
-    "TrainerConfig",
-]
-
-OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "linear", "constant")
-MATMUL_PRECISIONS = ("highest", "high", "medium")
-FINETUNE_METHODS = ("full", "lora")
 LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
-
-
-def _at_least(minimum: int, **values: int | None) -> None:
-    for key, value in values.items():
-        if value is not None and value < minimum:
-            raise MiniGPTError(f"{key}={value} must be >= {minimum}")
 
 
 @dataclass
 class OptimConfig:
-    """conf/optim/: AdamW, or Muon for the blocks' hidden matrices plus AdamW for the rest."""
-
     name: str = "adamw"  # adamw | muon (Muon for hidden 2-D matrices, AdamW for the rest)
     lr: float = 1e-3  # peak AdamW learning rate, reached after warmup_steps
     min_lr_ratio: float = 0.1  # the decay ends at min_lr_ratio x lr (for Muon: x muon_lr)
@@ -58,10 +36,8 @@ class OptimConfig:
     muon_adjust_lr_fn: str | None = None  # null/original: lr x sqrt(max(1, rows/cols)); match_rms_adamw
 
     def __post_init__(self) -> None:
-        if self.name not in OPTIMIZERS:
-            raise MiniGPTError(f"optim.name={self.name!r} must be one of {OPTIMIZERS}")
-        if self.schedule not in SCHEDULES:
-            raise MiniGPTError(f"optim.schedule={self.schedule!r} must be one of {SCHEDULES}")
+        one_of(("adamw", "muon"), **{"optim.name": self.name})
+        one_of(SCHEDULES, **{"optim.schedule": self.schedule})
         for key in ("lr", "muon_lr"):
             if not getattr(self, key) > 0:
                 raise MiniGPTError(f"optim.{key}={getattr(self, key)} must be > 0")
@@ -72,8 +48,8 @@ class OptimConfig:
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]  # YAML gives a list
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise MiniGPTError(f"optim.betas={list(self.betas)} must be two numbers in [0, 1)")
-        _at_least(0, **{"optim.warmup_steps": self.warmup_steps})
-        _at_least(1, **{"optim.decay_steps": self.decay_steps})
+        at_least(0, **{"optim.warmup_steps": self.warmup_steps})
+        at_least(1, **{"optim.decay_steps": self.decay_steps})
 
 
 @dataclass
@@ -89,10 +65,9 @@ class FinetuneConfig:
     lora_targets: tuple[str, ...] = LORA_TARGETS  # projections that get adapters: c_attn, c_proj, c_fc
 
     def __post_init__(self) -> None:
-        if self.method not in FINETUNE_METHODS:
-            raise MiniGPTError(f"finetune.method={self.method!r} must be one of {FINETUNE_METHODS}")
-        _at_least(1, **{"finetune.train_last_n_blocks": self.train_last_n_blocks})
-        _at_least(1, **{"finetune.lora_rank": self.lora_rank})
+        one_of(("full", "lora"), **{"finetune.method": self.method})
+        at_least(1, **{"finetune.train_last_n_blocks": self.train_last_n_blocks})
+        at_least(1, **{"finetune.lora_rank": self.lora_rank})
         self.lora_targets = tuple(self.lora_targets)
         if set(self.lora_targets) - set(LORA_TARGETS) or not self.lora_targets:
             raise MiniGPTError(
@@ -119,8 +94,8 @@ class LoaderConfig:
     align_to_documents: bool = False  # sharded corpora: every train window starts at a document start
 
     def __post_init__(self) -> None:
-        _at_least(1, **{"loader.batch_size": self.batch_size})
-        _at_least(0, **{"loader.num_workers": self.num_workers})
+        at_least(1, **{"loader.batch_size": self.batch_size})
+        at_least(0, **{"loader.num_workers": self.num_workers})
 
 
 @dataclass
@@ -158,10 +133,10 @@ class TrainerConfig:
     plugins: list[Any] = field(default_factory=list)  # the checkpoint writer (AtomicCheckpointIO)
 
     def __post_init__(self) -> None:
-        _at_least(1, **{"trainer.num_nodes": self.num_nodes, "trainer.val_check_interval":
+        at_least(1, **{"trainer.num_nodes": self.num_nodes, "trainer.val_check_interval":
                         self.val_check_interval, "trainer.log_every_n_steps": self.log_every_n_steps,
                         "trainer.accumulate_grad_batches": self.accumulate_grad_batches})  # fmt: skip
-        _at_least(-1, **{"trainer.max_steps": self.max_steps})
+        at_least(-1, **{"trainer.max_steps": self.max_steps})
         if self.max_flops is not None and not self.max_flops > 0:
             raise MiniGPTError(f"trainer.max_flops={self.max_flops} must be a positive number of FLOPs")
 
@@ -177,25 +152,19 @@ class PathsConfig:
 
 @dataclass
 class TrainConfig:
-    """`mini-gpt train`: one training run (conf/train.yaml and its groups)."""
-
     model: GPTConfig = field(default_factory=GPTConfig)  # conf/model/: char | tiny | baby | gpt2
     data: Any = None  # conf/data/: shakespeare_char | shakespeare | text | hf | shards | ...
     optim: OptimConfig = field(default_factory=OptimConfig)  # conf/optim/: muon | adamw
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)  # conf/finetune/: full | lora
     trainer: TrainerConfig = field(default_factory=TrainerConfig)  # conf/trainer/: default | cpu | gpu | ...
-    callbacks: dict[str, Any] = field(
-        default_factory=dict
-    )  # conf/callbacks/: `_target_` nodes; null drops one
+    callbacks: dict[str, Any] = field(default_factory=dict)  # conf/callbacks/: _target_ nodes; null drops one
     logger: dict[str, Any] = field(default_factory=dict)  # conf/logger/: wandb | csv | none
     paths: PathsConfig = field(default_factory=PathsConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     hparams_search: Any = None  # conf/hparams_search/: Optuna searches (mini-gpt sweep)
     seed: int = 1337  # seeds python/numpy/torch and the data stream
     ckpt_path: str | None = None  # resume from this checkpoint (its run's config + the command line's)
-    init_from: str | None = (
-        None  # start from pretrained weights: gpt2 | gpt2-medium | ... | a directory | a .ckpt
-    )
+    init_from: str | None = None  # start from pretrained weights: gpt2 | gpt2-medium | ... | a dir | a .ckpt
     compile: bool = False  # torch.compile the model
     float32_matmul_precision: str = "high"  # highest | high (TF32 on GPUs) | medium
     threads: int | None = None  # CPU threads for torch; null = torch's default (one per core)
@@ -203,9 +172,5 @@ class TrainConfig:
     tags: list[str] = field(default_factory=list)  # labels for the run (W&B tags)
 
     def __post_init__(self) -> None:
-        if self.float32_matmul_precision not in MATMUL_PRECISIONS:
-            raise MiniGPTError(
-                f"float32_matmul_precision={self.float32_matmul_precision!r} must be one of "
-                f"{', '.join(MATMUL_PRECISIONS)}"
-            )
-        _at_least(1, threads=self.threads, global_batch_tokens=self.global_batch_tokens)
+        one_of(("highest", "high", "medium"), float32_matmul_precision=self.float32_matmul_precision)
+        at_least(1, threads=self.threads, global_batch_tokens=self.global_batch_tokens)
