@@ -104,8 +104,9 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class EvalCheckpoint(ModelCheckpoint):
-    """Writes last.ckpt after *every* evaluation (Lightning 2.6: only when val/loss improved). Its state is
-    restored only into the same directory (Lightning would restore part of it and warn)."""
+    """Writes last.ckpt after *every* evaluation (Lightning 2.6: only when val/loss improved, so a plateau
+    would resume from an old step). Its state is restored only into the same directory (Lightning would
+    restore part of it and warn)."""
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
