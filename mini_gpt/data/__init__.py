@@ -1,16 +1,5 @@
-"""The data of a run, one module per step in the order it flows (no torch or Lightning until windows.py):
-
-config.py        what to train on: DataConfig (named corpora, text files), HFDataConfig, ShardsDataConfig
-preparation.py   what every preparer shares: the preparation lock, cache keys, progress bars, a bounded pool
-sources.py       where text comes from: shipped or downloaded corpora, text files, `datasets` documents
-shards.py        token shard files: llm.c's `.bin` format (read, write, check), ShardedCorpus, find_shards
-text.py          text -> train.bin / val.bin + meta.json (streamed, threaded)
-split.py         which documents are validation (a seeded hash of the index), splitmix64
-hf.py            `datasets` documents -> shards (a process pool, flat in memory, resumable)
-documents.py     a split's text as documents, for training or judging a tokenizer
-windows.py       training and validation windows over token files and shards (torch)
-datamodule.py    GPTDataModule (Lightning)
-"""
+"""The data of a run: config -> sources -> text.py / hf.py (token files, shards) -> windows -> datamodule.
+No torch or Lightning before windows.py (docs/data.md)."""
 
 from mini_gpt.data.config import (
     AnyDataConfig,
@@ -31,8 +20,7 @@ __all__ += ["PreparedData", "ShardedCorpus", "prepare_data"]
 def prepare(
     cfg: AnyDataConfig, *, build: bool = True, block_size: int | None = None, progress: bool | None = None
 ) -> PreparedData | ShardedCorpus:
-    """The token files of any `data=` config, prepared if missing or stale (`build=False`: only found
-    and checked, raising if missing or stale). `block_size` checks that a flat split holds one window."""
+    """The token files of any `data=` config, prepared if missing or stale (`build=False`: raise instead)."""
     if isinstance(cfg, HFDataConfig):
         return prepare_shards(cfg, build=build, progress=progress if build else False)
     if isinstance(cfg, ShardsDataConfig):

@@ -1,7 +1,4 @@
-"""What to train on: the validated configs of `data=...`, mirrored key for key by conf/data/*.yaml.
-`data_config(dict)` picks the class by `name` and checks the value types (OmegaConf); the classes check
-ranges and choices. No Lightning, Hydra or torch here.
-"""
+"""The validated configs of `data=...` (conf/data/*.yaml key for key); no Lightning, Hydra or torch here."""
 
 from __future__ import annotations
 
@@ -24,14 +21,12 @@ DTYPES = ("auto", "uint16", "uint32")
 
 
 class DataConfigError(MiniGPTError, ValueError):
-    """A bad data config value (a ValueError like other config errors, and a one-line user error)."""
+    """A bad data config value: a ValueError, and a one-line user error."""
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """A named corpus: its default tokenizer, where to download it, what it must hash to, and `bundled`:
-    a copy shipped in the repository, found before any download (the default corpora need no network).
-    The defaults are tiny Shakespeare's (public domain, 1,115,394 characters; see data/README.md)."""
+    """A named corpus (defaults: tiny Shakespeare's); `bundled`: the repository's copy, used first."""
 
     tokenizer: str
     url: str = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -44,14 +39,13 @@ CORPORA = {"shakespeare_char": Corpus("char"), "shakespeare": Corpus("gpt2")}
 
 
 def data_root(data_dir: str | None = None) -> Path:
-    """The cache root of `data.data_dir` (prepared corpora, HellaSwag): `data_dir` if given, else
-    `$MINI_GPT_DATA_DIR` if set, else `<project root>/data`; absolute, whatever the working directory."""
+    """The cache root (prepared corpora, HellaSwag), absolute whatever the working directory."""
     chosen = data_dir or os.environ.get("MINI_GPT_DATA_DIR")
     return Path(chosen).expanduser().resolve() if chosen else PROJECT_ROOT / "data"
 
 
 def token_dtype(vocab_size: int, requested: str = "auto") -> str:
-    """uint16 when every id fits (vocab <= 65535), else uint32; an explicit dtype too small is an error."""
+    """uint16 when every id fits, else uint32; an explicit dtype too small is an error."""
     limits = {"uint16": 65535, "uint32": 2**32 - 1}
     if requested == "auto":
         requested = "uint16" if vocab_size <= limits["uint16"] else "uint32"
@@ -95,7 +89,7 @@ def _check_fraction_and_dtype(val_fraction: float | None, example: str, dtype: s
 
 @dataclass
 class DataConfig:
-    """`data=shakespeare_char | shakespeare | text`: one train.bin / val.bin (see text.py)."""
+    """`data=shakespeare_char | shakespeare | text`: one train.bin / val.bin."""
 
     name: str = "shakespeare_char"  # shakespeare_char | shakespeare | text
     path: str | None = None  # text: file, directory of .txt files, or glob; named: local copy of the file
@@ -127,7 +121,7 @@ class DataConfig:
 
 @dataclass
 class HFDataConfig:
-    """`data=hf`: any dataset `datasets` can read, tokenized once into llm.c shards (see hf.py)."""
+    """`data=hf`: any dataset `datasets` can read, tokenized once into llm.c shards."""
 
     name: str = "hf"
     dataset: str | None = None  # hub name (org/name) or local files: a path, directory or glob
@@ -194,7 +188,7 @@ AnyDataConfig = DataConfig | HFDataConfig | ShardsDataConfig
 
 
 def data_config(d: AnyDataConfig | Mapping[str, Any]) -> AnyDataConfig:
-    """The validated config of `data=...`: chosen by its `name` (hf, shards, else the text corpora)."""
+    """The validated config of `data=...`, its class chosen by `name`."""
     if isinstance(d, DataConfig | HFDataConfig | ShardsDataConfig):
         return d
     kind = {"hf": HFDataConfig, "shards": ShardsDataConfig}.get(d.get("name", ""), DataConfig)

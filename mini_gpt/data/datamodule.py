@@ -1,9 +1,6 @@
-"""LightningDataModule over prepared token files (text.py's train.bin / val.bin, or shards) and the
-windows of windows.py. After `k` optimizer steps with gradient accumulation `a` the train stream restarts
-at batch `k * a` (Lightning restores `global_step` before it asks for the loader); for shards the
-checkpoint also holds the windows consumed by all ranks (`state_dict`), so a resumed run on another device
-count repeats no window.
-"""
+"""The LightningDataModule. A resumed train stream restarts at batch global_step x accumulation (Lightning
+restores the step before it asks for the loader); for shards the checkpoint also holds the windows consumed
+by all ranks, so a resume on another device count repeats no window."""
 
 from __future__ import annotations
 
@@ -70,9 +67,8 @@ class GPTDataModule(L.LightningDataModule):
             self.prepared = prepare(self.cfg, build=False, block_size=self.block_size)
 
     def prepare_once(self, local_rank: int, timeout_s: float = 24 * 3600) -> PreparedData | ShardedCorpus:
-        """Prepare the token files on local rank 0 only; the node's other ranks wait until they are valid.
-        Needed before `fit` (the model's vocabulary comes from the tokenizer): under torchrun/SLURM all
-        ranks start together and must not tokenize (and write) the same files at once."""
+        """Prepare on local rank 0 while the node's other ranks wait: before `fit`, as the tokenizer sizes
+        the model, and under torchrun/SLURM all ranks start together."""
         if local_rank == 0 or self.sharded:  # sharded preparation holds a file lock: the others wait on it
             return self.prepared_data()
         assert isinstance(self.cfg, DataConfig)
@@ -91,7 +87,6 @@ class GPTDataModule(L.LightningDataModule):
         return self.prepared_data()
 
     def prepared_data(self) -> PreparedData | ShardedCorpus:
-        """The prepared token files; used without a Trainer, validates (and builds if needed) them now."""
         if self.prepared is None:
             self.prepare_data()
         assert self.prepared is not None
@@ -106,7 +101,7 @@ class GPTDataModule(L.LightningDataModule):
         return self.tokenizer.vocab_size
 
     def start_batch(self) -> int:
-        """Micro-batches already consumed: global_step * accumulate_grad_batches (0 without a trainer)."""
+        """Micro-batches already consumed (0 without a trainer)."""
         trainer = self.trainer
         return int(trainer.global_step) * int(trainer.accumulate_grad_batches) if trainer is not None else 0
 
@@ -126,7 +121,7 @@ class GPTDataModule(L.LightningDataModule):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """The data position saved in checkpoints (sharded corpora): train windows consumed by all ranks."""
+        """The data position in checkpoints (sharded corpora)."""
         if not self.sharded or self.prepared is None:
             return {}
         assert isinstance(self.prepared, ShardedCorpus)
@@ -137,7 +132,6 @@ class GPTDataModule(L.LightningDataModule):
         self._resume_position = dict(state) if state else None
 
     def _shard_start_batch(self, corpus: ShardedCorpus) -> int:
-        """Where this rank's stream resumes: the checkpoint's windows consumed, in this run's batches."""
         pos = self._resume_position
         if pos is None:
             return self.start_batch()
@@ -172,7 +166,6 @@ class GPTDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader:
-        """Each rank its share of the fixed windows, no padding (see windows.ValBatches)."""
         prep = self.prepared_data()
         windows = ValWindows(prep.val, self.block_size, self.val_windows)
         self.val_estimate_tokens = len(windows) * self.block_size

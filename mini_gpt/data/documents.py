@@ -1,11 +1,5 @@
-"""The text of a `data=` config's train or validation split as a stream of documents, for tokenizers:
-training one (train split only, so the validation text stays unseen) and judging one (held-out split).
-
-The splits are the ones training uses: text corpora hold out the last `val_fraction` of their
-concatenated characters (text.py's pieces), `data=hf` the documents `val_mask` picks. Text files must be
-UTF-8 here (a tokenizer trained on U+FFFD replacements would be a silent mistake): a bad byte is one line
-naming the file and offset, found by a first pass before any work is done.
-"""
+"""A `data=` config's train or val split as documents, for training or judging a tokenizer: training's own
+splits. Text must be UTF-8 here (a tokenizer trained on U+FFFD would be a silent mistake)."""
 
 from __future__ import annotations
 
@@ -21,7 +15,6 @@ SPLITS = ("train", "val")
 
 
 def text_bytes(cfg: DataConfig) -> int:
-    """Bytes of the text corpus's files (for a progress bar)."""
     return sum(f.stat().st_size for f in corpus_files(cfg))
 
 
@@ -52,7 +45,7 @@ def _hf_split(cfg: HFDataConfig, split: str) -> Iterator[tuple[str, int]]:
 
 
 def split_documents(cfg: AnyDataConfig, split: str = "train") -> Iterator[tuple[str, int]]:
-    """(text, source bytes consumed) pieces of `split` ("train" or "val") of any text `data=` config."""
+    """(text, source bytes consumed) pieces of `split` ("train" or "val")."""
     if split not in SPLITS:
         raise MiniGPTError(f"split={split!r} must be train or val")
     if isinstance(cfg, ShardsDataConfig):

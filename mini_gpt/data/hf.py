@@ -1,13 +1,5 @@
-"""Documents -> llm.c token shards (`data=hf`, any corpus `datasets` reads): parallel, flat in memory,
-resumable, locked. Entry point: `prepare_shards(cfg)`; the shard files themselves are shards.py's.
-
-`<data_dir>/hf/<name>-<hash of everything that changes the tokens>/` holds `train_000000.bin ...`,
-`val_000000.bin` (all validation documents) and `meta.json` (written last). Each document is tokenized on
-its own (`encode_ordinary`) with the end-of-text token *prepended*, as llm.c does; document `i` is
-validation when a seeded hash of `i` falls below `val_fraction` (split.py). A pool of `num_proc` processes
-tokenizes ~2M-character tasks, written in task order, so the bytes are the same for any `num_proc`. After
-each complete train shard `.state.json` records where the next one starts: an interrupted run resumes there.
-"""
+"""Documents -> llm.c token shards (`data=hf`; layout and guarantees: docs/data.md#bigger-corpora). After
+each complete train shard `.state.json` records where the next one starts, for an interrupted run."""
 
 from __future__ import annotations
 
@@ -49,8 +41,7 @@ FORMAT = "mini-gpt shards 1"
 TASK_CHARS = 1 << 21  # characters of text per tokenizer task
 STATE = ".state.json"
 VAL_SHARD = "val_000000.bin"  # all validation documents, in one shard
-# The config keys that change the tokens; with the format, the absolute path of local files, the files'
-# fingerprint and the tokenizer they make the shards' key (the directory is named after their hash).
+# The config keys that change the tokens: with the format, the files and the tokenizer, the shards' key.
 IDENTITY = ("subset", "split", "text_field", "tokenizer", "val_fraction", "split_seed", "max_tokens",
             "shard_tokens", "dtype")  # fmt: skip
 Task = tuple[int, list[Any]]  # (index of the first document, the documents' texts)
@@ -75,7 +66,6 @@ _WORKER: dict[str, Any] = {}  # this process's encoder, end-of-text array, confi
 
 
 def init_worker(tok: Tokenizer | dict[str, Any], cfg: HFDataConfig, dtype: str) -> None:
-    """Set up this process's encoder (a pool worker gets the tokenizer as a dict, rebuilt here)."""
     tok = tok if isinstance(tok, Tokenizer) else tokenizer_from_dict(tok)
     _WORKER.update(
         encode=encoder(tok, dtype), eot=np.asarray([tok.eot_id], dtype=dtype), cfg=cfg, dtype=dtype
@@ -91,7 +81,6 @@ def _join(docs: list[np.ndarray], eot: np.ndarray, dtype: str) -> tuple[np.ndarr
 
 
 def encode_task(task: Task) -> Encoded:
-    """A worker's job: tokenize one task's documents and split them into train and val."""
     first_doc, texts = task
     cfg: HFDataConfig = _WORKER["cfg"]
     for i, text in enumerate(texts):
@@ -131,9 +120,8 @@ def _tasks(batches: Iterable[list[Any]], first_doc: int) -> Iterator[Task]:
 def encode_all(
     tasks: Iterable[Task], tok: Tokenizer, cfg: HFDataConfig, dtype: str, num_proc: int
 ) -> Iterator[Encoded]:
-    """`encode_task` of every task, in task order, in `num_proc` worker processes (in this one when 1),
-    with at most 2 x num_proc + 1 tasks in flight (memory stays flat). Closing it (an early stop, an
-    error) cancels the tasks not started."""
+    """`encode_task` of every task, in order, in `num_proc` processes with at most 2 x num_proc + 1 tasks in
+    flight; closing it cancels the tasks not started."""
     if num_proc == 1:
         init_worker(tok, cfg, dtype)
         yield from map(encode_task, tasks)
@@ -148,8 +136,7 @@ def encode_all(
 
 
 class CorpusWriter:
-    """Routes each task's train and val tokens into the shards of `out`, in document order, and records
-    a resumable state after every complete train shard (`state`: the one an interrupted run left)."""
+    """Writes each task's tokens into the shards of `out`, in document order (`state`: to resume)."""
 
     def __init__(
         self, out: Path, dtype: str, tok: Tokenizer, cfg: HFDataConfig, key: dict, state: dict
@@ -173,7 +160,6 @@ class CorpusWriter:
         return self.written + (self.cur.n_tokens if self.cur is not None else 0)
 
     def write(self, enc: Encoded) -> None:
-        """Write one task's documents (the train ones up to max_tokens)."""
         tokens, lens, lead = enc.train_tokens, enc.train_lens, 0
         if self.skip:  # the first task after a resume: its first train document is partly written
             assert len(enc.train_idx) and enc.train_idx[0] == self.next_doc, "resume state out of step"
@@ -211,7 +197,7 @@ class CorpusWriter:
         self.next_doc = enc.first_doc + enc.n_docs
 
     def _write_val(self, enc: Encoded, start: int, below: int) -> int:
-        """Write enc's val documents [start, first with index >= below); returns the new start."""
+        """Write enc's val documents from `start` up to index `below`; returns the new start."""
         stop = int(np.searchsorted(enc.val_idx, below))
         if stop > start:
             ends = np.concatenate([[0], np.cumsum(enc.val_lens)])
@@ -251,7 +237,7 @@ class CorpusWriter:
         self.val.close()
 
     def abort(self) -> None:
-        """After an error or interrupt: drop the unfinished train shard, keep the val file for resuming."""
+        """Drop the unfinished train shard, keep the val file for resuming."""
         if self.cur is not None:
             self.cur.abort()
         with contextlib.suppress(Exception):  # never hide the error that brought us here
@@ -259,7 +245,7 @@ class CorpusWriter:
 
 
 def shard_dir(cfg: HFDataConfig) -> Path:
-    """Where `cfg`'s shards live: <data_dir>/hf/<readable name>-<hash of what changes the tokens>."""
+    """<data_dir>/hf/<readable name>-<hash of what changes the tokens>."""
     ident = _identity(cfg)
     parts = [
         p for p in re.split(r"[/\\]", ident["dataset"].rstrip("/")) if p and not any(c in p for c in "*?[")
@@ -281,7 +267,7 @@ def _identity(cfg: HFDataConfig) -> dict[str, Any]:
 
 
 def _finished(out: Path, key: dict[str, Any], tok: Tokenizer | None) -> ShardedCorpus | None:
-    """The shards of `key` in `out` when complete (meta.json's counts match the headers), else None."""
+    """The shards of `key` in `out` when meta.json's counts match the headers, else None."""
     meta = read_json(out / META)
     if meta is None or meta.get("key") != key:
         return None
@@ -299,7 +285,7 @@ def _finished(out: Path, key: dict[str, Any], tok: Tokenizer | None) -> ShardedC
 
 
 def _clear(out: Path) -> None:
-    """Remove everything a previous preparation of this directory left (only files we write)."""
+    """Remove what a previous preparation left (only files we write)."""
     for path in out.iterdir():
         if re.fullmatch(r"\.?(train|val)_\d{6}\.bin(\.tmp)?|meta\.json|\.state\.json|\..*\.tmp", path.name):
             path.unlink(missing_ok=True)
@@ -312,12 +298,10 @@ def prepare_shards(
     progress: bool | None = None,
     log: Callable[[str], None] | None = log_to_stderr,
 ) -> ShardedCorpus:
-    """The shards of `cfg`, prepared unless valid ones exist (`build=False`: raise if missing).
-    `progress=None` shows a bar on an interactive stderr; `log` gets the one-line summary (None: silent)."""
+    """The shards of `cfg`, prepared unless valid ones exist (`build=False`: raise if missing)."""
     say = log or (lambda _msg: None)
     out = shard_dir(cfg)
-    # A hub dataset is recognised by its name (its revision is recorded, not compared), so shards prepared
-    # on a login node are used as they are on offline compute nodes; local files also by their fingerprint.
+    # A hub dataset's revision is recorded, not compared: offline compute nodes use a login node's shards.
     hub = not is_local(cfg.dataset or "")
     source = None if hub and (out / META).is_file() else open_source(cfg)  # offline hub names fail here
     tok = None if cfg.tokenizer == "char" else build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
@@ -340,7 +324,6 @@ def prepare_shards(
             except OSError as err:  # writing the shards: disk full, read-only, permissions
                 if err.errno not in WRITE_ERRNOS or not str(err.filename or out).startswith(str(out)):
                     raise
-                # the complete shards stay for resuming; with max_tokens the size is known
                 itemsize = 4 if (tok is not None and tok.vocab_size > 65535) else 2
                 raise unwritable(out, err, cfg.max_tokens * itemsize if cfg.max_tokens else None) from None
             corpus = _finished(out, key, tok)
@@ -351,10 +334,8 @@ def prepare_shards(
 def _with_val_fraction(
     cfg: HFDataConfig, source: Source, tok: Tokenizer | None, say: Callable[[str], None]
 ) -> HFDataConfig:
-    """`cfg` with `val_fraction: null` resolved for this corpus: a first pass counts the characters of
-    the documents that will be read (stopping once the minimum share is proven enough, so a big corpus
-    costs a bounded read), then `auto_val_fraction`. The shards' key keeps null: a valid cache is reused
-    without this pass, and the same source always resolves to the same fraction."""
+    """`cfg` with `val_fraction: null` resolved by a bounded first pass; the shards' key keeps null, so a
+    valid cache is reused without the pass."""
     if cfg.val_fraction is not None:
         return cfg
     per_token = 1.0 if tok is None else float(CHARS_PER_BPE_TOKEN)
@@ -372,7 +353,7 @@ def _with_val_fraction(
 
 
 def _scan_chars(source: Source, cfg: HFDataConfig) -> str:
-    """First pass for the char tokenizer: the distinct characters of every document that will be read."""
+    """The char tokenizer's vocabulary: the distinct characters of the documents that will be read."""
     seen: set[str] = {CHAR_EOT}
     doc, train_tokens = 0, 0
     for texts in iter_texts(source):
@@ -388,8 +369,7 @@ def _scan_chars(source: Source, cfg: HFDataConfig) -> str:
 
 
 def _resume_state(out: Path, key: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
-    """The state an interrupted preparation of this key left, with what it wrote after its last complete
-    shard removed; empty (and a cleared folder) when there is nothing to resume."""
+    """An interrupted preparation's state, less what it wrote after its last complete shard; else {}."""
     state = read_json(out / STATE)
     if state is None or state.get("key") != key:
         _clear(out)
@@ -416,8 +396,7 @@ def _tokenize_into_shards(
     progress: bool | None,
     say: Callable[[str], None],
 ) -> None:
-    """Tokenize `source` into the shards of `out` (resuming an interrupted run), then write meta.json.
-    `tok` None: the char tokenizer of the documents' characters."""
+    """Tokenize `source` into `out` (resuming), then write meta.json; `tok` None: the char tokenizer."""
     t0 = time.perf_counter()
     state = _resume_state(out, key, say)
     cfg = _with_val_fraction(cfg, source, tok, say)

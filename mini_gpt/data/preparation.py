@@ -1,7 +1,5 @@
-"""What every preparer (text.py, hf.py) shares: the preparation lock, cache keys, progress bars,
-the log line. Each takes the folder's lock, writes under temporary names and renames, and writes meta.json
-last and atomically, so a folder with a valid meta.json is always complete.
-"""
+"""What text.py and hf.py share. Each takes the folder's lock, writes under temporary names and renames, and
+writes meta.json last, so a folder with a valid meta.json is always complete."""
 
 from __future__ import annotations
 
@@ -28,13 +26,11 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPE
 
 
 def log_to_stderr(msg: str) -> None:
-    """Print one line of progress or summary to stderr (the preparers' default `log`)."""
     print(msg, file=sys.stderr, flush=True)
 
 
 def unwritable(where: Path, err: OSError, needed_bytes: int | None = None) -> MiniGPTError:
-    """One line for a data dir we cannot write to (read-only, no permission, disk full); on a full disk
-    with `needed_bytes` (an upper bound of what the files take), how much that is and how much is free."""
+    """One line for a data dir we cannot write to; a full disk also gets `needed_bytes` (an upper bound)."""
     reason = err.strerror or type(err).__name__
     if needed_bytes is not None and err.errno in (errno.ENOSPC, errno.EDQUOT):
         reason += f"; {space_note(where, needed_bytes).replace('needs ~', 'needs up to ')}"
@@ -45,18 +41,14 @@ def unwritable(where: Path, err: OSError, needed_bytes: int | None = None) -> Mi
 
 
 def lock_path(out_dir: Path) -> Path:
-    """The preparation lock of `out_dir`: a hidden file beside it (not inside, so that a failed
-    preparation can remove the folder while others wait on the lock)."""
+    """Beside `out_dir`, not inside: a failed preparation can remove the folder while others wait."""
     return out_dir.with_name(f".{out_dir.name}.lock")
 
 
 @contextmanager
 def preparation_lock(out_dir: Path, what: str, log: Callable[[str], None] = log_to_stderr) -> Iterator[None]:
-    """Hold `out_dir`'s preparation lock (on any machine sharing a file system with working locks): the
-    others wait here, `log`ging that they wait for `what`, then find the finished files. The lock file
-    stays behind on purpose: deleting it would race with a process about to take it. A preparation that
-    fails having kept nothing a rerun resumes from removes its folder (and the parents it made; the lock
-    files beside them stay)."""
+    """Hold `out_dir`'s preparation lock while the others wait. The lock file stays (deleting it would race
+    with a process about to take it); a failure that kept nothing resumable removes the folders it made."""
     try:
         made = make_dirs(out_dir)
         lock = FileLock(lock_path(out_dir))
@@ -72,7 +64,7 @@ def preparation_lock(out_dir: Path, what: str, log: Callable[[str], None] = log_
         raise unwritable(out_dir, err) from None
     try:
         yield
-    except BaseException:  # a folder holding only temporaries (`.*.tmp`) goes, with the parents we made
+    except BaseException:
         with suppress(OSError):  # best effort: the error being raised is what the user needs
             entries = list(out_dir.iterdir())
             if all(e.name.startswith(".") and e.name.endswith(".tmp") and e.is_file() for e in entries):
@@ -85,8 +77,7 @@ def preparation_lock(out_dir: Path, what: str, log: Callable[[str], None] = log_
 
 
 def in_order(pool: Executor, fn: Callable[[T], R], items: Iterable[T], ahead: int) -> Iterator[R]:
-    """`fn(item)` of every item, in order, run on `pool` with at most `ahead` + 1 results not yet handed
-    back: memory stays flat (`Executor.map` would submit every item at once)."""
+    """`fn(item)` of every item, in order, at most `ahead` + 1 pending (`Executor.map` submits all)."""
     pending: deque[Future[R]] = deque()
     for item in items:
         pending.append(pool.submit(fn, item))
@@ -97,8 +88,7 @@ def in_order(pool: Executor, fn: Callable[[T], R], items: Iterable[T], ahead: in
 
 
 def tokenizer_key(tok: Tokenizer | None) -> dict[str, Any]:
-    """What identifies a tokenizer in a cache key (None: the char tokenizer, whose vocabulary follows
-    from the text, which the key fingerprints anyway)."""
+    """A tokenizer in a cache key (None: char, whose vocabulary follows from the fingerprinted text)."""
     if isinstance(tok, TiktokenTokenizer):
         return {"type": "tiktoken", "name": tok.name, "ranks_sha256": tok.ranks_sha256}
     return {"type": "char"}
@@ -108,8 +98,8 @@ def tokenizer_key(tok: Tokenizer | None) -> dict[str, Any]:
 def progress_bar(
     description: str, total: int | None, enabled: bool | None, rates: bool = False
 ) -> Iterator[Callable[..., None]]:
-    """`update(advance=n | completed=n, rates=text)` of a rich bar on an interactive stderr (`enabled`
-    None), silent otherwise (logs, CI): of bytes with MB/s, or with `rates` of a count with `rates` text."""
+    """`update(advance=n | completed=n, rates=text)` of a rich bar of bytes (or, with `rates`, a count);
+    `enabled` None: only on an interactive stderr."""
     if not (sys.stderr.isatty() if enabled is None else enabled):
         yield lambda **_: None
         return
@@ -127,6 +117,5 @@ def progress_bar(
 def byte_progress(
     description: str, total_bytes: int, enabled: bool | None
 ) -> Iterator[Callable[[int], None]]:
-    """`advance(n_bytes)` of a `progress_bar` of bytes."""
     with progress_bar(description, total_bytes, enabled) as update:
         yield lambda n: update(advance=n)

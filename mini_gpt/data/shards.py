@@ -1,19 +1,7 @@
-"""Token shard files, everything about them: llm.c's `.bin` format (read, write, check), the shards a run
-trains on (`ShardedCorpus`) and existing ones found for `data=shards` (`find_shards`). hf.py writes them.
-
-A shard is a header of 256 little-endian int32 followed by the tokens:
-
-    header[0]  magic     20240520 for uint16 tokens (GPT-2 sized vocabularies, <= 65,535 ids)
-                         20240801 for uint32 tokens (larger vocabularies, e.g. cl100k_base, o200k_base)
-    header[1]  version   1 for uint16, 7 for uint32 (the values llm.c writes)
-    header[2]  tokens    number of tokens that follow (int32, so at most 2,147,483,647 per shard)
-    header[3:] zero
-    then       tokens    header[2] x uint16 (or uint32), little-endian
-
-llm.c's `dev/data/*.py` write this and modded-nanogpt reads it, so their published shards train as they
-are. Every reader checks the magic, the version and that the file holds exactly the announced tokens.
-A `meta.json` beside shards (ours: hf.py writes it last) names the tokenizer that wrote them.
-"""
+"""Token shards in llm.c's `.bin` format (read, write, check), `ShardedCorpus` and `find_shards`. A shard is
+a header of 256 little-endian int32 (magic, version: FORMATS; the token count; zeros) then the tokens,
+little-endian. Readers check that the file holds exactly the announced tokens. A `meta.json` beside shards
+(ours) names their tokenizer."""
 
 from __future__ import annotations
 
@@ -41,8 +29,7 @@ META = "meta.json"
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """What a shard's header says, checked against the file's size. `offset` is where the tokens start:
-    after the header, or 0 for a headerless token file (`token_file`)."""
+    """A shard's header, checked against the file's size; `offset` 0: a headerless token file."""
 
     path: Path
     dtype: str  # uint16 | uint32
@@ -72,7 +59,7 @@ def header_bytes(n_tokens: int, dtype: str) -> bytes:
 
 
 def read_header(path: str | Path) -> ShardInfo:
-    """Parse and check a shard's header; a bad magic, version or size is a one-line MiniGPTError."""
+    """Parse and check a shard's header."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -108,24 +95,20 @@ def read_header(path: str | Path) -> ShardInfo:
 
 
 def open_shard(info: ShardInfo | str | Path) -> np.memmap:
-    """Read-only memory map of a shard's tokens (a path's header is checked first)."""
     if not isinstance(info, ShardInfo):
         info = read_header(info)
     return np.memmap(info.path, dtype=info.dtype, mode="r", offset=info.offset, shape=(info.n_tokens,))
 
 
 def write_shard(path: str | Path, tokens: np.ndarray) -> ShardInfo:
-    """Write a whole shard at once (via a temporary name, renamed into place)."""
     writer = ShardWriter(path, str(tokens.dtype))
     writer.write(tokens)
     return writer.close()
 
 
 class ShardWriter:
-    """Streams tokens into `.<name>.tmp` beside `path`, then (on `close`) fixes the header's count,
-    fsyncs and renames it to `path`: a shard under its final name is always complete. `resume_tokens`
-    reopens the temporary file, cut back to that many tokens. `abort()` removes the temporary file;
-    `suspend()` keeps it to resume."""
+    """Streams tokens into `.<name>.tmp`; `close` fixes the count, fsyncs and renames, so a shard under its
+    final name is complete. `resume_tokens` reopens the temporary file, cut back to that many tokens."""
 
     def __init__(self, path: str | Path, dtype: str, resume_tokens: int | None = None) -> None:
         self.path = Path(path)
@@ -147,7 +130,6 @@ class ShardWriter:
 
     @classmethod
     def can_resume(cls, path: Path, dtype: str, n_tokens: int) -> bool:
-        """Whether an interrupted writer of `path` left a temporary file holding at least `n_tokens`."""
         tmp = cls.temporary(path)
         return tmp.is_file() and tmp.stat().st_size >= HEADER_BYTES + n_tokens * np.dtype(dtype).itemsize
 
@@ -158,7 +140,6 @@ class ShardWriter:
         self.n_tokens += len(tokens)
 
     def flush(self) -> None:
-        """Make the tokens written so far durable (the temporary file keeps its name)."""
         self._fh.flush()
         os.fsync(self._fh.fileno())
 
@@ -180,8 +161,6 @@ class ShardWriter:
 
 @dataclass
 class ShardedCorpus:
-    """Prepared (or found) shards: what the training windows are drawn from."""
-
     dir: Path
     train: list[ShardInfo]
     val: list[ShardInfo]
@@ -202,9 +181,7 @@ class ShardedCorpus:
 
 
 def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
-    """Existing llm.c-format shards (`data=shards`), headers checked. Validation: `cfg.val_path`'s files,
-    else those of `cfg.path` named *val* (as llm.c and modded-nanogpt name them). The tokenizer:
-    `cfg.tokenizer`, else the one in a meta.json beside the shards (ours), else GPT-2."""
+    """Existing shards (`data=shards`); the tokenizer: `cfg.tokenizer`, else meta.json's, else GPT-2."""
     assert cfg.path is not None
     files = glob_files(cfg.path)
     if not files:
@@ -232,13 +209,12 @@ def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
         )
     where = train[0].parent
     meta = read_json(where / META) or {}
-    # llm.c's and modded-nanogpt's shards record no tokenizer: data.tokenizer (default gpt2) is trusted
     theirs = tokenizer_from_dict(meta["tokenizer"]) if "tokenizer" in meta else None
     if cfg.tokenizer is None and theirs is not None:
         tok = theirs
     else:
         tok = build_tokenizer(cfg.tokenizer or "gpt2", bpe_file=cfg.bpe_file)
-    # the name aside: gpt2 and r50k_base are one vocabulary under two names
+    # gpt2 and r50k_base: one vocabulary under two names
     if theirs is not None and {**theirs.to_dict(), "name": None} != {**tok.to_dict(), "name": None}:
         raise MiniGPTError(
             f"the shards in {where} were written by {theirs!r}, not by data.tokenizer's {tok!r}; drop "

@@ -1,11 +1,5 @@
-"""Where text comes from: the files of text corpora (`corpus_files`: named corpora shipped in `data/`, else
-downloaded, verified by sha256; your own text files), and the documents of `data=hf`: `open_source(cfg)`
-resolves `data.dataset` once (local Parquet, JSON lines, Arrow or CSV files, or a Hub name, which fails at
-once offline), `iter_texts(source)` streams its text column in batches, in a fixed order.
-
-`datasets`, pyarrow and huggingface_hub (the optional extra `.[datasets]`; `datasets` alone takes most of a
-second to import) are imported only when a `data=hf` corpus is actually read.
-"""
+"""Where text comes from: text corpora's files (`corpus_files`) and `data=hf` documents (`open_source`,
+`iter_texts`). `datasets` and pyarrow (slow to import, optional) are imported only when read."""
 
 from __future__ import annotations
 
@@ -43,7 +37,6 @@ HUB_TIMEOUT_S = 3.0  # to decide that the Hub is unreachable
 
 
 def _urlopen(url: str, timeout: float) -> Any:
-    """Indirection so tests can simulate being offline."""
     return urllib.request.urlopen(url, timeout=timeout)
 
 
@@ -54,8 +47,7 @@ def download(
     progress: bool | None = None,
     verify: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Download `url` to `dest` via a temporary file, check it (its `sha256`; `verify(file)` raises on a
-    file without a known hash that is truncated or foreign), then rename into place: never half-written."""
+    """Download `url` to `dest` via a temporary file checked by `sha256` or `verify(file)`, then renamed."""
     digest = hashlib.sha256()
     with atomic_write(dest, "wb") as out, _urlopen(url, DOWNLOAD_TIMEOUT_S) as resp:
         total = int(resp.headers.get("Content-Length") or 0) if hasattr(resp, "headers") else 0
@@ -76,15 +68,13 @@ def download(
 
 
 def glob_files(pattern: str) -> list[Path]:
-    """The files (not folders) matching a glob (`**` included, `~` expanded), sorted, absolute."""
     return sorted(
         Path(p).resolve() for p in glob.glob(os.path.expanduser(pattern), recursive=True) if Path(p).is_file()
     )
 
 
 def find_files(value: str, key: str, in_dir: Callable[[Path], list[Path]], kinds: str) -> list[Path]:
-    """The files `key=value` names: a glob's matches, one file, or a directory's `in_dir(directory)`
-    (`kinds` says what they are); none is a one-line error."""
+    """The files `key=value` names: a glob's, one file, or a directory's `in_dir(directory)`."""
     raw = os.path.expanduser(value)
     path = Path(raw).resolve()
     if any(ch in raw for ch in "*?["):
@@ -103,13 +93,11 @@ def find_files(value: str, key: str, in_dir: Callable[[Path], list[Path]], kinds
 
 
 def text_files(value: str, key: str) -> list[Path]:
-    """The text files `key=value` names: one file, the .txt files under a directory, or a glob; sorted."""
     return find_files(value, key, lambda d: sorted(p for p in d.rglob("*.txt") if p.is_file()), ".txt files")
 
 
 def corpus_files(cfg: DataConfig, progress: bool | None = None) -> list[Path]:
-    """The files of a text corpus: data=text's (one file, the .txt files under a directory, or a glob;
-    sorted), else the named corpus's verified file: data.path, else the repository's copy, else
+    """data=text's files, else the named corpus's verified file: data.path, the repository's copy,
     <data_dir>/<name>/ (or a corpus sharing the file), else downloaded there."""
     if cfg.name == TEXT_CORPUS:
         assert cfg.path is not None
@@ -135,7 +123,6 @@ def corpus_files(cfg: DataConfig, progress: bool | None = None) -> list[Path]:
             stacklevel=3,
         )
     dest = cfg.root / cfg.name / corpus.filename
-    # Corpora that share a file (shakespeare, shakespeare_char) may reuse each other's copy.
     sharing = [cfg.root / name / c.filename for name, c in CORPORA.items() if c.sha256 == corpus.sha256]
     for path in [dest, *(p for p in sharing if p != dest)]:
         if path.is_file():
@@ -177,7 +164,6 @@ def _suffix_builder(path: str) -> str | None:
 
 
 def is_local(dataset: str) -> bool:
-    """A glob, an existing path, or a name ending in a supported file suffix is local; else a hub name."""
     expanded = os.path.expanduser(dataset)
     return (
         any(ch in dataset for ch in "*?[")
@@ -212,8 +198,7 @@ def _local_files(dataset: str) -> tuple[str, list[str]]:
 
 
 def _fingerprint_files(files: list[str]) -> str:
-    """sha256 over each file's name, size and first and last MiB: cheap on terabytes, and it changes when
-    a file is replaced, extended or cut."""
+    """sha256 of each file's name, size and first and last MiB: cheap on terabytes."""
     digest = hashlib.sha256()
     for f in files:
         size = os.path.getsize(f)
@@ -227,8 +212,7 @@ def _fingerprint_files(files: list[str]) -> str:
 
 
 def hub_offline_reason(switches: tuple[str, ...] = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")) -> str | None:
-    """Why the Hugging Face Hub cannot be used right now (one of the offline `switches` is set, or
-    `HF_ENDPOINT` does not answer within HUB_TIMEOUT_S), or None when it answers."""
+    """Why the Hugging Face Hub cannot be used now (an offline switch, no answer), or None."""
     for var in switches:
         if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
             return f"{var} is set"
@@ -255,7 +239,6 @@ def _import_datasets() -> Any:
 
 
 def _parquet_rows(files: list[str]) -> list[int] | None:
-    """Rows per parquet file, from the footers (no data read)."""
     try:
         import pyarrow.parquet as pq
 
@@ -274,7 +257,7 @@ def _hub_revision(name: str) -> str | None:
 
 
 def open_source(cfg: HFDataConfig) -> Source:
-    """Resolve `cfg.dataset` (no documents are read yet). Offline hub names fail here, in seconds."""
+    """Resolve `cfg.dataset` without reading documents; offline hub names fail here, in seconds."""
     assert cfg.dataset is not None
     named = (cfg.dataset, cfg.subset, cfg.split, cfg.text_field)  # the Source's first four fields
     if is_local(cfg.dataset):
@@ -306,8 +289,7 @@ def _missing_column(source: Source, columns: list[str]) -> MiniGPTError:
 
 
 def _parquet_batches(source: Source, batch_size: int) -> Iterator[list[Any]]:
-    """The text column of local parquet files, read by pyarrow in 1 MB pieces without pre-buffering
-    (`datasets`' streaming reader reads ahead while the tokenizer is busy: its memory grows with the file)."""
+    """Local parquet's text column by pyarrow, unbuffered (`datasets`' memory grows with the file)."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -328,7 +310,6 @@ def _first_line(err: Exception) -> str:
 
 
 def _dataset_batches(source: Source, batch_size: int) -> Iterator[list[Any]]:
-    """The text column of anything else, streamed by `datasets`."""
     datasets = _import_datasets()
     try:
         if source.builder is None:
@@ -350,8 +331,7 @@ def _dataset_batches(source: Source, batch_size: int) -> Iterator[list[Any]]:
 
 
 def iter_texts(source: Source, skip: int = 0, batch_size: int = 1000) -> Iterator[list[Any]]:
-    """Batches of the text column's values (not yet checked to be strings), skipping the first `skip`
-    documents. Errors of the underlying reader (a corrupt file, a bad row) become one-line MiniGPTErrors."""
+    """Batches of the text column's values (not checked to be strings) after the first `skip` documents."""
     read = _parquet_batches if source.builder == "parquet" else _dataset_batches
     try:
         for texts in read(source, batch_size):

@@ -1,32 +1,26 @@
-"""The validation split of `data=hf` documents: a seeded hash of the document's index decides, so the
-split is the same whatever the batching, `num_proc` or `max_tokens` (hf.py); `val_fraction:
-null` sizes it to the corpus (`auto_val_fraction`). splitmix64 also seeds the window order of the shard
-train stream (windows.py)."""
+"""The validation split of `data=hf` documents: a seeded hash of the index decides, whatever the batching,
+`num_proc` or `max_tokens`. splitmix64 also seeds the shard windows' order (windows.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment: 2**64 / the golden ratio
-# How `val_mask` decides, in words (recorded in the shards' meta.json).
+# `val_mask` in words, for meta.json.
 SPLIT_RULE = (
     "document i is validation when "
     "splitmix64(i + (split_seed + 1) * 0x9E3779B97F4A7C15) / 2**64 < val_fraction"
 )
 
 
-# `loader.val_windows: auto` estimates val loss on about this many tokens (windows.py), and an automatic
-# split aims to hold them.
-AUTO_VAL_TOKENS = 131_072
-# The automatic share of documents held out: at least the old default (a big corpus keeps ~0.1% of its
-# documents, already far more than the estimate reads), at most a tenth (a small corpus trains on 90%).
+AUTO_VAL_TOKENS = 131_072  # what `loader.val_windows: auto` reads, and what an automatic split holds
+# The automatic split's bounds: a big corpus keeps 0.1% (far more than read), a small one trains on 90%.
 AUTO_VAL_FRACTION_MIN, AUTO_VAL_FRACTION_MAX = 0.001, 0.1
 CHARS_PER_BPE_TOKEN = 4  # English text under GPT-2-like BPE; fewer in other text: more val tokens, not less
 
 
 def auto_val_fraction(corpus_chars: int, chars_per_token: float) -> float:
-    """The validation share of documents for a corpus of `corpus_chars` characters (those read, counted
-    up to what proves the minimum share enough): enough for AUTO_VAL_TOKENS, within the bounds above."""
+    """The validation share of documents that holds AUTO_VAL_TOKENS, within the bounds above."""
     wanted = AUTO_VAL_TOKENS * chars_per_token / max(corpus_chars, 1)
     return min(AUTO_VAL_FRACTION_MAX, max(AUTO_VAL_FRACTION_MIN, wanted))
 
@@ -45,8 +39,7 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 def val_mask(first_doc: int, n: int, fraction: float, seed: int) -> np.ndarray:
-    """True for the validation documents among indices first_doc .. first_doc + n - 1 (SPLIT_RULE): a
-    pseudo-random subset that depends only on the index, never on how the documents were batched."""
+    """True for the validation documents among indices first_doc .. first_doc + n - 1 (SPLIT_RULE)."""
     with np.errstate(over="ignore"):
         x = np.arange(first_doc, first_doc + n, dtype=np.uint64) + (np.uint64(seed) + 1) * GOLDEN_GAMMA
     return (splitmix64(x) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)) < fraction

@@ -1,12 +1,5 @@
-"""Text -> `train.bin` / `val.bin` + `meta.json`: the token files of `data=shakespeare_char | shakespeare |
-text`, tokenized once and memory-mapped by the training windows (windows.py). Entry point: `prepare_data`.
-
-The split is by characters of the concatenated text, like nanoGPT (the last `val_fraction` is validation),
-each side tokenized on its own; `text` corpora's files are documents, preceded by the end-of-text id when
-the tokenizer has one. Files are streamed in ~1 MB pieces cut where BPE pre-tokenization cuts anyway
-(`safe_cut`), so the ids equal a one-shot encode while memory stays flat (the cache's rules:
-preparation.py).
-"""
+"""Text -> `train.bin` / `val.bin` + `meta.json`, split by characters like nanoGPT. Files are streamed in
+~1 MB pieces cut where BPE pre-tokenization cuts anyway (`safe_cut`): the ids equal a one-shot encode."""
 
 from __future__ import annotations
 
@@ -46,16 +39,14 @@ from mini_gpt.tokenizer import (
 
 FORMAT_VERSION = 1
 PIECE_CHARS = 1 << 20  # characters per encoded piece: big enough to amortise calls, small for memory
-# Not text: a NUL byte in a file's first SNIFF_BYTES (binaries, UTF-16), or more than this share of the
-# corpus's bytes invalid UTF-8 (random or compressed data: ~half; a Latin-1 text: a few percent, kept
-# with a warning).
+# Not text: a NUL in a file's first SNIFF_BYTES, or over this share of bytes invalid (Latin-1: a few %).
 SNIFF_BYTES = 1 << 16
 MAX_INVALID_UTF8_SHARE = 0.1
 
 
 @dataclass
 class PreparedData:
-    """A valid token cache: paths, dtype, tokenizer and counts (meta.json holds the same and more)."""
+    """A valid token cache (meta.json holds the same and more)."""
 
     dir: Path
     train_path: Path
@@ -73,7 +64,7 @@ class PreparedData:
 
     @property
     def train(self) -> list[ShardInfo]:
-        """train.bin as a list of token files, like `ShardedCorpus.train` (read them with `open_shard`)."""
+        """train.bin as a list of token files, like `ShardedCorpus.train`."""
         return [token_file(self.train_path, self.dtype)]
 
     @property
@@ -82,7 +73,6 @@ class PreparedData:
 
 
 def cache_dir(cfg: DataConfig) -> Path:
-    """Where the token files of `cfg` live (meta.json in it is written last, when they are complete)."""
     if cfg.name != TEXT_CORPUS:
         return cfg.root / cfg.name
     assert cfg.path is not None
@@ -116,9 +106,8 @@ codecs.register_error("mini_gpt_replace", _count_and_replace)
 def decoded_chunks(
     files: list[Path], chunk_bytes: int, strict: bool = False
 ) -> Iterator[tuple[int, str, int]]:
-    """(document index, text, bytes read) per chunk, decoding UTF-8 incrementally: a bad byte becomes
-    U+FFFD (counted), or with `strict` a one-line error naming the file and offset. utf-8-sig: a leading
-    byte-order mark (Windows editors) is dropped, not kept as text."""
+    """(document index, text, bytes read) per chunk; a bad byte becomes a counted U+FFFD (`strict`: an error).
+    utf-8-sig drops a leading byte-order mark."""
     for doc, path in enumerate(files):
         decoder = codecs.getincrementaldecoder("utf-8-sig")("strict" if strict else "mini_gpt_replace")
         offset = 0
@@ -140,11 +129,9 @@ def decoded_chunks(
 
 
 def safe_cut(text: str, limit: int) -> int:
-    """Largest i in (0, len) where splitting text[:i] | text[i:] cannot change BPE ids, else 0.
-    tiktoken's pre-tokenization regexes (gpt2, cl100k, o200k) never join a newline with a following
-    non-space character, so a cut in "x\\n|y" (x, y not whitespace) is invisible to the encoder.
-    Lacking one in a very long buffer, cut before " word" (also a pre-token boundary), then anywhere.
-    """
+    """Largest i in (0, len) where splitting text[:i] | text[i:] cannot change BPE ids, else 0. tiktoken's
+    regexes never join a newline with a following non-space, so a cut in "x\\n|y" is invisible; lacking
+    one in a very long buffer, cut before " word" (also a pre-token boundary), then anywhere."""
     pos = text.rfind("\n", 1, len(text) - 1)
     while pos > 0:
         # A whitespace run before the newline would end the piece as one run ("\n\n" is one token at
@@ -197,7 +184,7 @@ def text_pieces(
 
 
 def _scan(files: list[Path], chunk_chars: int, want_chars: bool) -> tuple[int, str, int]:
-    """First pass: (number of characters, sorted distinct characters if wanted, bytes replaced)."""
+    """(characters, sorted distinct characters if wanted, bytes replaced)."""
     _BAD.count = 0
     n_chars = 0
     seen = np.zeros(0x110000, dtype=bool) if want_chars else None
@@ -210,8 +197,7 @@ def _scan(files: list[Path], chunk_chars: int, want_chars: bool) -> tuple[int, s
 
 
 def encoder(tok: Tokenizer, dtype: str) -> Callable[[str], np.ndarray]:
-    """text -> ids array, as `encode_ordinary` (no special tokens recognised); thread-safe, and releases
-    the GIL for the heavy part."""
+    """text -> ids array, as `encode_ordinary`; thread-safe, releasing the GIL for the heavy part."""
     if isinstance(tok, TiktokenTokenizer):
         enc = tok.encoding
         return lambda text: enc.encode_to_numpy(text, disallowed_special=()).astype(dtype, copy=False)
@@ -235,7 +221,6 @@ def _valid_cache(out_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def check_split_length(split: str, n_tokens: int, block_size: int) -> None:
-    """One line when the `train` or `validation` split cannot fill one window of block_size + 1 tokens."""
     if n_tokens < block_size + 1:
         fraction = "raise" if split == "validation" else "lower"
         raise MiniGPTError(
@@ -253,9 +238,8 @@ def prepare_data(
     progress: bool | None = None,
     piece_chars: int = PIECE_CHARS,
 ) -> PreparedData:
-    """`train.bin` / `val.bin` / `meta.json` of `cfg`, built unless a valid cache exists (`build=False`:
-    raise if missing or stale). `block_size` also checks that both splits hold one (block_size + 1)-token
-    window. `progress=None` shows bars on a tty."""
+    """The token files of `cfg`, built unless a valid cache exists (`build=False`: raise instead);
+    `block_size` checks that both splits hold one window."""
     files = corpus_files(cfg, progress)
     total_bytes = sum(f.stat().st_size for f in files)
     if total_bytes == 0:
@@ -309,9 +293,8 @@ def _write_token_files(
     threads: int,
     advance: Callable[[int], None],
 ) -> list[int]:
-    """Encode the (split, document, text, bytes) pieces on a thread pool and write their ids, in order,
-    to their split's file (train, val), the end-of-text id `eot` before each document but the first.
-    Returns the tokens written to each file."""
+    """Encode the pieces on a thread pool and write them in order, `eot` before each document but the first;
+    the tokens written to each file."""
     counts, last_doc = [0, 0], -1
     with ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool:
         for (split, doc, _, nbytes), ids in in_order(pool, lambda p: (p, encode(p[2])), pieces, 2 * threads):
@@ -335,8 +318,7 @@ def _tokenize_corpus(
     progress: bool | None,
     piece_chars: int,
 ) -> dict[str, Any]:
-    """Tokenize `files` into `out_dir`'s train.bin / val.bin, then write meta.json; returns it.
-    `tok` None: the char tokenizer of the corpus' characters."""
+    """Tokenize `files` into `out_dir`, then write meta.json; `tok` None: the char tokenizer."""
     where = f"data.path={cfg.path or files[0]}"
     for path in files:  # no UTF-8 text file has a NUL byte
         with open(path, "rb") as fh:
@@ -367,8 +349,7 @@ def _tokenize_corpus(
     tmp = {s: out_dir / f".{s}.bin.{os.getpid()}.tmp" for s in ("train", "val")}
     try:
         (out_dir / "meta.json").unlink(missing_ok=True)  # from now on the cache is invalid until the end
-        # Leftovers of a preparation that was killed. We hold the lock, so these temporary bins belong to
-        # no live process; other temporary files here (a download in progress) are left alone.
+        # A killed preparation's leftovers: we hold the lock, so they belong to no live process.
         for stale in out_dir.glob(".*.bin.*.tmp"):
             stale.unlink(missing_ok=True)
         pieces = text_pieces(files, split_at, piece_chars, exact_cuts=not isinstance(tok, CharTokenizer))

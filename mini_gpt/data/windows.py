@@ -1,16 +1,7 @@
-"""Training and validation windows: `(x, y)` batches of `block_size + 1` consecutive tokens (x the first
-block_size, y the last) inside one memory-mapped token file (train.bin / val.bin, or a shard).
-
-* `TrainBatches` (a flat file): windows at random positions seeded by `(seed, rank, batch index)`.
-* `ShardTrainBatches`: each epoch cuts every shard into windows (at a seeded offset, or at document starts
-  with `align_to_documents`) and visits all of them in one seeded Feistel permutation: a shuffle over
-  shards *and* positions in O(1) memory. Ranks take turns: micro-batch `i` of rank `r` holds windows
-  `(i * world + r) * batch_size ...` of that order.
-* Batch `i` is a pure function of the seed, the rank and `i`, so resuming at batch `k` reproduces the
-  uninterrupted stream; DataLoader worker `w` takes every `num_workers`-th batch from `w`.
-* `ValWindows`: fixed, non-overlapping windows of each file; `ValBatches` gives window `k` to rank
-  `k % world`, so the ranks together see each exactly once.
-"""
+"""`(x, y)` batches of `block_size + 1` consecutive tokens inside one memory-mapped token file
+(docs/data.md#bigger-corpora). Batch `i` is a pure function of the seed, the rank and `i`, so resuming
+at batch `k` reproduces the uninterrupted stream; DataLoader worker `w` takes every `num_workers`-th batch.
+The shard order is a seeded Feistel permutation: a shuffle over shards *and* positions in O(1) memory."""
 
 from __future__ import annotations
 
@@ -32,9 +23,8 @@ Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each (batch_size, block_siz
 
 
 def feistel_permute(index: np.ndarray, n: int, key: Sequence[int], rounds: int = 4) -> np.ndarray:
-    """A seeded permutation of range(n) evaluated at `index` (int64 array), without materialising it:
-    a balanced Feistel network over the smallest even number of bits covering n, walked in cycles
-    until the value falls below n."""
+    """A seeded permutation of range(n) at `index`: a balanced Feistel network over the smallest even
+    number of bits covering n, walked in cycles until the value falls below n."""
     if n <= 1:
         return np.zeros_like(index)
     bits = max(2, int(n - 1).bit_length())
@@ -61,19 +51,17 @@ def feistel_permute(index: np.ndarray, n: int, key: Sequence[int], rounds: int =
 
 
 def _xy(rows: np.ndarray) -> Batch:
-    """(n, block_size + 1) token rows -> (x, y) LongTensors of shape (n, block_size)."""
+    # (n, block_size + 1) token rows -> (x, y) of shape (n, block_size)
     t = torch.from_numpy(rows)
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
 
 def _rows(data: np.ndarray, starts: np.ndarray, block_size: int) -> np.ndarray:
-    """data[s : s + block_size + 1] for every start s, as int64: one vectorised read of the memory map."""
     return np.asarray(data[starts[:, None] + np.arange(block_size + 1)], dtype=np.int64)
 
 
 class _Mapped:
-    """Token files memory-mapped on first use in each process (DataLoader workers re-open them: pickling
-    a map would copy the whole file)."""
+    """Token files mapped on first use in each process (pickling a map would copy the whole file)."""
 
     files: list[ShardInfo]
     _maps: dict[int, np.memmap] | None = None
@@ -89,7 +77,7 @@ class _Mapped:
 
 
 class _Stream(_Mapped, IterableDataset):
-    """An endless stream of whole batches (use `DataLoader(batch_size=None)`) from `start_batch` on."""
+    """An endless stream of whole batches (`DataLoader(batch_size=None)`) from `start_batch` on."""
 
     start_batch: int
 
@@ -106,7 +94,7 @@ class _Stream(_Mapped, IterableDataset):
 
 
 class TrainBatches(_Stream):
-    """Random training batches of a flat token file; batch `i` depends only on (seed, rank, i)."""
+    """Random training batches of a flat token file."""
 
     def __init__(
         self,
@@ -126,14 +114,13 @@ class TrainBatches(_Stream):
         self.seed, self.rank, self.start_batch = seed, rank, start_batch
 
     def batch(self, index: int) -> Batch:
-        """Batch number `index`: (x, y) LongTensors of shape (batch_size, block_size)."""
         rng = np.random.default_rng([self.seed, self.rank, index])
         starts = rng.integers(0, self.n_tokens - self.block_size, size=self.batch_size)
         return _xy(_rows(self._map(0), starts, self.block_size))
 
 
 class ShardTrainBatches(_Stream):
-    """Training batches over shards in one seeded order; batch `i` depends only on (seed, rank, world, i)."""
+    """Training batches over shards in one seeded order; rank `r` takes every world-th batch of it."""
 
     def __init__(
         self,
@@ -186,7 +173,7 @@ class ShardTrainBatches(_Stream):
         return np.maximum(0, (self.sizes - 1 - self._offset(epoch)) // self.block_size)
 
     def _locate(self, g: int) -> tuple[int, int, int]:
-        """Global window number -> (epoch, first window number of that epoch, windows in it)."""
+        """Global window number -> (epoch, its first window number, its windows)."""
         while not self._epochs or self._epochs[-1][0] + self._epochs[-1][1] <= g:
             first = self._epochs[-1][0] + self._epochs[-1][1] if self._epochs else 0
             n = int(self._counts(len(self._epochs)).sum())
@@ -221,7 +208,6 @@ class ShardTrainBatches(_Stream):
         return np.concatenate(shard_ids), np.concatenate(starts)
 
     def batch(self, index: int) -> Batch:
-        """Batch number `index`: (x, y) LongTensors of shape (batch_size, block_size)."""
         shard_ids, starts = self.window_starts(index)
         rows = np.empty((len(starts), self.block_size + 1), dtype=np.int64)
         for s in np.unique(shard_ids).tolist():
@@ -231,17 +217,15 @@ class ShardTrainBatches(_Stream):
 
 
 def _evenly(n: int, most: int | None) -> np.ndarray:
-    """Indices of `most` of n items, evenly spaced (all n when most is None or >= n)."""
+    """Indices of `most` of n items, evenly spaced (all when None)."""
     if most is None or not 0 < most < n:
         return np.arange(n)
     return np.unique(np.linspace(0, n - 1, most).round().astype(np.int64))
 
 
 def val_window_count(setting: int | str | None, block_size: int) -> int | None:
-    """Windows per evaluation for `loader.val_windows` (None = every window of the split): an integer as
-    given, `auto` = AUTO_VAL_TOKENS' worth (at least one), `all` (or null, the old default) = no bound.
-    `auto` bounds the cost of a validation on any corpus (nanoGPT estimates on 200 batches for the same
-    reason); at block_size 64 it is 2,048 windows: tiny Shakespeare's whole val split (1,742) still counts."""
+    """Windows per evaluation for `loader.val_windows` (None: all); `auto` bounds a validation's cost on any
+    corpus, as nanoGPT's 200 batches do."""
     if setting is None or setting == "all":
         return None
     if setting == "auto":
@@ -255,15 +239,14 @@ def val_window_count(setting: int | str | None, block_size: int) -> int | None:
 
 
 def val_window_starts(n_tokens: int, block_size: int, max_windows: int | None = None) -> np.ndarray:
-    """Starts of the non-overlapping (block_size + 1)-token windows of one file; evenly thinned to
-    `max_windows` when given. Window k reads tokens [k*T, k*T + T] (its last target is the next x[0])."""
+    """Starts of one file's windows, evenly thinned to `max_windows`; window k reads tokens [k*T, k*T + T]
+    (its last target is the next window's x[0])."""
     starts = np.arange(max(0, (n_tokens - 1) // block_size), dtype=np.int64) * block_size
     return starts[_evenly(len(starts), max_windows)]
 
 
 class ValWindows(_Mapped, Dataset):
-    """Fixed validation windows over token files (a flat val.bin, or the validation shards); item k is
-    (x, y) of shape (block_size,)."""
+    """Fixed validation windows over token files; item k is (x, y) of shape (block_size,)."""
 
     def __init__(self, files: Sequence[ShardInfo], block_size: int, max_windows: int | None = None) -> None:
         self.files = list(files)
@@ -286,8 +269,8 @@ class ValWindows(_Mapped, Dataset):
 
 
 class ValBatches(IterableDataset):
-    """This rank's validation windows (k goes to rank k % world: no padding, no duplicates, so the summed
-    loss is the same for any device count) as whole `(x, y)` batches (`DataLoader(batch_size=None)`)."""
+    """This rank's validation windows as whole batches: k goes to rank k % world, no padding, so the summed
+    loss is the same for any device count."""
 
     def __init__(self, windows: ValWindows, batch_size: int, rank: int = 0, world: int = 1) -> None:
         super().__init__()

@@ -1,12 +1,6 @@
-"""Tokenizers: characters or tiktoken BPE behind one small, serialisable interface (`Tokenizer`).
-
-`build_tokenizer(name)` makes one; `tokenizer_from_dict(tok.to_dict())` rebuilds it with no network and
-no file (the dict embeds the BPE ranks, ~0.8 MB for GPT-2), so a checkpoint alone generates text. BPE
-ranks come from a `.tiktoken` file (`bpe_file`, checked against the sha256 tiktoken pins; GPT-2's ships
-in `data/tokenizers/`), else `tiktoken.get_encoding` (`TIKTOKEN_CACHE_DIR`, else a download). A BPE
-trained on your own text (`mini-gpt tokenizer train`, bpe.py) is a directory that loads the same way.
-No Lightning/Hydra here: generation needs it and must start fast.
-"""
+"""Tokenizers: characters or tiktoken BPE behind one serialisable interface (`Tokenizer`). `to_dict()`
+embeds the BPE ranks (~0.8 MB for GPT-2), so a checkpoint alone generates text. No Lightning/Hydra here:
+generation needs it and must start fast."""
 
 from __future__ import annotations
 
@@ -37,8 +31,7 @@ NETWORK_TIMEOUT_S = 20.0
 
 @dataclass(frozen=True)
 class EncodingSpec:
-    """What rebuilds a tiktoken encoding from its ranks alone: `tiktoken.Encoding`'s other arguments,
-    and the sha256 of its `.tiktoken` ranks file (which a `data.bpe_file` must match)."""
+    """`tiktoken.Encoding`'s arguments besides the ranks, and the sha256 a `data.bpe_file` must match."""
 
     pat_str: str
     special_tokens: dict[str, int]
@@ -129,7 +122,7 @@ class Tokenizer(ABC):
         return self.encode(text)
 
     def known_text(self, text: str) -> str:
-        """`text` without the characters this vocabulary cannot encode (all of it for byte-level BPE)."""
+        """`text` without the characters this vocabulary cannot encode."""
         return text
 
     @property
@@ -154,7 +147,7 @@ CHAR_EOT = "\x03"
 
 
 class CharTokenizer(Tokenizer):
-    """One id per character; the vocabulary is a string of distinct characters, id = position."""
+    """One id per character: id = position in `chars`."""
 
     def __init__(self, chars: str) -> None:
         if not chars:
@@ -166,7 +159,6 @@ class CharTokenizer(Tokenizer):
 
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
-        """Vocabulary = the sorted distinct characters of `text`."""
         return cls("".join(sorted(set(text))))
 
     @property
@@ -208,9 +200,8 @@ class CharTokenizer(Tokenizer):
 
 
 class TiktokenTokenizer(Tokenizer):
-    """A tiktoken `Encoding` plus what is needed to rebuild it offline (name, regex, ranks, specials).
-    `encode` reads special-token text ("<|endoftext|>" -> 50256) so prompts can hold it; `encode_ordinary`
-    (corpus preparation) treats it as plain characters."""
+    """A tiktoken `Encoding` and what rebuilds it offline. `encode` reads special-token text (prompts);
+    `encode_ordinary` (corpus preparation) treats it as plain characters."""
 
     def __init__(
         self, name: str, pat_str: str, mergeable_ranks: dict[bytes, int], special_tokens: dict[str, int]
@@ -223,7 +214,7 @@ class TiktokenTokenizer(Tokenizer):
 
     @classmethod
     def from_encoding(cls, enc: Any) -> TiktokenTokenizer:
-        """Wrap an encoding from `tiktoken.get_encoding`, reading its ranks through the public API."""
+        """Wrap an encoding from `tiktoken.get_encoding`."""
         specials = {token: enc.encode_single_token(token) for token in enc.special_tokens_set}
         special_ids = set(specials.values())
         ranks = {}
@@ -258,7 +249,6 @@ class TiktokenTokenizer(Tokenizer):
 
     @cached_property
     def ranks_text(self) -> str:
-        """The ranks in `.tiktoken` format (rank order, one `base64 rank` line each)."""
         items = sorted(self.ranks.items(), key=lambda kv: kv[1])
         return "".join(f"{base64.b64encode(tok).decode()} {rank}\n" for tok, rank in items)
 
@@ -281,7 +271,7 @@ class TiktokenTokenizer(Tokenizer):
 
 
 def parse_tiktoken_ranks(data: bytes | str, source: str = "ranks") -> dict[bytes, int]:
-    """Parse `.tiktoken` text: lines of `base64(token_bytes) rank`; blank lines are skipped."""
+    """Parse `.tiktoken` text: lines of `base64(token_bytes) rank`."""
     if isinstance(data, bytes):
         data = data.decode("ascii", errors="replace")
     ranks: dict[bytes, int] = {}
@@ -302,7 +292,6 @@ def parse_tiktoken_ranks(data: bytes | str, source: str = "ranks") -> dict[bytes
 
 
 def encoding_spec(name: str) -> EncodingSpec:
-    """The regex, special tokens and pinned ranks sha256 of a tiktoken encoding, with no network."""
     spec = ENCODINGS.get(name)
     if spec is None:
         raise MiniGPTError(f"unknown tiktoken encoding {name!r}; use char or one of: {', '.join(ENCODINGS)}")
@@ -356,13 +345,12 @@ def _get_encoding(name: str) -> Any:
     )
 
 
-# A trained tokenizer's directory (bpe.write_tokenizer_dir): the ranks in tiktoken's own format, the rest
-# of `tiktoken.Encoding`'s arguments in a small JSON, and a README saying how to load it with plain tiktoken.
+# A trained tokenizer's directory (docs/tokenizers.md#the-directory-a-tiktoken-tokenizer)
 RANKS_FILE, ENCODING_FILE, README_FILE = "ranks.tiktoken", "encoding.json", "README.md"
 
 
 def load_tokenizer_dir(directory: str | Path) -> TiktokenTokenizer:
-    """The tokenizer `mini-gpt tokenizer train` wrote (bpe.write_tokenizer_dir); every fault is one line."""
+    """The tokenizer `mini-gpt tokenizer train` wrote."""
     path = Path(directory).expanduser().resolve()
     hint = "train one with: mini-gpt tokenizer train data=... vocab_size=4096 out=DIR"
     if not path.is_dir():
@@ -387,19 +375,16 @@ def load_tokenizer_dir(directory: str | Path) -> TiktokenTokenizer:
 
 
 def is_tokenizer_dir(name: str) -> bool:
-    """Whether a tokenizer name is a path (a trained tokenizer's directory) rather than a built-in name:
-    it looks like a path, or names an existing directory and no built-in (a `gpt2/` folder beside you
-    leaves data.tokenizer=gpt2 GPT-2's)."""
+    """Whether a tokenizer name is a trained tokenizer's directory: it looks like a path, or names one and
+    no built-in (a `gpt2/` folder beside you leaves gpt2 GPT-2's)."""
     if "/" in name or "\\" in name or name.startswith((".", "~")):
         return True
     return name != "char" and name not in ENCODINGS and Path(name).is_dir()
 
 
 def build_tokenizer(name: str, bpe_file: str | Path | None = None, text: str | None = None) -> Tokenizer:
-    """`char` (vocabulary from `text`), the directory of a trained tokenizer (`mini-gpt tokenizer train`),
-    or the name of an encoding tiktoken ships (`gpt2`, `cl100k_base`...). BPE ranks come from `bpe_file`
-    (no network), else the repository's copy (gpt2, r50k_base), else `tiktoken.get_encoding`
-    (TIKTOKEN_CACHE_DIR, else a download)."""
+    """`char` (vocabulary from `text`), a trained tokenizer's directory or a tiktoken encoding, whose ranks
+    come from `bpe_file`, else the repository's copy, else `tiktoken.get_encoding` (maybe a download)."""
     if is_tokenizer_dir(name):
         if bpe_file is not None:
             raise MiniGPTError(f"data.bpe_file is for tiktoken's encodings; drop it ({name} has its ranks)")
@@ -417,7 +402,7 @@ def build_tokenizer(name: str, bpe_file: str | Path | None = None, text: str | N
 
 
 def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:
-    """Inverse of `Tokenizer.to_dict()`; needs no network and no file."""
+    """Inverse of `Tokenizer.to_dict()`, with no network and no file."""
     kind = d.get("type")
     if kind == "char":
         return CharTokenizer(d["chars"])

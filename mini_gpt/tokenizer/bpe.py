@@ -1,12 +1,6 @@
-"""Train a byte-level BPE on your own text, as a tiktoken tokenizer (`mini-gpt tokenizer train`).
-
-The trainer is `rustbpe` (nanochat's; picked over Hugging Face `tokenizers` by measurement, see
-docs/tokenizers.md): it streams documents and learns merges in tiktoken's own ranking, so the result is a
-`TiktokenTokenizer` with no conversion: the 256 single bytes (no text is ever unknown), the merges, then
-the special tokens. Split patterns are spelled without possessive quantifiers (`++`, `{1,3}+`), which the
-Oniguruma engine of `tokenizers` (a transformers export) reads as "repeat once more": greedy spellings
-split the same text the same way in tiktoken, rustbpe and `tokenizers`.
-"""
+"""Train a byte-level BPE as a tiktoken tokenizer (docs/tokenizers.md), with `rustbpe`: it learns merges in
+tiktoken's ranking, so no conversion. Patterns avoid possessive quantifiers (`++`), which the Oniguruma
+engine of `tokenizers` (a transformers export) reads as "repeat once more"."""
 
 from __future__ import annotations
 
@@ -22,7 +16,6 @@ from mini_gpt.files import atomic_write, write_json_atomic
 from mini_gpt.tokenizer import ENCODING_FILE, EOT, RANKS_FILE, README_FILE, TiktokenTokenizer
 
 N_BYTES = 256
-# The pre-tokenization patterns a tokenizer can be trained with (greedy spellings, module docstring).
 PATTERNS: dict[str, str] = {
     # GPT-2's 2019 regex: letters, numbers and other symbols each in runs with one optional leading space.
     "gpt2": r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
@@ -63,9 +56,8 @@ def pattern_regex(pattern: str) -> str:
 
 
 def merge_parts(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes] | None:
-    """The two tokens whose merge made `token` (tiktoken keeps ranks, not merges): byte-level BPE on its
-    bytes with only the merges ranked before it. None when that does not end in exactly two parts, a
-    vocabulary whose merges list (transformers, llama.cpp) could not rebuild this token."""
+    """The two tokens whose merge made `token` (tiktoken keeps ranks, not merges): BPE on its bytes with the
+    earlier merges only. None: a merges list (transformers, llama.cpp) could not rebuild this token."""
     rank = ranks[token]
     parts = [bytes([b]) for b in token]
     while len(parts) > 2:
@@ -93,7 +85,6 @@ def check_vocab_size(vocab_size: int, special_tokens: Iterable[str]) -> int:
 
 
 def cropped(texts: Iterable[str], max_chars: int | None, doc_max_chars: int | None) -> Iterator[str]:
-    """`texts` with each cropped to `doc_max_chars`, stopping once `max_chars` characters were given."""
     given = 0
     for text in texts:
         if doc_max_chars is not None:
@@ -116,8 +107,7 @@ def train_bpe(
     special_tokens: Iterable[str] = (EOT,),
 ) -> TiktokenTokenizer:
     """A byte-level BPE of `vocab_size` tokens (bytes, merges, then `special_tokens`) learned on `texts`,
-    streamed. Deterministic: the same texts give the same ranks. A corpus with too few distinct pairs
-    to learn every merge is one line saying how many it learned."""
+    streamed; the same texts give the same ranks."""
     try:
         import rustbpe
     except ImportError:
@@ -141,10 +131,8 @@ def train_bpe(
 
 
 def write_tokenizer_dir(tok: TiktokenTokenizer, out: Path, overwrite: bool, info: dict[str, Any]) -> None:
-    """Save `tok` as the directory `out`: ranks, encoding.json (name, pattern, special tokens, sha256 of
-    the ranks, and `info` on how it was trained) and a README. Whole or not at all: written into a
-    temporary sibling, then renamed into place (an existing `out` only with `overwrite`, and replaced only
-    once the new one is complete)."""
+    """Save `tok` as the directory `out` (`info`: how it was trained), whole or not at all: a temporary
+    sibling renamed into place, replacing an existing `out` (with `overwrite`) only once complete."""
     out = out.expanduser().resolve()
     if out.exists() and not overwrite:
         raise MiniGPTError(f"out={out} exists; choose another directory or pass overwrite=true to replace it")

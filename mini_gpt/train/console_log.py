@@ -1,6 +1,4 @@
-"""The run directory around one run (`run_directory`) and its `train.log`: what the console showed, as a
-terminal would end up displaying it (a progress bar's redraws once in their final state, no colours).
-"""
+"""The run directory around one run and its `train.log`: the console as a terminal ends up showing it."""
 
 from __future__ import annotations
 
@@ -26,9 +24,8 @@ _TOKEN = re.compile(rf"{_ESCAPE.pattern}|\r|\n|[^\x1b\r\n]+|\x1b")
 
 
 class Screen:
-    """A minimal terminal: text, `\\r`, `\\n`, erase-line (`ESC[K`) and cursor-up (`ESC[nA`); every other
-    escape (colours, cursor visibility, links) is dropped. Lines the cursor can no longer reach (more than
-    `keep` above it) go to `out` as they scroll away; `close()` writes the rest."""
+    """A minimal terminal: text, `\\r`, `\\n`, erase-line and cursor-up; other escapes are dropped. Lines
+    more than `keep` above the cursor go to `out` as they scroll away; `close()` writes the rest."""
 
     def __init__(self, out: IO[str], keep: int = 200) -> None:
         self.out, self.keep = out, keep  # a live display redraws at most `keep` lines above the cursor
@@ -81,8 +78,6 @@ class Screen:
 
 
 class _Tee:
-    """A text stream that writes to the console stream and to a shared Screen."""
-
     def __init__(self, console: Any, screen: Screen) -> None:
         self._console, self._screen = console, screen
 
@@ -99,7 +94,6 @@ class _Tee:
 
 @contextmanager
 def record_console(path: str | Path) -> Iterator[None]:
-    """Copy stdout and stderr into `path` (appended) during the block."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as log:
@@ -121,10 +115,8 @@ def record_console(path: str | Path) -> Iterator[None]:
 def run_directory(
     run_dir: str | Path, keep_unstarted: bool = False, output_dir: str | Path | None = None
 ) -> Iterator[None]:
-    """The run directory around one run (rank 0; other ranks just run the block). `train.log` records the
-    console, a failure's traceback included. A run that fails before training started (no summary.json)
-    leaves no folder, unless `keep_unstarted` (a sweep trial's folder holds its error for the table): what
-    Hydra and the run wrote is removed, then the folder and its emptied parents below `output_dir`."""
+    """`train.log` records the console (rank 0). A run that fails before training (no summary.json) leaves
+    no folder, nor emptied parents below `output_dir`, unless `keep_unstarted` (a sweep trial's error)."""
     if launcher_rank() != 0:
         yield
         return

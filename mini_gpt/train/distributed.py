@@ -1,10 +1,5 @@
-"""Multi-device helpers: this process's rank and the batch arithmetic (both known before the Trainer is
-built), a dead rank in words, the FSDP strategy factory.
-
-    tokens per optimizer step = micro_batch x accumulate x devices x num_nodes x block_size
-
-lr, warmup and max_steps keep their meaning only while that product stays fixed (`global_batch_tokens`).
-"""
+"""Multi-device helpers: the rank and the batch arithmetic (both before the Trainer is built), a dead
+rank in words, the FSDP strategy. Batch semantics: docs/training.md#batch-semantics."""
 
 from __future__ import annotations
 
@@ -26,13 +21,11 @@ def _env_rank(keys: Sequence[str]) -> int:
 
 
 def launcher_rank() -> int:
-    """This process's global rank as its launcher set it (Lightning's DDP re-launch, torchrun, SLURM),
-    else 0: known before the Trainer is built (printing, data preparation)."""
+    """This process's global rank as its launcher set it (Lightning's DDP, torchrun, SLURM), else 0."""
     return _env_rank(("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"))
 
 
 def local_rank() -> int:
-    """This process's rank on its node as its launcher set it, else 0."""
     return _env_rank(("LOCAL_RANK", "SLURM_LOCALID", "JSM_NAMESPACE_LOCAL_RANK"))
 
 
@@ -47,9 +40,8 @@ _PEER_GONE = (
 
 
 def dead_ranks(trainer: Any, err: BaseException) -> str | None:
-    """Which rank's death `err` (raised in this rank's fit) comes from, in words; None when it is not a
-    lost peer. Ranks that Lightning's launcher started are its child processes: the dead one is named with
-    its exit and the survivors are killed. Under torchrun / SLURM a lost connection is all there is."""
+    """The dead rank behind `err`, in words, or None. Lightning's own child ranks are named (the survivors
+    killed); under torchrun / SLURM a lost connection is all there is."""
     if getattr(trainer, "world_size", 1) <= 1:
         return None
     procs = list(getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or [])
@@ -85,7 +77,6 @@ class BatchLayout:
 
     @property
     def world_size(self) -> int:
-        """Processes that each compute one micro-batch's gradient in parallel."""
         return self.devices * self.num_nodes
 
     @property
@@ -97,7 +88,6 @@ class BatchLayout:
         return self.sequences_per_step * self.block_size
 
     def as_dict(self) -> dict[str, int]:
-        """Plain ints for loggers (the W&B config)."""
         derived = ("world_size", "sequences_per_step", "tokens_per_step")
         return {**asdict(self), **{key: getattr(self, key) for key in derived}}
 
@@ -126,9 +116,8 @@ def devices_per_node(accelerator: str, devices: Any) -> int:
 
 
 def refuse_multirun_devices(world_size: int, external: bool, devices: Any) -> None:
-    """A sweep trial trains alone or is a rank a cluster launcher (`external`) started: DDP that re-runs
-    the script per device would run the whole sweep per rank, and ddp_spawn leaves the trial without the
-    val losses it must return."""
+    """DDP re-running the script per device would run the whole sweep per rank, and ddp_spawn returns no
+    val loss: a trial trains alone or as a rank a cluster launcher (`external`) started."""
     if world_size > 1 and not external:
         raise MiniGPTError(
             "Hydra multirun (-m) cannot run a multi-device strategy started from inside the trial "
@@ -140,7 +129,6 @@ def refuse_multirun_devices(world_size: int, external: bool, devices: Any) -> No
 def batch_layout(
     trainer: Any, micro_batch: int, block_size: int, global_batch_tokens: int | None
 ) -> BatchLayout:
-    """The run's BatchLayout from conf/trainer's dataclass, the accumulation from `global_batch_tokens`."""
     devices = devices_per_node(trainer.accelerator, trainer.devices)
     accumulate = trainer.accumulate_grad_batches
     if global_batch_tokens is not None:
@@ -151,8 +139,7 @@ def batch_layout(
 
 
 def accumulation_for(global_batch_tokens: int, micro_batch: int, block_size: int, world_size: int) -> int:
-    """Micro-batches to accumulate per device so one optimizer step sees exactly `global_batch_tokens`
-    (rounding would silently train with another batch than asked for)."""
+    """Micro-batches per device for exactly `global_batch_tokens` a step (rounding would change the batch)."""
     check_ints(
         global_batch_tokens=global_batch_tokens,
         micro_batch=micro_batch,
@@ -180,9 +167,7 @@ def fsdp_strategy(
     state_dict_type: str = "full",
     **kwargs: Any,
 ) -> Any:
-    """Lightning's FSDPStrategy, each module of a `wrap` class one FSDP unit (its parameters gathered just
-    for its forward/backward); `activation_checkpointing` recomputes their activations in the backward
-    pass (less memory, ~1/3 more compute)."""
+    """Lightning's FSDPStrategy with each module of a `wrap` class one FSDP unit."""
     from lightning.pytorch.strategies import FSDPStrategy  # here: this module is imported before Lightning
 
     classes = set()

@@ -1,10 +1,5 @@
-"""Start a training run from pretrained weights (`init_from=...`), fully or with LoRA adapters.
-
-The source (`load_source`: a hub name, a transformers or `mini-gpt export` directory, or a `.ckpt`) fixes
-every key that shapes a weight. `FinetuneConfig` chooses what trains: `full` freezes what it is asked to,
-`lora` adds adapters and freezes the rest. A checkpoint records how (`finetune_meta`), so a resume
-rebuilds the same adapters and frozen parts. Guide: docs/fine-tuning.md.
-"""
+"""Start a run from pretrained weights (`init_from=`), fully or with LoRA (docs/fine-tuning.md). A
+checkpoint records how (`finetune_meta`), so a resume rebuilds the same adapters and frozen parts."""
 
 from __future__ import annotations
 
@@ -26,8 +21,7 @@ from mini_gpt.train.resume import Resume
 
 
 def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_from: str) -> GPTConfig:
-    """`source`'s config with the `requested` dropout / smaller context. `requested` (the model keys the
-    user set) may change no other key: that would change a weight's shape or meaning."""
+    """`source`'s config with the `requested` dropout / smaller context; any other key is refused."""
     changes: dict[str, Any] = {}
     refused = []
     for key, value in requested.items():
@@ -64,8 +58,7 @@ def build_model(source: GPT, config: GPTConfig) -> GPT:
 
 def check_tokenizer(source: Tokenizer, data: Tokenizer, init_from: str) -> None:
     """Refuse data tokenized differently from the source (ids would mean other tokens)."""
-    # gpt2 and r50k_base are the same encoding under two names
-    if {**source.to_dict(), "name": None} == {**data.to_dict(), "name": None}:
+    if {**source.to_dict(), "name": None} == {**data.to_dict(), "name": None}:  # gpt2 is r50k_base
         return
     if isinstance(source, CharTokenizer):
         hint = "fine-tune a char model on char data with exactly the same characters (data.tokenizer=char)"
@@ -101,7 +94,6 @@ def _first_trained_block(config: GPTConfig, cfg: FinetuneConfig) -> int:
 
 
 def _lora_spec(config: GPTConfig, cfg: FinetuneConfig) -> LoraSpec:
-    """The adapters `cfg` asks for: every target projection of every trained block, by full name."""
     targets = tuple(
         f"transformer.h.{i}.{name}"
         for i in range(_first_trained_block(config, cfg), config.n_layer)
@@ -112,7 +104,7 @@ def _lora_spec(config: GPTConfig, cfg: FinetuneConfig) -> LoraSpec:
 
 
 def prepare_model(model: GPT, cfg: FinetuneConfig) -> GPT:
-    """Freeze what `cfg` keeps fixed, or add LoRA adapters (all else frozen); returns the model."""
+    """Freeze what `cfg` keeps fixed, or add LoRA adapters (all else frozen)."""
     if cfg.method == "lora":
         return add_lora(model, _lora_spec(model.config, cfg))
     first = _first_trained_block(model.config, cfg)
@@ -126,7 +118,6 @@ def prepare_model(model: GPT, cfg: FinetuneConfig) -> GPT:
 
 
 def finetune_meta(init_from: str, config: GPTConfig, cfg: FinetuneConfig) -> dict[str, Any]:
-    """What a checkpoint records about how this run was set up (primitives only)."""
     meta: dict[str, Any] = {"init_from": str(init_from), "config": cfg.to_dict()}
     if cfg.method == "lora":
         meta["lora"] = _lora_spec(config, cfg).to_dict()
@@ -135,9 +126,8 @@ def finetune_meta(init_from: str, config: GPTConfig, cfg: FinetuneConfig) -> dic
 
 @dataclass
 class FinetunePlan:
-    """How a fine-tuning run's model is made. From `init_from` the source's weights are held until `build`
-    (after data preparation, so the tokenizer can be checked); resuming a fine-tuning checkpoint rebuilds
-    only the structure, and Lightning loads the weights."""
+    """How a fine-tuning run's model is made: `build` comes after data preparation, so the tokenizer can be
+    checked; resuming rebuilds only the structure (Lightning loads the weights)."""
 
     config: GPTConfig  # the run's model config: its block_size sizes the data windows
     record: dict[str, Any]  # the checkpoint's `finetune` entry
@@ -162,8 +152,7 @@ def plan_finetune(
     resume: Resume | None = None,
     bpe_file: str | Path | None = None,
 ) -> FinetunePlan | None:
-    """The FinetunePlan of a run: from `init_from`, or resuming a fine-tuning checkpoint (`resume`); None
-    for a run from scratch or the resume of one."""
+    """The plan from `init_from` or a resumed fine-tuning checkpoint; None for a run from scratch."""
     if init_from:
         source, tokenizer = load_source(str(init_from), bpe_file)
         config = finetune_model_config(source.config, requested, str(init_from))
@@ -190,7 +179,6 @@ def plan_finetune(
 
 
 def describe(model: GPT, record: Mapping[str, Any]) -> str:
-    """One line for the log: where the weights came from, how they train, trainable / total parameters."""
     trainable, total = count_parameters(model)
     return (
         f"fine-tuning ({record['config']['method']}) from {record['init_from']}: {trainable:,} of "

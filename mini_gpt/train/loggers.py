@@ -1,6 +1,4 @@
-"""Experiment loggers of a training run, built from `cfg.logger`. W&B never blocks: online only with
-credentials and a reachable server, else offline and silent (no login prompt, no banner).
-"""
+"""Experiment loggers of a training run, built from `cfg.logger`; W&B never blocks (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -41,8 +39,7 @@ def wandb_mode() -> str:
 
 
 def default_wandb_group(env: Mapping[str, str], sweep_dir: str | None) -> str | None:
-    """W&B group of runs that belong together: a W&B sweep (its agent sets $WANDB_SWEEP_ID) or a Hydra
-    multirun (named after its sweep dir); None for a single run or when $WANDB_RUN_GROUP names one."""
+    """The W&B group of a W&B sweep's or a Hydra multirun's runs; else None ($WANDB_RUN_GROUP wins)."""
     if env.get("WANDB_RUN_GROUP"):
         return None
     if env.get("WANDB_SWEEP_ID"):
@@ -53,8 +50,7 @@ def default_wandb_group(env: Mapping[str, str], sweep_dir: str | None) -> str | 
 
 
 def build_loggers(logger_cfgs: Mapping[str, Any], trial: tuple[str, int] | None) -> tuple[list[Any], bool]:
-    """(loggers, log_model) from the `_target_` entries of `cfg.logger` (plain dicts). `trial`: (sweep dir,
-    job number) inside a Hydra multirun, one W&B run per trial, grouped per sweep."""
+    """(loggers, log_model) from `cfg.logger`; in a multirun `trial`, one W&B run per trial."""
     loggers, log_model = [], False
     for lcfg in logger_cfgs.values():
         if lcfg is None:
@@ -80,16 +76,14 @@ def build_loggers(logger_cfgs: Mapping[str, Any], trial: tuple[str, int] | None)
 
 
 def _drop_anonymous(logger: WandbLogger) -> None:
-    """The one use of a WandbLogger private (Lightning 2.6.6, wandb 0.31.0): the logger always passes
-    `anonymous` to wandb.init, which wandb >= 0.19 answers with a warning on every run; nothing public
-    leaves it out."""
+    """A WandbLogger private (Lightning 2.6.6): it always passes `anonymous`, which wandb >= 0.19 warns of."""
     init_args = getattr(logger, "_wandb_init", None)
     if isinstance(init_args, dict):
         init_args.pop("anonymous", None)
 
 
 def finish_wandb(loggers: list[Any], log_model: bool, ckpt_path: str | None) -> None:
-    """Upload the checkpoint as an artifact if asked, close the run, say how to sync an offline run."""
+    """Upload the checkpoint if asked, close the run, say how to sync an offline one."""
     if not any(isinstance(logger, WandbLogger) for logger in loggers):
         return
     import wandb  # only with a WandbLogger: heavy, and optional

@@ -1,12 +1,5 @@
-"""LoRA adapters on our GPT, through `peft` (an optional extra: `pip install -e ".[lora]"`).
-
-LoRA (Hu et al., 2021) leaves a pretrained weight W frozen and learns a low-rank update beside it:
-
-    y = x Wᵀ + (alpha / r) · dropout(x) Aᵀ Bᵀ        A: (r, in), B: (out, r), B starts at zero
-
-`add_lora` injects the adapters in place (the model stays a `GPT`, with `<module>.base_layer.weight` beside
-`<module>.lora_A.default.weight` / `lora_B`); `merge_lora` folds the update into W.
-"""
+"""LoRA adapters on our GPT through `peft`: y = x Wᵀ + (alpha / r) · dropout(x) Aᵀ Bᵀ, A: (r, in), B: (out, r)
+starting at zero. The model stays a `GPT` (`<module>.base_layer.weight`, `<module>.lora_A.default.weight`)."""
 
 from __future__ import annotations
 
@@ -22,8 +15,6 @@ from mini_gpt.model.gpt import GPT, GPTConfig
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """Which modules get adapters, and their rank, scale and dropout."""
-
     target_modules: tuple[str, ...]  # full module names, e.g. "transformer.h.0.attn.c_attn"
     rank: int = 8
     alpha: float = 16.0
@@ -58,7 +49,7 @@ def _peft_config(spec: LoraSpec) -> Any:
 
 
 def add_lora(model: GPT, spec: LoraSpec) -> GPT:
-    """Inject adapters into `model` in place (everything else frozen) and return it."""
+    """Inject adapters into `model` in place (everything else frozen)."""
     names = {name for name, _ in model.named_modules()}
     unknown = sorted(set(spec.target_modules) - names)
     if unknown:

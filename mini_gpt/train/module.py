@@ -1,11 +1,5 @@
-"""The LightningModule: next-token cross-entropy on a GPT, AdamW/Muon, a per-step LR schedule.
-
-The GPT lives at `self.model` (checkpoint keys `model.<...>`); `checkpoint["mini_gpt"]` holds its config
-and tokenizer as primitives, so a checkpoint alone rebuilds both (mini_gpt.interop.checkpoint).
-
-The hot loop never syncs with the device: every `trainer.log_every_n_steps` optimizer steps the loss is
-read once, logged with `self.log` and kept in `self.stats`; validation syncs once per evaluation.
-"""
+"""The LightningModule: next-token cross-entropy on `self.model` (checkpoint keys `model.<...>`).
+The hot loop never syncs with the device: the loss is read once per `trainer.log_every_n_steps` steps."""
 
 from __future__ import annotations
 
@@ -58,9 +52,7 @@ class GPTLitModule(L.LightningModule):
         run_config: dict[str, Any] | None = None,
         run_overrides: list[str] | None = None,
     ) -> None:
-        """`model`: a GPT prepared by mini_gpt.train.finetune, `finetune` its record (primitives, saved in
-        checkpoints). `tokens_per_step`: over all devices (0 = unknown). `run_config` (plain, unresolved)
-        and `run_overrides` go into checkpoints for mini_gpt.train.resume."""
+        """`model`, `finetune`: from train.finetune. `tokens_per_step`: all devices (0 = unknown)."""
         super().__init__()
         self.model_config = model_config
         self.optim_config = optim
@@ -100,8 +92,7 @@ class GPTLitModule(L.LightningModule):
         return self.net(x, targets=y, reduction=reduction)[1]  # never all (B, T, V) logits at once
 
     def logs_step(self, step: int) -> bool:
-        """Whether optimizer step `step` (1-based) logs, the only steps that read the device: every
-        trainer.log_every_n_steps, and the last (Lightning flushes the loggers there)."""
+        """Whether optimizer step `step` (1-based) logs, reading the device: every n, and the last."""
         return step % max(1, self.trainer.log_every_n_steps) == 0 or step == self.trainer.max_steps
 
     def saw_nonfinite_loss(self) -> bool:
@@ -110,8 +101,7 @@ class GPTLitModule(L.LightningModule):
 
     @contextmanager
     def side_work(self) -> Iterator[None]:
-        """Work between steps that is not training (samples, attention maps, evaluations): its seconds go
-        to `stats.side_seconds`, left out of tokens/s."""
+        """Work between steps that is not training (samples, evaluations): left out of tokens/s."""
         t0 = time.perf_counter()
         try:
             yield
@@ -201,13 +191,11 @@ class GPTLitModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         fsdp = isinstance(self.trainer.strategy, FSDPStrategy)
         if stage == "fit" and not fsdp and not self.compile and self.trainer.world_size == 1:
-            # Lightning's model summary counts FLOPs only with an example input (else "Total FLOPs: 0"): one
-            # sequence, one eval-mode forward pass. Not under FSDP (sharded weights) or compile.
+            # Lightning's model summary counts FLOPs only with an example input (else "Total FLOPs: 0").
             self.example_input_array = torch.zeros(1, self.model.config.block_size, dtype=torch.long)
         if stage == "fit" and fsdp:
-            # FSDP (use_orig_params) keeps these Parameter objects but turns them into flat 1-D shard views
-            # when it wraps the model, after this hook and before configure_optimizers; param groups are
-            # chosen by shape (2-D weights decay), so build the optimizer now, while the shapes are real.
+            # FSDP flattens the parameters to 1-D shards before configure_optimizers; param groups are
+            # chosen by shape, so build the optimizer now, while the shapes are real.
             self._prebuilt_optimizer = build_optimizer(self.model, self.optim_config)
 
     def configure_optimizers(self) -> dict[str, Any]:
@@ -226,7 +214,6 @@ class GPTLitModule(L.LightningModule):
                 k: list(v) if isinstance(v, tuple) else v
                 for k, v in dataclasses.asdict(self.optim_config).items()
             },
-            # tokens trained on so far (as summary.json counts them); evaluation reports it beside the step
             "tokens": self.global_step * self.tokens_per_step if self.tokens_per_step else None,
         }
         if self.run_config is not None:
@@ -240,12 +227,10 @@ class GPTLitModule(L.LightningModule):
             checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state(self.device)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Lightning calls this before it loads any state: refuse a checkpoint of another model or
-        # tokenizer here, in one line, instead of a size-mismatch traceback (or silent nonsense).
+        # Before any state is loaded: another model or tokenizer is one line, not a size-mismatch traceback.
         if self.tokenizer is not None:
             source = self._trainer.ckpt_path if self._trainer is not None else "checkpoint"
             check_resume(checkpoint, dataclasses.asdict(self.model_config), self.tokenizer, source)
-        # Restored at the first training batch, not now: between here and that batch Lightning builds
-        # the sanity-check and train DataLoader iterators, and each draws its base seed from the global
-        # generator, which the uninterrupted run did not do at this point (its dropout masks would differ).
+        # Restored at the first training batch: the DataLoader iterators built before it draw their seeds
+        # from the global generator, which the uninterrupted run did not do here.
         self._resume_rng = checkpoint.get("rng_state") or None

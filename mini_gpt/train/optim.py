@@ -1,11 +1,6 @@
-"""Optimizers and the learning-rate schedule.
-
-Only 2-D matmul weights decay: decay regularises the matrices that mix features but hurts biases, norm
-gains and embedding tables (a rare token's row would shrink between the few steps that update it);
-embeddings opt in with `decay_embeddings=True`. Muon takes the blocks' 2-D hidden matrices, AdamW the
-rest; `CombinedOptimizer` presents both as the one optimizer Lightning wants. `LambdaLR` applies the
-schedule as a multiplier of each group's base lr, so any peak lr (a sweep's draw, Muon's) gets its shape.
-"""
+"""Optimizers and the learning-rate schedule. Only 2-D matmul weights decay: decay hurts biases, norm
+gains and embeddings (a rare token's row would shrink between its few updates). Muon takes the blocks'
+hidden matrices, AdamW the rest; the schedule is a multiplier of each group's base lr, Muon's included."""
 
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ from mini_gpt.errors import MiniGPTError
 def lr_at(
     step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int, schedule: str = "cosine"
 ) -> float:
-    """The lr of optimizer step `step` (0-based): a linear warmup to `lr` (never 0), then cosine or linear
-    decay to `min_lr` at `decay_steps` and flat after; `constant` keeps `lr` after the warmup."""
+    """The lr of optimizer step `step` (0-based): linear warmup (never 0), decay to `min_lr`, then flat."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     if schedule == "constant":
@@ -40,7 +34,6 @@ def lr_at(
 
 
 def lr_multiplier(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
-    """lr_at(step) / lr: the factor LambdaLR applies to every group's base lr (so Muon's too)."""
     decay_steps = cfg.decay_steps or max_steps
     if decay_steps is None or decay_steps < 1:
         raise MiniGPTError("optim.decay_steps is null and trainer.max_steps is not set; set one of them")
@@ -50,8 +43,7 @@ def lr_multiplier(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
 def param_groups(
     model: nn.Module, weight_decay: float, decay_embeddings: bool = False, split_muon: bool = False
 ) -> dict[str, list[tuple[str, nn.Parameter]]]:
-    """Named trainable parameters in groups "decay" (2-D; embeddings only with decay_embeddings), "no_decay"
-    and, with split_muon, "muon" (the 2-D weights inside `transformer.h`, out of "decay")."""
+    """Trainable parameters as "decay", "no_decay" and, with split_muon, "muon" (2-D in `transformer.h`)."""
     embedding_params = {
         id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)
     }
@@ -70,9 +62,8 @@ def param_groups(
 
 
 class CombinedOptimizer(torch.optim.Optimizer):
-    """Several optimizers over disjoint parameters, presented as one: all param groups live here (LR
-    schedulers, gradient clipping and checkpoints see every group) and the children share those group
-    dicts and this object's `state`; `step` evaluates the closure once and steps every child."""
+    """Several optimizers over disjoint parameters as the one Lightning wants: the children share this
+    object's group dicts and `state`, so schedulers, clipping and checkpoints see every group."""
 
     def __init__(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         self.optimizers = list(optimizers)
@@ -114,10 +105,8 @@ def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig, device_type: str) -> 
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW over decay/no-decay groups, or AdamW + Muon (hidden matrices) as one CombinedOptimizer.
-
-    With Muon, either side may own no trainable parameter (LoRA: every adapter is a hidden matrix, the
-    embeddings and norms are frozen); torch refuses an optimizer with none, so that side is left out."""
+    """AdamW, or AdamW + Muon as one CombinedOptimizer; a side with no trainable parameter (LoRA trains
+    only hidden matrices) is left out, as torch refuses an empty optimizer."""
     device_type = next(model.parameters()).device.type
     use_muon = cfg.name == "muon"
     named = param_groups(model, cfg.weight_decay, cfg.decay_embeddings, split_muon=use_muon)
@@ -152,5 +141,4 @@ def _muon(named: list[tuple[str, nn.Parameter]], cfg: OptimConfig) -> torch.opti
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> Any:
-    """LambdaLR with the schedule as a multiplier; Lightning must step it per optimizer step."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(cfg, max_steps))

@@ -1,12 +1,5 @@
-"""`trainer.precision=auto`: bf16 autocast where it pays, float32 elsewhere (any other value is kept).
-
-- A CUDA GPU: bf16-mixed when it supports bfloat16 (Ampere or newer).
-- A CPU: bf16-mixed when it has native bfloat16 instructions (AVX512-BF16, AMX) and the model is at least
-  `CPU_BF16_MIN_WIDTH` wide. Without them bf16 is emulated and slower than float32; on narrow models the
-  matrices are too small for the faster multiply to outweigh the casts (docs/benchmarks.md, "bf16 on the
-  CPU").
-- Anything else: 32-true.
-"""
+"""`trainer.precision=auto`: bf16 autocast where it pays (docs/training.md#configs), else float32. On a
+CPU without native bf16 it is emulated and slower; on narrow models the casts outweigh the faster multiply."""
 
 from __future__ import annotations
 
@@ -14,15 +7,12 @@ from dataclasses import dataclass
 
 import torch
 
-# The narrowest model (n_embd) whose training step bf16 autocast clearly speeds up on a CPU (measured with
-# `mini-gpt bench train --compare nanogpt`).
+# The narrowest n_embd bf16 clearly speeds up on a CPU (`mini-gpt bench train --compare nanogpt`).
 CPU_BF16_MIN_WIDTH = 256
 
 
 @dataclass(frozen=True)
 class PrecisionChoice:
-    """The precision a run trains in and, for `auto`, why (printed at start)."""
-
     precision: str
     reason: str = ""
 
@@ -31,12 +21,8 @@ class PrecisionChoice:
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX), not by emulation.
-
-    torch has no public query for it: these two helpers exist since torch 2.1 and are looked up by name,
-    so a release that drops them gives False (float32), never an error. oneDNN's own bf16 check is no
-    substitute: it also says yes on plain AVX-512, where bf16 is emulated and slower than float32.
-    """
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX). torch's private helpers (2.1+)
+    are looked up by name: a release without them gives False. oneDNN's check says yes on plain AVX-512."""
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     try:
         return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
@@ -60,8 +46,7 @@ def device_type(accelerator: object) -> str:
 def choose_precision(
     requested: object, accelerator: object, n_embd: int, *, cpu_bf16: bool | None = None
 ) -> PrecisionChoice:
-    """Resolve trainer.precision for a model `n_embd` wide on `accelerator`; `cpu_bf16` overrides the CPU
-    capability check (None: ask the CPU)."""
+    """Resolve trainer.precision; `cpu_bf16` overrides the CPU check (None: ask the CPU)."""
     if str(requested) != "auto":
         return PrecisionChoice(str(requested))
     device = device_type(accelerator)

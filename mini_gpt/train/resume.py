@@ -1,10 +1,5 @@
-"""Resuming: `python train.py ckpt_path=.../last.ckpt [key=value]` continues a run with its own config.
-
-`read_resume` reads the checkpoint once (`Resume`). `resumed_config` composes conf/ again from the run's
-saved overrides followed by the command line's, so the command line wins and everything else continues as
-the run was started; the differences are printed (`trainer.max_steps: 500 -> 900`). A checkpoint without
-overrides resumes its saved config with `key=value` changes only (no group choices).
-"""
+"""Resuming (`ckpt_path=`): the run's saved overrides, then the command line's, composed again
+(docs/training.md#checkpoints-and-resuming). A checkpoint without overrides takes `key=value` changes only."""
 
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.checkpoint import read_checkpoint
 from mini_gpt.train.distributed import launcher_rank
 
-# Always this process's: the checkpoint, the new run dir, and init_from (a resumed run's weights come from
-# the checkpoint; a fine-tuning run's adapters and frozen parts are rebuilt from its record there).
+# Always this process's (a fine-tuning run's adapters come from the checkpoint's record, not init_from).
 _NEVER_RESTORED = ("ckpt_path", "paths.run_dir", "init_from")
 _SAVED_CONFIG = "_resumed_run"  # ConfigStore name of a saved config that has no overrides
 _MISSING = object()
@@ -45,7 +39,6 @@ class Resume:
 
 
 def checkpoint_path(value: str | None) -> Path | None:
-    """`ckpt_path=` as an absolute path (None when unset); a missing file is one line."""
     if value is None:
         return None
     path = Path(value).expanduser().resolve()
@@ -82,8 +75,7 @@ def read_resume(value: str | None, init_from: str | None = None) -> Resume | Non
 def _compose_run(
     overrides: Sequence[str], config_name: str = "train", hydra_node: bool = False
 ) -> DictConfig:
-    """Compose `config_name` with `overrides` (inside train.py's Hydra job through its Hydra, which refuses
-    a second initialization); a refused override is one line."""
+    """Compose `config_name` with `overrides` (inside a Hydra job through its Hydra: no second init)."""
     try:
         if GlobalHydra.instance().is_initialized():
             return hydra.compose(config_name, list(overrides), return_hydra_config=hydra_node)
@@ -108,8 +100,7 @@ def _without(overrides: Sequence[str], keys: Sequence[str] = ()) -> list[str]:
 
 
 def run_overrides(cfg: DictConfig, resume: Resume | None) -> list[str] | None:
-    """The overrides that compose `cfg` from conf/, as its checkpoints record them: Hydra's task overrides,
-    after the resumed checkpoint's own; None outside a Hydra run or resuming a checkpoint that has none."""
+    """The overrides that compose `cfg`, for its checkpoints: the resumed checkpoint's, then Hydra's."""
     if not HydraConfig.initialized():
         return None
     task = list(HydraConfig.get().overrides.task)
@@ -119,9 +110,8 @@ def run_overrides(cfg: DictConfig, resume: Resume | None) -> list[str] | None:
 
 
 def explicit_model_keys(cfg: DictConfig) -> dict[str, Any]:
-    """The model keys this run sets on purpose (with init_from they must fit the source): all of them when
-    the model config is chosen (`model=NAME`, an experiment's `override /model`), else those named on the
-    command line or differing from the default composition's. Empty without init_from or outside Hydra."""
+    """The model keys this run sets on purpose, which must fit init_from's source: all of them when a
+    model config is chosen (`model=NAME`, an experiment), else those named or differing from the default."""
     if not HydraConfig.initialized() or not cfg.get("init_from"):
         return {}
     model = OmegaConf.to_container(cfg.model, resolve=True)
@@ -144,8 +134,7 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
-    """`key: old -> new` for every leaf that differs (added: `(unset)`), ckpt_path and the run dir aside.
-    A key added since the run with a null value (a newer version's option, off) is not a change."""
+    """`key: old -> new` per differing leaf; a key added since the run with a null value is no change."""
     old, new = dict(_leaves(before)), dict(_leaves(after))
 
     def show(value: Any) -> str:
@@ -163,9 +152,8 @@ def _config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list
 def resumed_config(
     cfg: DictConfig, resume: Resume | None, overrides: Sequence[str] | None = None
 ) -> DictConfig:
-    """The config to run: resuming, the run's saved overrides followed by `overrides` (default: Hydra's),
-    composed again; rank 0 prints the changes and records the config in `.hydra/config.yaml`. A fresh run,
-    or a library call outside Hydra without `overrides`, runs `cfg` itself."""
+    """The config to run (`cfg` itself for a fresh run); rank 0 prints the changes and records the result
+    in `.hydra/config.yaml`. `overrides` default to Hydra's."""
     in_hydra = HydraConfig.initialized()
     if resume is None or (overrides is None and not in_hydra):
         return cfg
@@ -202,6 +190,5 @@ def resumed_config(
         job = HydraConfig.get() if in_hydra else None
         recorded = job is not None and job.output_subdir is not None
         if recorded and not OmegaConf.is_missing(job.runtime, "output_dir"):
-            # the run directory records the config that runs, not the command line's
             OmegaConf.save(restored, Path(job.runtime.output_dir) / job.output_subdir / "config.yaml")
     return restored

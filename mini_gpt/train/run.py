@@ -1,10 +1,5 @@
-"""One training run, read top to bottom in six steps: `train(cfg) -> RunResult`, `cfg` composed from
-conf/train.yaml.
-
-Multi-device: Lightning re-runs the entry point once per extra device, so everything before `fit` runs on
-every rank; the rank comes from the launcher's environment (distributed.launcher_rank), data preparation
-runs once per node, and printing, summary.json and W&B happen on rank 0.
-"""
+"""One training run in six steps: `train(cfg) -> RunResult`, `cfg` composed from conf/train.yaml.
+Lightning re-runs the entry point per extra device, so everything before `fit` runs on every rank."""
 
 from __future__ import annotations
 
@@ -182,8 +177,7 @@ def _quiet_lightning() -> None:
 def trainer_arguments(
     trainer: DictConfig, layout: BatchLayout, max_steps: int, precision: str
 ) -> dict[str, Any]:
-    """conf/trainer as the Trainer's final arguments: `max_steps` (max_flops is ours), precision resolved,
-    the batch layout's accumulation, val_check_interval from optimizer steps to micro-batches."""
+    """conf/trainer as the Trainer's final arguments (val_check_interval in micro-batches)."""
     arguments = OmegaConf.to_container(trainer, resolve=True)
     assert isinstance(arguments, dict)
     del arguments["max_flops"]
@@ -256,7 +250,7 @@ def _instantiate(node: Any, key: str, **kwargs: Any) -> Any:
 
 
 def _callbacks(cfg: DictConfig, options: TrainConfig) -> list[L.Callback]:
-    """The configured callbacks (`_target_` entries; null or switched off (`enabled` false) = left out)."""
+    """The configured callbacks, less those set to null or `enabled` false."""
     callbacks = []
     for name, node in (cfg.callbacks or {}).items():
         if node is None:
@@ -272,8 +266,7 @@ def _callbacks(cfg: DictConfig, options: TrainConfig) -> list[L.Callback]:
 
 
 def check_world(trainer: L.Trainer, world_size: int, multirun: bool) -> None:
-    """The Trainer has as many processes as the batch layout counted; a sweep trial trains alone (or as one
-    rank of a cluster launcher's job)."""
+    """The Trainer has the processes the batch layout counted; a sweep trial trains on one device."""
     if trainer.world_size != world_size:
         raise MiniGPTError(
             f"trainer.devices x trainer.num_nodes gives {world_size} processes but Lightning started "
@@ -285,7 +278,6 @@ def check_world(trainer: L.Trainer, world_size: int, multirun: bool) -> None:
 
 
 def _dead_rank_line(dead: str, trainer: L.Trainer) -> str:
-    """`rank 1 (...) died at step N; ... resume with: ...` (every rank must live through a DDP run)."""
     last = last_checkpoint_path(trainer)
     resume = "no checkpoint was saved yet: run again"
     if last is not None and last.is_file():

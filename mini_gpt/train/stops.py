@@ -1,5 +1,4 @@
-"""How a training run can stop early, besides a user error: the exceptions the callbacks raise and the exit
-status of a preempted run. Kept free of torch and Lightning: the command line catches them."""
+"""How a run stops early besides a user error; free of torch and Lightning: the command line catches them."""
 
 from __future__ import annotations
 
@@ -18,5 +17,4 @@ class DivergedError(MiniGPTError):
 
 
 class Preempted(Exception):
-    """Training stopped on SIGTERM / SIGUSR1 after saving last.ckpt (summary.json status `preempted`, exit
-    status EXIT_PREEMPTED); its message is the one line to print."""
+    """Stopped on SIGTERM / SIGUSR1 after saving last.ckpt; its message is the one line to print."""

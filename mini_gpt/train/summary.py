@@ -1,6 +1,4 @@
-"""`summary.json`: what a run did, written by train() when its fit ends, however it ends, from the
-module's loss curve, the trainer and its `callback_metrics`.
-"""
+"""`summary.json` (fields: docs/training.md#the-run-directory), written however the fit ends."""
 
 from __future__ import annotations
 
@@ -21,16 +19,14 @@ _runs_in_process = 0  # train() calls so far: the first run's clock starts at pr
 
 
 def run_start() -> float:
-    """Unix time this run's clock starts: process start for the first run of the process (imports and
-    start-up count), the call itself for later ones (the next trials of a multirun or a sweep)."""
+    """When this run's clock starts: process start for the first run (start-up counts), else now."""
     global _runs_in_process
     _runs_in_process += 1
     return psutil.Process().create_time() if _runs_in_process == 1 else time.time()
 
 
 def run_status(error: BaseException | None, step: int, start_step: int) -> str | None:
-    """completed, interrupted (Ctrl-C), preempted (SIGTERM / SIGUSR1), nonfinite (NaN guard), diverged or
-    failed; None for a bad input found before the first step (its one line, and no run directory kept)."""
+    """The summary's status; None for a bad input found before the first step (no run directory kept)."""
     if error is None:
         return "completed"
     if isinstance(error, KeyboardInterrupt | SystemExit):  # Lightning exits with status 1 on Ctrl-C
@@ -47,7 +43,6 @@ def run_status(error: BaseException | None, step: int, start_step: int) -> str |
 def write_summary(
     path: Path, status: str, start: float, trainer: L.Trainer, module: GPTLitModule
 ) -> dict[str, Any]:
-    """Write summary.json atomically; returns what it holds."""
     stats, checkpoint, metrics = module.stats, trainer.checkpoint_callback, dict(trainer.callback_metrics)
     vals = stats.val_history
     best = getattr(checkpoint, "best_model_path", "")
@@ -64,7 +59,6 @@ def write_summary(
         "start_step": stats.start_step,  # > 0: the step of the checkpoint this fit resumed
         "steps": trainer.global_step,
         "tokens": tokens,
-        # training FLOPs as the MFU counts them; the parameter counts a scaling fit needs
         "flops": tokens * module.model.flops_per_token(),
         "params": module.model.num_params(non_embedding=False),
         "non_embedding_params": module.model.num_params(non_embedding=True),
@@ -73,7 +67,6 @@ def write_summary(
         "tokens_per_sec": None if rate is None else float(rate),
         "val_curve": [[s, t - start, v] for s, t, v in vals],
         "eval": {k: float(v) for k, v in metrics.items() if k.startswith("eval/")},  # callbacks.evaluate
-        # val losses are estimates on `val_tokens` of the `val_split_tokens` (loader.val_windows)
         "val_tokens": stats.val_tokens or None,
         "val_split_tokens": getattr(trainer.datamodule, "val_split_tokens", None),
         "best_ckpt": str(Path(best).resolve()) if best else None,
@@ -84,7 +77,6 @@ def write_summary(
 
 
 def _loss(value: float | None) -> str:
-    """A loss for the summary line: 4 decimals (summary.json keeps every digit)."""
     return "none" if value is None else f"{value:.4f}"
 
 

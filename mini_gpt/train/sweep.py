@@ -1,14 +1,5 @@
-"""Hyperparameter sweeps, both kinds, and the table of trials they end with.
-
-Optuna (`mini-gpt sweep`): a thin driver over `study.optimize` with pruning, a study in a storage file that
-parallel workers share, resumable after a kill. conf/hparams_search/ gives the space (`params` in Hydra's
-sweep grammar), sampler and pruner; each trial trains in `<dir>/<trial number>/`.
-
-Hydra multirun (`python train.py -m ...`): `SweepReport` (conf/hydra/default.yaml) refuses a multi-device
-strategy the trials could not run, before the first trial.
-
-Either kind ends by printing its table and writing it to `<sweep dir>/trials.csv` (`report_table`).
-"""
+"""Hyperparameter sweeps: Optuna's (`mini-gpt sweep`, docs/sweeps.md) and Hydra's multirun (`SweepReport`),
+both ending with the table of trials in `<sweep dir>/trials.csv`."""
 
 from __future__ import annotations
 
@@ -88,8 +79,7 @@ class StudySettings:
 
 
 def distribution(key: str, spec: str) -> optuna.distributions.BaseDistribution:
-    """An Optuna distribution from Hydra's sweep grammar: `interval(a, b)` (float), `tag(log, ...)`
-    (log scale), `range(a, b[, step])` (integers, b excluded as in Python), `choice(...)` (categorical)."""
+    """An Optuna distribution from Hydra's sweep grammar (`range`'s end excluded, as in Python)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
@@ -118,8 +108,7 @@ def distribution(key: str, spec: str) -> optuna.distributions.BaseDistribution:
 
 
 def searched_params(settings: StudySettings, cfg: DictConfig) -> dict[str, Any]:
-    """The params this config searches: each key must exist; a `when` condition drops the keys another
-    optimizer uses (optim.muon_lr under optim=adamw)."""
+    """The params this config searches; `when` drops another optimizer's (optim.muon_lr under adamw)."""
     space = {}
     for key, spec in settings.params.items():
         if OmegaConf.select(cfg, key, default="<missing>") == "<missing>":
@@ -144,7 +133,7 @@ def _experimental() -> Iterator[None]:
 
 
 def _storage(settings: StudySettings) -> Any:
-    """None (in memory), an SQLite/other database URL, or a journal file (the default; safe on NFS)."""
+    """None (in memory), a database URL, or a journal file (safe on NFS)."""
     import optuna
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
@@ -170,7 +159,6 @@ PRUNERS = {"median": "MedianPruner", "successive_halving": "SuccessiveHalvingPru
 
 
 def make_pruner(node: dict[str, Any]) -> optuna.pruners.BasePruner:
-    """`pruner.name` (median | successive_halving | none) with its arguments from `pruner.<name>`."""
     import optuna
 
     name = node.get("name", "none")
@@ -212,9 +200,8 @@ def open_study(settings: StudySettings, space: dict[str, Any]) -> optuna.Study:
 
 
 class ReportValLoss(Callback):
-    """Reports each validation's val/loss to the Optuna trial at its optimizer step, and stops the fit
-    (checkpoints saved) when the pruner prunes the trial. Not optuna-integration's pruning callback: that
-    one reports per epoch, and a mini-gpt run is one long epoch."""
+    """Reports val/loss at each validation's optimizer step; stops the fit when the trial is pruned.
+    (optuna-integration's callback reports per epoch, and a mini-gpt run is one long epoch.)"""
 
     def __init__(self, trial: optuna.Trial, monitor: str = "val/loss") -> None:
         self.trial, self.monitor = trial, monitor
@@ -241,7 +228,6 @@ def _suggest(trial: optuna.Trial, key: str, d: Any) -> Any:
 
 
 def _param(value: Any) -> str:
-    """A suggested value for people: floats with 4 significant digits."""
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
@@ -273,8 +259,8 @@ def run_study(
     fixed: Sequence[str],
     train_trial: Callable[[DictConfig, Sequence[Callback]], dict[str, Any] | None],
 ) -> optuna.Study:
-    """Run trials until the study has `n_trials` (all workers together). `compose(overrides)` builds a
-    trial's config; `train_trial(cfg, callbacks)` trains it and returns its summary (None if it failed)."""
+    """Run trials until the study has `n_trials` (all workers together); `train_trial` returns a summary
+    (None: failed)."""
     import optuna
     from hydra.utils import instantiate
 
@@ -288,8 +274,7 @@ def run_study(
 
     def objective(trial: optuna.Trial) -> float:
         ask_lock.release()  # the trial is in the storage now, so the next worker's count includes it
-        # The sampler's seed + the trial number: reproducible with one worker, and parallel workers (each
-        # with its own sampler) never draw the same values.
+        # seed + trial number: reproducible with one worker, and parallel workers never draw the same values
         if settings.sampler.get("seed") is not None:
             study.sampler = instantiate({**settings.sampler, "seed": settings.sampler["seed"] + trial.number})
         values = {key: _suggest(trial, key, d) for key, d in space.items()}
@@ -314,7 +299,6 @@ def run_study(
         return float(loss) if loss is not None and math.isfinite(loss) else math.inf
 
     def run_one_trial() -> bool:
-        """Start and run the study's next trial unless it has n_trials already; whether one ran."""
         ask_lock.acquire()
         try:
             waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
@@ -380,7 +364,7 @@ def _error_line(trial_dir: Path) -> str:
 
 
 def read_trials(sweep_dir: str | Path) -> list[dict[str, Any]]:
-    """One row (a dict) per trial directory `<sweep dir>/<n>/` of a multirun, in trial order."""
+    """One row per trial directory `<sweep dir>/<n>/`, in trial order."""
     rows = []
     trial_dirs = [d for d in Path(sweep_dir).iterdir() if d.is_dir() and d.name.isdigit()]
     for trial_dir in sorted(trial_dirs, key=lambda d: int(d.name)):
@@ -401,7 +385,6 @@ def read_trials(sweep_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def _fmt(value: Any) -> str:
-    """A loss or a count for the table: floats with 4 decimals, "-" for none."""
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -414,8 +397,7 @@ def _seconds(value: float | None) -> str:
 
 
 def trials_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """(header, rows of strings) of a multirun's table; only the overrides that vary get a column (all of
-    them for a single trial), in first-seen order."""
+    """(header, rows) of a multirun's table: a column per override that varies (all for one trial)."""
     keys = list(dict.fromkeys(k for row in rows for k in row["overrides"]))
     if len(rows) > 1:
         keys = [k for k in keys if len({row["overrides"].get(k) for row in rows}) > 1]
@@ -460,7 +442,7 @@ def study_table(study: optuna.Study, sweep_dir: Path) -> tuple[list[str], list[l
 
 
 def report_table(sweep_dir: Path, header: list[str], body: list[list[str]], title: str) -> Path:
-    """Write the table to `<sweep_dir>/trials.csv` and print it under "trials of <title>"; the CSV's path."""
+    """Write the table to `<sweep_dir>/trials.csv` and print it; the CSV's path."""
     path = sweep_dir / TABLE_FILE
     sweep_dir.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:

@@ -1,5 +1,4 @@
-"""The Lightning callbacks of a training run, one job each; they talk to the module and the trainer's
-`callback_metrics`, never to one another (conf/callbacks/default.yaml lists them)."""
+"""The callbacks of a training run (conf/callbacks/default.yaml), one job each, never calling one another."""
 
 from mini_gpt.train.callbacks.attention_maps import AttentionMaps
 from mini_gpt.train.callbacks.checkpointing import AtomicCheckpointIO, EvalCheckpoint, resume_command

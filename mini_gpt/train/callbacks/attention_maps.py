@@ -1,11 +1,5 @@
-"""Watch the heads form during training: attention heatmaps + entropy/distance summaries.
-
-Off by default. Every `callbacks.attention_maps.every_n_steps` optimizer steps it draws the figures of
-`mini_gpt.viz.attention_maps` for a fixed prompt and logs them to W&B as images (`attention/maps`,
-`attention/summary`), or, without an active W&B run, writes
-`<run dir>/attention_maps/step<NNNNNN>_{maps,summary}.png`. The figures are built once and updated in
-place (one forward pass per render); the time is left out of tokens/s.
-"""
+"""Attention maps during training (docs/model-and-export.md#attention-maps): W&B images, or PNGs in
+`<run dir>/attention_maps/` without an active W&B run. The figures are built once and updated in place."""
 
 from __future__ import annotations
 
@@ -38,9 +32,8 @@ def _wandb_loggers(trainer: L.Trainer) -> list[Any]:
 
 
 class AttentionMaps(StepCallback):
-    """Every `every_n_steps` optimizer steps (0 = off), draw the attention of `pl_module.model` on `prompt`
-    (None: a short Shakespeare line, minus characters the tokenizer lacks; a user prompt it cannot encode
-    fails at fit start). The other keys: conf/callbacks/default.yaml."""
+    """Every `every_n_steps` optimizer steps (0 = off), draw the attention on `prompt` (None: a Shakespeare
+    line less the characters the tokenizer lacks)."""
 
     def __init__(
         self,
@@ -94,7 +87,6 @@ class AttentionMaps(StepCallback):
 
     @rank_zero_only
     def log_maps(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """Draw the figures for the current weights and log (W&B) or save (PNG) them."""
         with pl_module.side_work():
             step = trainer.global_step
             drawn = self.figures.draw(pl_module.model, pl_module.tokenizer, self._prompt_text, step)
@@ -104,7 +96,7 @@ class AttentionMaps(StepCallback):
                 import wandb  # only when a W&B run records: heavy, and optional
                 from PIL import Image
 
-                # rendered to PNG here (no plotly conversion); the figure stays open
+                # PNG here, not wandb's plotly conversion; the figure stays open
                 images = {
                     name: wandb.Image(Image.open(io.BytesIO(png_bytes(fig, self.dpi))).convert("RGB"))
                     for name, fig in figures.items()

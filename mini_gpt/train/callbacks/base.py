@@ -9,8 +9,8 @@ from lightning.pytorch.callbacks import Callback
 
 
 class StepCallback(Callback):
-    """A callback with `on_optimizer_step`, once per optimizer step (`on_train_batch_end` fires per
-    micro-batch). Overrides of `on_train_start` or `on_train_batch_end` call `super()`."""
+    """`on_optimizer_step` once per optimizer step (`on_train_batch_end` fires per micro-batch); overrides
+    of `on_train_start` or `on_train_batch_end` call `super()`."""
 
     _last_step = -1
 

@@ -1,8 +1,5 @@
-"""Checkpoints: written atomically (`AtomicCheckpointIO`), last.ckpt at every evaluation (`EvalCheckpoint`),
-saved between two optimizer steps when a run is stopped (`save_last_now`, `save_hpc_checkpoint`). The
-uses of Lightning internals (checked on Lightning 2.6.6, the version pyproject pins) are all here, each
-with its reason.
-"""
+"""Checkpoints: atomic writes, last.ckpt at every evaluation, saves between two steps when a run stops.
+Every use of a Lightning internal (checked on 2.6.6, pyproject's pin) is here, with its reason."""
 
 from __future__ import annotations
 
@@ -29,7 +26,6 @@ from mini_gpt.interop.checkpoint import unreadable_checkpoint
 
 
 def last_checkpoint_path(trainer: L.Trainer) -> Path | None:
-    """Where the checkpoint callback writes last.ckpt (None without one)."""
     cb = trainer.checkpoint_callback
     if not isinstance(cb, ModelCheckpoint) or not cb.dirpath:
         return None
@@ -37,9 +33,8 @@ def last_checkpoint_path(trainer: L.Trainer) -> Path | None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes every checkpoint so that a crash, a hard kill or a full disk leaves the previous file intact
-    (`atomic_write` beside the target; Lightning's own writer moves it from the system temp dir, a copy
-    across file systems), and reads them with one-line errors. Remote URLs go through Lightning."""
+    """Checkpoint writes that a crash or a full disk cannot half-do (Lightning's own copies from the system
+    temp dir, across file systems); one-line read errors. Remote URLs go through Lightning."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         if storage_options is not None or "://" in str(path):
@@ -52,8 +47,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 torch.save(checkpoint, fh)
             _fsync_dir(path.parent)
         except (OSError, RuntimeError) as err:
-            # torch's zip writer reports a full disk as RuntimeError ("... unexpected pos" or "file write
-            # failed"), not OSError; any other RuntimeError is not about writing.
+            # torch's zip writer reports a full disk as a RuntimeError (_ZIP_WRITE_FAILURES)
             if isinstance(err, RuntimeError) and not any(m in str(err) for m in _ZIP_WRITE_FAILURES):
                 raise
             if isinstance(err, RuntimeError) and isinstance(err.__context__, OSError):
@@ -82,7 +76,6 @@ _ZIP_WRITE_FAILURES = ("unexpected pos", "file write failed")
 
 
 def _state_bytes(obj: Any) -> int:
-    """The bytes of the tensors in a checkpoint dict: about its size on disk."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
@@ -111,9 +104,9 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class EvalCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint that writes last.ckpt after *every* evaluation (Lightning 2.6 only when val/loss
-    improved: a plateau would resume from an old step). Its state is restored only into the same
-    directory (a resumed run writes into a new one; Lightning would restore part and warn)."""
+    """Writes last.ckpt after *every* evaluation (Lightning 2.6: only when val/loss improved, so a plateau
+    would resume from an old step). Its state is restored only into the same directory (Lightning would
+    restore part of it and warn)."""
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
@@ -121,10 +114,8 @@ class EvalCheckpoint(ModelCheckpoint):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        # Private ModelCheckpoint helpers (Lightning 2.6.6): no public call writes last.ckpt now.
-        # trainer.save_checkpoint alone would skip what these keep right: last_model_path, the record of
-        # the step saved (no second write when super() saved at this step), save_last="link", the
-        # version counter and the removal of the previous file.
+        # Private helpers: no public call writes last.ckpt now and keeps last_model_path, the step saved,
+        # save_last="link", the version counter and the previous file's removal right.
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
@@ -135,12 +126,11 @@ class EvalCheckpoint(ModelCheckpoint):
 
 
 def resume_command(ckpt: Path) -> str:
-    """This script (or `mini-gpt train`) with `ckpt_path=` alone: the rest of the config comes from the
-    checkpoint."""
+    """This script (or `mini-gpt train`) with `ckpt_path=` alone: the checkpoint holds the rest."""
     on_path = shutil.which("python")
     same = on_path is not None and Path(on_path).resolve() == Path(sys.executable).resolve()
     python = "python" if same else sys.executable
-    # `mini-gpt train` (mini_gpt.cli) names itself so in argv[0]: an installed command, no interpreter
+    # mini_gpt.cli sets argv[0] to `mini-gpt train`: an installed command, no interpreter
     program = sys.argv[0].split() if sys.argv[0].startswith("mini-gpt ") else [python, sys.argv[0]]
     return shlex.join([*program, f"ckpt_path={Path(ckpt).resolve()}"])
 
@@ -151,9 +141,7 @@ def save_last_now(trainer: L.Trainer, pl_module: L.LightningModule, why: str) ->
     path = last_checkpoint_path(trainer)
     if path is None or pl_module.saw_nonfinite_loss():
         return None
-    # A Trainer private (Lightning 2.6.6): the public trainer.save_checkpoint ends at
-    # a barrier, and a rank interrupted alone must not wait there for the others; no public call
-    # returns the checkpoint dict, so it is dumped here and written by the strategy (public).
+    # Private: trainer.save_checkpoint ends at a barrier, where a rank interrupted alone would wait.
     checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
     trainer.strategy.save_checkpoint(checkpoint, path)
     if trainer.is_global_zero:
@@ -167,7 +155,7 @@ def save_last_now(trainer: L.Trainer, pl_module: L.LightningModule, why: str) ->
 
 def slurm_requeue_signal(trainer: L.Trainer) -> int | None:
     """The signal on which Lightning's SLURM environment requeues the job; None without auto-requeue."""
-    # Where Lightning's own signal connector looks (2.6.6): single-device strategies have no environment.
+    # Private, where Lightning's signal connector looks: single-device strategies have no environment.
     env = trainer._accelerator_connector.cluster_environment
     if isinstance(env, SLURMEnvironment) and env.auto_requeue:
         return int(env.requeue_signal or signal.SIGUSR1)
@@ -175,8 +163,7 @@ def slurm_requeue_signal(trainer: L.Trainer) -> int | None:
 
 
 def save_hpc_checkpoint(trainer: L.Trainer) -> Path:
-    """Write the current state as Lightning's `hpc_ckpt_<n>.ckpt`, which a requeued SLURM job's fit resumes
-    from (no public call names the file or writes it without a barrier)."""
+    """Write Lightning's `hpc_ckpt_<n>.ckpt`, which a requeued SLURM job resumes (no public call does)."""
     connector = trainer._checkpoint_connector
     path = Path(connector.hpc_save_path(trainer.default_root_dir))
     trainer.strategy.save_checkpoint(connector.dump_checkpoint(weights_only=False), path)

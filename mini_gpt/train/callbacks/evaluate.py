@@ -1,9 +1,5 @@
-"""Evaluations during training, logged as `eval/<task>/<metric>` at the step measured.
-
-Off by default. Every `callbacks.evaluate.every_n_steps` optimizer steps and after the last, it runs the
-tasks of `mini-gpt evaluate` (mini_gpt.eval.tasks) on the current weights; the ranks share the windows /
-items and add up their sums, so they log one number. The seconds spent are kept out of tokens/s.
-"""
+"""Evaluations during training (docs/evaluation.md#during-training); the ranks share the items and add up
+their sums, so they log one number."""
 
 from __future__ import annotations
 
@@ -20,8 +16,7 @@ from mini_gpt.train.callbacks.base import StepCallback
 
 
 class EvaluateCallback(StepCallback):
-    """Every `every_n_steps` optimizer steps (0 = off), evaluate `tasks` and log `eval/<task>/<metric>`.
-    The keys: conf/callbacks/default.yaml."""
+    """Every `every_n_steps` optimizer steps (0 = off) and after the last, log `eval/<task>/<metric>`."""
 
     def __init__(
         self,
@@ -71,7 +66,6 @@ class EvaluateCallback(StepCallback):
 
     @torch.no_grad()
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
-        """Run the tasks on this rank's share, reduce across ranks, log on rank 0; returns the metrics."""
         with pl_module.side_work():
             share = self._inputs.share(trainer.global_rank, trainer.world_size)
             scores = score_tasks(
@@ -81,8 +75,7 @@ class EvaluateCallback(StepCallback):
             metrics = {f"eval/{name}": value for name, value in scores.curves().items()}
             step = trainer.global_step
             self.history.append((step, metrics))
-            # To the loggers at the step measured (Lightning's own logging waits for the next log step),
-            # and to callback_metrics for summary.json.
+            # At the step measured (Lightning's logging would wait for the next log step)
             if trainer.is_global_zero:
                 for logger in trainer.loggers:
                     logger.log_metrics(metrics, step=step)
@@ -91,7 +84,6 @@ class EvaluateCallback(StepCallback):
 
     @staticmethod
     def _reduce(trainer: L.Trainer, pl_module: L.LightningModule, values: list[float]) -> list[float]:
-        """Sum python numbers over all ranks (float64 on the module's device); identity on one process."""
         if trainer.world_size == 1:
             return [float(v) for v in values]
         t = torch.tensor(values, dtype=torch.float64, device=pl_module.device)

@@ -14,15 +14,9 @@ from mini_gpt.train.stops import DivergedError, NonFiniteLossError
 
 
 class LossGuard(StepCallback):
-    """Stops training with a one-line error when the loss went bad, before anything of it is saved
-    (Lightning runs the checkpoint callback after the others; Ctrl-C and preemption saves refuse it too):
-
-    - non-finite: any training loss so far was NaN/inf (a sticky flag on the device, read every
-      `check_every_n_steps` and before every checkpoint);
-    - diverged: the logged train loss exceeds `factor` x ln(vocab) at `patience` log steps in a row, or at
-      the last log step before a checkpoint. ln V is what a uniform guess scores, about where a fresh model
-      starts. (Muon at lr=1e2 reaches ~1e5 where AdamW goes NaN: a NaN check alone misses it.) The val
-      loss is no yardstick: memorising one batch (debug=overfit_batch) sends it past 3 x ln V."""
+    """Stops training in one line when the loss went bad, before it is saved (Lightning runs the checkpoint
+    callback after the others): NaN/inf (a sticky device flag, read every `check_every_n_steps` and before
+    every checkpoint), or divergence (the rule and why: docs/training.md#checkpoints-and-resuming)."""
 
     def __init__(
         self, check_every_n_steps: int | None = None, factor: float = 3.0, patience: int = 3
@@ -35,7 +29,6 @@ class LossGuard(StepCallback):
         self.factor, self.patience = float(factor), patience
 
     def limit(self, pl_module: Any) -> float:
-        """The loss above which the run counts as diverged: factor x ln(vocabulary size)."""
         vocab = getattr(pl_module.tokenizer, "vocab_size", None) or pl_module.model.config.vocab_size
         return self.factor * math.log(vocab)
 
@@ -48,7 +41,6 @@ class LossGuard(StepCallback):
         raise error(f"{what}; stopped without saving this state ({kept}); {advice}")
 
     def check_finite(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """Raise NonFiniteLossError if the loss has been NaN/inf (reads the device once)."""
         if pl_module.saw_nonfinite_loss():
             full = str(trainer.precision) in ("32-true", "32", "64-true", "64")
             tip = [] if full else [f"use trainer.precision=32-true (this run used {trainer.precision})"]

@@ -34,11 +34,8 @@ class _Column(ProgressColumn):
 
 
 class ProgressBar(RichProgressBar):
-    """Rich bar, one line within 80 columns:
-    `train ━━━━━━━━━━ <done>/<total> <elapsed><<left> loss <train> val <val> <rate> tok/s <mfu>% mfu`.
-    Losses come from the module's loss curve (`stats`), tokens/s and MFU from `callback_metrics` (logged by
-    the Throughput callback), read only at log steps and evaluations; at the end tok/s and MFU are the
-    run's averages (summary.json's)."""
+    """`train ━━━━━━━━━━ <done>/<total> <elapsed><<left> loss <train> val <val> <rate> tok/s <mfu>% mfu`,
+    read only at log steps and evaluations; at the end tok/s and MFU are the run's averages."""
 
     def __init__(self, refresh_rate: int = 10, leave: bool = True) -> None:
         super().__init__(refresh_rate=refresh_rate, leave=leave)
@@ -89,20 +86,17 @@ class ProgressBar(RichProgressBar):
 
     @property
     def validation_description(self) -> str:
-        """`val 131,072 tok`: how many tokens the val loss estimate averages (loader.val_windows)."""
         tokens = getattr(self.trainer.datamodule, "val_estimate_tokens", None)
         return f"val {tokens:,} tok" if tokens else "val"
 
     @property
     def total_train_batches(self) -> int | float:
-        # The bar counts micro-batches from the start of training, also after a resume, so its total is
-        # the whole run (max_steps x accumulation), not Lightning's steps *remaining*.
+        # The bar counts micro-batches from step 0, also after a resume: its total is the whole run.
         trainer = self.trainer
         if trainer.max_steps > 0:
             return trainer.max_steps * trainer.accumulate_grad_batches
         return super().total_train_batches
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # The Throughput callback logged the run's averages when the epoch ended, before this hook.
         self._read(trainer, pl_module, ended=True)
         self.refresh(hard=True)

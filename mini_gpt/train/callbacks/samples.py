@@ -1,4 +1,4 @@
-"""Text samples during training: printed and logged to W&B as a table of (step, text)."""
+"""Text samples during training."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from mini_gpt.train.callbacks.base import StepCallback
 
 
 class SampleText(StepCallback):
-    """Every `every_n_steps` optimizer steps (and at the end), generate text from `prompt`, print it and
-    log it to W&B as a table of (step, text). Uses a private seeded generator: the global RNG (dropout)
-    is untouched, so sampling does not change training; its time is left out of tokens/s."""
+    """Every `every_n_steps` optimizer steps (and at the end), print a sample and log it to W&B's table. A
+    private seeded generator leaves the global RNG (dropout), and so training, untouched."""
 
     def __init__(
         self,

@@ -1,14 +1,6 @@
-"""Stopping a run on a signal without losing it: Ctrl-C (SIGINT), SIGTERM (SLURM preemption and time limits,
-`docker stop`, `kill`) and SIGUSR1 (SLURM's warning ahead of the time limit, `#SBATCH --signal=USR1@90`)
-finish the current optimizer step, save last.ckpt at that step (so resuming is exact) and stop: Ctrl-C as
-an interrupt (summary.json status `interrupted`, exit status 1), the others with `Preempted` (status
-`preempted`, exit status EXIT_PREEMPTED). Under SLURM with Lightning's auto-requeue the job is also
-requeued, and resumes from the checkpoint Lightning looks for in the run dir. Nothing is saved after a
-NaN/inf loss.
-
-Not Lightning's OnExceptionCheckpoint: it saves when the exception arrives, which can be in the middle of
-an optimizer step (a state no uninterrupted run ever had), and after a NaN as well.
-"""
+"""Stopping on Ctrl-C, SIGTERM or SIGUSR1 after the current optimizer step, last.ckpt saved (behaviour:
+docs/training.md#checkpoints-and-resuming). Not Lightning's OnExceptionCheckpoint: it saves when the
+exception arrives, possibly mid-step (a state no uninterrupted run had), and after a NaN as well."""
 
 from __future__ import annotations
 
@@ -28,7 +20,7 @@ from mini_gpt.train.stops import EXIT_PREEMPTED, Preempted
 
 
 def _requeue() -> str:
-    """`scontrol requeue` this SLURM job (array task); returns what happened, for the stop line."""
+    """`scontrol requeue` this SLURM job; what happened, for the stop line."""
     array = os.environ.get("SLURM_ARRAY_JOB_ID")
     job = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ.get("SLURM_JOB_ID", "")
     if not re.fullmatch(r"[0-9_]+", job):
@@ -43,10 +35,8 @@ def _requeue() -> str:
 
 
 class StopOnSignal(StepCallback):
-    """Ctrl-C, SIGTERM or SIGUSR1: save last.ckpt after the current optimizer step, then stop; a second
-    Ctrl-C interrupts at once. The ranks of a multi-process run agree on a preemption at each log step (one
-    all-reduce, where the loss is read anyway), so they all stop after the same step. Lightning's own
-    SIGUSR1 handler would save inside the signal handler, mid-step: ours replaces it."""
+    """A second Ctrl-C interrupts at once. Ranks agree on a preemption at each log step (one all-reduce
+    where the loss is read anyway). Replaces Lightning's SIGUSR1 handler, which saves mid-step."""
 
     def __init__(self) -> None:
         self.interrupted = False  # Ctrl-C pressed
@@ -110,8 +100,7 @@ class StopOnSignal(StepCallback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         self._restore()
-        # A KeyboardInterrupt that did not come through our handler (e.g. SIGINT handled elsewhere): save
-        # what we have. After a second Ctrl-C the user asked to quit now: save nothing more.
+        # A KeyboardInterrupt that bypassed our handler: save; after a second Ctrl-C, nothing more.
         if isinstance(exception, KeyboardInterrupt) and not self.interrupted and trainer.global_step > 0:
             save_last_now(trainer, pl_module, "interrupted")
 

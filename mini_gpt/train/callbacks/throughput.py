@@ -1,6 +1,4 @@
-"""Throughput: tokens/s and MFU, measured in one place (with the peak FLOP/s that MFU needs). It reads the
-device only at log steps or at events that sync anyway (validation): no per-step syncs.
-"""
+"""Tokens/s and MFU in one place, reading the device only at log steps and validations."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ _DEFAULT_CPU_PEAK_FLOPS = 185e9
 
 @functools.cache
 def measure_cpu_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 512, repeats: int = 5) -> float:
-    """Best-of-`repeats` FLOP/s of an n x n matmul on this CPU with torch's current threads (~0.1 s,
-    once per process). The dtype matters: CPUs with AMX/avx512_bf16 run bf16 faster than fp32."""
+    """Best-of-`repeats` FLOP/s of an n x n matmul on this CPU with torch's current threads (~0.1 s)."""
     try:
         gen = torch.Generator().manual_seed(0)  # not the global generator: dropout masks must not shift
         a = torch.randn(n, n, dtype=dtype, generator=gen)
@@ -44,10 +41,8 @@ def measure_cpu_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 512, r
 
 
 def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
-    """This machine's CPU matmul peak, measured once and kept in cache_dir()/cpu_peak_flops.json (keyed
-    by CPU, thread count, dtype and torch version), so MFU compares like with like between runs: a probe
-    per run swung it between 34% and 56% on one machine. A probe taken while other processes kept half a
-    core busy or more is used for this run only, not cached."""
+    """This machine's CPU matmul peak, cached so MFU compares between runs (a probe per run swung it between
+    34% and 56%); a probe taken under other load (half a core or more) is not cached."""
     key = f"{cpu_name()} | {torch.get_num_threads()} threads | {dtype} | torch {torch.__version__}"
     path = cache_dir() / "cpu_peak_flops.json"  # {machine key: FLOP/s}
     cached = read_json(path) or {}
@@ -65,8 +60,7 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
 
 
 def peak_flops(device: torch.device, precision: str = "32-true", override: float | None = None) -> float:
-    """Peak FLOP/s for MFU: `override` if given; on a GPU Lightning's table of dense peaks per dtype
-    (`get_available_flops`; 0 for a GPU it does not know); on a CPU a matmul probe in the training dtype."""
+    """Peak FLOP/s for MFU: `override`, Lightning's GPU table (0: unknown), or a CPU probe in this dtype."""
     if override:
         return float(override)
     dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(str(precision).split("-")[0], torch.float32)
@@ -78,12 +72,9 @@ def peak_flops(device: torch.device, precision: str = "32-true", override: float
 
 
 class Throughput(StepCallback):
-    """At every log step of the module it logs `tokens_per_sec` and `mfu` of the interval since the last,
-    and, for the progress bar and summary.json (not the loggers), `run/tokens_per_sec` and `run/mfu` of
-    the run so far (at the end: the whole run's). Time is training wall time: validation and the module's
-    `side_work()` are left out. Tokens are counted from the batches (x world size).
-    MFU = flops_per_token (forward + backward) x tokens/s / (peak FLOP/s of one device x devices).
-    """
+    """Logs `tokens_per_sec` and `mfu` of each log interval, and `run/...` of the run so far for the progress
+    bar and summary.json. Validation and the module's `side_work()` are left out of the time.
+    MFU = flops_per_token (forward + backward) x tokens/s / (peak FLOP/s of one device x devices)."""
 
     def __init__(self, peak_flops: float | None = None) -> None:
         if peak_flops is not None and not peak_flops > 0:
@@ -147,7 +138,6 @@ class Throughput(StepCallback):
         return rates
 
     def _close_interval(self, pl_module: Any) -> tuple[int, float]:
-        """Tokens and training seconds since the last call; adds them to the run totals."""
         self._sync(pl_module)
         now, side = time.perf_counter(), pl_module.stats.side_seconds
         seconds = max(now - self._t0 - self._val_seconds - (side - self._side_t0), 0.0)
