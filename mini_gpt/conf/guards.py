@@ -1,7 +1,5 @@
-"""Hydra callbacks that run before Hydra touches the disk: Hydra writes the run (or sweep) directory
-before any mini-gpt code runs, so `WritableOutputDir` checks it first and stops with one line instead of
-Hydra's traceback.
-"""
+"""Hydra writes the run (or sweep) directory before any mini-gpt code runs: check it first, in one line
+instead of Hydra's traceback."""
 
 from __future__ import annotations
 
@@ -16,7 +14,6 @@ from mini_gpt.errors import MiniGPTError, exit_on_user_error
 
 @exit_on_user_error
 def check_writable(directory: str | Path, key: str) -> None:
-    """Exit with one `error:` line (status 2) unless `directory` can be created and written."""
     path = Path(directory).expanduser().absolute()
     existing = next(p for p in (path, *path.parents) if p.exists())
     if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
