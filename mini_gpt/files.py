@@ -38,8 +38,7 @@ def remove_empty(folders: list[Path]) -> None:
 
 @contextmanager
 def atomic_write(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """A temporary file beside `path`, fsynced and renamed over it: readers see the old file or the new one.
-    A block that raises leaves `path` as it was, and no temporary or folder it made behind."""
+    """Readers see the old file or the new one; a block that raises leaves no temporary or folder behind."""
     made = make_dirs(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

@@ -1,5 +1,4 @@
-"""The machine a tool runs on: how busy other processes keep its CPU cores, what that means for torch's
-thread count (docs/training.md#a-busy-machine), and a per-machine cache directory. Torch-free."""
+"""How busy other processes keep the CPU cores and what that means for torch's threads; a cache folder."""
 
 from __future__ import annotations
 
@@ -43,9 +42,8 @@ def machine_cores() -> int:
 
 
 class LoadMeter:
-    """How many cores *other* processes kept busy while the block ran (or between `start()` and `stop()`):
-    other_load = (machine busy - own CPU-seconds) / wall seconds; None without /proc/stat. A block shorter
-    than `min_seconds` waits out the rest (a steadier figure)."""
+    """other_load: cores *other* processes kept busy during the block (None without /proc/stat); a block
+    shorter than `min_seconds` waits out the rest (a steadier figure)."""
 
     def __init__(self, min_seconds: float = 0.0) -> None:
         self.min_seconds = min_seconds
@@ -96,7 +94,6 @@ def thread_note(threads: int, other_load: float | None, cores: int | None = None
 
 
 def cache_dir() -> Path:
-    """Where per-machine measurements are kept (created by the writer)."""
     if os.environ.get("MINI_GPT_CACHE_DIR"):
         return Path(os.environ["MINI_GPT_CACHE_DIR"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"

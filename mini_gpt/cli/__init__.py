@@ -1,5 +1,4 @@
-"""`mini-gpt <verb> [args]`: imports only the verb's module (so `mini-gpt generate` never loads Lightning)
-and hands it the rest of the command line."""
+"""`mini-gpt <verb> [args]`: imports only the verb's module (so `mini-gpt generate` never loads Lightning)."""
 
 from __future__ import annotations
 

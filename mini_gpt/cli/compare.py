@@ -46,8 +46,7 @@ def compare(cfg: CompareConfig) -> None:
 
 
 def arguments(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(key=value arguments, PATHs): an argument without `=` (or an existing path) is a run folder, taken
-    verbatim; the older flags --scaling, --out DIR and --params P still work."""
+    """(overrides, run folders: arguments without `=` or existing paths); --scaling, --out, --params work."""
     keyed, paths = [], []
     args = iter(argv)
     for arg in args:

@@ -24,8 +24,7 @@ def _run(cfg: ExportConfig) -> Path:
     if fmt == "gguf":
         print(f"Ollama: ollama create NAME -f {modelfile_path(out)}")
     if fmt == "hf" and tokenizer.eot_id is None:
-        # Declaring the newline BOS/EOS in the export instead would make `decode(skip_special_tokens=True)`
-        # (the text-generation pipeline) drop every newline.
+        # A newline BOS/EOS in the export would make `decode(skip_special_tokens=True)` drop every newline.
         print(
             "note: this vocabulary has no end-of-text token; with lm-eval's own hf model add prefix_token_id="
             f"{tokenizer.start_id} (the newline, what mini-gpt's harness model starts from) to --model_args"

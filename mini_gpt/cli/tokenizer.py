@@ -125,7 +125,6 @@ def _print_table(rows: list[dict[str, Any]], n_bytes: int, split: str) -> None:
 
 
 def _print_top(tok: TiktokenTokenizer, counts: np.ndarray, top: int) -> None:
-    """The most frequent merged tokens on the split, with their share of tokens."""
     total = max(int(counts.sum()), 1)
     by_id = {rank: token for token, rank in tok.ranks.items()}
     merged = [i for i in np.argsort(-counts, kind="stable") if counts[i] and len(by_id.get(int(i), b"")) > 1]

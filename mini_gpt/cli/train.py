@@ -1,5 +1,4 @@
-"""`mini-gpt train [group=option ...] [key=value ...]` (= `python train.py ...`): a Hydra app, so Hydra's
-flags work too; a user error is one `error:` line, except in a sweep, where a failing trial raises."""
+"""`mini-gpt train` (= `python train.py`): a Hydra app; a user error is one line, except in a sweep."""
 
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
-    # A typo is one line, not Hydra's report; command lines with Hydra's own flags (-m, --cfg job) may
-    # hold sweep syntax: left to Hydra.
+    # A typo is one line, not Hydra's report; Hydra's own flags (-m: sweep syntax) leave it to Hydra.
     if not any(arg.startswith("-") for arg in sys.argv[1:]):
         exit_on_user_error(compose_command_line)("train", sys.argv[1:])
     train_app()

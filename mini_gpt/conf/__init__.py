@@ -1,7 +1,5 @@
 """How every verb reads its configuration: conf/<verb>.yaml holds the values, its schema dataclass (in
-Hydra's ConfigStore as `<verb>_schema`, first in the YAML's defaults list) the keys, types and the comments
-`--help` shows. `config_error` is the one place where what Hydra or OmegaConf refuses becomes one line.
-"""
+Hydra's ConfigStore as `<verb>_schema`) the keys, types and the comments `--help` shows."""
 
 from __future__ import annotations
 
@@ -26,16 +24,14 @@ _CHECKOUT = _PACKAGE_DIR.parent
 _IN_CHECKOUT = (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "conf" / "train.yaml").is_file()
 # A source checkout (editable install) reads conf/ beside the package; a wheel its copy inside the package.
 CONF_DIR = _CHECKOUT / "conf" if _IN_CHECKOUT else _PACKAGE_DIR / "configs"
-# A checkout keeps outputs/ and data/ in the checkout, whatever the working directory; an installed
-# package uses the working directory.
+# A checkout keeps outputs/ and data/ in the checkout, an installed package in the working directory.
 PROJECT_ROOT = _CHECKOUT if _IN_CHECKOUT else Path.cwd()
 
 
 def split_free_text(
     argv: Sequence[str] | None, keys: Sequence[str] = ("prompt", "stop")
 ) -> tuple[list[str], dict[str, Any]]:
-    """(the Hydra overrides, {"prompt": text, "stop": [texts]}) of `argv`: free text taken verbatim, as
-    Hydra's grammar rejects braces and non-ASCII letters and splits values on commas."""
+    """Free text taken verbatim: Hydra's grammar rejects braces and non-ASCII letters, splits on commas."""
     overrides: list[str] = []
     text: dict[str, Any] = {}
     for arg in sys.argv[1:] if argv is None else argv:
@@ -136,8 +132,8 @@ def _what(hint: Any) -> str:
 
 
 def config_error(err: BaseException, config_name: str, schema: Any = None, prefix: str = "") -> MiniGPTError:
-    """What Hydra or OmegaConf refused, as one line naming the key; `schema` (default: the verb's) says
-    what a value must be, `prefix` where the keys sit in the whole config."""
+    """The one place where what Hydra or OmegaConf refused becomes one line naming the key (`prefix`: where
+    the keys sit in the whole config, e.g. `data.`)."""
     from hydra.errors import MissingConfigException
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -185,8 +181,7 @@ def _hint_at(cls: Any, key: str) -> Any:
 
 
 def checked_config(cls: type[T], d: Mapping[str, Any], section: str) -> T:
-    """`cls(**d)` checked and converted by OmegaConf, for a section whose dataclass is known only after
-    composing (`data`: it depends on its `name`)."""
+    """`cls(**d)` checked by OmegaConf, for a section whose dataclass depends on its values (`data`)."""
     from omegaconf import OmegaConf
 
     try:
@@ -221,7 +216,6 @@ def field_comments(cls: type) -> dict[str, str]:
 
 
 def tool_help(config_name: str) -> str:
-    """`--help` of a verb: every key with its value, type and comment, and the options of its groups."""
     import yaml
     from omegaconf import DictConfig, OmegaConf
 

@@ -1,5 +1,4 @@
-"""Hydra writes the run (or sweep) directory before any mini-gpt code runs: check it first, in one line
-instead of Hydra's traceback."""
+"""Hydra makes the run directory before our code runs: check it first, in one line, not Hydra's traceback."""
 
 from __future__ import annotations
 
@@ -26,8 +25,6 @@ def check_writable(directory: str | Path, key: str) -> None:
 
 
 class WritableOutputDir(Callback):
-    """Check `hydra.run.dir` (single run) or `hydra.sweep.dir` (multirun) before Hydra creates it."""
-
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         check_writable(config.hydra.run.dir, "hydra.run.dir")
 

@@ -1,5 +1,4 @@
-"""Bits per byte, a score independent of the tokenizer: total NLL (nats) / ln 2 / UTF-8 bytes of the text
-(docs/evaluation.md)."""
+"""Bits per byte, independent of the tokenizer: total NLL (nats) / ln 2 / UTF-8 bytes (docs/evaluation.md)."""
 
 from __future__ import annotations
 

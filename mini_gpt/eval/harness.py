@@ -1,7 +1,6 @@
 """Our GPT as the lm-evaluation-harness model `mini-gpt`, registered on import (docs/evaluation.md).
 Trap: `get_model` imports the harness's own models only while the registry is *empty*, so registering
-before `lm_eval.models` is imported would hide `hf` and all the others.
-"""
+before `lm_eval.models` is imported would hide `hf` and all the others."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""HellaSwag, completion style as in build-nanogpt and llm.c, not the harness's (docs/evaluation.md): `acc`
-picks the ending with the highest summed log-likelihood, `acc_norm` the highest mean per token."""
+"""HellaSwag, completion style as in build-nanogpt and llm.c, not the harness's (docs/evaluation.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Log-likelihoods under a GPT, the primitives of every evaluation: a continuation after a context, and
-every token of a sequence of any length by sliding windows. Batches are right-padded (a causal model
+"""Log-likelihoods under a GPT, the primitives of every evaluation. Batches are right-padded (a causal model
 cannot see padding at the end of a row); log-softmax in float32 whatever the model's dtype."""
 
 from __future__ import annotations
@@ -34,8 +33,7 @@ class Window:
 
 
 def windows(ids: Sequence[int], block_size: int, stride: int, doc: int = 0) -> Iterator[Window]:
-    """Sliding windows over `ids` in which every token but the first is a target exactly once; the last one
-    is right-aligned to the last token (as lm-evaluation-harness does)."""
+    """Every token but the first a target exactly once; the last window right-aligned (as lm-eval does)."""
     if not 1 <= stride <= block_size:
         raise MiniGPTError(f"stride={stride} must be between 1 and block_size={block_size}")
     n, scored_to, begin = len(ids), 0, 0  # targets ids[1..scored_to] are done
@@ -72,9 +70,8 @@ def _score(model: nn.Module, wins: Sequence[Window], batch_size: int) -> list[tu
 def continuation_logprobs(
     model: nn.Module, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 16
 ) -> list[Continuation]:
-    """Score `continuation` after a non-empty `context` for every pair; a too-long context is cut from the
-    left; a continuation longer than block_size is scored by sliding windows of stride block_size // 2
-    over it and the last half block of its context."""
+    """A too-long context is cut from the left; a continuation longer than block_size is scored by sliding
+    windows of stride block_size // 2 over it and the last half block of its context."""
     block_size = model.config.block_size
     half = max(1, block_size // 2)
     short, long = [], []
@@ -113,7 +110,6 @@ class RollingScore:
 def score_windows(
     model: nn.Module, wins: Sequence[Window], batch_size: int = 16, per_doc: bool = False
 ) -> tuple[RollingScore, list[float]]:
-    """Summed NLL over all windows; with `per_doc`, also the NLL per document."""
     total = RollingScore()
     doc_nll: list[float] = [0.0] * (max((w.doc for w in wins), default=-1) + 1) if per_doc else []
     ordered = sorted(wins, key=lambda w: len(w.ids))  # equal lengths batch best (most are block_size)

@@ -1,6 +1,5 @@
-"""The evaluation tasks, run alike by `mini-gpt evaluate` and training's `callbacks.evaluate`: every input is
-read first (a wrong path fails in a second, not after an hour of scoring), then scored; each device scores
-its `share`, and the shares' counts add up to what one process gets."""
+"""The evaluation tasks for `mini-gpt evaluate` and `callbacks.evaluate`: every input is read first (a wrong
+path fails in a second, not after an hour of scoring); each device scores a share, and the counts add up."""
 
 from __future__ import annotations
 
@@ -19,8 +18,6 @@ from mini_gpt.tokenizer import Tokenizer
 
 @dataclass
 class TaskInputs:
-    """None: the task is not run."""
-
     bpb: BpbWindows | None = None
     hellaswag: list[HellaSwagItem] | None = None
 
@@ -61,8 +58,7 @@ class TaskScores:
     source: str = ""  # where bpb's text came from
 
     def add_up(self, reduce: Callable[[list[float]], list[float]]) -> TaskScores:
-        """The whole work's scores from this device's share: `reduce` sums a list of numbers over devices
-        (identity on one process); called on every device, in the same order."""
+        """`reduce` sums a list of numbers over devices (identity on one process); call it on every one."""
         bpb, hellaswag = self.bpb, self.hellaswag
         if bpb is not None:
             nll, tokens = reduce([bpb.nll, bpb.tokens])

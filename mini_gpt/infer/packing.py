@@ -1,8 +1,5 @@
-"""A GPT made ready for fast CPU inference. Decoding at batch 1 is bound by how fast the weights stream from
-memory: oneDNN's blocked layout, packed once (as `torch.compile` does for frozen CPU models), streams faster
-than `nn.Linear`'s, and bfloat16 halves the bytes (docs/benchmarks.md). One way: the model then generates
-and evaluates but is not trained or saved.
-"""
+"""Fast CPU decoding, bound by how fast the weights stream from memory: oneDNN's layout, packed once, streams
+faster than `nn.Linear`'s (docs/benchmarks.md). One way: the model is then not trained or saved."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ def can_pack(device: torch.device | str, dtype: torch.dtype = torch.float32) -> 
 
 
 class PackedLinear(nn.Module):
-    """`y = x W^T + b`; the packed W is an opaque oneDNN tensor, a plain attribute so that it never reaches
-    an optimizer or a state dict."""
+    """The packed W is opaque: a plain attribute, so that it never reaches an optimizer or a state dict."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
         super().__init__()

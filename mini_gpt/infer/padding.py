@@ -1,5 +1,4 @@
-"""Left-padded prompts decoding as they would alone: padding hidden, positions counting real tokens only.
-`GPT.forward` knows neither; `padded_last_logits` runs the model's own modules with both."""
+"""Left-padded prompts decoding as they would alone, with the model's own modules (`GPT.forward` cannot)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,6 @@ from mini_gpt.infer.padding import padded_last_logits
 def check_sampling_args(
     temperature: float, top_k: int | None, top_p: float | None, rep: float | None = None
 ) -> None:
-    """Callers may check before loading a model."""
     if temperature < 0:
         raise MiniGPTError(f"temperature={temperature} must be >= 0 (0 = greedy)")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
@@ -27,9 +26,8 @@ def check_sampling_args(
 
 
 def context_start(start: int, length: int, block_size: int, window: int) -> int:
-    """Where the context begins: the same start while it fits in block_size, else the last `window` tokens.
-    A cache cannot drop its oldest entry (learned positions would shift), so the cache path re-prefills the
-    window at each jump; with or without the cache, greedy decoding gives the same tokens."""
+    """The same start while the context fits in block_size, else the last `window` tokens: a cache cannot
+    drop its oldest entry (learned positions would shift), so it re-prefills the window at each jump."""
     return start if length - start <= block_size else length - window
 
 
@@ -87,10 +85,9 @@ def generate(
     attention_mask: Tensor | None = None,
     stream: Callable[[Tensor], bool | None] | None = None,
 ) -> Tensor:
-    """Continue the prompts idx (B, T) -> (B', T + max_new_tokens), in eval mode; B' = num_samples (sharing
-    one prefill) for a single prompt row. attention_mask (B, T), 0 at left padding: each row decodes as it
-    would alone (the sliding window counts padding columns). `stream` gets each step's tokens (B',); True
-    stops early. `use_cache=False` recomputes the whole context (the cache's reference)."""
+    """Prompts idx (B, T) -> (B', T + max_new_tokens); B' = num_samples (one prefill) for a single row.
+    attention_mask (B, T) is 0 at left padding (the sliding window counts those columns); `stream` gets each
+    step's tokens (B',), True stops early. `use_cache=False` is the cache's reference."""
     check_sampling_args(temperature, top_k, top_p, repetition_penalty)
     if idx.dim() != 2 or idx.shape[1] < 1:
         raise MiniGPTError(f"idx must be (batch, time) with at least one token, got shape {tuple(idx.shape)}")

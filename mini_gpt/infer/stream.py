@@ -49,9 +49,8 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> str:
 
 
 class TextStream:
-    """One sample's ids as printable pieces: ids are held back while their text ends in half a UTF-8
-    character (at most MAX_PENDING), and text that could begin a stop string until it cannot; the sample
-    ends before a stop string."""
+    """One sample's ids as printable pieces: held back while they end in half a UTF-8 character (at most
+    MAX_PENDING) or could begin a stop string; the sample ends before a stop string."""
 
     MAX_PENDING = 8
 

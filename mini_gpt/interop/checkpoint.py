@@ -1,6 +1,4 @@
-"""Load a model and its tokenizer from whatever training or export wrote (no Lightning, no Hydra): a `.ckpt`
-whose `mini_gpt` entry holds model config and tokenizer, an export, a `transformers` directory, a nanoGPT
-`ckpt.pt`, or a hub name."""
+"""Load a model and its tokenizer from whatever training or export wrote (no Lightning, no Hydra)."""
 
 from __future__ import annotations
 
@@ -177,8 +175,7 @@ def _assemble(
 
 
 def _load_dir(directory: Path, safetensors: bool) -> tuple[GPT, Tokenizer]:
-    """A `format=safetensors` export (`safetensors`: its .safetensors file was named), else a transformers
-    directory."""
+    """A `format=safetensors` export (`safetensors`: its file was named), else a transformers directory."""
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
         raise MiniGPTError(

@@ -1,5 +1,4 @@
-"""Export a trained model atomically as safetensors (+ config.json holding a checkpoint's `mini_gpt`
-metadata), a `transformers` directory (interop.hf) or GGUF (interop.gguf_export)."""
+"""Export a trained model atomically: safetensors (+ a checkpoint's `mini_gpt` metadata), hf or gguf."""
 
 from __future__ import annotations
 

@@ -81,8 +81,7 @@ def gguf_vocab(tokenizer: Tokenizer, n_vocab: int) -> GGUFVocab:
         vocab, pairs = byte_level_bpe(tokenizer)
         merges, special = [f"{a} {b}" for a, b in pairs], tokenizer.special_tokens
     elif isinstance(tokenizer, CharTokenizer):
-        # A character of several UTF-8 bytes is rebuilt by merging its bytes left to right. Merges never
-        # cross characters, so any pre-tokenizer gives our splits.
+        # A multi-byte character is rebuilt by merging its bytes left to right; merges never cross characters.
         char, pre, vocab, special, rebuild = bytes_to_unicode(), "gpt-2", {}, {}, {}
         for i, c in enumerate(tokenizer.chars):
             pieces = [char[b] for b in c.encode()]

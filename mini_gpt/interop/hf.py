@@ -1,5 +1,4 @@
-"""Our GPT as a `transformers` model and back, and the `format=hf` directory (docs/model-and-export.md):
-each ARCHITECTURES entry computes the same function as ours, only the storage differs."""
+"""Our GPT as a `transformers` model and back (the same function, other storage), and `format=hf`."""
 
 from __future__ import annotations
 
@@ -194,7 +193,6 @@ def _hf_config(model_type: str, c: GPTConfig) -> Any:
 
 
 def to_hf(model: GPT) -> Any:
-    """Our GPT as the `transformers` model of its architecture, in eval mode."""
     name = hf_architecture(model.config)
     arch = ARCHITECTURES[name]
     hf_model = require_transformers().AutoModelForCausalLM.from_config(_hf_config(name, model.config))

@@ -81,16 +81,14 @@ def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) ->
 
 
 def _greedy(pat_str: str) -> str:
-    """`pat_str` with possessive quantifiers (`++`, `*+`, `?+`, `{1,3}+`) made greedy: the Oniguruma engine
-    of `tokenizers` reads a trailing `+` as one more repetition, and on tiktoken's patterns the greedy
-    spelling splits text the same way (GPT-2's 2019 and cl100k's first spellings had none)."""
+    """Possessive quantifiers (`++`, `{1,3}+`) made greedy: `tokenizers`' Oniguruma reads the `+` as one more
+    repetition, and on tiktoken's patterns greedy splits the same (their first spellings had none)."""
     return re.sub(r"(?<!\\)([+*?]|\{\d+(?:,\d*)?\})\+", r"\1", pat_str)
 
 
 def fast_tokenizer(tokenizer: TiktokenTokenizer | CharTokenizer, model_max_length: int) -> Any:
-    """Our tokenizer as a `transformers` fast tokenizer: a byte-level BPE with tiktoken's split regex and
-    `ignore_merges` (whole pre-tokens in the vocabulary taken as they are, as tiktoken does), or for
-    characters a BPE without merges."""
+    """A byte-level BPE with `ignore_merges` (a whole pre-token in the vocabulary is taken as it is, as
+    tiktoken does), or for characters a BPE without merges."""
     transformers = require_transformers()
     from tokenizers import Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as Backend

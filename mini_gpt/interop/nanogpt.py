@@ -1,5 +1,4 @@
-"""nanoGPT checkpoints in (docs/model-and-export.md): its `ckpt.pt` as our config + weights (its model is
-ours with `mlp=gelu_exact`, same module names), its `meta.pkl` as our tokenizer."""
+"""nanoGPT's `ckpt.pt` and `meta.pkl` in: its model is ours with `mlp=gelu_exact`, same module names."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The model side of `mini-gpt serve`, with no web framework: one loaded model, one generation at a time on
-a single worker thread (docs/serve.md). Jobs run `generate` seeded as the CLI seeds it, so the same
-prompt, seed and settings give `mini-gpt generate`'s text."""
+"""The model side of `mini-gpt serve` (no web framework): one generation at a time on one worker thread,
+seeded as `mini-gpt generate` seeds it, so that the same settings give the same text."""
 
 from __future__ import annotations
 
@@ -91,7 +90,6 @@ class Engine:
         self._worker.start()
 
     def encode(self, prompt: str | list[int]) -> list[int]:
-        """Prompt ids: text encoded, or ids checked."""
         if isinstance(prompt, str):
             return encode_prompt(self.tokenizer, prompt)
         vocab = self.config.vocab_size

@@ -17,7 +17,6 @@ from mini_gpt.files import atomic_write
 
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 120, close: bool = True) -> Path:
-    """Write a figure atomically, in the format its suffix names."""
     path = Path(path)
     kind = path.suffix[1:].lower()
     if kind not in fig.canvas.get_supported_filetypes():

@@ -1,6 +1,4 @@
-"""What the heads attend to: per-head heatmaps and a per-layer summary of their entropy and distance, from
-the exact attention path in eval mode. The functions return the Figure and the arrays they drew, so that
-callers can log or check exactly what is on the picture."""
+"""What the heads attend to; the functions return the Figure and the arrays drawn, to log or check them."""
 
 from __future__ import annotations
 
@@ -109,8 +107,7 @@ def attention_maps(
     layer_idx = parse_selection(layers, model.config.n_layer, "layer")
     head_idx = parse_selection(heads, model.config.n_head, "head")
     T, nrows, ncols = len(ids), len(layer_idx), len(head_idx)
-    # Panels grow with the prompt so every label stays legible, but the whole grid stays within
-    # MAX_FIGURE_INCHES a side: many layers x heads get small panels (zoom in with layer=/head=).
+    # Panels grow with the prompt so labels stay legible, the grid within MAX_FIGURE_INCHES a side.
     wanted = min(12.0, max(2.6, 0.16 * T + 1.0))
     cap = max_inches or MAX_FIGURE_INCHES
     panel = min(wanted, (cap - 1.2) / ncols, (cap - 0.6) / nrows)
@@ -131,8 +128,7 @@ def attention_maps(
             ax, w = axes[r][c], weights[layer][head]
             image = ax.imshow(w, norm=norm, cmap="viridis", interpolation="nearest", aspect="equal")
             ax.set_title(f"layer {layer} · head {head}", fontsize=9)
-            # Token ticks on the outer panels only (keys under the bottom row, queries left of the first
-            # column): the panels share both axes, and every tick and label costs drawing time.
+            # Token ticks on the outer panels only: the panels share both axes, and ticks cost drawing time.
             bottom, left = r == nrows - 1, c == 0
             ax.set_xticks(ticks if bottom else [], tick_labels if bottom else [], rotation=90)
             ax.set_yticks(ticks if left else [], tick_labels if left else [])
@@ -196,8 +192,7 @@ def attention_summary(
 
 @dataclass
 class AttentionFigures:
-    """The heatmaps and / or summary of one prompt: built at the first `draw`, then updated in place (one
-    forward pass per call, no new figures, the first layout kept)."""
+    """Built at the first `draw`, then updated in place: one forward pass, no new figures, same layout."""
 
     layers: Any = "all"
     heads: Any = "all"

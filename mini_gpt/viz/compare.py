@@ -1,5 +1,4 @@
-"""Compare training runs from each run's `summary.json` and `.hydra/config.yaml` (docs/sweeps.md): the config
-values that differ and the runs' numbers, and an isoFLOP scaling fit. No torch, no Lightning."""
+"""Compare runs by their `summary.json` and `.hydra/config.yaml`; an isoFLOP fit. No torch, no Lightning."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ def _differing(runs: list[Run]) -> list[str]:
 
 
 def labels(runs: list[Run], keys: list[str]) -> list[str]:
-    """Each run's name in the plot: the overrides that differ between the runs, else the differing config
-    values, else the folder name."""
+    """Each run's name: the overrides that differ between runs, else the config values, else its folder."""
     names = []
     for run in runs:
         over = [k for k in run.overrides if len({r.overrides.get(k) for r in runs}) > 1]

@@ -1,6 +1,4 @@
-"""Loss and learning-rate curves of a training run as a PNG, from the CSVLogger `metrics.csv` and
-`summary.json` files below RUN_DIR and the runs it resumed from (docs/training.md). No Lightning, no torch.
-"""
+"""A run's curves from its `metrics.csv` and `summary.json` files, resumed runs joined. No torch."""
 
 from __future__ import annotations
 
@@ -92,8 +90,7 @@ def _metric_files(run_dir: Path) -> list[Path]:
 
 
 def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
-    """All curves below run_dir and the runs it resumed from, and their files; curves["resumed_at"] holds
-    the step each later segment resumed at."""
+    """The curves and their files; curves["resumed_at"] holds the step each later segment resumed at."""
     run_dir = Path(run_dir).expanduser()
     if not run_dir.exists():
         raise MiniGPTError(f"run directory {run_dir} does not exist")
