@@ -1,5 +1,4 @@
-"""Files written whole or not at all: the one atomic writer (checkpoints, token files, downloads,
-meta.json, summary.json, evaluation results), JSON in and out, checksums."""
+"""Files written whole or not at all (the one atomic writer), JSON in and out, checksums."""
 
 from __future__ import annotations
 
@@ -39,10 +38,7 @@ def remove_empty(folders: list[Path]) -> None:
 
 @contextmanager
 def atomic_write(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """Open a temporary file beside `path` (its folder made if missing) for the block to write; then
-    fsync it and rename it over `path`: readers see the old file or the new one, never half of one. A
-    block that raises leaves `path` as it was, no temporary behind and no folder it made (an offline
-    download leaves no empty cache folder)."""
+    """Readers see the old file or the new one; a block that raises leaves no temporary or folder behind."""
     made = make_dirs(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -58,8 +54,7 @@ def atomic_write(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
 
 
 def space_note(directory: Path, needed_bytes: int) -> str:
-    """`needs ~N bytes, M free there` for a failed write into `directory` (the free space as it is now,
-    after the failed write's temporary was removed)."""
+    """`needs ~N bytes, M free there` for a failed write (free space now, its temporary removed)."""
     try:
         free = f"{shutil.disk_usage(directory).free:,}"
     except OSError:
@@ -68,7 +63,6 @@ def space_note(directory: Path, needed_bytes: int) -> str:
 
 
 def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:
-    """`obj` as JSON in `path`, written atomically (meta.json, summary.json, evaluation results)."""
     with atomic_write(path) as fh:
         json.dump(obj, fh, indent=indent)
         fh.write("\n")

@@ -1,11 +1,4 @@
-"""The machine a tool runs on: how busy other processes keep its CPU cores, what that means for torch's
-thread count, and a per-machine cache directory. Torch-free: the benchmarks and the tools share it.
-
-Torch starts one thread per core. When other processes already keep cores busy, those threads wait for
-each other at every parallel region and a 2-core machine with one busy core runs several times slower
-with 2 threads than with 1. `LoadMeter` measures the other load over any stretch of work (the tools wrap
-their start-up: loading a model, preparing data) and `thread_note` turns it into one suggestion line.
-"""
+"""How busy other processes keep the CPU cores and what that means for torch's threads; a cache folder."""
 
 from __future__ import annotations
 
@@ -18,7 +11,6 @@ MIN_WINDOW_S = 0.2  # a shorter measurement is mostly noise (jiffies are 10 ms)
 
 
 def _cpu_times() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine, from /proc/stat."""
     fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
     total = sum(fields[:8])
@@ -31,7 +23,6 @@ def _own_cpu_seconds() -> float:
 
 
 def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -42,7 +33,7 @@ def cpu_name() -> str:
 
 
 def machine_cores() -> int:
-    """The cores /proc/stat counts (the whole machine, which is what LoadMeter's busy time is over)."""
+    """The whole machine's cores, over which LoadMeter's busy time is counted."""
     try:
         lines = Path("/proc/stat").read_text().splitlines()
         return sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit()) or 1
@@ -51,14 +42,8 @@ def machine_cores() -> int:
 
 
 class LoadMeter:
-    """Measures how busy the machine was with *other* processes while the block ran.
-
-    other_load = (machine busy CPU-seconds - this process's CPU-seconds) / wall seconds, in cores.
-    0.0 means this process had the machine to itself; 1.0 means another process kept a core busy.
-    `with LoadMeter():` around a block, or `start()` ... `stop()` around a stretch of a longer function.
-    With `min_seconds`, a block that ends sooner waits out the rest (a steadier figure). Where
-    /proc/stat does not exist (not Linux), other_load stays None.
-    """
+    """other_load: cores *other* processes kept busy during the block (None without /proc/stat); a block
+    shorter than `min_seconds` waits out the rest (a steadier figure)."""
 
     def __init__(self, min_seconds: float = 0.0) -> None:
         self.min_seconds = min_seconds
@@ -92,14 +77,12 @@ class LoadMeter:
 
 
 def suggested_threads(threads: int, other_load: float, cores: int) -> int | None:
-    """The thread count for the cores other processes leave free, when it is below `threads` by at least
-    one (rounded: a core busy less than half the time still counts as free); else None."""
+    """The cores other processes leave free (a core busy under half the time counts), if below `threads`."""
     free = max(1, int(cores - other_load + 0.5))
     return free if free < threads else None
 
 
 def thread_note(threads: int, other_load: float | None, cores: int | None = None) -> str | None:
-    """One line suggesting `threads=N` when other processes keep the cores torch's threads need busy."""
     cores = cores or machine_cores()
     better = None if other_load is None else suggested_threads(threads, other_load, cores)
     if better is None:
@@ -111,8 +94,6 @@ def thread_note(threads: int, other_load: float | None, cores: int | None = None
 
 
 def cache_dir() -> Path:
-    """Where per-machine measurements are kept: $MINI_GPT_CACHE_DIR, else $XDG_CACHE_HOME/mini-gpt,
-    else ~/.cache/mini-gpt (created on first use by the writer)."""
     if os.environ.get("MINI_GPT_CACHE_DIR"):
         return Path(os.environ["MINI_GPT_CACHE_DIR"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"

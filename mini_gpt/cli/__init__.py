@@ -1,8 +1,4 @@
-"""`mini-gpt <verb> [args]`: the one command. One module per verb (mini_gpt.cli.<verb>); this dispatcher
-imports only the one asked for (so `mini-gpt generate` never loads Lightning) and hands the rest of the
-command line to its `main(argv)` (argv default: the command line): Hydra overrides of conf/<verb>.yaml
-(`--help` lists its keys), or, for bench and harness, their own flags.
-"""
+"""`mini-gpt <verb> [args]`: imports only the verb's module (so `mini-gpt generate` never loads Lightning)."""
 
 from __future__ import annotations
 
@@ -10,7 +6,6 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# verb: (the module whose `main(argv)` runs it, one line for `mini-gpt --help`)
 VERBS: dict[str, tuple[str, str]] = {
     "train": ("mini_gpt.cli.train", "train a model (= python train.py; Hydra: -m sweeps, --cfg job work)"),
     "generate": ("mini_gpt.cli.generate", "sample text from a checkpoint, an export or GPT-2"),
@@ -29,7 +24,6 @@ VERBS: dict[str, tuple[str, str]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The `mini-gpt` console script; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         width = max(map(len, VERBS))
@@ -40,8 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if verb not in VERBS:
         print(f"error: unknown verb {verb!r}; the verbs are {', '.join(VERBS)}", file=sys.stderr)
         return 2
-    # For a verb that reads sys.argv (Hydra, lm_eval); argv[0] names the command, e.g. in the resume hint
-    # that StopOnSignal prints (mini_gpt.train.callbacks.resume_command).
+    # For a verb that reads sys.argv (Hydra, lm_eval); argv[0] names the command, e.g. in the resume hint.
     sys.argv = [f"mini-gpt {verb}", *rest]
     status = importlib.import_module(VERBS[verb][0]).main(rest)
     return status if isinstance(status, int) else 0  # a verb may return its result (generate: the samples)

@@ -1,4 +1,4 @@
-"""`mini-gpt attention-maps ckpt=PATH prompt="..."`: mini_gpt.viz.attention_maps's figures drawn to files."""
+"""`mini-gpt attention-maps ckpt=PATH prompt="..."`: attention maps drawn to files."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ from mini_gpt.viz import attention_maps as viz
 
 
 def run(cfg: AttentionMapsConfig) -> list[Path]:
-    """Draw the figures `cfg` asks for; returns the files written."""
     if not cfg.ckpt:
         raise MiniGPTError("ckpt=PATH is required (a training .ckpt or an export directory)")
     if not cfg.prompt:
         raise MiniGPTError('prompt is empty; pass prompt="some text" (or prompt=@file.txt) to look at')
-    prompt = prompt_text(cfg.prompt)  # @FILE, or typed text with \n \t \\ escapes (as generate's)
+    prompt = prompt_text(cfg.prompt)
     out = Path(cfg.out)
     model, tokenizer = load_model(cfg.ckpt, cfg.device)
     figures = viz.AttentionFigures(

@@ -1,7 +1,4 @@
-"""`mini-gpt compare runs=[DIR,...]` (or `mini-gpt compare DIR...`): one table and the curves of runs, and
-optionally a scaling fit (conf/compare.yaml says what it writes). The older flags `--scaling`, `--out DIR`,
-`--params P` still work.
-"""
+"""`mini-gpt compare runs=[DIR,...]` (or `mini-gpt compare DIR...`): one table and the curves of runs."""
 
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ from mini_gpt.viz.compare import compare_table, find_runs, markdown, plot_scalin
 
 
 def _expand(paths: list[str]) -> list[str]:
-    """Globs the shell left alone (quoted) expand here; a pattern matching nothing stays (and is refused)."""
+    """Quoted globs expand here; a pattern matching nothing stays (and is refused)."""
     out: list[str] = []
     for path in paths:
         out += sorted(glob.glob(path)) if glob.has_magic(path) and glob.glob(path) else [path]
@@ -49,8 +46,7 @@ def compare(cfg: CompareConfig) -> None:
 
 
 def arguments(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(key=value arguments, PATHs) of the command line: an argument without `=` (or an existing path) is
-    a run folder, taken verbatim; the flags --scaling, --out DIR and --params P are the keys' sugar."""
+    """(overrides, run folders: arguments without `=` or existing paths); --scaling, --out, --params work."""
     keyed, paths = [], []
     args = iter(argv)
     for arg in args:

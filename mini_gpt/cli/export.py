@@ -1,5 +1,4 @@
-"""`mini-gpt export ckpt=PATH format=hf|safetensors|gguf out=DIR|FILE.gguf`: see mini_gpt.interop.export for
-what each format writes."""
+"""`mini-gpt export ckpt=PATH format=hf|safetensors|gguf out=DIR|FILE.gguf`."""
 
 from __future__ import annotations
 
@@ -25,9 +24,7 @@ def _run(cfg: ExportConfig) -> Path:
     if fmt == "gguf":
         print(f"Ollama: ollama create NAME -f {modelfile_path(out)}")
     if fmt == "hf" and tokenizer.eot_id is None:
-        # Without an end-of-text token (characters), lm-eval's `hf` model finds no BOS/EOS to start a
-        # context from and fails; declaring the newline one in the export would make
-        # `decode(skip_special_tokens=True)` (the text-generation pipeline) drop every newline instead.
+        # A newline BOS/EOS in the export would make `decode(skip_special_tokens=True)` drop every newline.
         print(
             "note: this vocabulary has no end-of-text token; with lm-eval's own hf model add prefix_token_id="
             f"{tokenizer.start_id} (the newline, what mini-gpt's harness model starts from) to --model_args"

@@ -1,5 +1,4 @@
-"""`mini-gpt harness ARGS`: lm-eval's own command line with `mini-gpt` registered as a model (see
-`mini_gpt.eval.harness` for why the `lm_eval` command cannot find it)."""
+"""`mini-gpt harness ARGS`: lm-eval's own command line with `mini-gpt` registered (docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ OLD_HOOK_FILE = "mini_gpt_lm_eval.pth"  # what an older version's `install-hook`
 
 
 def remove_old_hook(site_dirs: list[str] | None = None) -> list[Path]:
-    """Delete an older version's hook file from the site-packages directories; the paths removed."""
     dirs = site_dirs if site_dirs is not None else [*site.getsitepackages(), site.getusersitepackages()]
     removed = []
     for directory in dirs:
@@ -26,8 +24,7 @@ def remove_old_hook(site_dirs: list[str] | None = None) -> list[Path]:
 
 
 def with_default_device(args: list[str]) -> list[str]:
-    """`--device auto` added for `--model mini-gpt` when no device is given: lm-eval's own default is
-    cuda:0, which on a machine without a GPU would make the model warn about a device nobody asked for."""
+    """`--device auto` for `--model mini-gpt`: lm-eval's default cuda:0 makes a GPU-less machine warn."""
     ours = "--model=mini-gpt" in args or ("--model", "mini-gpt") in itertools.pairwise(args)
     given = any(a == "--device" or a.startswith("--device=") for a in args)
     return [*args, "--device", "auto"] if ours and not given else args
@@ -35,7 +32,6 @@ def with_default_device(args: list[str]) -> list[str]:
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    """Run lm-eval's command line on `argv` (default: this process's arguments), in this process."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["install-hook"]:
         raise MiniGPTError(

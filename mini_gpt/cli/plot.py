@@ -1,4 +1,4 @@
-"""`mini-gpt plot RUN_DIR [out=curves.png]`: a run's loss curves (mini_gpt.viz.plot) drawn to a PNG."""
+"""`mini-gpt plot RUN_DIR [out=curves.png]`: a run's loss curves drawn to a PNG."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from mini_gpt.viz.plot import plot_run
 
 
 def overrides_of(argv: Sequence[str]) -> list[str]:
-    """The command line as overrides: RUN_DIR (the first argument without `=`, or an existing path) is
-    run_dir=; a second one is left for Hydra to refuse."""
+    """RUN_DIR (the first argument without `=`, or an existing path) as run_dir=; Hydra refuses a second."""
     overrides, positional = [], False
     for arg in argv:
         if not positional and not arg.startswith("-") and ("=" not in arg or Path(arg).exists()):

@@ -10,7 +10,6 @@ from mini_gpt.data import ShardedCorpus, data_config, prepare
 
 
 def _run(data: dict[str, Any]) -> None:
-    """Prepare (or find and check) the token files of any `data=` config; print a one-line summary."""
     c = prepare(data_config(data))
     train, val = (
         (f" in {len(c.train)} shard(s)", f" in {len(c.val)}") if isinstance(c, ShardedCorpus) else ("", "")

@@ -1,6 +1,4 @@
-"""`mini-gpt tokenizer train|eval [key=value ...]`: learn your own byte-level BPE, or judge one
-(conf/tokenizer_train.yaml, conf/tokenizer_eval.yaml; docs/tokenizers.md).
-"""
+"""`mini-gpt tokenizer train|eval [key=value ...]`: learn your own byte-level BPE, or judge one."""
 
 from __future__ import annotations
 
@@ -34,7 +32,6 @@ def _texts(data: Any, split: str, progress: bool | None) -> Iterable[str]:
 
 
 def train(cfg: TokenizerTrainConfig) -> Path:
-    """Learn the tokenizer `cfg` describes (conf/tokenizer_train.yaml) and write its directory."""
     if not cfg.out:
         raise MiniGPTError("tokenizer train needs out=DIR, the directory to write the tokenizer to")
     out = Path(cfg.out).expanduser().resolve()
@@ -84,13 +81,12 @@ def _count_tokens(tok: TiktokenTokenizer | None, texts: list[str], counts: np.nd
 
 
 def evaluate(cfg: TokenizerEvalConfig) -> list[dict[str, Any]]:
-    """Bytes per token of the tokenizer and its comparisons on the split; prints the table and returns it."""
+    """Bytes per token of the tokenizer and its comparisons on the split."""
     if not cfg.tokenizer:
         raise MiniGPTError("tokenizer eval needs tokenizer=DIR (a directory from mini-gpt tokenizer train)")
     ours = load_tokenizer_dir(cfg.tokenizer)
     others = [name for name in cfg.compare if name != cfg.tokenizer]
-    # char counts characters: its vocabulary would be the text's own, so every character is one token. The
-    # others are a tokenizer directory or an encoding tiktoken ships: tiktoken's (build_tokenizer).
+    # char counts characters: its vocabulary would be the text's own, so every character is one token.
     tokenizers: dict[str, Any] = {ours.name: ours}
     tokenizers |= {name: None if name == "char" else build_tokenizer(name) for name in others}
     totals = dict.fromkeys(tokenizers, 0)
@@ -129,7 +125,6 @@ def _print_table(rows: list[dict[str, Any]], n_bytes: int, split: str) -> None:
 
 
 def _print_top(tok: TiktokenTokenizer, counts: np.ndarray, top: int) -> None:
-    """The most frequent tokens of two or more bytes (merges) on the split, with their share of tokens."""
     total = max(int(counts.sum()), 1)
     by_id = {rank: token for token, rank in tok.ranks.items()}
     merged = [i for i in np.argsort(-counts, kind="stable") if counts[i] and len(by_id.get(int(i), b"")) > 1]

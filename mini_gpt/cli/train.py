@@ -1,8 +1,4 @@
-"""`mini-gpt train [group=option ...] [key=value ...]` (= `python train.py ...`): a Hydra app on
-conf/train.yaml, so Hydra's flags work too (`-m` sweeps, `--cfg job`, `hydra.*` keys). The run itself is
-`mini_gpt.train.run.train`; here a user error becomes one `error:` line (exit status 2), except in a
-sweep, where a failing trial raises (the sweeper records it) and a NaN loss returns +inf, never NaN.
-"""
+"""`mini-gpt train` (= `python train.py`): a Hydra app; a user error is one line, except in a sweep."""
 
 from __future__ import annotations
 
@@ -56,16 +52,15 @@ def train_app(cfg: DictConfig) -> float | None:
 
 
 def sweep_objective(value: float | None) -> float:
-    """What a sweeper gets: +inf for a missing or non-finite loss. Optuna aborts a whole sweep on NaN,
-    while +inf is recorded as a complete, worst trial."""
+    """+inf for a missing or non-finite loss: Optuna aborts a whole sweep on NaN, records +inf as worst."""
     return float(value) if value is not None and math.isfinite(value) else math.inf
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]  # Hydra reads its command line from sys.argv
-    register()  # the schemas and resolvers hydra.main composes with
-    exit_with_help_if_asked("train")  # every key of train.yaml and its groups, with types and comments
+    register()
+    exit_with_help_if_asked("train")
     if any(arg.startswith("hparams_search=") for arg in sys.argv[1:]):  # the Optuna plugin's old spelling
         print(
             "error: Optuna searches run with `mini-gpt sweep hparams_search=NAME ...` (the same overrides, "
@@ -73,8 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
-    # A typo is one line, not Hydra's report; command lines with Hydra's own flags (-m, --cfg job) may
-    # hold sweep syntax: left to Hydra.
+    # A typo is one line, not Hydra's report; Hydra's own flags (-m: sweep syntax) leave it to Hydra.
     if not any(arg.startswith("-") for arg in sys.argv[1:]):
         exit_on_user_error(compose_command_line)("train", sys.argv[1:])
     train_app()

@@ -1,10 +1,5 @@
-"""How every verb reads its configuration: conf/<verb>.yaml holds the values (and comments), its schema
-dataclass (`mini_gpt.conf.train`, `mini_gpt.conf.tools`; in Hydra's ConfigStore as `<verb>_schema`, the
-first entry of the YAML's defaults list) the keys, types and the comments `--help` shows. `config_error` is
-the one place where what Hydra or OmegaConf refuses becomes one `MiniGPTError` line.
-
-The YAML lives in `conf/` at the top of a checkout (a wheel carries it as `mini_gpt/configs/`).
-"""
+"""How every verb reads its configuration: conf/<verb>.yaml holds the values, its schema dataclass (in
+Hydra's ConfigStore as `<verb>_schema`) the keys, types and the comments `--help` shows."""
 
 from __future__ import annotations
 
@@ -29,17 +24,14 @@ _CHECKOUT = _PACKAGE_DIR.parent
 _IN_CHECKOUT = (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "conf" / "train.yaml").is_file()
 # A source checkout (editable install) reads conf/ beside the package; a wheel its copy inside the package.
 CONF_DIR = _CHECKOUT / "conf" if _IN_CHECKOUT else _PACKAGE_DIR / "configs"
-# A checkout keeps outputs/ and data/ in the checkout, whatever the working directory; an installed
-# package uses the working directory.
+# A checkout keeps outputs/ and data/ in the checkout, an installed package in the working directory.
 PROJECT_ROOT = _CHECKOUT if _IN_CHECKOUT else Path.cwd()
 
 
 def split_free_text(
     argv: Sequence[str] | None, keys: Sequence[str] = ("prompt", "stop")
 ) -> tuple[list[str], dict[str, Any]]:
-    """(the Hydra overrides, {"prompt": text, "stop": [texts]}) of `argv` (default: the command line):
-    free text taken verbatim, never parsed by Hydra (whose grammar rejects braces and non-ASCII letters
-    and splits values on commas); `stop=` may be given several times. `keys`: the tool's free-text keys."""
+    """Free text taken verbatim: Hydra's grammar rejects braces and non-ASCII letters, splits on commas."""
     overrides: list[str] = []
     text: dict[str, Any] = {}
     for arg in sys.argv[1:] if argv is None else argv:
@@ -54,7 +46,6 @@ def split_free_text(
 
 
 def schemas() -> dict[str, type]:
-    """{config name: its schema dataclass}."""
     from mini_gpt.conf import tools
     from mini_gpt.conf.train import TrainConfig
 
@@ -75,8 +66,7 @@ def schemas() -> dict[str, type]:
 
 @functools.cache
 def register() -> None:
-    """Store every schema in Hydra's ConfigStore and the `${project_root:}` resolver (paths/default.yaml);
-    call before Hydra composes a config."""
+    """The schemas and the `${project_root:}` resolver, for Hydra to compose with."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -86,8 +76,7 @@ def register() -> None:
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "train", hydra: bool = False) -> Any:
-    """The config `mini-gpt <verb> OVERRIDES` would run with, without running it (`hydra=True`: with the
-    `hydra` node: sweeper, launcher, run dirs). What Hydra refuses raises as Hydra raised it."""
+    """The config `mini-gpt <verb> OVERRIDES` would run with (`hydra=True`: with the `hydra` node)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -97,7 +86,6 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train", hydra: bo
 
 
 def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
-    """`compose` for a command line: what Hydra refuses is one `MiniGPTError` line."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import ConfigCompositionException
 
@@ -123,13 +111,11 @@ def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:
 
 
 def config_groups(config_name: str) -> list[str]:
-    """The config groups of a config's defaults list (with those of the configs it includes)."""
     choices = compose((), config_name, hydra=True).hydra.runtime.choices
     return sorted(group for group in choices if group.split("/")[0] != "hydra")
 
 
 def group_options(group: str) -> str:
-    """The options of a config group: the names of conf/<group>/*.yaml."""
     return ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
 
 
@@ -137,7 +123,6 @@ _WHAT = {int: "an integer", float: "a number", bool: "true or false", str: "a st
 
 
 def _what(hint: Any) -> str:
-    """A type hint in words: `int | None` -> "an integer or null"."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if type(None) in typing.get_args(hint):
         return f"{_what(args[0])} or null"
@@ -147,9 +132,8 @@ def _what(hint: Any) -> str:
 
 
 def config_error(err: BaseException, config_name: str, schema: Any = None, prefix: str = "") -> MiniGPTError:
-    """What Hydra or OmegaConf refused, as one line naming the key and how to fix it; `schema`: the
-    dataclass the config follows (default: the verb's), whose type hints say what a value must be;
-    `prefix`: where the keys sit in the whole config (`data.` for the data section checked on its own)."""
+    """The one place where what Hydra or OmegaConf refused becomes one line naming the key (`prefix`: where
+    the keys sit in the whole config, e.g. `data.`)."""
     from hydra.errors import MissingConfigException
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -184,7 +168,7 @@ def config_error(err: BaseException, config_name: str, schema: Any = None, prefi
 
 
 def _hint_at(cls: Any, key: str) -> Any:
-    """The type hint of a dotted key (`optim.betas[0]`) in a schema dataclass; Any where unknown."""
+    """The type hint of a dotted key (`optim.betas[0]`) in a schema dataclass."""
     hint: Any = cls
     for part in key.replace("[", ".[").split("."):
         if part.startswith("["):  # an element of a list or tuple
@@ -197,9 +181,7 @@ def _hint_at(cls: Any, key: str) -> Any:
 
 
 def checked_config(cls: type[T], d: Mapping[str, Any], section: str) -> T:
-    """`cls(**d)` with `d`'s keys and value types checked (and converted) by OmegaConf first, for a section
-    read after composing (`data`, whose dataclass depends on its `name`); `section` prefixes the keys in
-    the error line."""
+    """`cls(**d)` checked by OmegaConf, for a section whose dataclass depends on its values (`data`)."""
     from omegaconf import OmegaConf
 
     try:
@@ -210,8 +192,7 @@ def checked_config(cls: type[T], d: Mapping[str, Any], section: str) -> T:
 
 
 def typed_config(cfg: Any, config_name: str) -> Any:
-    """A composed config (or node) as its schema dataclass, `__post_init__` checks run; a refusal is one
-    `MiniGPTError` line."""
+    """A composed config (or node) as its schema dataclass, `__post_init__` checks run."""
     from omegaconf import OmegaConf
 
     try:
@@ -221,7 +202,6 @@ def typed_config(cfg: Any, config_name: str) -> Any:
 
 
 def command(config_name: str) -> str:
-    """How a user types the command of a config: `python train.py` or `mini-gpt <verb>`."""
     if config_name == "train":
         return "python train.py"
     if config_name.startswith("tokenizer_"):  # one verb, two configs: tokenizer train|eval
@@ -230,14 +210,12 @@ def command(config_name: str) -> str:
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """{field: the comment on its line} in a dataclass's source (its bases' first): what `--help` says."""
+    """{field: the comment on its line} in a dataclass's source (its bases' first)."""
     source = "".join(inspect.getsource(c) for c in reversed(cls.__mro__) if dataclasses.is_dataclass(c))
     return dict(re.findall(r"^    (\w+): .*?  # (.*)$", source, re.MULTILINE))
 
 
 def tool_help(config_name: str) -> str:
-    """`--help` of a verb: every key of its composed config with its value, type and comment (from the
-    schema dataclasses), and the options of its config groups."""
     import yaml
     from omegaconf import DictConfig, OmegaConf
 
@@ -273,15 +251,13 @@ def tool_help(config_name: str) -> str:
 
 
 def exit_with_help_if_asked(config_name: str, argv: Sequence[str] | None = None) -> None:
-    """`--help` / `-h` in `argv` (default: the command line): print `tool_help(config_name)` and exit 0.
-    Hydra's own help would list every config group in CONF_DIR (the training groups in every tool's help)."""
+    """Hydra's own help would list every config group in CONF_DIR (the training groups in every tool's)."""
     if {"--help", "-h"} & set(sys.argv[1:] if argv is None else argv):
         print(tool_help(config_name), end="")
         raise SystemExit(0)
 
 
 def tool_config(config_name: str, overrides: Sequence[str] = (), node: str | None = None) -> Any:
-    """`typed_config` of a command line's config (or of its `node`: prepare's data)."""
     cfg = compose_command_line(config_name, overrides)
     return typed_config(cfg if node is None else cfg[node], config_name)
 
@@ -289,8 +265,7 @@ def tool_config(config_name: str, overrides: Sequence[str] = (), node: str | Non
 def run_tool(
     config_name: str, task: Callable[[Any], Any], argv: Sequence[str] | None = None, node: str | None = None
 ) -> Any:
-    """A one-shot verb's `main`: `--help` from the schema, else `task(tool_config(...))` of the overrides in
-    `argv` (default: the command line); a `MiniGPTError` is one `error:` line and exit status 2."""
+    """A one-shot verb's `main`: `--help`, else `task(config)`; a `MiniGPTError` is one `error:` line."""
     overrides = sys.argv[1:] if argv is None else list(argv)
     exit_with_help_if_asked(config_name, overrides)
     return exit_on_user_error(lambda: task(tool_config(config_name, overrides, node)))()
@@ -300,15 +275,13 @@ _PLAIN = (int, float, bool, str)
 
 
 def _checkable(hint: Any) -> Any:
-    """`hint` if OmegaConf can check it (a plain type, optional or not), else Any."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     union = typing.get_origin(hint) in (typing.Union, UnionType)
     return hint if hint in _PLAIN or (union and len(args) == 1 and args[0] in _PLAIN) else Any
 
 
 def checked_arguments(node: Mapping[str, Any], section: str) -> dict[str, Any]:
-    """A `_target_` node's arguments checked against its class's signature: an argument it does not take,
-    or a value of the wrong type, is one `MiniGPTError` line (`callbacks.x.y='a' must be an integer`)."""
+    """A `_target_` node's arguments checked against its class's signature (names and plain types)."""
     from hydra.utils import get_object
     from omegaconf import OmegaConf
 
@@ -332,8 +305,7 @@ def checked_arguments(node: Mapping[str, Any], section: str) -> dict[str, Any]:
 
 
 def model_preset(name: str, **overrides: Any) -> dict[str, Any]:
-    """conf/model/<name>.yaml as a plain dict for `GPTConfig(**d)`, with `overrides` (the presets'
-    `vocab_size: null` means "the tokenizer's": give one). An unknown name is one line naming the options."""
+    """conf/model/<name>.yaml with `overrides`, for `GPTConfig(**d)` (presets leave vocab_size null)."""
     from omegaconf import OmegaConf
 
     path = CONF_DIR / "model" / f"{name}.yaml"

@@ -1,7 +1,4 @@
-"""Hydra callbacks that run before Hydra touches the disk: Hydra writes the run (or sweep) directory
-before any mini-gpt code runs, so `WritableOutputDir` checks it first and stops with one line instead of
-Hydra's traceback.
-"""
+"""Hydra makes the run directory before our code runs: check it first, in one line, not Hydra's traceback."""
 
 from __future__ import annotations
 
@@ -16,7 +13,6 @@ from mini_gpt.errors import MiniGPTError, exit_on_user_error
 
 @exit_on_user_error
 def check_writable(directory: str | Path, key: str) -> None:
-    """Exit with one `error:` line (status 2) unless `directory` can be created and written."""
     path = Path(directory).expanduser().absolute()
     existing = next(p for p in (path, *path.parents) if p.exists())
     if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
@@ -29,8 +25,6 @@ def check_writable(directory: str | Path, key: str) -> None:
 
 
 class WritableOutputDir(Callback):
-    """Check `hydra.run.dir` (single run) or `hydra.sweep.dir` (multirun) before Hydra creates it."""
-
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         check_writable(config.hydra.run.dir, "hydra.run.dir")
 

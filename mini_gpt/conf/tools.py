@@ -1,7 +1,4 @@
-"""The schemas of the one-shot verbs (mini_gpt.conf.schemas): keys, types, defaults and the comment `--help`
-shows; conf/<verb>.yaml holds the values, `__post_init__` checks ranges and choices. No imports of the rooms
-that read these configs: they import from here.
-"""
+"""The schemas of the one-shot verbs (see mini_gpt.conf); the rooms that read them import from here."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The schema of `mini-gpt train` (= `python train.py`) and its groups. The model section is
-`mini_gpt.model.gpt.GPTConfig` itself; `data` is one of three dataclasses chosen by its `name`
-(mini_gpt.data.config), checked when it is read.
-"""
+"""The schema of `mini-gpt train`; `data`'s dataclass depends on its `name` (mini_gpt.data.config)."""
 
 from __future__ import annotations
 

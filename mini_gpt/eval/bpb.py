@@ -1,9 +1,4 @@
-"""Bits per byte, a language-modelling score independent of the tokenizer: total NLL (nats) / ln 2 / UTF-8
-bytes of the text, over documents from a file, the `.txt` files under a directory, a glob, or a prepared
-corpus split (cut at end-of-text ids), by sliding windows. With an end-of-text id it comes first as
-context, so every document token is predicted (as lm-evaluation-harness does); otherwise the first token
-is context only and its bytes are not counted. Special-token text in a file is scored as plain text.
-"""
+"""Bits per byte, independent of the tokenizer: total NLL (nats) / ln 2 / UTF-8 bytes (docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -49,7 +44,6 @@ class BpbResult:
 
 
 def read_documents(path: str | Path) -> list[str]:
-    """The documents of `path`: a UTF-8 file, the .txt files under a directory, or a glob (sorted)."""
     docs = []
     for f in text_files(str(path), "bpb.path"):
         try:
@@ -62,7 +56,6 @@ def read_documents(path: str | Path) -> list[str]:
 
 
 def split_documents(prepared: Any, split: str) -> list[str]:
-    """The documents of a prepared corpus's split (`train.bin`/`val.bin` or llm.c-format shards)."""
     shards = getattr(prepared, split)
     if not shards:
         raise MiniGPTError(f"the prepared corpus has no {split} shards")
@@ -71,14 +64,12 @@ def split_documents(prepared: Any, split: str) -> list[str]:
 
 
 def prepare_split(data: dict[str, Any], split: str, progress: bool | None = None) -> tuple[list[str], str]:
-    """(documents, description) of a split of the corpus `data` (a `data=` config mapping), preparing
-    its token files first when needed: text corpora (`train.bin`/`val.bin`), `data=hf` or `data=shards`."""
+    """(documents, description) of a split of the corpus `data` (a `data=` mapping), prepared if needed."""
     cfg = data_config(dict(data))
     return split_documents(prepare(cfg, progress=progress), split), f"{cfg.name}:{split}"
 
 
 def prepared_split_documents(ids: Sequence[int], tokenizer: Tokenizer) -> list[str]:
-    """Decode a prepared split's token ids into its documents (cut at end-of-text ids)."""
     eot = tokenizer.eot_id
     pieces = groupby(ids, key=lambda t: t == eot)
     return [text for is_eot, doc in pieces if not is_eot and (text := tokenizer.decode(list(doc)))]
@@ -86,8 +77,6 @@ def prepared_split_documents(ids: Sequence[int], tokenizer: Tokenizer) -> list[s
 
 @dataclass
 class BpbWindows:
-    """Documents cut into the sliding windows that score them (`bpb_windows`), read once."""
-
     windows: list[Window]
     bytes: int  # UTF-8 bytes of the text the windows score
     stride: int
@@ -102,7 +91,8 @@ def bpb_windows(
     stride: int | None = None,
     source: str = "",
 ) -> BpbWindows:
-    """Sliding windows of `block_size` moving `stride` (None = block_size // 2) over every document."""
+    """Sliding windows of `block_size` moving `stride` (None = block_size // 2) over every document; with an
+    end-of-text id before each, every document token is predicted (as lm-evaluation-harness does)."""
     stride = stride or max(1, block_size // 2)
     wins: list[Window] = []
     n_bytes, eot = 0, tokenizer.eot_id
@@ -120,7 +110,7 @@ def bpb_windows(
 
 
 def score_bpb(model: nn.Module, cut: BpbWindows, batch_size: int = 16) -> BpbResult:
-    """Score the windows: NLL and token counts (which add up over shares), bits per byte of the text."""
+    """NLL and token counts (which add up over devices' shares) of the windows."""
     score: RollingScore = score_windows(model, cut.windows, batch_size)[0]
     return BpbResult(
         score.nll, score.tokens, cut.bytes, score.context_per_token, score.min_context or 0, cut.stride,
@@ -135,5 +125,4 @@ def bits_per_byte(
     stride: int | None = None,
     batch_size: int = 16,
 ) -> BpbResult:
-    """Score `documents` with `model`: bits per byte, loss per token, context per token."""
     return score_bpb(model, bpb_windows(tokenizer, documents, model.config.block_size, stride), batch_size)

@@ -1,11 +1,6 @@
-"""Our GPT as an lm-evaluation-harness model named `mini-gpt` (the `eval` extra): `MiniGPTLM` answers
-`loglikelihood` (scoring's `continuation_logprobs`), `loglikelihood_rolling` (sliding windows `stride`
-tokens apart, default `block_size`) and `generate_until` (the KV-cache sampler, greedy unless the task
-samples) with our own code. Importing this module registers `mini-gpt`; the `lm_eval` command cannot find
-it (lm-eval has no model plugins), hence `mini-gpt harness`. Trap: `get_model` imports the harness's own
-models only while the registry is *empty*, so registering before `lm_eval.models` is imported would hide
-`hf` and all the others.
-"""
+"""Our GPT as the lm-evaluation-harness model `mini-gpt`, registered on import (docs/evaluation.md).
+Trap: `get_model` imports the harness's own models only while the registry is *empty*, so registering
+before `lm_eval.models` is imported would hide `hf` and all the others."""
 
 from __future__ import annotations
 
@@ -46,8 +41,7 @@ def _as_int(value: Any, default: int) -> int:
 
 
 class MiniGPTLM(TemplateLM):
-    """lm-eval model over a mini-gpt checkpoint / export (`ckpt=`), GPT-2 weights (`init_from=`), or a
-    model and tokenizer passed in (`model=`, `tokenizer=`, from Python)."""
+    """Over `ckpt=` / `init_from=` (as the tools), or `model=` and `tokenizer=` from Python."""
 
     def __init__(
         self,
@@ -82,7 +76,7 @@ class MiniGPTLM(TemplateLM):
 
     @property
     def eot_token_id(self) -> int:
-        """End-of-text, else a newline (a character model); also lm-eval's prefix for an empty context."""
+        """Also lm-eval's prefix for an empty context: end-of-text, else a newline (a character model)."""
         return self.tok.start_id
 
     @property
@@ -115,7 +109,6 @@ class MiniGPTLM(TemplateLM):
         return results
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-        """Log-likelihood of each whole text, every token predicted (the first from the prefix token)."""
         out = []
         for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="loglikelihood_rolling"):
             (text,) = req.args
@@ -127,7 +120,6 @@ class MiniGPTLM(TemplateLM):
         return out
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        """Each context continued by the KV-cache sampler up to end-of-text, a stop string or max_gen_toks."""
         out = []
         generator = torch.Generator(device=self._device).manual_seed(self.seed)
         eot = self.tok.eot_id
@@ -179,7 +171,7 @@ def run_harness(
     seed: int = 1234,
     builtin_tasks: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """Run harness tasks on our model; {task: {metric: value}} (filter suffixes `,none` dropped)."""
+    """{task: {metric: value}} of lm-eval's tasks on our model."""
     include = str(Path(include_path).expanduser()) if include_path else None
     if include is not None and not Path(include).exists():
         raise MiniGPTError(f"harness.include_path={include_path} does not exist")
@@ -205,8 +197,7 @@ def run_harness(
 
 
 def register() -> None:
-    """Make `mini-gpt` name MiniGPTLM in lm-eval's model registry; a no-op when the name is taken (this
-    file can run twice in one process, and the second run must not fail with "already registered")."""
+    """A no-op when the name is taken: this file can run twice in one process ("already registered")."""
     if MODEL_NAME not in model_registry:
         model_registry.register(MODEL_NAME)(MiniGPTLM)
 

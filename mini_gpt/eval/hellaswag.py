@@ -1,11 +1,4 @@
-"""HellaSwag, completion style (as in build-nanogpt and llm.c): which of 4 endings does the model prefer?
-
-Ending i is scored by the log-likelihood of `encode(" " + endings[i])` after `encode(ctx)` (no BOS): `acc`
-picks the highest sum, `acc_norm` the highest mean per token (lm-evaluation-harness's `hellaswag`
-normalises by characters and preprocesses the text: a different number). A character model drops the
-characters its vocabulary lacks. A context too long for `block_size` loses its beginning; an ending is
-kept whole. Data: `hellaswag_val.jsonl`, a local path or downloaded once.
-"""
+"""HellaSwag, completion style as in build-nanogpt and llm.c, not the harness's (docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -41,8 +34,6 @@ class HellaSwagItem:
 
 @dataclass
 class HellaSwagResult:
-    """Counts of a (possibly partial) HellaSwag run; `acc` / `acc_norm` are the fractions."""
-
     correct: int = 0
     correct_norm: int = 0
     n: int = 0
@@ -74,7 +65,6 @@ def _parse(line: str, where: str) -> HellaSwagItem:
 
 
 def read_hellaswag(path: str | Path, limit: int | None = None) -> list[HellaSwagItem]:
-    """The items of a HellaSwag jsonl file (the first `limit` of them)."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise MiniGPTError(f"hellaswag.path={path} does not exist; pass the path of hellaswag_val.jsonl")
@@ -87,7 +77,6 @@ def read_hellaswag(path: str | Path, limit: int | None = None) -> list[HellaSwag
 
 
 def resolve_hellaswag_path(path: str | None, cache_dir: Path, url: str = HELLASWAG_URL) -> Path:
-    """`path` if given; else the cached copy in `cache_dir`, downloaded first when missing."""
     if path:
         return Path(path).expanduser()
     dest = cache_dir / "hellaswag_val.jsonl"
@@ -116,7 +105,7 @@ def load_hellaswag(path: str | None, cache_dir: Path, limit: int | None = None) 
 def item_scores(
     model: nn.Module, tokenizer: Tokenizer, items: Sequence[HellaSwagItem], batch_items: int = 4
 ) -> Iterator[tuple[list[float], list[int]]]:
-    """Per item: (summed log-likelihood of each ending, its token count); `batch_items` items per pass."""
+    """Per item: (summed log-likelihood of each ending, its token count)."""
     for b in range(0, len(items), batch_items):
         pairs = []
         for item in items[b : b + batch_items]:
@@ -138,7 +127,6 @@ def evaluate_hellaswag(
     batch_items: int = 4,
     progress: bool | None = None,
 ) -> HellaSwagResult:
-    """acc / acc_norm over `items` (see the module docstring); a progress bar on an interactive stderr."""
     result = HellaSwagResult()
     shown = sys.stderr.isatty() if progress is None else progress
     with Progress(

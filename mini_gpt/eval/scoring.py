@@ -1,8 +1,5 @@
-"""Log-likelihoods under a GPT, the primitives of every evaluation: a continuation after a context
-(`continuation_logprobs`) and every token of a sequence of any length by sliding windows (`windows`,
-`score_windows`, `rolling_nll`). Batches are right-padded (a causal model cannot see padding at the end of
-a row); log-softmax in float32 whatever the model's dtype.
-"""
+"""Log-likelihoods under a GPT, the primitives of every evaluation. Batches are right-padded (a causal model
+cannot see padding at the end of a row); log-softmax in float32 whatever the model's dtype."""
 
 from __future__ import annotations
 
@@ -19,9 +16,7 @@ from mini_gpt.errors import MiniGPTError
 
 @dataclass(frozen=True)
 class Continuation:
-    """Score of one continuation: summed log-probability (nats), token count, greedy match."""
-
-    logprob: float
+    logprob: float  # summed, nats
     tokens: int
     is_greedy: bool
 
@@ -38,9 +33,7 @@ class Window:
 
 
 def windows(ids: Sequence[int], block_size: int, stride: int, doc: int = 0) -> Iterator[Window]:
-    """Sliding windows over `ids`: every token but the first is a target exactly once. Window k starts at
-    k * stride, holds block_size inputs and scores the targets after the previous window's; the last one
-    is right-aligned to the last token (as lm-evaluation-harness does)."""
+    """Every token but the first a target exactly once; the last window right-aligned (as lm-eval does)."""
     if not 1 <= stride <= block_size:
         raise MiniGPTError(f"stride={stride} must be between 1 and block_size={block_size}")
     n, scored_to, begin = len(ids), 0, 0  # targets ids[1..scored_to] are done
@@ -77,10 +70,8 @@ def _score(model: nn.Module, wins: Sequence[Window], batch_size: int) -> list[tu
 def continuation_logprobs(
     model: nn.Module, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 16
 ) -> list[Continuation]:
-    """Score `continuation` after `context` for every pair, `batch_size` rows per forward pass. The context
-    must not be empty (pass [eot_id] for none); a too-long context is cut from the left; a continuation
-    longer than block_size is scored by sliding windows of stride block_size // 2 over it and the last
-    half block of its context, one window per forward pass."""
+    """A too-long context is cut from the left; a continuation longer than block_size is scored by sliding
+    windows of stride block_size // 2 over it and the last half block of its context."""
     block_size = model.config.block_size
     half = max(1, block_size // 2)
     short, long = [], []
@@ -106,8 +97,6 @@ def continuation_logprobs(
 
 @dataclass
 class RollingScore:
-    """Totals of a rolling (sliding-window) score."""
-
     nll: float = 0.0  # summed negative log-likelihood, nats
     tokens: int = 0  # scored tokens
     context: int = 0  # summed context length of the scored tokens
@@ -121,7 +110,6 @@ class RollingScore:
 def score_windows(
     model: nn.Module, wins: Sequence[Window], batch_size: int = 16, per_doc: bool = False
 ) -> tuple[RollingScore, list[float]]:
-    """Sum the scored targets' NLL over all windows (batched); with `per_doc`, also NLL per document."""
     total = RollingScore()
     doc_nll: list[float] = [0.0] * (max((w.doc for w in wins), default=-1) + 1) if per_doc else []
     ordered = sorted(wins, key=lambda w: len(w.ids))  # equal lengths batch best (most are block_size)
@@ -140,7 +128,6 @@ def score_windows(
 def rolling_nll(
     model: nn.Module, ids: Sequence[int], stride: int | None = None, batch_size: int = 16
 ) -> RollingScore:
-    """NLL of ids[1:] given everything before, by sliding windows of block_size moving `stride` tokens."""
     block_size = model.config.block_size
     wins = list(windows(ids, block_size, stride or max(1, block_size // 2)))
     return score_windows(model, wins, batch_size)[0]

@@ -1,8 +1,5 @@
-"""The evaluation tasks `bpb` (bpb.py) and `hellaswag` (hellaswag.py), run alike by `mini-gpt evaluate` and
-training's `callbacks.evaluate`: every input is read first (`read_inputs`: a wrong path fails in a second,
-not after an hour of scoring), then scored (`score_tasks`); a device scores its `TaskInputs.share` and the
-shares' counts add up (`TaskScores.add_up`) to what one process gets.
-"""
+"""The evaluation tasks for `mini-gpt evaluate` and `callbacks.evaluate`: every input is read first (a wrong
+path fails in a second, not after an hour of scoring); each device scores a share, and the counts add up."""
 
 from __future__ import annotations
 
@@ -21,8 +18,6 @@ from mini_gpt.tokenizer import Tokenizer
 
 @dataclass
 class TaskInputs:
-    """What the tasks score: bpb's windows, HellaSwag's items (None: the task is not run)."""
-
     bpb: BpbWindows | None = None
     hellaswag: list[HellaSwagItem] | None = None
 
@@ -43,9 +38,7 @@ def read_inputs(
     hellaswag_limit: int | None = None,
     data_dir: str | None = None,
 ) -> TaskInputs:
-    """The inputs of `tasks`: bpb's documents (`documents()` gives them and where they came from) cut into
-    windows moving `stride` tokens (None = block_size // 2); the first `hellaswag_limit` HellaSwag items
-    of `hellaswag_path`, else of the copy cached under `data_dir` (downloaded once when online)."""
+    """The inputs of `tasks`; `documents()` gives bpb's documents and where they came from."""
     inputs = TaskInputs()
     if "bpb" in tasks:
         docs, source = documents()
@@ -65,8 +58,7 @@ class TaskScores:
     source: str = ""  # where bpb's text came from
 
     def add_up(self, reduce: Callable[[list[float]], list[float]]) -> TaskScores:
-        """The whole work's scores from this device's share: `reduce` sums a list of numbers over devices
-        (identity on one process). Called on every device, in the same order."""
+        """`reduce` sums a list of numbers over devices (identity on one process); call it on every one."""
         bpb, hellaswag = self.bpb, self.hellaswag
         if bpb is not None:
             nll, tokens = reduce([bpb.nll, bpb.tokens])
@@ -77,7 +69,6 @@ class TaskScores:
         return replace(self, bpb=bpb, hellaswag=hellaswag)
 
     def curves(self) -> dict[str, float]:
-        """The numbers to follow over training, as `<task>/<metric>`."""
         out = {}
         if self.bpb is not None:
             out.update({"bpb/bits_per_byte": self.bpb.bits_per_byte, "bpb/loss": self.bpb.loss})
@@ -86,7 +77,6 @@ class TaskScores:
         return out
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """Every metric of every task run, with its seconds: `mini-gpt evaluate`'s results."""
         out: dict[str, dict[str, Any]] = {}
         if self.bpb is not None:
             out["bpb"] = {**self.bpb.to_dict(), "text": self.source}
@@ -103,8 +93,7 @@ def score_tasks(
     hellaswag_batch_size: int = 4,
     progress: bool | None = None,
 ) -> TaskScores:
-    """Score `inputs` with `model` in eval mode (its mode is put back); `*_batch_size`: windows / items per
-    forward pass; `progress` None: a HellaSwag bar on an interactive stderr."""
+    """Score `inputs` in eval mode (the model's mode is put back); `progress` None: a bar on a terminal."""
     scores = TaskScores(source="" if inputs.bpb is None else inputs.bpb.source)
     was_training = model.training
     model.eval()

@@ -1,11 +1,5 @@
-"""A GPT made ready for fast inference on a CPU: `prepare_for_inference(model, dtype)`.
-
-Decoding one token at batch 1 is bound by how fast the weights stream from memory. oneDNN's blocked
-layout, prepared once (the packing `torch.compile` uses for frozen CPU models), streams faster than
-`nn.Linear`'s (out, in) layout, and bfloat16 halves the bytes (`python -m mini_gpt.bench generate`).
-The conversion is one way: every `nn.Linear` becomes a `PackedLinear` without gradients, so the model
-generates and evaluates but is not trained or saved. Without oneDNN (or on a GPU) only the dtype changes.
-"""
+"""Fast CPU decoding, bound by how fast the weights stream from memory: oneDNN's layout, packed once, streams
+faster than `nn.Linear`'s (docs/benchmarks.md). One way: the model is then not trained or saved."""
 
 from __future__ import annotations
 
@@ -14,7 +8,6 @@ from torch import Tensor, nn
 
 
 def can_pack(device: torch.device | str, dtype: torch.dtype = torch.float32) -> bool:
-    """Whether Linear weights on `device` can be packed for oneDNN in `dtype`."""
     if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     if dtype == torch.bfloat16:
@@ -23,8 +16,7 @@ def can_pack(device: torch.device | str, dtype: torch.dtype = torch.float32) -> 
 
 
 class PackedLinear(nn.Module):
-    """`y = x W^T + b` with W reordered once into oneDNN's layout (inference only). The packed weight is an
-    opaque oneDNN tensor, kept as a plain attribute so it never reaches an optimizer or a state dict."""
+    """The packed W is opaque: a plain attribute, so that it never reaches an optimizer or a state dict."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
         super().__init__()
@@ -42,8 +34,7 @@ class PackedLinear(nn.Module):
 
 
 def prepare_for_inference(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
-    """Cast `model` to `dtype` (default: keep) and pack its Linear layers where oneDNN can; in place, eval
-    mode, gradients off. A tied output head gets its own packed copy (one vocab x n_embd matrix more)."""
+    """Cast (in place) and pack the Linear layers where oneDNN can; a tied head gets its own packed copy."""
     model.eval().requires_grad_(False)
     if dtype is not None:
         model.to(dtype)

@@ -1,7 +1,4 @@
-"""Prompts of different lengths as one batch, padded on the left, each row decoding as it would alone:
-its padding is hidden from every query and its positions count its real tokens only. `GPT.forward` knows
-neither; `padded_last_logits` runs the model's own modules with both.
-"""
+"""Left-padded prompts decoding as they would alone, with the model's own modules (`GPT.forward` cannot)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""Text generation: one decoding loop (`generate`) for the CLI, the training sample callback and the bench.
-
-    logits of the last position -> repetition penalty -> / temperature -> top-k -> top-p -> sample
-
-`use_cache=True` (default) runs the prompt once (prefill) and then feeds only the newest token, each
-layer's `KVCache` holding the keys/values before it; `use_cache=False` recomputes the whole context every
-step (the reference the cache is tested against).
-
-Sliding window (`context_start`), the same on both paths: the model sees at most `block_size` tokens.
-When one more token would not fit, the context jumps forward to the last `window` tokens (default
-`block_size // 2`) and grows again. A cache cannot drop its oldest entry (learned positions would shift),
-so at each jump the cache path re-prefills the window; greedy decoding gives the same tokens either way.
-"""
+"""Text generation: one decoding loop (`generate`) for the CLI, the sample callback, the server and the bench:
+logits of the last position -> repetition penalty -> / temperature -> top-k -> top-p -> sample."""
 
 from __future__ import annotations
 
@@ -26,7 +15,6 @@ from mini_gpt.infer.padding import padded_last_logits
 def check_sampling_args(
     temperature: float, top_k: int | None, top_p: float | None, rep: float | None = None
 ) -> None:
-    """Raise MiniGPTError for settings `generate` cannot use (callers may check before loading a model)."""
     if temperature < 0:
         raise MiniGPTError(f"temperature={temperature} must be >= 0 (0 = greedy)")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
@@ -38,14 +26,13 @@ def check_sampling_args(
 
 
 def context_start(start: int, length: int, block_size: int, window: int) -> int:
-    """Where the model's context begins, given the previous start and the current sequence length: the
-    same start while the context fits in block_size, otherwise the last `window` tokens (module docstring)."""
+    """The same start while the context fits in block_size, else the last `window` tokens: a cache cannot
+    drop its oldest entry (learned positions would shift), so it re-prefills the window at each jump."""
     return start if length - start <= block_size else length - window
 
 
 def apply_repetition_penalty(logits: Tensor, seq: Tensor, penalty: float) -> Tensor:
-    """Make every token already in `seq` (B, n) less likely (CTRL, Keskar et al. 2019): a positive logit
-    is divided by `penalty`, a negative one multiplied; tokens seen twice are penalised once."""
+    """CTRL's penalty (Keskar et al. 2019) on every token in `seq` (B, n), once however often it occurs."""
     seen = logits.gather(1, seq)  # (B, n)
     seen = torch.where(seen > 0, seen / penalty, seen * penalty)
     return logits.scatter(1, seq, seen)
@@ -54,9 +41,7 @@ def apply_repetition_penalty(logits: Tensor, seq: Tensor, penalty: float) -> Ten
 def next_token_probs(
     logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
 ) -> Tensor:
-    """Distribution of the next token: logits (B, V) -> probabilities (B, V); temperature > 0. Outside the
-    top-k and the top-p nucleus, 0; a token stays in the nucleus while the mass of those ranked above it
-    is below p (the top one always)."""
+    """Logits (B, V) -> probabilities (B, V), 0 outside the top-k and the top-p nucleus; temperature > 0."""
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         values, indices = torch.topk(logits, top_k, dim=-1)  # (B, k)
@@ -100,15 +85,9 @@ def generate(
     attention_mask: Tensor | None = None,
     stream: Callable[[Tensor], bool | None] | None = None,
 ) -> Tensor:
-    """Continue the prompts idx (B, T) by `max_new_tokens` tokens -> (B', T + max_new_tokens), the model in
-    eval mode meanwhile. temperature 0 is greedy; repetition_penalty None or 1 is off.
-
-    Args:
-        num_samples: with a single prompt row, B' = num_samples samples that share one prefill.
-        attention_mask: (B, T), 0 at left padding: each row decodes as it would alone (while the batch
-            fits in block_size; the sliding window counts the batch's columns, padding included).
-        stream: called with each step's new tokens (B',); returning True stops early (a shorter result).
-    """
+    """Prompts idx (B, T) -> (B', T + max_new_tokens); B' = num_samples (one prefill) for a single row.
+    attention_mask (B, T) is 0 at left padding (the sliding window counts those columns); `stream` gets each
+    step's tokens (B',), True stops early. `use_cache=False` is the cache's reference."""
     check_sampling_args(temperature, top_k, top_p, repetition_penalty)
     if idx.dim() != 2 or idx.shape[1] < 1:
         raise MiniGPTError(f"idx must be (batch, time) with at least one token, got shape {tuple(idx.shape)}")

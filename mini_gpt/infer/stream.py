@@ -1,5 +1,4 @@
-"""Prompts in, printable text out: reading and encoding a prompt, a token's own text, and streaming a
-sample's tokens as text (whole UTF-8 characters only, cut at stop strings)."""
+"""Prompts in, printable text out: prompts read and encoded, tokens streamed as text, stop strings."""
 
 from __future__ import annotations
 
@@ -11,14 +10,11 @@ from mini_gpt.tokenizer import Tokenizer
 
 
 def unescape(text: str) -> str:
-    """Turn the two-character sequences \\n, \\t and \\\\ into a newline, a tab and a backslash."""
     return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
 
 
 def prompt_text(prompt: str | None, prompt_file: str | None = None) -> str:
-    """The prompt of a command line: `prompt` with `unescape` applied (the same rule as `stop=`, so
-    `prompt='ROMEO:\\nJULIET:'` holds a newline), or the contents of FILE, verbatim, for `@FILE` or
-    `prompt_file` (`@@...` for a literal `@...`)."""
+    """`prompt` unescaped (as `stop=`), or FILE verbatim for `@FILE` or `prompt_file` (`@@`: a literal @)."""
     prompt = "" if prompt is None else str(prompt)
     if prompt_file and prompt:
         raise MiniGPTError("set either prompt or prompt_file, not both")
@@ -36,7 +32,7 @@ def prompt_text(prompt: str | None, prompt_file: str | None = None) -> str:
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Token ids of the prompt; an empty prompt starts from end-of-text (BPE) or a newline (characters)."""
+    """An empty prompt starts from end-of-text (BPE) or a newline (characters)."""
     if text:
         ids = tokenizer.encode(text)  # a char tokenizer names unknown characters (MiniGPTError)
         if ids:
@@ -45,8 +41,7 @@ def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
-    """One token's own text; a BPE token holding part of a UTF-8 character shows its bytes as \\xNN (they
-    read better than the replacement character `decode` gives)."""
+    """One token's own text; part of a UTF-8 character shows as \\xNN bytes (not `decode`'s U+FFFD)."""
     encoding = getattr(tokenizer, "encoding", None)  # tiktoken's
     if encoding is not None:
         return encoding.decode_single_token_bytes(token_id).decode("utf-8", errors="backslashreplace")
@@ -54,10 +49,8 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> str:
 
 
 class TextStream:
-    """Turns one sample's token ids into text pieces that are safe to print, and applies stop strings:
-    ids are held back while their text ends in a replacement character (half a UTF-8 character; at most
-    MAX_PENDING), and text that could begin a stop string until it is known not to. At a stop string the
-    sample ends, without it."""
+    """One sample's ids as printable pieces: held back while they end in half a UTF-8 character (at most
+    MAX_PENDING) or could begin a stop string; the sample ends before a stop string."""
 
     MAX_PENDING = 8
 
@@ -71,7 +64,6 @@ class TextStream:
         self._pending: list[int] = []
 
     def push(self, token: int) -> str:
-        """Add one token; return the new printable text (possibly empty)."""
         if self.stopped:
             return ""
         self.tokens += 1
@@ -83,7 +75,6 @@ class TextStream:
         return self._add(piece, final=False)
 
     def flush(self) -> str:
-        """The text still held back, at the end of the sample."""
         piece = self.tokenizer.decode(self._pending) if self._pending and not self.stopped else ""
         self._pending = []
         return self._add(piece, final=True)

@@ -1,10 +1,4 @@
-"""Load a model and its tokenizer from whatever training or export wrote: no Lightning, no Hydra.
-
-`load_model` reads a Lightning `.ckpt` (`torch.load(weights_only=True)`: a checkpoint cannot run code; its
-`mini_gpt` entry holds model config and tokenizer; LoRA adapters are merged in), a `format=safetensors`
-export, a `format=hf` / local `transformers` directory, or a nanoGPT `ckpt.pt`. `load_source` also takes a
-hub name; `open_model` is what the tools' `ckpt=` / `init_from=` load. Every failure is one line.
-"""
+"""Load a model and its tokenizer from whatever training or export wrote (no Lightning, no Hydra)."""
 
 from __future__ import annotations
 
@@ -29,7 +23,7 @@ CONFIG_FILE = "config.json"
 
 
 def metadata(model: GPT, tokenizer: Tokenizer | None) -> dict[str, Any]:
-    """The `mini_gpt` entry of a checkpoint / export config: primitives only."""
+    """The `mini_gpt` entry of a checkpoint / export config: primitives only (weights_only loading)."""
     return {
         "format_version": FORMAT_VERSION,
         "model_config": model.config.to_dict(),
@@ -38,7 +32,6 @@ def metadata(model: GPT, tokenizer: Tokenizer | None) -> dict[str, Any]:
 
 
 def unreadable_checkpoint(path: str | Path, err: BaseException) -> MiniGPTError:
-    """The one-line error for a checkpoint file torch cannot load (also used when resuming training)."""
     text = str(err).strip()
     reason = text.splitlines()[0].split(". ")[0][:160] if text else ""  # torch's first sentence
     return MiniGPTError(
@@ -48,8 +41,8 @@ def unreadable_checkpoint(path: str | Path, err: BaseException) -> MiniGPTError:
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """torch.load a `.ckpt` safely (weights_only), every failure one line. Memory-mapped: reading the
-    small entries (`mini_gpt`, `global_step`) leaves the weights on disk."""
+    """torch.load a `.ckpt` (weights_only: it cannot run code), memory-mapped: reading the small entries
+    (`mini_gpt`, `global_step`) leaves the weights on disk."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise MiniGPTError(
@@ -83,7 +76,6 @@ def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
 
 
 def _tokenizer_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """How two tokenizer dicts differ, in words (None when equal)."""
     if saved == current:
         return None
     kinds = [
@@ -114,10 +106,8 @@ def _tokenizer_difference(saved: dict[str, Any], current: dict[str, Any]) -> str
 def check_resume(
     checkpoint: dict[str, Any], model_config: dict[str, Any], tokenizer: Tokenizer, source: str | Path
 ) -> None:
-    """Refuse to resume from `checkpoint` (a loaded Lightning checkpoint dict) into a run whose model config
-    or tokenizer differ, or from one that cannot resume; one line each. Called before Lightning loads any
-    state: a same-size character vocabulary with other characters would otherwise silently train on ids
-    that now mean other characters."""
+    """Refuse to resume into a run whose model config or tokenizer differ, before Lightning loads any state:
+    a same-size character vocabulary with other characters would silently train on ids of a new meaning."""
     meta = _check_meta(checkpoint.get("mini_gpt"), Path(source))
     if not isinstance(checkpoint.get("optimizer_states"), list) or "loops" not in checkpoint:
         raise MiniGPTError(
@@ -160,7 +150,6 @@ def _build(meta: dict[str, Any], weights: dict[str, torch.Tensor], source: Path)
 def _assemble(
     config: GPTConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer, source: Path
 ) -> tuple[GPT, Tokenizer]:
-    """A GPT of `config` holding exactly `weights` (a tied head given or not), checked against `tokenizer`."""
     model = GPT(config)
     expected = set(model.state_dict())
     if config.tie_weights:  # tied exports store the shared matrix once (as the token embedding)
@@ -186,8 +175,7 @@ def _assemble(
 
 
 def _load_dir(directory: Path, safetensors: bool) -> tuple[GPT, Tokenizer]:
-    """A `format=safetensors` export (also for its .safetensors file: `safetensors`), else a transformers
-    directory."""
+    """A `format=safetensors` export (`safetensors`: its file was named), else a transformers directory."""
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
         raise MiniGPTError(
@@ -225,8 +213,7 @@ def _load_dir(directory: Path, safetensors: bool) -> tuple[GPT, Tokenizer]:
 def load_model(
     path: str | Path, device: str | torch.device = "cpu", tokenizer: str | None = None
 ) -> tuple[GPT, Tokenizer]:
-    """(GPT in eval mode on `device`, tokenizer) from a `.ckpt`, an export directory or its .safetensors,
-    or a nanoGPT `ckpt.pt` (`tokenizer`: its data's meta.pkl, see mini_gpt.interop.nanogpt)."""
+    """(GPT in eval mode, tokenizer) of a checkpoint or export (`tokenizer`: a nanoGPT ckpt's meta.pkl)."""
     path = Path(path).expanduser()
     export = path.is_dir() or (path.suffix == ".safetensors" and (path.parent / CONFIG_FILE).is_file())
     ckpt = None if export else read_checkpoint(path)
@@ -254,8 +241,7 @@ def load_model(
 def load_source(
     init_from: str, bpe_file: str | Path | None = None, tokenizer: str | None = None
 ) -> tuple[GPT, Tokenizer]:
-    """(GPT, tokenizer) of pretrained weights: whatever `load_model` reads, or a hub name (`gpt2` ...
-    `gpt2-xl`: needs network or the hub cache; `bpe_file`, a local gpt2.tiktoken, spares the tokenizer's)."""
+    """What `load_model` reads, or a hub name (`bpe_file`: a local gpt2.tiktoken spares downloading it)."""
     if Path(init_from).expanduser().exists():
         return load_model(init_from, tokenizer=tokenizer)
     if init_from not in HUB_MODELS:
@@ -274,8 +260,6 @@ def open_model(
     device: str | torch.device,
     tokenizer: str | None = None,
 ) -> tuple[GPT, Tokenizer]:
-    """The model (eval mode, on `device`) and tokenizer a tool's `ckpt=` or `init_from=` names
-    (`tokenizer`: a nanoGPT checkpoint's meta.pkl)."""
     if bool(ckpt) == bool(init_from):
         raise MiniGPTError(
             "set exactly one of ckpt=PATH (checkpoint or export directory) or init_from=gpt2|HF_DIR"

@@ -1,10 +1,4 @@
-"""Export a trained model, atomically: `export_model(model, tokenizer, out, fmt)`.
-
-`format=safetensors`: `model.safetensors` (a tied head stored once) + `config.json` holding a checkpoint's
-`mini_gpt` metadata; any model config. `format=hf`: a `transformers` directory (mini_gpt.interop.hf).
-`format=gguf`: one file for llama.cpp (mini_gpt.interop.gguf_export) and an Ollama Modelfile beside it.
-An interrupted export leaves no half-written model; an existing `out` is replaced only with `overwrite`.
-"""
+"""Export a trained model atomically: safetensors (+ a checkpoint's `mini_gpt` metadata), hf or gguf."""
 
 from __future__ import annotations
 
@@ -37,7 +31,6 @@ def write_safetensors(model: GPT, tokenizer: Tokenizer, directory: Path) -> None
 
 
 def check_format(fmt: str, outtype: str = "f32") -> None:
-    """One line for an unknown `format` or `outtype` (the CLI asks before loading a checkpoint)."""
     if fmt not in FORMATS:
         raise MiniGPTError(f"format={fmt!r} is not one of {', '.join(FORMATS)}")
     if outtype not in OUTTYPES:
@@ -47,15 +40,13 @@ def check_format(fmt: str, outtype: str = "f32") -> None:
 
 
 def modelfile_path(gguf_path: Path) -> Path:
-    """The Ollama Modelfile written beside a GGUF export: `model.gguf` -> `model.Modelfile`."""
     return gguf_path.with_suffix(".Modelfile")
 
 
 def export_model(
     model: GPT, tokenizer: Tokenizer, out: str | Path, fmt: str, overwrite: bool = False, outtype: str = "f32"
 ) -> Path:
-    """Write `model` + `tokenizer` to `out` (a directory; a file for gguf) in format `fmt`; return its path.
-    `outtype` (f32, f16, q8_0) is gguf's weight type."""
+    """Write `model` + `tokenizer` to `out` (a directory; a file for gguf); return its path."""
     check_format(fmt, outtype)
     out = Path(out).expanduser().resolve()
     if fmt == "gguf":

@@ -1,9 +1,4 @@
-"""Our GPT as one GGUF file for llama.cpp (Ollama, LM Studio), written with the `gguf` package
-(docs/model-and-export.md): the llama.cpp architecture that computes the same function (`llama_cpp` in
-mini_gpt.interop.hf.ARCHITECTURES; llama's RoPE rotates adjacent pairs, so the q/k rows are permuted as
-llama.cpp's own converter does), and the tokenizer as llama.cpp's byte-level BPE. llama.cpp has only the
-tanh GELU, so `gelu_exact` runs there as the tanh curve (the same to within 1e-3).
-"""
+"""Our GPT and tokenizer as one GGUF file for llama.cpp and Ollama (docs/model-and-export.md)."""
 
 from __future__ import annotations
 
@@ -29,14 +24,11 @@ from mini_gpt.tokenizer import (
 )
 
 OUTTYPES = ("f32", "f16", "q8_0")
-# A tokenizer's pre-tokenisation regex -> the llama.cpp pre-tokenizer (`tokenizer.ggml.pre`) that splits
-# text the same way (llama.cpp src/llama-vocab.cpp; tests/integration/test_gguf.py checks each one);
-# Llama 3's regex is cl100k_base's.
+# Our split regex -> the llama.cpp pre-tokenizer (src/llama-vocab.cpp) that splits text the same way.
 PRE_TOKENIZERS = {GPT2_PAT_STR: "gpt-2", CL100K_PAT_STR: "llama-bpe", O200K_PAT_STR: "gpt-4o"}
 
 
 def require_gguf() -> Any:
-    """The `gguf` module, or a one-line MiniGPTError saying how to install it."""
     try:
         import gguf
     except ImportError as err:
@@ -53,8 +45,6 @@ _FEATURE = {  # how each option value is named in a refusal
 
 
 def gguf_architecture(config: GPTConfig) -> str:
-    """llama.cpp's name for the architecture computing this model, or a MiniGPTError naming the feature
-    llama.cpp has no counterpart for."""
     name = find_architecture(config)
     if name is not None:
         return ARCHITECTURES[name].llama_cpp
@@ -77,8 +67,8 @@ class GGUFVocab:
 
 
 def gguf_vocab(tokenizer: Tokenizer, n_vocab: int) -> GGUFVocab:
-    """Our tokenizer as llama.cpp's `gpt2` (byte-level BPE) vocabulary of `n_vocab` entries (module
-    docstring); the model's padded rows beyond the tokenizer, and gaps in the ranks, are unused tokens."""
+    """Our tokenizer as llama.cpp's `gpt2` (byte-level BPE) vocabulary of `n_vocab` entries; the model's
+    padded rows beyond the tokenizer, and gaps in the ranks, are unused tokens."""
     types = require_gguf().TokenType
     if isinstance(tokenizer, TiktokenTokenizer):
         pre = PRE_TOKENIZERS.get(tokenizer.pat_str)
@@ -91,15 +81,13 @@ def gguf_vocab(tokenizer: Tokenizer, n_vocab: int) -> GGUFVocab:
         vocab, pairs = byte_level_bpe(tokenizer)
         merges, special = [f"{a} {b}" for a, b in pairs], tokenizer.special_tokens
     elif isinstance(tokenizer, CharTokenizer):
-        # A character of several UTF-8 bytes is rebuilt by merging its bytes left to right. Merges never
-        # cross characters, so any pre-tokenizer gives our splits.
+        # A multi-byte character is rebuilt by merging its bytes left to right; merges never cross characters.
         char, pre, vocab, special, rebuild = bytes_to_unicode(), "gpt-2", {}, {}, {}
         for i, c in enumerate(tokenizer.chars):
             pieces = [char[b] for b in c.encode()]
             vocab["".join(pieces)] = i
             rebuild.update(dict.fromkeys(f"{''.join(pieces[:k])} {pieces[k]}" for k in range(1, len(pieces))))
-        # llama.cpp refuses a BPE vocabulary without merges: one that never applies, as the bytes 0xC0 and
-        # 0xC1 occur in no UTF-8 text
+        # llama.cpp refuses a BPE without merges: one that never applies (0xC0, 0xC1 occur in no UTF-8)
         merges = list(rebuild) or [f"{char[0xC0]} {char[0xC1]}"]
     else:
         raise MiniGPTError(
@@ -116,8 +104,7 @@ def _pairs_permuted(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-# our module in block i -> llama.cpp's tensor in blk.i; gpt2 and gptneox keep our fused q/k/v and MLP input,
-# llama splits them (our c_fc output is [gate; up])
+# our module in block i -> llama.cpp's in blk.i; llama splits the fused q/k/v and [gate; up] MLP input
 _LAYER = {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_proj": "attn_output", "mlp.c_proj": "ffn_down"}
 _FUSED = {"attn.c_attn": "attn_qkv", "mlp.c_fc": "ffn_up"}
 _SPLIT = {"attn.c_attn": ("attn_q", "attn_k", "attn_v"), "mlp.c_fc": ("ffn_gate", "ffn_up")}
@@ -197,8 +184,6 @@ def _add_metadata(writer: Any, gguf: Any, model: GPT, arch: str, vocab: GGUFVoca
 
 
 def write_gguf(model: GPT, tokenizer: Tokenizer, path: str | Path, outtype: str = "f32") -> Path:
-    """Write `model` + `tokenizer` as one GGUF file at `path`, atomically; return its path. `outtype` is
-    one of OUTTYPES (export.check_format checks it)."""
     gguf = require_gguf()
     arch = gguf_architecture(model.config)
     if tokenizer.vocab_size > model.config.vocab_size:
@@ -220,8 +205,6 @@ def write_gguf(model: GPT, tokenizer: Tokenizer, path: str | Path, outtype: str 
 
 
 def modelfile_text(model: GPT, tokenizer: Tokenizer, gguf_name: str) -> str:
-    """An Ollama Modelfile for a base model: the prompt as given (no chat template), the context the
-    model was trained for, and end-of-text as the stop token."""
     lines = [
         "# ollama create NAME -f THIS_FILE, then: ollama run NAME 'Once upon a time'",
         f"FROM ./{gguf_name}",

@@ -1,9 +1,4 @@
-"""Our GPT as a `transformers` model and back, and the `format=hf` directory (docs/model-and-export.md).
-
-Each combination of norm, pos_embedding and mlp has one counterpart, GPT-2, GPT-NeoX or Llama
-(ARCHITECTURES): the maths is the same on both sides, only the storage differs. A model without biases maps
-onto GPT-2 / GPT-NeoX with zero biases. `transformers` is an optional extra, imported on first use.
-"""
+"""Our GPT as a `transformers` model and back (the same function, other storage), and `format=hf`."""
 
 from __future__ import annotations
 
@@ -30,9 +25,8 @@ HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # the published G
 
 @dataclass(frozen=True)
 class Architecture:
-    """Where each of our modules lives in one `transformers` architecture: `top` maps our module names
-    outside the blocks, `layer` those inside block i (under `layer_prefix`). A tuple on the right means our
-    one matrix is several of theirs, stacked along the output rows."""
+    """Our module names -> theirs, outside the blocks (`top`) and in block i (`layer`, under `layer_prefix`);
+    a tuple: our one matrix is several of theirs, stacked along the output rows."""
 
     label: str
     llama_cpp: str  # llama.cpp's name for the same architecture (gguf_export)
@@ -94,7 +88,6 @@ ARCHITECTURES: dict[str, Architecture] = {  # keyed by transformers' model_type
 
 
 def find_architecture(config: GPTConfig) -> str | None:
-    """The key in ARCHITECTURES that holds a model with this config (None: no architecture does)."""
     for name, arch in ARCHITECTURES.items():
         if all(getattr(config, k) in v for k, v in arch.options.items()):
             return name
@@ -102,7 +95,6 @@ def find_architecture(config: GPTConfig) -> str | None:
 
 
 def hf_architecture(config: GPTConfig) -> str:
-    """The key in ARCHITECTURES that holds a model with this config, or a MiniGPTError naming the fix."""
     name = find_architecture(config)
     if name is not None:
         return name
@@ -123,21 +115,14 @@ def hf_architecture(config: GPTConfig) -> str:
     )
 
 
-# ---- weights ----------------------------------------------------------------------------------------
 def interleaved_qkv_to_fused(param: Tensor, n_head: int, inverse: bool = False) -> Tensor:
-    """Reorder a per-head interleaved QKV projection into our `[q; k; v]` layout (`inverse`: back).
-
-    GPT-NeoX, and tutorials that reshape the output of one `Linear(d_in, 3 * n_embd)` to
-    (B, T, n_head, 3 * hs), group the output rows per head: [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]. GPT-2 and
-    `nn.MultiheadAttention` group them per role: [q_0 q_1 ... | k_0 ... | v_0 ...]. Works on the weight
-    (3C, d_in) and on the bias (3C,) alike.
-    """
+    """Rows grouped per head [q_0 k_0 v_0 | q_1 ...] (GPT-NeoX, many tutorials) -> per role [q; k; v] (ours,
+    GPT-2); `inverse`: back. Weight (3C, d_in) or bias (3C,)."""
     grouped = (3, n_head, -1) if inverse else (n_head, 3, -1)  # ({q,k,v}, nh, hs) or (nh, {q,k,v}, hs)
     return param.reshape(*grouped, *param.shape[1:]).transpose(0, 1).reshape(param.shape)
 
 
 def _module_pairs(arch: Architecture, n_layer: int) -> Iterator[tuple[str, str, tuple[str, ...]]]:
-    """(our module, its name inside a block or at the top, their module(s)) for every module."""
     for ours, theirs in arch.top.items():
         yield ours, ours, (theirs,)
     for i in range(n_layer):
@@ -150,8 +135,7 @@ def _module_pairs(arch: Architecture, n_layer: int) -> Iterator[tuple[str, str, 
 def _convert(
     arch: Architecture, weights: dict[str, Tensor], config: GPTConfig, to_hf: bool
 ) -> dict[str, Tensor]:
-    """Our state dict under `arch`'s names and layouts (`to_hf`), or theirs under ours; what is absent on
-    the source side (no bias, no wpe with rope) is absent from the result."""
+    """Our state dict under `arch`'s names and layouts (`to_hf`), or theirs under ours; absent stays so."""
     out = {}
     for module, local, names in _module_pairs(arch, config.n_layer):
         for kind in ("weight", "bias"):
@@ -171,8 +155,8 @@ def _convert(
 
 
 def _copy_into(target: dict[str, Tensor], source: dict[str, Tensor], where: str) -> list[str]:
-    """Copy every tensor of `source` into the same-named one of `target`; return target keys not given."""
-    for name, tensor in target.items():  # (state dict tensors: detached, the model's own storage)
+    """Copy `source` into the same-named (state dict) tensors of `target`; return target keys not given."""
+    for name, tensor in target.items():
         src = source.get(name)
         if src is not None and src.shape != tensor.shape:
             raise MiniGPTError(
@@ -183,7 +167,6 @@ def _copy_into(target: dict[str, Tensor], source: dict[str, Tensor], where: str)
     return [name for name in target if name not in source]
 
 
-# ---- our model -> transformers ----------------------------------------------------------------------
 def _hf_config(model_type: str, c: GPTConfig) -> Any:
     shape = dict(
         vocab_size=c.vocab_size, tie_word_embeddings=c.tie_weights, max_position_embeddings=c.block_size,
@@ -210,8 +193,6 @@ def _hf_config(model_type: str, c: GPTConfig) -> Any:
 
 
 def to_hf(model: GPT) -> Any:
-    """Our GPT as the `transformers` model of its architecture (GPT-2, GPT-NeoX or Llama), in eval mode.
-    No match: a MiniGPTError naming the fix."""
     name = hf_architecture(model.config)
     arch = ARCHITECTURES[name]
     hf_model = require_transformers().AutoModelForCausalLM.from_config(_hf_config(name, model.config))
@@ -222,7 +203,6 @@ def to_hf(model: GPT) -> Any:
 
 
 def gpt_to_hf(model: GPT) -> Any:
-    """Our GPT as a GPT2LMHeadModel (GPT-2-compatible configs only; `to_hf` takes the others)."""
     gpt2 = ARCHITECTURES["gpt2"]
     fix = " ".join(f"model.{k}={v[0]}" for k, v in gpt2.options.items() if getattr(model.config, k) not in v)
     if fix:
@@ -230,7 +210,6 @@ def gpt_to_hf(model: GPT) -> Any:
     return to_hf(model)
 
 
-# ---- transformers -> our model ----------------------------------------------------------------------
 def _load_hf_model(source: Any) -> Any:
     transformers = require_transformers()
     if isinstance(source, transformers.PreTrainedModel):
@@ -268,8 +247,7 @@ def check_hub_available(name: str) -> None:
 
 
 def config_from_hf(hf_config: Any) -> GPTConfig:
-    """Our GPTConfig for a GPT-2, GPT-NeoX or Llama config; MiniGPTError for what we cannot express.
-    GPT-2's configs answer to the common names (hidden_size, ...) too."""
+    """Our GPTConfig for a GPT-2, GPT-NeoX or Llama config (GPT-2's answer to hidden_size etc. too)."""
     kind = hf_config.model_type
     if kind not in ARCHITECTURES:
         raise MiniGPTError(f"model_type={kind!r} is not one mini-gpt reads (GPT-2, GPT-NeoX, Llama)")
@@ -324,8 +302,7 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
 
 
 def gpt_from_hf(source: Any) -> GPT:
-    """Our GPT from a GPT-2, GPT-NeoX or Llama `transformers` model, a local directory, or a hub name
-    (GPT-2 only; needs network or the hub cache)."""
+    """Our GPT from a `transformers` model, a local directory, or a GPT-2 hub name."""
     hf_model = _load_hf_model(source)
     config = config_from_hf(hf_model.config)
     arch = ARCHITECTURES[hf_model.config.model_type]
@@ -341,9 +318,7 @@ def gpt_from_hf(source: Any) -> GPT:
     return model
 
 
-# ---- directories ----------------------------------------------------------------------------------
 def write_hf(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
-    """Save `model` as its `transformers` architecture's directory, with its tokenizer (hf_tokenizer)."""
     transformers = require_transformers()
     # save_pretrained draws a progress bar, and configs warn about default ids we replace below.
     transformers.logging.set_verbosity_error()
@@ -357,7 +332,5 @@ def write_hf(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
 
 
 def load_hf_dir(directory: Path) -> tuple[GPT, Tokenizer]:
-    """(GPT, tokenizer) from a `transformers` directory: our `format=hf` export (GPT-2, GPT-NeoX, Llama)
-    or any local GPT-2 model."""
     tokenizer = load_hf_tokenizer(directory)  # first: a directory without one fails before the weights load
     return gpt_from_hf(directory), tokenizer

@@ -1,9 +1,4 @@
-"""Our tokenizers in `transformers`' files and back (the tokenizer half of a `format=hf` directory).
-
-`save_hf_tokenizer` writes ours as `mini_gpt_tokenizer.json` (exact) plus files `AutoTokenizer` reads to
-the same ids: GPT-2's vocab.json + merges.txt; any other tiktoken BPE (`mini-gpt tokenizer train`) as a
-`tokenizers` byte-level BPE in tokenizer.json; a character vocabulary as a `tokenizers` BPE without merges.
-"""
+"""Our tokenizers in `transformers`' files and back (the tokenizer half of a `format=hf` directory)."""
 
 from __future__ import annotations
 
@@ -29,7 +24,6 @@ GPT2_LIKE = ("gpt2", "r50k_base")  # GPT-2's vocabulary and regex: what transfor
 
 
 def require_transformers() -> Any:
-    """The `transformers` module, or a one-line MiniGPTError saying how to install it."""
     try:
         import transformers
     except ImportError as err:
@@ -40,17 +34,15 @@ def require_transformers() -> Any:
 
 
 def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map, the alphabet of byte-level BPE vocabularies:
-    printable Latin-1 bytes stand for themselves, the others for code points from 256 on."""
+    """GPT-2's reversible byte -> printable character map, the alphabet of byte-level BPE vocabularies."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
     others = [b for b in range(256) if b not in printable]
     return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
 
 
 def byte_level_bpe(tokenizer: TiktokenTokenizer) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """The ranks as a byte-level BPE's vocabulary and merges, in `bytes_to_unicode`'s alphabet. tiktoken
-    stores only ranks: each token's merge is recovered by running BPE on its bytes with the merges ranked
-    before it, which must end in exactly two parts."""
+    """The ranks as a byte-level BPE's vocabulary and merges: tiktoken stores only ranks, so each token's
+    merge is recovered by running BPE on its bytes with the merges ranked before it."""
     to_char = bytes_to_unicode()
 
     def text(b: bytes) -> str:
@@ -70,7 +62,6 @@ def byte_level_bpe(tokenizer: TiktokenTokenizer) -> tuple[dict[str, int], list[t
 
 
 def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) -> dict[str, str]:
-    """vocab.json, merges.txt and tokenizer_config.json for transformers' GPT2Tokenizer."""
     vocab, merges = byte_level_bpe(tokenizer)
     vocab.update(tokenizer.special_tokens)
     eot = "<|endoftext|>" if "<|endoftext|>" in tokenizer.special_tokens else None
@@ -90,19 +81,14 @@ def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) ->
 
 
 def _greedy(pat_str: str) -> str:
-    """`pat_str` with possessive quantifiers (`++`, `*+`, `?+`, `{1,3}+`) made greedy: the Oniguruma engine
-    of `tokenizers` reads a trailing `+` as one more repetition, and on tiktoken's patterns the greedy
-    spelling splits text the same way (GPT-2's 2019 and cl100k's first spellings had none)."""
+    """Possessive quantifiers (`++`, `{1,3}+`) made greedy: `tokenizers`' Oniguruma reads the `+` as one more
+    repetition, and on tiktoken's patterns greedy splits the same (their first spellings had none)."""
     return re.sub(r"(?<!\\)([+*?]|\{\d+(?:,\d*)?\})\+", r"\1", pat_str)
 
 
 def fast_tokenizer(tokenizer: TiktokenTokenizer | CharTokenizer, model_max_length: int) -> Any:
-    """Our tokenizer as a `transformers` fast tokenizer (saved as tokenizer.json).
-
-    tiktoken BPE: a `tokenizers` byte-level BPE with tiktoken's split regex, whole pre-tokens in the
-    vocabulary taken as they are (`ignore_merges`, as tiktoken does), and the special tokens. Characters:
-    a BPE with no merges (one id per character) and the `Fuse` decoder; characters outside the vocabulary
-    are dropped there, where our CharTokenizer raises an error naming them."""
+    """A byte-level BPE with `ignore_merges` (a whole pre-token in the vocabulary is taken as it is, as
+    tiktoken does), or for characters a BPE without merges."""
     transformers = require_transformers()
     from tokenizers import Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as Backend
@@ -133,7 +119,7 @@ def fast_tokenizer(tokenizer: TiktokenTokenizer | CharTokenizer, model_max_lengt
 
 
 def save_hf_tokenizer(tokenizer: Tokenizer, directory: Path, model_max_length: int) -> None:
-    """Write our tokenizer and, where `transformers` has a counterpart, its files (module docstring)."""
+    """Write ours exactly (HF_TOKENIZER_FILE) plus the files `AutoTokenizer` reads to the same ids."""
     (directory / HF_TOKENIZER_FILE).write_text(json.dumps(tokenizer.to_dict()), encoding="utf-8")
     if isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name in GPT2_LIKE:
         for name, content in gpt2_tokenizer_files(tokenizer, model_max_length).items():
@@ -143,9 +129,8 @@ def save_hf_tokenizer(tokenizer: Tokenizer, directory: Path, model_max_length: i
 
 
 def load_hf_tokenizer(directory: Path) -> Tokenizer:
-    """Our tokenizer saved in `directory`, else GPT-2's from its `vocab.json` (token id = BPE rank); for a
-    GPT-2 saved without one (`model.save_pretrained(DIR)` alone), the shipped GPT-2 BPE, once config.json
-    shows GPT-2's vocabulary size."""
+    """Our tokenizer saved in `directory`, else GPT-2's from its `vocab.json` (id = BPE rank), else for a
+    GPT-2-sized config.json (`model.save_pretrained(DIR)` alone) the shipped GPT-2 BPE."""
     if (directory / HF_TOKENIZER_FILE).is_file():
         return tokenizer_from_dict(json.loads((directory / HF_TOKENIZER_FILE).read_text(encoding="utf-8")))
     vocab_path = directory / "vocab.json"

@@ -1,10 +1,4 @@
-"""nanoGPT checkpoints in: its `ckpt.pt` (`model` + `model_args`) as our config + weights, its `meta.pkl`
-as our tokenizer. Its model is GPT-2's shape with our module names (`nn.GELU()` = our `mlp=gelu_exact`):
-the weights load one to one once `torch.compile`'s `_orig_mod.` prefixes and the causal-mask buffers
-(`attn.bias`, saved when flash attention is off) are dropped. The tokenizer: `tokenizer=` a `meta.pkl`
-(nanoGPT's character vocabulary), else one beside the checkpoint or in `data/<config.dataset>/`, else
-GPT-2 BPE (what nanoGPT uses without one).
-"""
+"""nanoGPT's `ckpt.pt` and `meta.pkl` in: its model is ours with `mlp=gelu_exact`, same module names."""
 
 from __future__ import annotations
 
@@ -23,7 +17,6 @@ GPT2_VOCAB = 50257
 
 
 def is_nanogpt(ckpt: dict[str, Any]) -> bool:
-    """Whether a loaded checkpoint dict is nanoGPT's (`model_args` + `model`)."""
     return isinstance(ckpt.get("model_args"), dict) and isinstance(ckpt.get("model"), dict)
 
 
@@ -61,7 +54,6 @@ def read_meta_pkl(path: str | Path) -> CharTokenizer:
 def nanogpt_parts(
     path: Path, ckpt: dict[str, Any], tokenizer_file: str | None = None
 ) -> tuple[GPTConfig, dict[str, torch.Tensor], Tokenizer]:
-    """(config, weights, tokenizer) of a loaded nanoGPT checkpoint dict read from `path`."""
     model_args = ckpt["model_args"]
     missing = [k for k in MODEL_ARGS if k not in model_args]
     if missing:
@@ -71,7 +63,7 @@ def nanogpt_parts(
     args = {k: model_args[k] for k in MODEL_ARGS}
     args.update(dropout=float(model_args.get("dropout", 0.0)), mlp="gelu_exact")
     config = build_config(GPTConfig, args, f"{path}: nanoGPT model_args")
-    weights = {
+    weights = {  # without torch.compile's prefix and the causal-mask buffers (saved without flash attention)
         k.replace("_orig_mod.", ""): v for k, v in ckpt["model"].items() if not k.endswith(".attn.bias")
     }
     # nanoGPT's sample.py looks in data/<dataset>/meta.pkl; we also look beside the checkpoint

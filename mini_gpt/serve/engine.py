@@ -1,11 +1,5 @@
-"""The model side of `mini-gpt serve`, with no web framework: one loaded model, one generation at a time.
-
-`Engine.submit(job)` queues a `Job` on a single worker thread (first come, first served: the lock around
-the model is that one thread). A job runs `generate`, the loop of `mini-gpt generate`, seeded as the CLI
-seeds it, so the same prompt, seed and settings give the same text. Each sampled token becomes a `Step`:
-its log-probability (before temperature and top-k/top-p), the top alternatives, and the text it releases
-(`TextStream`). A job whose `cancel` event is set (the client went away) stops at its next token.
-"""
+"""The model side of `mini-gpt serve` (no web framework): one generation at a time on one worker thread,
+seeded as `mini-gpt generate` seeds it, so that the same settings give the same text."""
 
 from __future__ import annotations
 
@@ -46,17 +40,15 @@ class Step:
 
     row: int
     token: int
-    logprob: float
+    logprob: float  # before temperature and top-k/top-p
     top: list[tuple[int, float]]  # (id, logprob) of the most likely tokens, best first
     text: str  # the printable text this token releases ("" while half a character is held back)
 
 
 @dataclass
 class Job:
-    """One request: what to generate, and where its steps go.
-
-    `emit(step)` is called on the worker thread for every token, `done(error)` once at the end (None on
-    success). Set `cancel` to stop it (at its next token, or before it starts)."""
+    """One request: `emit(step)` runs on the worker thread for every token, `done(error)` once at the end
+    (None on success); `cancel` stops it at its next token, or before it starts."""
 
     ids: list[int]
     max_tokens: int
@@ -77,8 +69,6 @@ class Job:
 
 
 class Engine:
-    """A loaded model and tokenizer behind one worker thread (module docstring)."""
-
     def __init__(
         self, model: nn.Module, tokenizer: Tokenizer, device: torch.device, dtype: str = "auto"
     ) -> None:
@@ -99,9 +89,7 @@ class Engine:
         self._worker = threading.Thread(target=self._work, name="mini-gpt-serve", daemon=True)
         self._worker.start()
 
-    # ---- requests ------------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
-        """Prompt ids: text through the tokenizer (an empty one starts from end-of-text), or ids checked."""
         if isinstance(prompt, str):
             return encode_prompt(self.tokenizer, prompt)
         vocab = self.config.vocab_size
@@ -113,7 +101,7 @@ class Engine:
         return list(prompt)
 
     def submit(self, job: Job) -> None:
-        """Queue `job` (checked first: a bad setting raises MiniGPTError here, not on the worker)."""
+        """Queue `job`; a bad setting raises here, not on the worker."""
         check_sampling_args(job.temperature, job.top_k, job.top_p)
         with self._count_lock:
             self.waiting += 1
@@ -121,7 +109,6 @@ class Engine:
         self._jobs.put(job)
 
     def cancel_all(self) -> None:
-        """Cancel every queued and running job (shutting down): their streams end at the next token."""
         with self._count_lock:
             for event in self._events.values():
                 event.set()
@@ -131,7 +118,6 @@ class Engine:
         self._jobs.put(None)
         self._worker.join(timeout=10)
 
-    # ---- the worker ----------------------------------------------------------------------------------
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
             error: BaseException | None = None
@@ -189,11 +175,9 @@ class Engine:
             if rest := stream.flush():
                 job.emit(Step(row, -1, 0.0, [], rest))  # held-back bytes at the end: text only
 
-    # ---- the attention view --------------------------------------------------------------------------
     @torch.no_grad()
     def attention(self, ids: list[int], position: int) -> dict[str, Any]:
-        """What token `position` of `ids` attended to: weights[layer][head][j] over the keys `start + j`
-        (its context: at most block_size tokens ending at `position`), from the exact attention path."""
+        """What token `position` of `ids` attended to: weights[layer][head][j] over the keys `start + j`."""
         if not 0 <= position < len(ids):
             raise MiniGPTError(f"position={position} is outside the {len(ids)} tokens")
         self.encode(ids)  # range check

@@ -1,5 +1,4 @@
-"""Pictures (matplotlib, Agg: files only, never a display): attention maps, a run's loss curves (plot.py) and
-run comparisons; every figure file is written by `save_figure`."""
+"""Pictures (matplotlib, Agg: files only, never a display); every figure file is written by `save_figure`."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ from mini_gpt.files import atomic_write
 
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 120, close: bool = True) -> Path:
-    """Write a figure atomically, in the format its suffix names; then close it (unless close=False)."""
     path = Path(path)
     kind = path.suffix[1:].lower()
     if kind not in fig.canvas.get_supported_filetypes():
@@ -37,7 +35,6 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 120, close: bool = Tru
 
 
 def png_bytes(fig: Figure, dpi: int = 120) -> bytes:
-    """A figure rendered to PNG in memory (the figure stays open)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()

@@ -1,9 +1,4 @@
-"""Look at what the heads attend to: per-head heatmaps (`attention_maps`) and a per-layer summary of their
-entropy and distance (`attention_summary`), for `mini-gpt attention-maps` and the training callback
-(`AttentionFigures` redraws both for new weights). Row t of a panel is the distribution query t puts over
-the keys s <= t, from the exact attention path (`model.attention_weights`) in eval mode. The functions
-return the Figure and the arrays they drew, so callers can log or check exactly what is on the picture.
-"""
+"""What the heads attend to; the functions return the Figure and the arrays drawn, to log or check them."""
 
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ from mini_gpt.viz import save_figure as save_figure  # the CLI draws through thi
 if TYPE_CHECKING:
     from mini_gpt.model.gpt import GPT
 
-# Visible stand-ins for characters a tick label would otherwise swallow.
-_ESCAPES = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_ESCAPES = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}  # characters a tick label would swallow
 Attention = tuple[list[int], list[str], list[np.ndarray]]  # compute_attention(): ids, labels, weights
 Drawn = dict[str, tuple[Figure, dict[str, Any]]]  # AttentionFigures.draw(), by view ("maps", "summary")
 MAX_TICK_LABELS = 64  # more than this and labels overlap: label every k-th token instead
@@ -35,7 +29,6 @@ MIN_TICK_FONT = 4.0  # points; below this, label every k-th token instead of shr
 
 
 def token_label(text: str) -> str:
-    """A tick label for one token: spaces as '␣', newlines/tabs as '\\n'/'\\t', other controls as \\xNN."""
     escape = {ch: ch.encode("unicode_escape").decode() for ch in text if not ch.isprintable()} | _ESCAPES
     return "".join(escape.get(ch, ch) for ch in text) or "∅"
 
@@ -64,8 +57,7 @@ def parse_selection(value: Any, n: int, name: str) -> list[int]:
 
 @torch.no_grad()
 def compute_attention(model: GPT, tokenizer: Any, prompt: str, max_tokens: int | None = None) -> Attention:
-    """(token ids, tick labels, per-layer weights as float64 arrays (n_head, T, T)) for the last
-    `max_tokens` (default block_size) tokens of one prompt, in eval mode (the model's mode is restored)."""
+    """(ids, tick labels, per-layer float64 weights (n_head, T, T)) of the prompt's last `max_tokens`."""
     ids = tokenizer.encode(prompt)  # CharTokenizer raises MiniGPTError naming unknown characters
     if not ids:
         raise MiniGPTError(f"prompt {prompt!r} encodes to no tokens; pass some text to look at")
@@ -95,7 +87,6 @@ def attention_stats(att: np.ndarray | torch.Tensor) -> tuple[np.ndarray, np.ndar
 
 
 def uniform_reference(T: int) -> tuple[float, float]:
-    """Entropy and distance of causal attention spread evenly over the visible keys (the baselines)."""
     t = np.arange(T)
     return float(np.log(t + 1).mean()), float((t / 2).mean())
 
@@ -110,19 +101,13 @@ def attention_maps(
     attention: Attention | None = None,
     max_inches: float | None = None,
 ) -> tuple[Figure, dict[str, Any]]:
-    """A grid of heatmaps, one row per selected layer and one column per selected head.
-
-    `attention` (from `compute_attention`) saves the forward pass when the caller has run it already;
-    `max_inches` caps the figure's sides (default MAX_FIGURE_INCHES). Returns (figure, data) with
-    data = {"tokens": tick labels, "ids", "layers", "heads", "weights": {(layer, head): (T, T) array drawn
-    in that panel}, "axes": {(layer, head): Axes}, "images": {(layer, head): AxesImage}, "title", "shrunk"}.
-    """
+    """A grid of heatmaps, a row per layer and a column per head; `attention`: `compute_attention`'s, if run.
+    data["weights"|"axes"|"images"][(layer, head)]: the (T, T) array, Axes and image of that panel."""
     ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
     layer_idx = parse_selection(layers, model.config.n_layer, "layer")
     head_idx = parse_selection(heads, model.config.n_head, "head")
     T, nrows, ncols = len(ids), len(layer_idx), len(head_idx)
-    # Panels grow with the prompt so every label stays legible, but the whole grid stays within
-    # MAX_FIGURE_INCHES a side: many layers x heads get small panels (zoom in with layer=/head=).
+    # Panels grow with the prompt so labels stay legible, the grid within MAX_FIGURE_INCHES a side.
     wanted = min(12.0, max(2.6, 0.16 * T + 1.0))
     cap = max_inches or MAX_FIGURE_INCHES
     panel = min(wanted, (cap - 1.2) / ncols, (cap - 0.6) / nrows)
@@ -143,8 +128,7 @@ def attention_maps(
             ax, w = axes[r][c], weights[layer][head]
             image = ax.imshow(w, norm=norm, cmap="viridis", interpolation="nearest", aspect="equal")
             ax.set_title(f"layer {layer} · head {head}", fontsize=9)
-            # Token ticks on the outer panels only (keys under the bottom row, queries left of the first
-            # column): the panels share both axes, and every tick and label costs drawing time.
+            # Token ticks on the outer panels only: the panels share both axes, and ticks cost drawing time.
             bottom, left = r == nrows - 1, c == 0
             ax.set_xticks(ticks if bottom else [], tick_labels if bottom else [], rotation=90)
             ax.set_yticks(ticks if left else [], tick_labels if left else [])
@@ -160,7 +144,6 @@ def attention_maps(
 
 
 def _layer_stats(weights: list[np.ndarray], layers: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """attention_stats of each layer: (entropy, distance), each (len(layers), n_head)."""
     entropy, distance = zip(*(attention_stats(weights[layer]) for layer in layers), strict=True)
     return np.stack(entropy), np.stack(distance)
 
@@ -173,12 +156,8 @@ def attention_summary(
     max_tokens: int | None = None,
     attention: Attention | None = None,
 ) -> tuple[Figure, dict[str, Any]]:
-    """Per layer, one bar per head: mean attention entropy (left) and mean attention distance (right).
-
-    Returns (figure, data) with data = {"layers", "entropy": (L, n_head), "distance": (L, n_head),
-    "uniform_entropy", "uniform_distance", "tokens", "axes": (entropy Axes, distance Axes),
-    "bars": {"entropy"|"distance": [BarContainer per head]}} -- bar heights equal the arrays.
-    """
+    """Per layer, a bar per head: mean entropy (left) and distance (right); data["entropy"|"distance"] are
+    (layers, n_head), data["bars"][name] a BarContainer per head."""
     ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
     layer_idx = parse_selection(layers, model.config.n_layer, "layer")
     n_head = model.config.n_head
@@ -213,9 +192,7 @@ def attention_summary(
 
 @dataclass
 class AttentionFigures:
-    """The heatmaps (`maps`) and / or the summary (`summary`) of one prompt, drawn by `draw`: built at the
-    first call, then updated in place (one forward pass per call, no new figures, the first layout kept);
-    the other fields as in `attention_maps`; `close()` releases the figures."""
+    """Built at the first `draw`, then updated in place: one forward pass, no new figures, same layout."""
 
     layers: Any = "all"
     heads: Any = "all"
@@ -226,7 +203,6 @@ class AttentionFigures:
     drawn: Drawn = field(default_factory=dict, init=False)
 
     def draw(self, model: GPT, tokenizer: Any, prompt: str, step: int | None = None) -> Drawn:
-        """The figures for the model's current weights, titled with `step` when given."""
         attention = compute_attention(model, tokenizer, prompt, self.max_tokens)
         weights = attention[2]
         args = (model, tokenizer, prompt, self.layers)
@@ -275,6 +251,5 @@ def window_title(tokenizer: Any, prompt: str, ids: list[int]) -> str:
 
 
 def summary_path(out: str | Path) -> Path:
-    """Default file for the summary when both views are written: attn.png -> attn_summary.png."""
     out = Path(out)
     return out.with_name(f"{out.stem}_summary{out.suffix}")

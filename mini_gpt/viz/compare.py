@@ -1,9 +1,4 @@
-"""Compare training runs side by side (`mini-gpt compare runs=[DIR,...]`) from each run's `summary.json` and
-`.hydra/config.yaml` (written by Hydra and by `mini-gpt sweep`): a table of the config values that differ
-and the runs' numbers, best val loss first, as CSV and HTML with the validation curves (`write_report`);
-`scaling_fit` (`scaling=true`) fits loss against model size per compute budget (isoFLOP minima) and a power
-law through the optima. No torch, no Lightning.
-"""
+"""Compare runs by their `summary.json` and `.hydra/config.yaml`; an isoFLOP fit. No torch, no Lightning."""
 
 from __future__ import annotations
 
@@ -73,7 +68,6 @@ def _read_run(folder: Path) -> Run:
 
 
 def find_runs(paths: list[str]) -> list[Run]:
-    """Run folders at or below each path (each once); a path that does not exist is an error."""
     folders: list[Path] = []
     for text in paths:
         path = Path(text).expanduser()
@@ -97,8 +91,7 @@ def _differing(runs: list[Run]) -> list[str]:
 
 
 def labels(runs: list[Run], keys: list[str]) -> list[str]:
-    """Each run's name in the plot: the command-line overrides that differ between the runs (`model=tiny
-    optim=adamw`), else the differing config values, else the folder name."""
+    """Each run's name: the overrides that differ between runs, else the config values, else its folder."""
     names = []
     for run in runs:
         over = [k for k in run.overrides if len({r.overrides.get(k) for r in runs}) > 1]
@@ -114,7 +107,6 @@ def _fmt(value: Any) -> str:
 
 
 def _setting(value: Any) -> str:
-    """A config value: floats with 4 significant digits (learning rates), the rest as written."""
     return f"{value:.4g}" if isinstance(value, float) else "-" if value is None else str(value)
 
 
@@ -144,7 +136,7 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
 
 
 def plot_curves(runs: list[Run], keys: list[str], path: Path) -> None:
-    """One PNG: val loss against step, tokens, wall seconds, FLOPs (per step from totals), a line per run."""
+    """Val loss against each of CURVE_AXES (tokens and FLOPs per step from the totals), a line per run."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for run, name in zip(runs, labels(runs, keys)):
         curve, steps = run.summary.get("val_curve") or [], max(run.summary.get("steps") or 0, 1)
@@ -164,7 +156,6 @@ def plot_curves(runs: list[Run], keys: list[str], path: Path) -> None:
 def write_report(
     header: list[str], rows: list[list[str]], runs: list[Run], keys: list[str], out: Path
 ) -> dict:
-    """compare.csv, compare.png (curves) and compare.html (table + the plot inline) in `out`."""
     files = {"csv": out / "compare.csv", "png": out / "compare.png", "html": out / "compare.html"}
     with atomic_write(files["csv"], "w") as f:
         csv.writer(f).writerows([header, *rows])
@@ -197,9 +188,8 @@ class ScalingFit:
 
 
 def scaling_fit(runs: list[Run], params_key: str = "non_embedding_params") -> ScalingFit:
-    """Per compute budget (trainer.max_flops): a parabola of final val loss in log10(parameters), whose
-    minimum is the budget's optimal size N_opt; then log N_opt = log a + b log C. Needs >= 3 sizes per
-    budget (the parabola) and runs that recorded their parameter count (summary.json `params`)."""
+    """Per compute budget (trainer.max_flops, >= 3 sizes): a parabola of final val loss in log10(parameters)
+    whose minimum is the optimal size N_opt; then log N_opt = log a + b log C."""
     groups: dict[float, list[tuple[float, float]]] = {}
     for run in runs:
         budget = run.config.get("trainer.max_flops")
@@ -230,7 +220,7 @@ def scaling_fit(runs: list[Run], params_key: str = "non_embedding_params") -> Sc
 
 
 def plot_scaling(runs: list[Run], fit: ScalingFit, path: Path) -> None:
-    """isoFLOP curves from `fit` (`runs` is unused): loss against parameters per budget, parabola, optimum."""
+    """isoFLOP curves from `fit` (`runs` is unused)."""
     fig, ax = plt.subplots(figsize=(8, 5.5))
     colors = plt.cm.viridis(np.linspace(0, 0.9, len(fit.minima)))
     for (budget, n_opt, loss_opt), color in zip(fit.minima, colors):

@@ -1,10 +1,4 @@
-"""Loss and learning-rate curves of a training run as a PNG (`plot_run`), from the files it left locally
-(for training without W&B online), anywhere below RUN_DIR: Lightning CSVLogger `metrics.csv` files (one
-per resumed run, merged; a later file wins on a repeated step) and train.py's `summary.json`, whose
-`val_curve` has exact steps (used when it has at least as many points as the CSVs). A resumed run's
-`.hydra/config.yaml` names the checkpoint it started from: the plot follows that chain back, joins the
-segments and marks where each resumed one starts. No Lightning, no torch.
-"""
+"""A run's curves from its `metrics.csv` and `summary.json` files, resumed runs joined. No torch."""
 
 from __future__ import annotations
 
@@ -24,8 +18,7 @@ from mini_gpt.viz import save_figure
 
 Series = dict[int, float]  # step -> value
 
-# Our curve names -> the CSV columns GPTLitModule logs them under.
-COLUMNS = {"train_loss": "train/loss", "val_loss": "val/loss", "lr": "lr"}
+COLUMNS = {"train_loss": "train/loss", "val_loss": "val/loss", "lr": "lr"}  # our name -> the CSV column
 NO_TRAIN_LOSS = "train loss not logged (logger=none); rerun with logger=csv or logger=wandb"
 
 
@@ -38,7 +31,7 @@ def _float(text: Any) -> float | None:
 
 
 def read_metrics_csv(path: Path) -> dict[str, Series]:
-    """The curves in one CSVLogger file (one row per log call, blanks for the other columns)."""
+    """The curves in one CSVLogger file (a row per log call, blanks for the other columns)."""
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     out: dict[str, Series] = {}
@@ -50,7 +43,6 @@ def read_metrics_csv(path: Path) -> dict[str, Series]:
 
 
 def _summary(path: Path) -> dict[str, Any]:
-    """A summary.json's object; {} when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -59,14 +51,13 @@ def _summary(path: Path) -> dict[str, Any]:
 
 
 def read_summary_val_curve(path: Path) -> Series:
-    """{step: val_loss} from train.py's summary.json `val_curve` ([step, seconds, val_loss] rows)."""
+    """{step: val_loss} from summary.json's `val_curve` ([step, seconds, val_loss] rows)."""
     rows = _summary(path).get("val_curve") or []
     pairs = ((row[0], _float(row[2])) for row in rows if isinstance(row, list) and len(row) == 3)
     return {step: value for step, value in pairs if isinstance(step, int) and value is not None}
 
 
 def resumed_from(run_dir: Path) -> Path | None:
-    """The run directory whose checkpoint `run_dir` resumed from (its `.hydra/config.yaml` ckpt_path)."""
     try:
         ckpt = (yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text()) or {}).get("ckpt_path")
     except (OSError, yaml.YAMLError, AttributeError):
@@ -79,7 +70,7 @@ def resumed_from(run_dir: Path) -> Path | None:
 
 
 def run_segments(run_dir: Path) -> list[Path]:
-    """The run directories a (possibly resumed, possibly several times) run is made of, oldest first."""
+    """The run directories a run resumed (perhaps several times) is made of, oldest first."""
     segments = [run_dir]
     seen = {run_dir.resolve()}
     while (previous := resumed_from(segments[0])) is not None and previous.resolve() not in seen:
@@ -99,8 +90,7 @@ def _metric_files(run_dir: Path) -> list[Path]:
 
 
 def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
-    """All curves found below run_dir (and the runs it resumed from), and the files they came from; a
-    resumed run adds curves["resumed_at"] = {the step each later segment resumed at: 0.0}."""
+    """The curves and their files; curves["resumed_at"] holds the step each later segment resumed at."""
     run_dir = Path(run_dir).expanduser()
     if not run_dir.exists():
         raise MiniGPTError(f"run directory {run_dir} does not exist")
@@ -146,8 +136,7 @@ def _sorted(series: Series) -> tuple[list[int], list[float]]:
 
 
 def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dict[str, Any]]:
-    """Loss (train and val, log scale) and, when present, learning rate against optimizer step; returns
-    (figure, data) with data = {name: (steps, values)} exactly as drawn, plus "axes"."""
+    """Loss and learning rate against optimizer step; data = {name: (steps, values)} as drawn, and "axes"."""
     has_lr = bool(curves.get("lr"))
     fig, axes = plt.subplots(
         2 if has_lr else 1, 1, figsize=(8, 6.5) if has_lr else (8, 4), sharex=True, squeeze=False,
@@ -192,7 +181,6 @@ def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dic
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 120) -> Path:
-    """Find a run's metrics, draw them and write the PNG (default `<run_dir>/curves.png`)."""
     run_dir = Path(run_dir).expanduser()
     curves, used = find_metrics(run_dir)
     run_root = run_dir.parent if run_dir.is_file() else run_dir  # a metrics file may be passed directly
