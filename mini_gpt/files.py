@@ -13,11 +13,13 @@ from typing import IO, Any
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in `path`, or None when it is missing or unreadable (a cache to rebuild)."""
+    """The JSON object in `path`, or None when it is missing, unreadable or not an object (a cache to
+    rebuild)."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def make_dirs(folder: Path) -> list[Path]:

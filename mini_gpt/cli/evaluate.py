@@ -11,16 +11,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-import torch
-
 from mini_gpt.conf import run_tool
 from mini_gpt.conf.tools import EvaluateConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.bpb import prepare_split, read_documents
 from mini_gpt.eval.tasks import read_inputs, score_tasks
 from mini_gpt.files import write_json_atomic
-from mini_gpt.infer.device import autocast_context, resolve_device, watch_cpu_load
-from mini_gpt.interop.checkpoint import open_model, read_checkpoint
+from mini_gpt.infer.device import autocast_context, open_on_device
+from mini_gpt.interop.checkpoint import read_checkpoint
 
 
 def checkpoint_info(path: str | None) -> dict[str, Any]:
@@ -47,11 +45,7 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
     """Evaluate as configured; print the table to `out`; return the results dict (also written to output)."""
     out = out or sys.stdout
     err = err or sys.stderr
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
-    with watch_cpu_load(device, cfg.threads, err):
-        model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device, cfg.tokenizer)
+    model, tokenizer, device = open_on_device(cfg, err)
     results: dict[str, Any] = {"checkpoint": str(cfg.ckpt or cfg.init_from), **checkpoint_info(cfg.ckpt)}
     bpb, hellaswag = cfg.bpb, cfg.hellaswag
 

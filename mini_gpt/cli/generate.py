@@ -20,11 +20,10 @@ import torch
 from mini_gpt.conf import run_tool, split_free_text
 from mini_gpt.conf.tools import GenerateConfig
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.infer.device import autocast_context, resolve_device, watch_cpu_load
+from mini_gpt.infer.device import autocast_context, open_on_device
 from mini_gpt.infer.packing import can_pack, prepare_for_inference
 from mini_gpt.infer.sampling import check_sampling_args, generate
 from mini_gpt.infer.stream import TextStream, encode_prompt, prompt_text, unescape
-from mini_gpt.interop.checkpoint import open_model
 
 
 def stops(cfg: GenerateConfig) -> list[str]:
@@ -43,11 +42,7 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
     err = err or sys.stderr
     check_sampling_args(cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty)
     prompt = read_prompt(cfg)
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
-    with watch_cpu_load(device, cfg.threads, err):
-        model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device, cfg.tokenizer)
+    model, tokenizer, device = open_on_device(cfg, err)
     ids = encode_prompt(tokenizer, prompt)
     block_size = model.config.block_size
     if len(ids) > block_size:

@@ -8,12 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mini_gpt.conf import run_tool
 from mini_gpt.conf.tools import ServeConfig
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.infer.device import resolve_device
+from mini_gpt.infer.device import open_on_device
 
 
 def default_name(cfg: ServeConfig) -> str:
@@ -37,17 +35,12 @@ def build(cfg: ServeConfig) -> Any:
         import uvicorn  # noqa: F401
     except ImportError:
         raise MiniGPTError('mini-gpt serve needs FastAPI and uvicorn: pip install -e ".[serve]"') from None
-    from mini_gpt.interop.checkpoint import open_model
-    from mini_gpt.serve.app import Limits, create_app
+    from mini_gpt.serve.app import create_app
     from mini_gpt.serve.engine import Engine
 
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
-    model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device, cfg.tokenizer)
+    model, tokenizer, device = open_on_device(cfg)
     engine = Engine(model, tokenizer, device, cfg.dtype)
-    limits = Limits(cfg.max_tokens, cfg.max_prompt_tokens, cfg.max_n, cfg.max_waiting)
-    app = create_app(engine, default_name(cfg), limits)
+    app = create_app(engine, default_name(cfg), cfg)
     app.state.engine = engine
     return app
 

@@ -11,7 +11,7 @@ from typing import Any
 import tiktoken.registry
 
 from mini_gpt.conf import PROJECT_ROOT, checked_config
-from mini_gpt.errors import MiniGPTError, check_ints
+from mini_gpt.errors import MiniGPTError, at_least
 from mini_gpt.tokenizer import is_tokenizer_dir
 
 # The checkout's data/, which ships tiny Shakespeare (a wheel install has none: named corpora download).
@@ -108,7 +108,7 @@ class DataConfig:
             raise DataConfigError("data.name=text needs data.path=FILE, DIRECTORY or GLOB of UTF-8 text")
         _check_fraction_and_dtype(self.val_fraction, "0.1", self.dtype)
         _check_tokenizer(self.resolved_tokenizer if self.tokenizer is None else self.tokenizer, self.bpe_file)
-        check_ints(True, DataConfigError, **{"data.num_threads": self.num_threads})
+        at_least(1, DataConfigError, **{"data.num_threads": self.num_threads})
 
     @property
     def resolved_tokenizer(self) -> str:
@@ -152,13 +152,11 @@ class HFDataConfig:
             raise DataConfigError(f"data.split={self.split!r} must name a split, e.g. train")
         _check_tokenizer(self.tokenizer, self.bpe_file)
         _check_fraction_and_dtype(self.val_fraction, "0.001", self.dtype)
-        check_ints(error=DataConfigError, minimum=0, **{"data.split_seed": self.split_seed})
-        check_ints(error=DataConfigError, **{"data.shard_tokens": self.shard_tokens})
+        at_least(0, DataConfigError, **{"data.split_seed": self.split_seed})
+        at_least(1, DataConfigError, **{"data.shard_tokens": self.shard_tokens})
         if self.shard_tokens > 2**31 - 1:
             raise DataConfigError(f"data.shard_tokens={self.shard_tokens:,} exceeds a shard's int32 count")
-        check_ints(
-            True, DataConfigError, **{"data.max_tokens": self.max_tokens, "data.num_proc": self.num_proc}
-        )
+        at_least(1, DataConfigError, **{"data.max_tokens": self.max_tokens, "data.num_proc": self.num_proc})
 
     @property
     def root(self) -> Path:

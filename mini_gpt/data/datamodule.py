@@ -17,7 +17,7 @@ from mini_gpt.data.config import AnyDataConfig, DataConfig, HFDataConfig, Shards
 from mini_gpt.data.shards import ShardedCorpus
 from mini_gpt.data.text import PreparedData, cache_dir
 from mini_gpt.data.windows import ShardTrainBatches, TrainBatches, ValBatches, ValWindows, val_window_count
-from mini_gpt.errors import MiniGPTError, check_ints
+from mini_gpt.errors import MiniGPTError, at_least
 from mini_gpt.tokenizer import Tokenizer
 
 
@@ -37,8 +37,8 @@ class GPTDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.cfg: AnyDataConfig = data_config(data)
-        check_ints(block_size=block_size, batch_size=batch_size)
-        check_ints(minimum=0, num_workers=num_workers)
+        at_least(1, block_size=block_size, batch_size=batch_size)
+        at_least(0, num_workers=num_workers)
         if align_to_documents and isinstance(self.cfg, DataConfig):
             raise MiniGPTError(
                 "loader.align_to_documents=true needs a sharded corpus (data=hf or data=shards), whose "

@@ -1,5 +1,5 @@
-"""Where and in what precision inference runs: the `device=` and `dtype=` keys of generate and evaluate
-(checked by their schemas, mini_gpt.conf.tools)."""
+"""Where and in what precision inference runs: the model a verb loads (`ModelSource`: ckpt=, init_from=,
+device=, dtype=, threads= of generate, evaluate and serve; checked by their schemas, mini_gpt.conf.tools)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ from typing import Any, TextIO
 
 import torch
 
+from mini_gpt.conf.tools import ModelSource
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.interop.checkpoint import open_model
 from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, thread_note
+from mini_gpt.model.gpt import GPT
+from mini_gpt.tokenizer import Tokenizer
 
 
 def resolve_device(name: str) -> torch.device:
@@ -49,3 +53,14 @@ def watch_cpu_load(device: torch.device, threads: int | None, err: TextIO) -> It
     note = thread_note(torch.get_num_threads(), load.other_load) if watching else None
     if note:
         print(note, file=err)
+
+
+def open_on_device(cfg: ModelSource, err: TextIO | None = None) -> tuple[GPT, Tokenizer, torch.device]:
+    """(model, tokenizer, device) of a verb's `cfg`: torch's threads set, the device picked, the model
+    opened there; with `err`, a busy CPU's `threads=N` note printed to it (`watch_cpu_load`)."""
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    with watch_cpu_load(device, cfg.threads, err) if err is not None else nullcontext():
+        model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device, cfg.tokenizer)
+    return model, tokenizer, device

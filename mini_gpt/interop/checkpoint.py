@@ -10,7 +10,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from mini_gpt.errors import MiniGPTError, build_config
+from mini_gpt.conf import checked_config
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.hf import ARCHITECTURES, HUB_MODELS, check_hub_available, gpt_from_hf, load_hf_dir
 from mini_gpt.interop.nanogpt import is_nanogpt, nanogpt_parts
 from mini_gpt.model.gpt import GPT, GPTConfig
@@ -135,7 +136,7 @@ def check_resume(
 
 def _build(meta: dict[str, Any], weights: dict[str, torch.Tensor], source: Path) -> tuple[GPT, Tokenizer]:
     try:
-        config = build_config(GPTConfig, dict(meta["model_config"]), "model_config")
+        config = checked_config(GPTConfig, dict(meta["model_config"]), "model_config")
     except (TypeError, ValueError) as err:
         raise MiniGPTError(f"{source}: invalid model_config ({err})") from None
     tokenizer = tokenizer_from_dict(meta["tokenizer"])

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mini_gpt.errors import MiniGPTError, build_config
+from mini_gpt.conf import checked_config
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.hf_tokenizer import load_hf_tokenizer, require_transformers, save_hf_tokenizer
 from mini_gpt.model.gpt import GPT, MLP, GPTConfig
 from mini_gpt.tokenizer import Tokenizer
@@ -267,7 +268,7 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
         pos_embedding=arch.options["pos_embedding"][0],
         mlp="swiglu" if kind == "llama" else MLP_OF_ACTIVATION.get(act, "gelu"),
     )
-    config = build_config(GPTConfig, shape, f"{arch.label} config")
+    config = checked_config(GPTConfig, shape, f"{arch.label} config")
     checks = [
         (act in (("silu",) if kind == "llama" else MLP_OF_ACTIVATION), f"{act_key}={act!r}"),
         (abs(eps - NORM_EPS) < 1e-12, f"{eps_key}={eps}"),

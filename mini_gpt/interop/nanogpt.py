@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from mini_gpt.errors import MiniGPTError, build_config
+from mini_gpt.conf import checked_config
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.model.gpt import GPTConfig
 from mini_gpt.tokenizer import CharTokenizer, Tokenizer, build_tokenizer
 
@@ -62,7 +63,7 @@ def nanogpt_parts(
         )
     args = {k: model_args[k] for k in MODEL_ARGS}
     args.update(dropout=float(model_args.get("dropout", 0.0)), mlp="gelu_exact")
-    config = build_config(GPTConfig, args, f"{path}: nanoGPT model_args")
+    config = checked_config(GPTConfig, args, f"{path}: nanoGPT model_args")
     weights = {  # without torch.compile's prefix and the causal-mask buffers (saved without flash attention)
         k.replace("_orig_mod.", ""): v for k, v in ckpt["model"].items() if not k.endswith(".attn.bias")
     }

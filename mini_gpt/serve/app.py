@@ -15,7 +15,6 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mini_gpt.conf.tools import ServeConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.sampling import check_sampling_args
 from mini_gpt.infer.stream import token_text
@@ -34,16 +34,6 @@ from mini_gpt.serve.engine import Engine, Job, Step, prompt_groups
 
 STATIC = Path(__file__).parent / "static"
 log = logging.getLogger("mini_gpt.serve")
-
-
-@dataclass
-class Limits:
-    """What one request may ask for (conf/serve.yaml)."""
-
-    max_tokens: int = 1024
-    max_prompt_tokens: int = 4096
-    max_n: int = 8
-    max_waiting: int = 64
 
 
 class ApiError(MiniGPTError):
@@ -172,9 +162,9 @@ def _event_stream(events: AsyncIterator[list[Any]], error: Callable[[str], Any])
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def create_app(engine: Engine, model_name: str, limits: Limits | None = None) -> FastAPI:
-    """The server for one loaded model (module docstring)."""
-    limits = limits or Limits()
+def create_app(engine: Engine, model_name: str, limits: ServeConfig) -> FastAPI:
+    """The server for one loaded model (module docstring); `limits`: what one request may ask for (max_tokens,
+    max_prompt_tokens, max_n, max_waiting)."""
     app = FastAPI(title="mini-gpt", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     created = int(time.time())

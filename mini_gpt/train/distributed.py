@@ -10,7 +10,14 @@ from typing import Any
 
 from hydra.utils import get_class
 
-from mini_gpt.errors import MiniGPTError, check_ints
+from mini_gpt.errors import MiniGPTError
+
+
+def _counts(**values: Any) -> None:
+    """One line for the first value that is not an int >= 1 (True and 2.5 count nothing)."""
+    for key, value in values.items():
+        if type(value) is not int or value < 1:
+            raise MiniGPTError(f"{key}={value!r} must be a positive integer")
 
 
 def _env_rank(keys: Sequence[str]) -> int:
@@ -73,7 +80,7 @@ class BatchLayout:
     num_nodes: int = 1  # machines (trainer.num_nodes)
 
     def __post_init__(self) -> None:
-        check_ints(**asdict(self))
+        _counts(**asdict(self))
 
     @property
     def world_size(self) -> int:
@@ -140,12 +147,8 @@ def batch_layout(
 
 def accumulation_for(global_batch_tokens: int, micro_batch: int, block_size: int, world_size: int) -> int:
     """Micro-batches per device for exactly `global_batch_tokens` a step (rounding would change the batch)."""
-    check_ints(
-        global_batch_tokens=global_batch_tokens,
-        micro_batch=micro_batch,
-        block_size=block_size,
-        world_size=world_size,
-    )
+    _counts(global_batch_tokens=global_batch_tokens, micro_batch=micro_batch, block_size=block_size,
+            world_size=world_size)  # fmt: skip
     per_pass = micro_batch * block_size * world_size
     accumulate, rest = divmod(global_batch_tokens, per_pass)
     if rest or accumulate == 0:

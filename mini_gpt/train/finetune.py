@@ -12,7 +12,7 @@ from torch import nn
 
 from mini_gpt.conf import checked_config
 from mini_gpt.conf.train import FinetuneConfig
-from mini_gpt.errors import MiniGPTError, build_config
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.checkpoint import load_source
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import ENCODINGS, CharTokenizer, Tokenizer
@@ -43,7 +43,7 @@ def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_
             f"init_from={init_from} fixes the model's shape; remove {', '.join(refused)} "
             "(only model.dropout and model.block_size may change, the context only shrink)"
         )
-    return build_config(GPTConfig, {**source.to_dict(), **changes}, "model")
+    return checked_config(GPTConfig, {**source.to_dict(), **changes}, "model")
 
 
 def build_model(source: GPT, config: GPTConfig) -> GPT:
@@ -168,7 +168,7 @@ def plan_finetune(
                 f"ckpt_path={resume.path} was trained with {changed}; resume with the same finetune "
                 f"settings (finetune={recorded.method} ...), or start a new run from it with init_from="
             )
-        config = build_config(GPTConfig, dict(resume.meta["model_config"]), "model_config")
+        config = checked_config(GPTConfig, dict(resume.meta["model_config"]), "model_config")
         return FinetunePlan(config, dict(record), recorded)
     if cfg.method == "lora" or cfg.freeze_embeddings or cfg.train_last_n_blocks is not None:
         raise MiniGPTError(

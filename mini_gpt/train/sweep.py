@@ -21,7 +21,8 @@ from hydra.experimental.callback import Callback as HydraCallback
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from mini_gpt.errors import MiniGPTError, build_config, check_ints
+from mini_gpt.conf import checked_config
+from mini_gpt.errors import MiniGPTError, at_least
 from mini_gpt.files import write_json_atomic
 from mini_gpt.train.distributed import devices_per_node, refuse_multirun_devices
 
@@ -61,7 +62,7 @@ class StudySettings:
         if self.direction not in ("minimize", "maximize"):
             raise MiniGPTError(f"hparams_search.direction={self.direction!r} must be minimize or maximize")
         counts = ("n_trials", "heartbeat_interval", "grace_period")
-        check_ints(**{f"hparams_search.{key}": getattr(self, key) for key in counts})
+        at_least(1, **{f"hparams_search.{key}": getattr(self, key) for key in counts})
         if not self.params:
             raise MiniGPTError("hparams_search.params is empty: name at least one key to search")
         for key in self.when:
@@ -75,7 +76,7 @@ class StudySettings:
                 "mini-gpt sweep needs a search space: add hparams_search=lr_search (or your own "
                 "conf/hparams_search/NAME.yaml)"
             )
-        return build_config(cls, OmegaConf.to_container(node, resolve=True), "hparams_search")  # type: ignore[arg-type]
+        return checked_config(cls, OmegaConf.to_container(node, resolve=True), "hparams_search")  # type: ignore[arg-type]
 
 
 def distribution(key: str, spec: str) -> optuna.distributions.BaseDistribution:

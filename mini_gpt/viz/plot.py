@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.files import read_json
 from mini_gpt.viz import save_figure
 
 Series = dict[int, float]  # step -> value
@@ -42,17 +42,9 @@ def read_metrics_csv(path: Path) -> dict[str, Series]:
     return out
 
 
-def _summary(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def read_summary_val_curve(path: Path) -> Series:
     """{step: val_loss} from summary.json's `val_curve` ([step, seconds, val_loss] rows)."""
-    rows = _summary(path).get("val_curve") or []
+    rows = (read_json(path) or {}).get("val_curve") or []
     pairs = ((row[0], _float(row[2])) for row in rows if isinstance(row, list) and len(row) == 3)
     return {step: value for step, value in pairs if isinstance(step, int) and value is not None}
 
@@ -111,7 +103,7 @@ def find_metrics(run_dir: str | Path) -> tuple[dict[str, Series], list[Path]]:
                 summary_val.update(series)
                 summary_files.append(path)
                 steps += series
-        start = _summary(segment / "summary.json").get("start_step")  # the resumed checkpoint's step
+        start = (read_json(segment / "summary.json") or {}).get("start_step")  # the resumed checkpoint's step
         start = start if isinstance(start, int) and not isinstance(start, bool) else None
         if i and (steps or start is not None):  # older runs without it: the first step logged
             starts.append(start if start is not None else min(steps))

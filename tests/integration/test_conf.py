@@ -17,11 +17,10 @@ import yaml
 from helpers import REPO, help_keys, schema_keys
 from omegaconf import OmegaConf
 
-from mini_gpt.conf import CONF_DIR
+from mini_gpt.conf import CONF_DIR, checked_config
 from mini_gpt.conf.guards import WritableOutputDir, check_writable
 from mini_gpt.conf.train import OptimConfig
 from mini_gpt.data.config import AnyDataConfig, data_config
-from mini_gpt.errors import build_config
 from mini_gpt.model.gpt import GPTConfig
 
 
@@ -228,7 +227,7 @@ def _settings(cfg: Any) -> tuple[GPTConfig, AnyDataConfig, OptimConfig]:
     data = data_config(OmegaConf.to_container(cfg.data, resolve=True))
     optim = OmegaConf.to_object(cfg.optim)
     assert isinstance(optim, OptimConfig)
-    return build_config(GPTConfig, model, "model"), data, optim
+    return checked_config(GPTConfig, model, "model"), data, optim
 
 
 def test_groups_in_the_defaults_list_are_the_folders(compose: Any) -> None:

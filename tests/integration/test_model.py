@@ -9,7 +9,8 @@ import pytest
 import torch
 from helpers import preset
 
-from mini_gpt.errors import MiniGPTError, build_config
+from mini_gpt.conf import checked_config
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.model.gpt import GPT, GPTConfig
 
 VARIANTS = [
@@ -156,9 +157,9 @@ def test_presets_and_dict_round_trip():
     ):
         preset("gpt5")
     with pytest.raises(MiniGPTError, match="unknown key"):
-        build_config(GPTConfig, {**cfg.to_dict(), "n_embed": 3}, "model")
+        checked_config(GPTConfig, {**cfg.to_dict(), "n_embed": 3}, "model")
     with pytest.raises(MiniGPTError, match="n_layer=0 must be a positive integer"):
-        build_config(GPTConfig, {**cfg.to_dict(), "n_layer": 0}, "model")
+        checked_config(GPTConfig, {**cfg.to_dict(), "n_layer": 0}, "model")
 
 
 def test_core_imports_stay_light():

@@ -68,7 +68,7 @@ def test_search_space_errors_are_one_line(compose: Any) -> None:
     settings.params["optim.lrr"] = "interval(0.1, 0.2)"
     with pytest.raises(MiniGPTError, match=r"hparams_search.params.optim.lrr: the train config has no key"):
         searched_params(settings, cfg)
-    with pytest.raises(MiniGPTError, match=r"hparams_search.n_trials=0 must be a positive integer"):
+    with pytest.raises(MiniGPTError, match=r"hparams_search.n_trials=0 must be >= 1"):
         _settings(compose, "hparams_search.n_trials=0")
     with pytest.raises(MiniGPTError, match=r"needs a search space: add hparams_search=lr_search"):
         StudySettings.from_config(compose([]))

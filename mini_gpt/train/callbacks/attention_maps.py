@@ -12,7 +12,7 @@ import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from mini_gpt.errors import MiniGPTError, check_ints
+from mini_gpt.errors import MiniGPTError, at_least
 from mini_gpt.train.callbacks.base import StepCallback
 from mini_gpt.viz import png_bytes, save_figure
 from mini_gpt.viz.attention_maps import AttentionFigures, parse_selection
@@ -47,7 +47,7 @@ class AttentionMaps(StepCallback):
         dpi: int = 100,
         max_inches: float = 12.0,
     ) -> None:
-        check_ints(minimum=0, **{"callbacks.attention_maps.every_n_steps": every_n_steps})
+        at_least(0, **{"callbacks.attention_maps.every_n_steps": every_n_steps})
         self.every_n_steps, self.prompt, self.layers, self.heads = every_n_steps, prompt, layers, heads
         self.out_dir, self.dpi = out_dir, dpi
         self.saved: list[Path] = []  # PNGs written (when W&B is off)

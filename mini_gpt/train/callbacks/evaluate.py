@@ -9,7 +9,7 @@ import lightning as L
 import torch
 
 from mini_gpt.conf.tools import TASKS
-from mini_gpt.errors import MiniGPTError, check_ints
+from mini_gpt.errors import MiniGPTError, at_least
 from mini_gpt.eval.bpb import split_documents
 from mini_gpt.eval.tasks import TaskInputs, read_inputs, score_tasks
 from mini_gpt.train.callbacks.base import StepCallback
@@ -27,7 +27,7 @@ class EvaluateCallback(StepCallback):
         hellaswag_path: str | None = None,
         hellaswag_limit: int | None = 1000,
     ) -> None:
-        check_ints(minimum=0, **{"callbacks.evaluate.every_n_steps": every_n_steps})
+        at_least(0, **{"callbacks.evaluate.every_n_steps": every_n_steps})
         self.tasks = [tasks] if isinstance(tasks, str) else list(tasks)
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown:

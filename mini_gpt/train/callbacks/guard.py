@@ -7,7 +7,7 @@ from typing import Any
 
 import lightning as L
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, at_least
 from mini_gpt.train.callbacks.base import StepCallback
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
 from mini_gpt.train.stops import DivergedError, NonFiniteLossError
@@ -23,8 +23,8 @@ class LossGuard(StepCallback):
     ) -> None:
         if not factor > 1:
             raise MiniGPTError(f"callbacks.loss_guard.factor={factor!r} must be a number > 1 (e.g. 3)")
-        if patience < 1 or (check_every_n_steps is not None and check_every_n_steps < 1):
-            raise MiniGPTError("callbacks.loss_guard.patience and check_every_n_steps must be >= 1")
+        at_least(1, **{"callbacks.loss_guard.patience": patience,
+                       "callbacks.loss_guard.check_every_n_steps": check_every_n_steps})  # fmt: skip
         self.check_every_n_steps = check_every_n_steps
         self.factor, self.patience = float(factor), patience
 

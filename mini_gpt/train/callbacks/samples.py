@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import at_least
 from mini_gpt.infer.sampling import generate
 from mini_gpt.train.callbacks.base import StepCallback
 
@@ -30,8 +30,8 @@ class SampleText(StepCallback):
         at_end: bool = True,
         print_samples: bool = True,
     ) -> None:
-        if every_n_steps < 0 or max_new_tokens < 1:
-            raise MiniGPTError("callbacks.sample_text: every_n_steps must be >= 0, max_new_tokens >= 1")
+        at_least(0, **{"callbacks.sample_text.every_n_steps": every_n_steps})
+        at_least(1, **{"callbacks.sample_text.max_new_tokens": max_new_tokens})
         self.every_n_steps = every_n_steps  # 0 = only at the end
         self.prompt, self.max_new_tokens, self.seed = prompt, max_new_tokens, seed
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
