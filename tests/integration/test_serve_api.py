@@ -426,10 +426,10 @@ def test_ctrl_c_ends_open_streams_with_an_error_not_a_finish_reason(ckpt) -> Non
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a busy 2-core machine took 99 s once
         while True:
             assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "mini-gpt serve did not answer /health within 60 s"
+            assert time.monotonic() < deadline, "mini-gpt serve did not answer /health within 120 s"
             try:
                 if httpx.get(url + "/health", timeout=1).status_code == 200:
                     break
