@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mini_gpt.conf import run_tool
-from mini_gpt.conf.tools import ServeConfig
+from mini_gpt.conf.tools import ServeConfig, is_loopback
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.device import open_on_device
 
@@ -51,11 +51,12 @@ def run(cfg: ServeConfig) -> None:
 
     app = build(cfg)
     engine = app.state.engine
-    where = (
-        "only this machine can connect; host=0.0.0.0 opens it to the network"
-        if cfg.host in ("127.0.0.1", "localhost", "::1")
-        else "other machines can connect: there is no authentication"
-    )
+    if is_loopback(cfg.host):
+        where = "only this machine can connect; host=0.0.0.0 opens it to the network"
+    else:
+        where = "other machines can connect" + (
+            " with the API key" if cfg.api_key else ": there is no authentication"
+        )
     print(
         f"mini-gpt serve: {default_name(cfg)} on {engine.device}; page http://{cfg.host}:{cfg.port}/ , "
         f"API http://{cfg.host}:{cfg.port}/v1 (bound to {cfg.host}: {where}); Ctrl-C stops it",
@@ -69,8 +70,9 @@ def run(cfg: ServeConfig) -> None:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            # Ctrl-C: end the running and queued generations first, so that open streams finish (with
-            # what they have) and uvicorn's graceful shutdown need not cancel them mid-response.
+            # Ctrl-C: end the running and queued generations first, so that open streams end (with what
+            # they have, then an error event saying the server is shutting down) and uvicorn's graceful
+            # shutdown need not cancel them mid-response.
             engine.cancel_all()
             super().handle_exit(sig, frame)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,13 +116,23 @@ class EvaluateConfig(ModelSource):
             raise MiniGPTError("nothing to evaluate: set tasks=[bpb,hellaswag] and/or harness_tasks=[...]")
 
 
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach `host` (localhost, 127.x, ::1)."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
 @dataclass
 class ServeConfig(ModelSource):
     """A request over one of the limits gets 400."""
 
     model_name: str | None = None  # the id /v1/models lists and requests may name; null = from ckpt
-    host: str = "127.0.0.1"  # 127.0.0.1 = this machine only; 0.0.0.0 = other machines too (no auth!)
+    host: str = "127.0.0.1"  # 127.0.0.1 = this machine only; 0.0.0.0 = other machines too (needs api_key)
     port: int = 8000  # the TCP port
+    api_key: str | None = None  # requests must send Authorization: Bearer KEY; null = $MINI_GPT_API_KEY
+    allow_unauthenticated: bool = False  # true: serve a non-loopback host without api_key (anyone can use it)
     max_tokens: int = 1024  # most tokens one completion may ask for
     max_prompt_tokens: int = 4096  # longest prompt, in tokens (the model sees its last block_size)
     max_n: int = 8  # most samples per request (n)
@@ -132,6 +144,14 @@ class ServeConfig(ModelSource):
         if self.port > 65535:
             raise MiniGPTError(f"port={self.port} must be at most 65535")
         at_least(0, port=self.port)
+        key = self.api_key = self.api_key or os.environ.get("MINI_GPT_API_KEY") or None
+        if key and not (key.isascii() and key.isprintable() and " " not in key):  # it travels in a header
+            raise MiniGPTError("api_key must be printable ASCII without spaces")
+        if not (self.api_key or self.allow_unauthenticated or is_loopback(self.host)):
+            raise MiniGPTError(
+                f"host={self.host} lets anyone who reaches port {self.port} use the model: set api_key=KEY "
+                "(or MINI_GPT_API_KEY), or allow_unauthenticated=true"
+            )
         at_least(1, max_tokens=self.max_tokens, max_prompt_tokens=self.max_prompt_tokens, max_n=self.max_n,
                   max_waiting=self.max_waiting)  # fmt: skip
 

@@ -2,12 +2,14 @@
 GET /v1/models, GET /health, and the playground: GET / (static/), GET /api/info (the model's shape),
 POST /api/generate (the page's stream: every token with its probability and top-5 alternatives) and
 POST /api/attention (what one position attended to, per layer and head). Every error is a 4xx (5xx only
-for a bug) with OpenAI's body, one sentence, never a traceback.
+for a bug or a shutdown) with OpenAI's body, one sentence, never a traceback. With an api_key every route
+but the page, its static files and /health needs `Authorization: Bearer <key>`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import math
@@ -24,16 +26,20 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mini_gpt.conf.tools import ServeConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.sampling import check_sampling_args
 from mini_gpt.infer.stream import token_text
-from mini_gpt.serve.engine import Engine, Job, Step, prompt_groups
+from mini_gpt.serve.engine import CANCELLED, Engine, Job, Step, prompt_groups
 
 STATIC = Path(__file__).parent / "static"
 log = logging.getLogger("mini_gpt.serve")
+OPEN_PATHS = ("/", "/health")  # and /static/...: the page loads, then asks for the key
+SHUTTING_DOWN = "The server is shutting down: this generation was cut short."  # Ctrl-C (docs/serve.md)
 
 
 class ApiError(MiniGPTError):
@@ -50,8 +56,38 @@ def sentence(err: BaseException | str) -> str:
     return text if text.endswith((".", "?", "!")) else text + "."
 
 
-def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+def error_body(
+    message: str, param: str | None = None, kind: str = "invalid_request_error", code: str | None = None
+) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def shutdown_error() -> dict:
+    """The last event of a stream that Ctrl-C cut short (no finish_reason claims it ended by itself)."""
+    return error_body(SHUTTING_DOWN, kind="server_error", code="server_shutting_down")
+
+
+class RequireKey:
+    """ASGI middleware: every route but the page, its static files and /health needs `Authorization: Bearer
+    <key>` (compared in constant time); else 401 with OpenAI's body. (Plain ASGI, not BaseHTTPMiddleware,
+    so that streams pass through untouched and a client's disconnect still reaches the route.)"""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app, self.key = app, key.encode("ascii")  # ServeConfig checks it
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in OPEN_PATHS or path.startswith("/static/"):
+            return await self.app(scope, receive, send)
+        scheme, _, given = (Headers(scope=scope).get("authorization") or "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1"), self.key):
+            return await self.app(scope, receive, send)
+        message = (
+            "Incorrect API key provided." if given
+            else "Missing API key: send it as the header Authorization: Bearer <key>."
+        )  # fmt: skip
+        response = JSONResponse(error_body(message, code="invalid_api_key"), status_code=401)
+        await response(scope, receive, send)
 
 
 class CompletionRequest(BaseModel):
@@ -169,6 +205,9 @@ def create_app(engine: Engine, model_name: str, limits: ServeConfig) -> FastAPI:
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     created = int(time.time())
     tok = engine.tokenizer
+
+    if limits.api_key:
+        app.add_middleware(RequireKey, key=limits.api_key)
 
     # ---- errors: one sentence in OpenAI's shape ------------------------------------------------------
     @app.exception_handler(MiniGPTError)  # ApiError, and the model side's refusals (400)
@@ -320,6 +359,9 @@ def create_app(engine: Engine, model_name: str, limits: ServeConfig) -> FastAPI:
                             offsets[row] += len(text)
                             pending[row] = []
                     yield out
+                if CANCELLED in job.finish:
+                    yield [shutdown_error()]
+                    return
                 ends = [
                     {"index": row, "text": "", "logprobs": None, "finish_reason": f}
                     for row, f in enumerate(job.finish)
@@ -332,8 +374,8 @@ def create_app(engine: Engine, model_name: str, limits: ServeConfig) -> FastAPI:
         async for batch in steps:
             for step in batch:
                 groups[step.row].append(step)
-        if not job.streams:
-            raise ApiError("The server is stopping: this request was cancelled before it ran.", status=503)
+        if CANCELLED in job.finish:
+            raise ApiError(SHUTTING_DOWN, status=503)
         choices = [choice(row, groups[row], 0, s.text, job.finish[row]) for row, s in enumerate(job.streams)]
         completion_tokens = sum(s.tokens for s in job.streams)
         usage = {"prompt_tokens": len(job.ids), "completion_tokens": completion_tokens,
@@ -360,7 +402,10 @@ def create_app(engine: Engine, model_name: str, limits: ServeConfig) -> FastAPI:
             yield [{"type": "prompt", "groups": prompt_groups(tok, job.ids)}]
             async for batch in steps:
                 yield [token_event(s) for s in batch]
-            yield [{"type": "done", "finish_reason": job.finish[0]}]
+            if job.finish[0] == CANCELLED:
+                yield [{"type": "error", "message": SHUTTING_DOWN}]
+            else:
+                yield [{"type": "done", "finish_reason": job.finish[0]}]
 
         return _event_stream(events(), lambda message: {"type": "error", "message": message})
 

@@ -45,6 +45,9 @@ class Step:
     text: str  # the printable text this token releases ("" while half a character is held back)
 
 
+CANCELLED = "cancelled"  # a row's finish when `cancel` cut it short (the app never sends it as a reason)
+
+
 @dataclass
 class Job:
     """One request: `emit(step)` runs on the worker thread for every token, `done(error)` once at the end
@@ -65,7 +68,7 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     # filled in by the engine
     streams: list[TextStream] = field(default_factory=list)
-    finish: list[str] = field(default_factory=list)  # per row: "stop" or "length"
+    finish: list[str] = field(default_factory=list)  # per row: "stop", "length" or CANCELLED
 
 
 class Engine:
@@ -84,6 +87,7 @@ class Engine:
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._busy = threading.Lock()  # held while a job runs (also by `attention`)
         self.waiting = 0  # jobs queued or running
+        self.stopping = False  # cancel_all was called: jobs submitted from now on are cancelled at once
         self._events: dict[int, threading.Event] = {}  # their cancel events, for cancel_all
         self._count_lock = threading.Lock()
         self._worker = threading.Thread(target=self._work, name="mini-gpt-serve", daemon=True)
@@ -106,10 +110,14 @@ class Engine:
         with self._count_lock:
             self.waiting += 1
             self._events[id(job)] = job.cancel
+            if self.stopping:
+                job.cancel.set()
         self._jobs.put(job)
 
     def cancel_all(self) -> None:
+        """The server stops: end the running job at its next token, the queued ones before they start."""
         with self._count_lock:
+            self.stopping = True
             for event in self._events.values():
                 event.set()
 
@@ -123,7 +131,7 @@ class Engine:
             error: BaseException | None = None
             try:
                 if job.cancel.is_set():  # its client left, or the server stops, before it started
-                    job.finish = ["stop"] * job.n
+                    job.finish = [CANCELLED] * job.n
                 else:
                     with self._busy:
                         self._run(job)
@@ -170,7 +178,11 @@ class Engine:
                 )  # fmt: skip
         finally:
             hook.remove()
-        job.finish = ["stop" if stream.stopped else "length" for stream in job.streams]
+        cut = job.cancel.is_set()
+        job.finish = [
+            "stop" if s.stopped else CANCELLED if cut and s.tokens < job.max_tokens else "length"
+            for s in job.streams
+        ]
         for row, stream in enumerate(job.streams):
             if rest := stream.flush():
                 job.emit(Step(row, -1, 0.0, [], rest))  # held-back bytes at the end: text only

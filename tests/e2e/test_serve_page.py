@@ -1,7 +1,8 @@
 """The playground as a person uses it: `mini-gpt serve` in its own process, the page in a real headless
-Chromium (Playwright's Python API driving Debian's `chromium`: docs/development.md). Type a prompt, click
-Generate, read the streamed text (it must be `mini-gpt generate`'s greedy output), hover a token for its
-alternatives, click one for the attention view, save a screenshot, and stop the server with Ctrl-C."""
+Chromium (Playwright's Python API driving Debian's `chromium`: docs/development.md), with an API key. Give
+the key when the page asks (once), type a prompt, click Generate, read the streamed text (it must be
+`mini-gpt generate`'s greedy output), hover a token for its alternatives, click one for the attention view,
+save a screenshot, and stop the server with Ctrl-C."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from mini_gpt.cli.generate import run as generate_cli
 from mini_gpt.conf.tools import GenerateConfig
 
 PROMPT = "ROMEO:\nWhat"
+KEY = "sk-e2e-page-key"
 NEW_TOKENS = 60
 
 
@@ -42,14 +44,15 @@ def free_port() -> int:
 
 @pytest.fixture()
 def served(tmp_path: Path):
-    """A trained tiny char model served by `mini-gpt serve` in a subprocess: (url, ckpt, process)."""
+    """A trained tiny char model served by `mini-gpt serve` in a subprocess, its API key given by the
+    environment: (url, ckpt, process)."""
     model, tokenizer, _ = train_tiny_char_model(steps=300)  # ~3 s: greedy text of words, not spaces
     ckpt = write_lightning_ckpt(tmp_path / "last.ckpt", model, tokenizer)
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "mini_gpt.cli", "serve", f"ckpt={ckpt}", f"port={port}", "device=cpu",
          "model_name=tiny-shakespeare-char"],
-        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MINI_GPT_API_KEY": KEY},
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -82,9 +85,20 @@ def test_page_streams_shades_explains_and_stops_cleanly(served, tmp_path: Path) 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=browser_path(), args=["--no-sandbox"])
         try:
+            refused = browser.new_page()  # no key given: the page says what the server answered
+            refused.on("dialog", lambda dialog: dialog.dismiss())
+            refused.goto(url + "/")
+            expect(refused.locator("#model-info")).to_have_text(
+                "error: Missing API key: send it as the header Authorization: Bearer <key>."
+            )
+            refused.close()
+
             page = browser.new_page(viewport={"width": 1100, "height": 900})
+            asked: list[str] = []  # the page asks for the key once, then sends it with every request
+            page.on("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept(KEY)))
             page.goto(url + "/")
             expect(page.locator("#model-info")).to_contain_text("2 layers x 2 heads")
+            assert asked == ["This server needs its API key:"]
             page.fill("#prompt", PROMPT)
             page.fill("#temperature", "0")
             page.fill("#max_tokens", str(NEW_TOKENS))
@@ -149,6 +163,9 @@ def test_page_streams_shades_explains_and_stops_cleanly(served, tmp_path: Path) 
             while httpx.get(url + "/health").json()["waiting"] and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert httpx.get(url + "/health").json()["waiting"] == 0
+            page.reload()  # the key is kept for the tab
+            expect(page.locator("#model-info")).to_contain_text("2 layers x 2 heads")
+            assert asked == ["This server needs its API key:"]
         finally:
             browser.close()
 

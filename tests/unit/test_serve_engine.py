@@ -13,7 +13,7 @@ from helpers import REPO, bpe_model
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.sampling import generate
 from mini_gpt.model.gpt import GPT, GPTConfig
-from mini_gpt.serve.engine import Engine, Job, Step, prompt_groups, token_text
+from mini_gpt.serve.engine import CANCELLED, Engine, Job, Step, prompt_groups, token_text
 from mini_gpt.tokenizer import CharTokenizer, build_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -185,6 +185,19 @@ def test_cancel_all_ends_running_and_queued_jobs(engine) -> None:
     assert started.wait(30)
     engine.cancel_all()
     assert done[0].wait(30) and done[1].wait(30)
-    assert running.streams[0].tokens < 5000 and running.finish == ["length"]
-    assert queued.streams == [] and queued.finish == ["stop"]  # never ran
+    # cut short: neither "length" (5000 tokens were not reached) nor "stop" (no stop string was met)
+    assert running.streams[0].tokens < 5000 and running.finish == [CANCELLED]
+    assert queued.streams == [] and queued.finish == [CANCELLED]  # never ran
     assert engine.waiting == 0
+
+
+def test_after_cancel_all_new_jobs_are_cancelled_and_finished_ones_keep_their_reason() -> None:
+    eng = Engine(char_model(), CharTokenizer(CHARS), torch.device("cpu"))
+    try:
+        whole, _ = run(eng, ids=eng.encode("a"), max_tokens=5, seed=1)
+        assert whole.finish == ["length"]
+        eng.cancel_all()  # Ctrl-C: a request that arrives while the server stops never runs
+        late, steps = run(eng, ids=eng.encode("a"), max_tokens=5, seed=1)
+        assert late.finish == [CANCELLED] and steps == []
+    finally:
+        eng.close()

@@ -19,8 +19,24 @@ function visible(text) {
   return text.replace(/ /g, "\u2423").replace(/\n/g, "\\n").replace(/\t/g, "\\t") || "\u2205";
 }
 
+// fetch() with the server's API key (api_key=): asked for once, on the first 401, and kept for this tab
+// (sessionStorage); asked again only if the server refuses it.
+async function api(path, options = {}) {
+  for (;;) {
+    const key = sessionStorage.getItem("mini-gpt-api-key");
+    const headers = { ...(options.headers || {}), ...(key ? { Authorization: `Bearer ${key}` } : {}) };
+    const response = await fetch(path, { ...options, headers });
+    if (response.status !== 401) return response;
+    const entered = window.prompt(key ? "The server refused that API key. API key:" : "This server needs its API key:");
+    if (!entered || !entered.trim()) return response;
+    sessionStorage.setItem("mini-gpt-api-key", entered.trim());
+  }
+}
+
 async function loadInfo() {
-  const info = await (await fetch("/api/info")).json();
+  const response = await api("/api/info");
+  const info = await response.json();
+  if (!response.ok) { $("model-info").textContent = `error: ${info.error.message}`; return; }
   state.info = info;
   $("model-info").textContent =
     `${info.model}: ${info.n_layer} layers x ${info.n_head} heads, n_embd ${info.n_embd}, ` +
@@ -117,7 +133,7 @@ async function generate() {
   let count = 0, pending = [];
   const t0 = performance.now();
   try {
-    const response = await fetch("/api/generate", {
+    const response = await api("/api/generate", {
       method: "POST", headers: { "Content-Type": "application/json" },
       body: JSON.stringify(body), signal: controller.signal,
     });
@@ -174,7 +190,7 @@ async function showAttention(span) {
   for (const s of state.spans) s.classList.remove("selected");
   span.classList.add("selected");
   state.selected = span;
-  const response = await fetch("/api/attention", {
+  const response = await api("/api/attention", {
     method: "POST", headers: { "Content-Type": "application/json" },
     body: JSON.stringify({ ids: state.ids.slice(0, position + 1), position }),
   });
