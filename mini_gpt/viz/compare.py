@@ -14,6 +14,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 import yaml
+from matplotlib.figure import Figure
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import atomic_write
@@ -90,13 +91,18 @@ def _differing(runs: list[Run]) -> list[str]:
     return [k for k in keys if len({repr(run.config.get(k)) for run in runs}) > 1]
 
 
+def _setting(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else "-" if value is None else str(value)
+
+
 def labels(runs: list[Run], keys: list[str]) -> list[str]:
-    """Each run's name: the overrides that differ between runs, else the config values, else its folder."""
+    """Each run's name: the overrides that differ between runs, else the config values, else its folder.
+    A value the config holds is shown as the table shows it (a float to 4 significant digits)."""
     names = []
     for run in runs:
         over = [k for k in run.overrides if len({r.overrides.get(k) for r in runs}) > 1]
-        parts = [f"{k}={run.overrides[k]}" for k in over] or [f"{k}={run.config.get(k)}" for k in keys]
-        names.append(" ".join(parts) or run.path.name)
+        parts = [f"{k}={_setting(run.config[k]) if k in run.config else run.overrides[k]}" for k in over]
+        names.append(" ".join(parts or [f"{k}={_setting(run.config.get(k))}" for k in keys]) or run.path.name)
     return names
 
 
@@ -104,10 +110,6 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float) and math.isfinite(value):
         return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.4g}"
     return "-" if value is None else str(value)
-
-
-def _setting(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else "-" if value is None else str(value)
 
 
 def compare_table(runs: list[Run]) -> tuple[list[str], list[list[str]], list[Run], list[str]]:
@@ -135,10 +137,11 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def plot_curves(runs: list[Run], keys: list[str], path: Path) -> None:
+def curves_figure(runs: list[Run], keys: list[str]) -> Figure:
     """Val loss against each of CURVE_AXES (tokens and FLOPs per step from the totals), a line per run."""
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    for run, name in zip(runs, labels(runs, keys)):
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), layout="constrained")
+    names = labels(runs, keys)
+    for run, name in zip(runs, names):
         curve, steps = run.summary.get("val_curve") or [], max(run.summary.get("steps") or 0, 1)
         tokens, flops = (run.summary.get("tokens") or 0) / steps, (run.summary.get("flops") or 0) / steps
         per_step = {"step": 1, "tokens": tokens, "FLOPs": flops}
@@ -148,9 +151,12 @@ def plot_curves(runs: list[Run], keys: list[str], path: Path) -> None:
     for ax, x in zip(axes.flat, CURVE_AXES):
         ax.set(xlabel=x, ylabel="val loss")
         ax.grid(alpha=0.3)
-    axes.flat[0].legend(fontsize="small")
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
+    # below the panels, where long names neither cover a curve nor run off the figure: as many columns as
+    # fit the figure's width (~160 characters in the small font)
+    columns = max(1, min(len(names), 160 // (max(map(len, names), default=1) + 8)))
+    handles = axes.flat[0].get_legend_handles_labels()
+    fig.legend(*handles, loc="outside lower center", ncols=columns, fontsize="small")
+    return fig
 
 
 def write_report(
@@ -159,7 +165,7 @@ def write_report(
     files = {"csv": out / "compare.csv", "png": out / "compare.png", "html": out / "compare.html"}
     with atomic_write(files["csv"], "w") as f:
         csv.writer(f).writerows([header, *rows])
-    plot_curves(runs, keys, files["png"])
+    save_figure(curves_figure(runs, keys), files["png"], dpi=110)
     image = base64.b64encode(files["png"].read_bytes()).decode()
     cells = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)

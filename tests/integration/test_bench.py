@@ -153,6 +153,36 @@ def test_shared_flags_are_defined_once_in_common(section: str, capsys: pytest.Ca
         assert f"alternated (default {SHARED_FLAG_USERS['repeats'][section]})" in help_text
 
 
+# Each section's cheapest settings (seconds, where its defaults take minutes); the test fills in the paths.
+SMALLEST = {
+    "attention": "--quick",
+    "train": "--model tiny --steps 1 --repeats 1 --corpus {text} --data-dir {data} --nanogpt-configs tiny "
+    "--nanogpt-steps 1 --nanogpt-repeats 1 --loss-vocab 64 --loss-batch-size 1 --loss-repeats 1",
+    "generate": "--decode-tokens 1 --prompt-tokens 1 --tokens 2 --gpt2-tokens 0",
+    "data": "--quick --procs 1 --text {text} --bpe-file {bpe} --workdir {tmp}",
+    "attention_maps": "--model tiny --dpi 20 --repeats 1",
+    "evaluate": "--items 1 --batch-items 1 --model tiny --repeats 1",
+    "validation": "--val-tokens 100000 --all-tokens 1000 --model tiny --batch-size 8 --repeats 1 "
+    "--workdir {tmp}",
+    "serve": "--tokens 2 --repeats 1",
+    "tokenizer_train": "--text {text} --vocab-size 260 --repeats 1 --cache {tmp}/text",
+    "sweep": "--pruners none --trials 1 --steps 1 --val-every 1 --out {tmp}",
+}
+
+
+@pytest.mark.parametrize("section", bench_main.SECTIONS)
+def test_every_section_runs_at_its_smallest_settings(
+    section: str, tmp_path: Path, shakespeare_path: Path, gpt2_bpe_file: Path, char_data_dir: Path
+) -> None:
+    assert set(SMALLEST) == set(bench_main.SECTIONS)  # a new section names its smallest settings here
+    paths = {"text": shakespeare_path, "bpe": gpt2_bpe_file, "data": char_data_dir, "tmp": tmp_path / "work"}
+    (tmp_path / "work").mkdir()
+    out = tmp_path / "bench.json"
+    assert bench_main.main([section, *SMALLEST[section].format(**paths).split(), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())[section]
+    assert result["rows"] and result["wall_s"] > 0
+
+
 def test_dispatcher_applies_threads_and_restores_them(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,7 +15,7 @@ from PIL import Image
 
 from mini_gpt.cli.compare import main
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.viz.compare import find_runs, scaling_fit
+from mini_gpt.viz.compare import compare_table, curves_figure, find_runs, scaling_fit
 
 
 def _run(folder: Path, overrides: list[str], config: dict[str, Any], **summary: Any) -> Path:
@@ -61,6 +61,24 @@ def test_compare_writes_one_sorted_row_per_run(multirun: Path, capsys: pytest.Ca
     assert html.count("<tr>") == 4 and "data:image/png;base64," in html
     with Image.open(multirun / "compare.png") as image:
         assert image.size[0] > 800  # the 2 x 2 grid of curves
+
+
+def test_chart_legend_is_short_and_outside_the_panels(tmp_path: Path) -> None:
+    """A sweep's float overrides are named as the table shows them (4 significant digits), in a legend
+    that covers no panel, tick or axis label and stays inside the figure."""
+    _run(tmp_path / "a", ["optim.lr=0.006332296532502845"], _config(0.006332296532502845), best_val_loss=2.2)
+    _run(tmp_path / "b", ["optim.lr=0.0001234567890123"], _config(0.0001234567890123), best_val_loss=2.4)
+    _, _, runs, keys = compare_table(find_runs([str(tmp_path)]))
+    fig = curves_figure(runs, keys)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["optim.lr=0.006332", "optim.lr=0.0001235"]
+    box = legend.get_window_extent(renderer)
+    assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1)
+    for ax in fig.axes:
+        assert ax.get_legend() is None and not box.overlaps(ax.get_tightbbox(renderer))
+    fig.savefig(tmp_path / "compare.png")
 
 
 def test_bad_compares_are_one_line(tmp_path: Path, multirun: Path, capsys: pytest.CaptureFixture) -> None:
