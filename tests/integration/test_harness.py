@@ -239,13 +239,15 @@ def test_harness_command_with_the_hub_unreachable_runs_offline_and_says_so(monke
 
 
 @pytest.mark.parametrize("task", ["tiny_mc", "arc_easy"])
-def test_harness_command_without_network_or_offline_switch(setup, task):
+def test_harness_command_without_network_or_offline_switch(setup, task, tmp_path):
     """The real command, Hub unreachable and no switch set: a local task runs; a Hub task fails at once,
     without `datasets`' retries, as one error line."""
     args = ["--model", "mini-gpt", "--model_args", f"ckpt={setup['ckpt']}", "--tasks", task,
             "--include_path", str(setup["task"]), "--limit", "6"]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    env.update(PYTHONPATH=str(REPO), HF_ENDPOINT="http://127.0.0.1:9")
+    unset = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_DATASETS_CACHE", "HF_HUB_CACHE")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    # An empty cache: on a machine that once ran arc_easy online, its data would be found there.
+    env.update(PYTHONPATH=str(REPO), HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))
     cmd = [sys.executable, "-m", "mini_gpt.cli", "harness", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if task == "tiny_mc":
