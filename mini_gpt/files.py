@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,6 +54,28 @@ def atomic_write(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
         tmp.unlink(missing_ok=True)
         remove_empty(made)
         raise
+
+
+@contextmanager
+def atomic_dir(out: Path) -> Iterator[Path]:
+    """A folder written whole or not at all: the block fills a temporary sibling, which then replaces `out`
+    (an existing one moved aside only once the new one is complete). Its folders and files get the modes
+    the umask gives (mkdtemp makes a 0700 folder, some writers 0600 files): others may read it as usual."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        for p in (tmp, *tmp.rglob("*")):
+            p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        if out.exists():
+            out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # left only by a failure
 
 
 def space_note(directory: Path, needed_bytes: int) -> str:

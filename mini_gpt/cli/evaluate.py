@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 from mini_gpt.conf import run_tool
 from mini_gpt.conf.tools import EvaluateConfig
+from mini_gpt.data.sources import offline_if_hub_unreachable
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.eval.bpb import prepare_split, read_documents
 from mini_gpt.eval.tasks import read_inputs, score_tasks
@@ -62,6 +63,7 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
         scores = score_tasks(model, tokenizer, inputs, bpb.batch_size, hellaswag.batch_size, cfg.progress)
     results.update(scores.to_dict())
     if cfg.harness_tasks:
+        offline_if_hub_unreachable()  # else `datasets` retries for ~40 s; run_harness's error says what to do
         from mini_gpt.eval.harness import run_harness
 
         results.update(run_harness(model, tokenizer, cfg.harness_tasks, **asdict(cfg.harness)))

@@ -42,6 +42,11 @@ def main(argv: list[str] | None = None) -> None:
         removed = remove_old_hook()
         print(f"removed {', '.join(map(str, removed))}" if removed else f"no {OLD_HOOK_FILE} to remove")
         return
+    hub = None
+    if any(a in ("--tasks", "-t") or a.startswith("--tasks=") for a in args):  # a run, not `ls` or --help
+        from mini_gpt.data.sources import offline_if_hub_unreachable
+
+        hub = offline_if_hub_unreachable()  # before lm-eval imports `datasets`: then it reads the switch
     # Imported here: lm-eval is an optional extra (its absence is a one-line error) and slow to import.
     from mini_gpt.eval import harness
 
@@ -52,7 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli_evaluate()
     except ConnectionError as err:  # from `datasets`: a task's data neither cached nor reachable
+        unreachable = f"; the Hugging Face Hub is unreachable ({hub}), so lm-eval ran offline" if hub else ""
         raise MiniGPTError(
-            f"{err}; lm-eval fetches a task's data on first use: run the task once where there is network "
-            "(the Hugging Face cache keeps it), or copy that cache here and point HF_DATASETS_CACHE at it"
+            f"{err}{unreachable}; lm-eval fetches a task's data on first use: run the task once where there "
+            "is network (the Hugging Face cache keeps it), copy that cache here and point HF_DATASETS_CACHE "
+            "at it, or write a task YAML over local files and pass --include_path DIR (docs/evaluation.md)"
         ) from None

@@ -211,10 +211,17 @@ def _fingerprint_files(files: list[str]) -> str:
     return digest.hexdigest()
 
 
-def hub_offline_reason(switches: tuple[str, ...] = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")) -> str | None:
+OFFLINE_SWITCHES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def _switched_on(var: str) -> bool:
+    return os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_offline_reason(switches: tuple[str, ...] = OFFLINE_SWITCHES) -> str | None:
     """Why the Hugging Face Hub cannot be used now (an offline switch, no answer), or None."""
     for var in switches:
-        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+        if _switched_on(var):
             return f"{var} is set"
     endpoint = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     host = endpoint.hostname or "huggingface.co"
@@ -222,8 +229,19 @@ def hub_offline_reason(switches: tuple[str, ...] = ("HF_HUB_OFFLINE", "HF_DATASE
     try:
         socket.create_connection((host, port), timeout=HUB_TIMEOUT_S).close()
     except OSError as err:
-        return f"{host} unreachable: {err.strerror or type(err).__name__}"
+        return f"{host}:{port} does not answer: {err.strerror or type(err).__name__}"
     return None
+
+
+def offline_if_hub_unreachable() -> str | None:
+    """Why the Hub cannot be reached, having switched the Hugging Face libraries to offline mode; None when it
+    answers or a switch is already on. Unreachable but not offline, `datasets` retries each file for ~40 s
+    (a log line a try) before failing; offline it reads its cache or fails at once. Call it before they are
+    imported: they read the switches then."""
+    reason = None if any(map(_switched_on, OFFLINE_SWITCHES)) else hub_offline_reason(switches=())
+    if reason is not None:
+        os.environ.update(dict.fromkeys(OFFLINE_SWITCHES, "1"))
+    return reason
 
 
 def _import_datasets() -> Any:

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from safetensors.torch import save_file
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.files import atomic_write
+from mini_gpt.files import atomic_dir, atomic_write
 from mini_gpt.interop.checkpoint import CONFIG_FILE, SAFETENSORS_FILE, metadata
 from mini_gpt.interop.gguf_export import OUTTYPES, modelfile_text, write_gguf
 from mini_gpt.interop.hf import write_hf
@@ -63,20 +60,6 @@ def export_model(
         return out
     if out.exists() and not overwrite:
         raise MiniGPTError(f"{out} already exists; choose another out=DIR or pass overwrite=true")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         (write_hf if fmt == "hf" else write_safetensors)(model, tokenizer, tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        # mkdtemp makes a 0700 directory, save_pretrained 0600 files: give them the user's usual permissions
-        for p in (tmp, *tmp.rglob("*")):
-            p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        if out.exists():  # overwrite: move the old one aside first, so a failure leaves one intact copy
-            out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # left only by a failure
     return out

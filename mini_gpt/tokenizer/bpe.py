@@ -4,15 +4,12 @@ engine of `tokenizers` (a transformers export) reads as "repeat once more"."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.files import atomic_write, write_json_atomic
+from mini_gpt.files import atomic_dir, atomic_write, write_json_atomic
 from mini_gpt.tokenizer import ENCODING_FILE, EOT, RANKS_FILE, README_FILE, TiktokenTokenizer
 
 N_BYTES = 256
@@ -138,9 +135,7 @@ def write_tokenizer_dir(tok: TiktokenTokenizer, out: Path, overwrite: bool, info
         raise MiniGPTError(f"out={out} exists; choose another directory or pass overwrite=true to replace it")
     if out.exists() and not out.is_dir():
         raise MiniGPTError(f"out={out} is a file, not a directory; choose another path")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         with atomic_write(tmp / RANKS_FILE) as fh:
             fh.write(tok.ranks_text)
         with atomic_write(tmp / README_FILE) as fh:
@@ -149,13 +144,3 @@ def write_tokenizer_dir(tok: TiktokenTokenizer, out: Path, overwrite: bool, info
         spec = {"name": tok.name, "pat_str": tok.pat_str, "special_tokens": tok.special_tokens,
                 "vocab_size": tok.vocab_size, "ranks_sha256": tok.ranks_sha256, "trained": info}  # fmt: skip
         write_json_atomic(tmp / ENCODING_FILE, spec, indent=1)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old.{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -207,6 +208,56 @@ def test_harness_command_without_the_task_data_offline_is_one_line(monkeypatch, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: Couldn't reach 'allenai/ai2_arc'")
     assert "HF_DATASETS_CACHE" in err
+
+
+def test_harness_command_with_the_hub_unreachable_runs_offline_and_says_so(monkeypatch, capsys):
+    """No offline switch and no network: `datasets` would retry each file for ~40 s, a log line a try.
+    The command sees the Hub does not answer, runs lm-eval offline (cached and local tasks still run),
+    and a task whose data is not cached is one line saying the Hub is unreachable."""
+    import lm_eval.__main__
+
+    from mini_gpt.cli.harness import main
+
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: refused at once
+    switches = {}
+
+    def offline(*_args):
+        switches.update((var, os.environ.get(var)) for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+        raise ConnectionError("Couldn't reach 'allenai/ai2_arc' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", offline)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "mini-gpt", "--tasks", "arc_easy"])
+    assert exit_info.value.code == 2
+    assert switches == {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: Couldn't reach 'allenai/ai2_arc'")
+    assert "the Hugging Face Hub is unreachable (127.0.0.1:9 does not answer" in err
+    assert "--include_path DIR" in err
+
+
+@pytest.mark.parametrize("task", ["tiny_mc", "arc_easy"])
+def test_harness_command_without_network_or_offline_switch(setup, task, tmp_path):
+    """The real command, Hub unreachable and no switch set: a local task runs; a Hub task fails at once,
+    without `datasets`' retries, as one error line."""
+    args = ["--model", "mini-gpt", "--model_args", f"ckpt={setup['ckpt']}", "--tasks", task,
+            "--include_path", str(setup["task"]), "--limit", "6"]  # fmt: skip
+    unset = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_DATASETS_CACHE", "HF_HUB_CACHE")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    # An empty cache: on a machine that once ran arc_easy online, its data would be found there.
+    env.update(PYTHONPATH=str(REPO), HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))
+    cmd = [sys.executable, "-m", "mini_gpt.cli", "harness", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if task == "tiny_mc":
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "|tiny_mc|" in proc.stdout.replace(" ", "")
+    else:
+        assert proc.returncode == 2 and "Retry" not in proc.stderr, proc.stderr[-2000:]
+        log = re.compile(r"\d{4}-\d\d-\d\d:\d\d:\d\d:\d\d (INFO|WARNING) ")  # lm-eval's own log lines
+        errors = [line for line in proc.stderr.splitlines() if not log.match(line)]
+        assert len(errors) == 1 and errors[0].startswith("error: ") and "Hub is unreachable" in errors[0]
 
 
 def test_character_export_runs_on_the_harness_hf_model_with_the_printed_prefix(tmp_path, capsys):

@@ -59,3 +59,35 @@ def test_dev_holds_every_extra():
     aliases = {name for name, texts in extras.items() if all(t.startswith(own) for t in texts)}
     assert in_dev == set(extras) - aliases - {"dev"}
     assert {canonicalize_name(Requirement(t).name) for t in extras["dev"]} >= {"pytest", "ruff"}
+
+
+def _installed_by(extras: set[str]) -> set[str]:
+    """The distributions `pip install -e ".[extras]"` asks for, this project's own extras followed."""
+    names = {canonicalize_name(Requirement(text).name) for text in PROJECT["dependencies"]}
+    todo, seen = set(extras), set()
+    while todo:
+        extra = todo.pop()
+        seen.add(extra)
+        for req in map(Requirement, PROJECT["optional-dependencies"][extra]):
+            if canonicalize_name(req.name) == canonicalize_name(PROJECT["name"]):
+                todo |= req.extras - seen
+            else:
+                names.add(canonicalize_name(req.name))
+    return names
+
+
+def test_the_readme_runs_with_the_base_install_and_tests_with_dev():
+    """The first of the README's two commands installs what the run needs, not the test tools (llama.cpp
+    compiles for 10-19 minutes); the second installs `dev` and runs pytest, as .ci/run does."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"^## Two commands\n+```bash\n(.*?)```", readme, re.M | re.S)
+    assert block, "README.md has no '## Two commands' section with a bash block"
+    run, test = (line.split("#")[0].split() for line in block[1].strip().splitlines())
+    assert run[:3] == ["pip", "install", "-e"] and run[4:] == ["&&", "python", "train.py"], run
+    extras = re.fullmatch(r'"?\.(?:\[([\w,-]*)\])?"?', run[3])
+    assert extras, f"the first command installs {run[3]}, not this project"
+    installed = _installed_by(set(filter(None, (extras[1] or "").split(","))))
+    assert {"llama-cpp-python", "pytest", "ruff"}.isdisjoint(installed), sorted(installed)
+    assert test == ["pip", "install", "-e", '".[dev]"', "&&", "pytest"], test
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'pip install --quiet -e ".[dev]" -c "$constraints"' in ci and ci.rstrip().endswith("\npytest")

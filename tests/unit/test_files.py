@@ -4,6 +4,7 @@ preparation) stays."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mini_gpt.data.preparation import lock_path, preparation_lock
-from mini_gpt.files import atomic_write
+from mini_gpt.files import atomic_dir, atomic_write
 
 
 class Boom(Exception):
@@ -41,6 +42,35 @@ def test_a_write_that_succeeds_makes_the_folders(tmp_path: Path) -> None:
     with atomic_write(target) as fh:
         fh.write("ok")
     assert target.read_text() == "ok" and [p.name for p in target.parent.iterdir()] == ["x.txt"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_a_written_folder_gets_the_modes_of_the_umask(tmp_path: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        with atomic_dir(tmp_path / "out") as tmp:
+            (tmp / "sub").mkdir()
+            (tmp / "sub" / "f").write_text("x")
+            os.chmod(tmp / "sub" / "f", 0o600)  # as some writers (save_pretrained) leave their files
+    finally:
+        os.umask(old)
+    out = tmp_path / "out"
+    modes = [oct(p.stat().st_mode & 0o777) for p in (out, out / "sub", out / "sub" / "f")]
+    assert modes == [oct(0o777 & ~umask), oct(0o777 & ~umask), oct(0o666 & ~umask)]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_a_failed_folder_keeps_the_old_one(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "f").write_text("old")
+    with pytest.raises(Boom), atomic_dir(out) as tmp:
+        (tmp / "f").write_text("new")
+        raise Boom
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (out / "f").read_text() == "old"
+    with atomic_dir(out) as tmp:
+        (tmp / "g").write_text("new")
+    assert [p.name for p in out.iterdir()] == ["g"] and [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 def test_a_failed_preparation_that_kept_nothing_removes_its_folder(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ transformers with the same ids. References: tiktoken built by the test from the 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -248,6 +249,18 @@ def test_existing_out_is_refused_unless_overwrite(
     tokenizer_main([*args, "overwrite=true"])
     assert (out / "ranks.tiktoken").read_bytes() == (trained / "ranks.tiktoken").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tok"]
+
+
+def test_the_folder_follows_the_umask(tmp_path: Path, small_corpus: Path) -> None:
+    """Others on a shared machine can read it, as any folder the user makes (not mkdtemp's 0700)."""
+    old = os.umask(0o022)
+    try:
+        out = _train_cli(tmp_path, "data=text", f"data.path={small_corpus}", "vocab_size=600")
+    finally:
+        os.umask(old)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()}
+    assert oct(out.stat().st_mode & 0o777) == oct(0o755) and modes == dict.fromkeys(modes, oct(0o644))
+    assert sorted(modes) == ["README.md", "encoding.json", "ranks.tiktoken"]
 
 
 def test_a_tokenizer_dir_missing_a_file_is_one_line(trained: Path, tmp_path: Path, capsys) -> None:
