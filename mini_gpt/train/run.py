@@ -104,10 +104,11 @@ def train(
     check_steps(max_steps, options.optim.warmup_steps, resume.step if resume else None)
     precision = choose_precision(options.trainer.precision, options.trainer.accelerator, model_config.n_embd)
     threads = None  # one CPU process: `threads: N (why)`; other devices or processes: Lightning's choice
+    torch_threads = torch.get_num_threads()  # auto's choice holds for this run: given back at the end
     if device_type(options.trainer.accelerator) == "cpu" and layout.world_size == 1:
         threads = (options.threads, "as set")
         if options.threads == "auto":  # a busy CPU at start: fewer threads than torch's one per core
-            threads = auto_threads(torch.get_num_threads(), load.stop().other_load)
+            threads = auto_threads(torch_threads, load.stop().other_load)
             torch.set_num_threads(threads[0])
     if rank_zero:
         print(layout.describe(), flush=True)
@@ -165,6 +166,7 @@ def train(
         summary = None
         if status is not None and trainer.is_global_zero:
             summary = write_summary(run_dir / "summary.json", status, started, trainer, module)
+        torch.set_num_threads(torch_threads)
     if summary is not None:
         print_summary(run_dir / "summary.json", summary)
     return RunResult(run_dir, module, summary)
