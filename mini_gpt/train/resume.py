@@ -163,7 +163,7 @@ def steps_beat_budget(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
             flush=True,
         )
     cfg = copy.deepcopy(cfg)
-    cfg.trainer.max_flops = None
+    OmegaConf.update(cfg, "trainer.max_flops", None, merge=False)
     return cfg
 
 
