@@ -93,6 +93,16 @@ def thread_note(threads: int, other_load: float | None, cores: int | None = None
     )
 
 
+def auto_threads(default: int, other_load: float | None, cores: int | None = None) -> tuple[int, str]:
+    """`threads=auto`: torch's `default`, or the cores other processes leave free when fewer; and why."""
+    if other_load is None:
+        return default, "auto: torch's default; this machine's load is unknown"
+    cores = cores or machine_cores()
+    busy = f"other processes keep {other_load:.1f} of this machine's {cores} CPU cores busy"
+    fewer = suggested_threads(default, other_load, cores)
+    return (default, f"auto: torch's default; {busy}") if fewer is None else (fewer, f"auto: {busy}")
+
+
 def cache_dir() -> Path:
     if os.environ.get("MINI_GPT_CACHE_DIR"):
         return Path(os.environ["MINI_GPT_CACHE_DIR"]).expanduser()

@@ -164,10 +164,14 @@ class TrainConfig:
     init_from: str | None = None  # start from pretrained weights: gpt2 | gpt2-medium | ... | a dir | a .ckpt
     compile: bool = False  # torch.compile the model
     float32_matmul_precision: str = "high"  # highest | high (TF32 on GPUs) | medium
-    threads: int | None = None  # CPU threads for torch; null = torch's default (one per core)
+    threads: Any = "auto"  # CPU threads for torch: auto (torch's default, fewer on a busy CPU) | N
     global_batch_tokens: int | None = None  # tokens per optimizer step; sets trainer.accumulate_grad_batches
     tags: list[str] = field(default_factory=list)  # labels for the run (W&B tags)
 
     def __post_init__(self) -> None:
         one_of(("highest", "high", "medium"), float32_matmul_precision=self.float32_matmul_precision)
-        at_least(1, threads=self.threads, global_batch_tokens=self.global_batch_tokens)
+        if self.threads is None:  # what configs saved before `auto` hold: torch's default
+            self.threads = "auto"
+        if self.threads != "auto" and (type(self.threads) is not int or self.threads < 1):
+            raise MiniGPTError(f"threads={self.threads!r} must be auto or a positive integer")
+        at_least(1, global_batch_tokens=self.global_batch_tokens)

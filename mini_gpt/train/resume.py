@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,23 +150,54 @@ def _config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list
     ]
 
 
+def steps_beat_budget(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
+    """`cfg` without its trainer.max_flops budget when `overrides` (the command lines that compose it) set
+    trainer.max_steps after any trainer.max_flops: a recipe's budget yields to the steps asked for."""
+    keys = [k for k in _keys(overrides) if k in ("trainer.max_steps", "trainer.max_flops")]
+    if keys[-1:] != ["trainer.max_steps"] or cfg.trainer.get("max_flops") is None:
+        return cfg
+    if launcher_rank() == 0:
+        print(
+            f"trainer.max_steps={cfg.trainer.max_steps} given: it replaces trainer.max_flops="
+            f"{cfg.trainer.max_flops:.3g} (the budget, now null)",
+            flush=True,
+        )
+    cfg = copy.deepcopy(cfg)
+    OmegaConf.update(cfg, "trainer.max_flops", None, merge=False)
+    return cfg
+
+
+def _record(cfg: DictConfig) -> None:
+    """`cfg` as the config that ran, in the Hydra job's `.hydra/config.yaml` (where there is one)."""
+    job = HydraConfig.get() if HydraConfig.initialized() else None
+    if job and job.output_subdir is not None and not OmegaConf.is_missing(job.runtime, "output_dir"):
+        OmegaConf.save(cfg, Path(job.runtime.output_dir) / job.output_subdir / "config.yaml")
+
+
 def resumed_config(
     cfg: DictConfig, resume: Resume | None, overrides: Sequence[str] | None = None
 ) -> DictConfig:
-    """The config to run (`cfg` itself for a fresh run); rank 0 prints the changes and records the result
-    in `.hydra/config.yaml`. `overrides` default to Hydra's."""
+    """The config to run: a resumed run's own with `overrides` (default: Hydra's) on top, `cfg` itself for a
+    fresh run; a trainer.max_steps they give beats a budget (`steps_beat_budget`). Rank 0 prints the changes
+    and records a changed config in `.hydra/config.yaml`."""
     in_hydra = HydraConfig.initialized()
-    if resume is None or (overrides is None and not in_hydra):
+    if overrides is None and not in_hydra:
         return cfg
     new = _without(HydraConfig.get().overrides.task if overrides is None else overrides)
     announce = launcher_rank() == 0
+    if resume is None:
+        run = steps_beat_budget(cfg, new)
+        if run is not cfg and announce:
+            _record(run)
+        return run
     if resume.run_overrides is not None:
-        restored = _compose_run([*_without(resume.run_overrides, _NEVER_RESTORED), *new])
+        saved = _without(resume.run_overrides, _NEVER_RESTORED)
+        restored = steps_beat_budget(_compose_run([*saved, *new]), [*saved, *new])
         how = "its run's overrides and the command line's"
     elif resume.run_config is not None:  # Hydra applies `new` to the saved config itself
         ConfigStore.instance().store(name=_SAVED_CONFIG, node=dict(resume.run_config))
         try:
-            restored = _compose_run(new, _SAVED_CONFIG)
+            restored = steps_beat_budget(_compose_run(new, _SAVED_CONFIG), new)
         except MiniGPTError as err:
             raise MiniGPTError(
                 f"{err} (this checkpoint records no overrides: resuming it takes key=value changes only)"
@@ -176,7 +208,7 @@ def resumed_config(
             print(
                 f"resuming {resume.path}: it carries no run config; training with the command line's config"
             )
-        return cfg
+        return steps_beat_budget(cfg, new)
     now = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(now, dict)
     for key in _NEVER_RESTORED:  # this process's, whatever the saved run had
@@ -187,8 +219,5 @@ def resumed_config(
         changes = _config_changes(resume.run_config or {}, after)  # type: ignore[arg-type]
         what = "\n".join(f"  {line}" for line in changes) or "  (none: the run continues as it was started)"
         print(f"resuming {resume.path} with {how}; changes from the run's config:\n{what}")
-        job = HydraConfig.get() if in_hydra else None
-        recorded = job is not None and job.output_subdir is not None
-        if recorded and not OmegaConf.is_missing(job.runtime, "output_dir"):
-            OmegaConf.save(restored, Path(job.runtime.output_dir) / job.output_subdir / "config.yaml")
+        _record(restored)
     return restored

@@ -22,7 +22,7 @@ from mini_gpt.conf.train import TrainConfig
 from mini_gpt.data.config import data_config
 from mini_gpt.data.datamodule import GPTDataModule
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, thread_note
+from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, auto_threads
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path, resume_command
 from mini_gpt.train.distributed import (
@@ -61,10 +61,11 @@ def train(
     cfg: DictConfig, callbacks: Sequence[L.Callback] = (), overrides: Sequence[str] | None = None
 ) -> RunResult:
     """Train as `cfg` says; `callbacks`: extra Lightning callbacks (a sweep trial's pruning report);
-    `overrides`: the command line's, which a resumed run applies to its own config (default: Hydra's)."""
+    `overrides`: the command line's (default: Hydra's), which a resumed run applies to its own config, and
+    whose trainer.max_steps beats a recipe's trainer.max_flops."""
     started = run_start()
     rank_zero = launcher_rank() == 0
-    load = LoadMeter(MIN_WINDOW_S).start()  # the machine's other load over the set-up: the busy-CPU note
+    load = LoadMeter(MIN_WINDOW_S).start()  # the machine's other load over the set-up: threads=auto
 
     # 1. The settings: the checkpoint read once; a resumed run continues with its own config.
     resume = read_resume(cfg.get("ckpt_path"), cfg.get("init_from"))
@@ -75,7 +76,7 @@ def train(
     _quiet_lightning()
     L.seed_everything(options.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(options.float32_matmul_precision)
-    if options.threads is not None:
+    if options.threads != "auto":
         torch.set_num_threads(options.threads)
 
     # 2. The data, prepared once per node (the other ranks wait): its tokenizer sizes the model. Pretrained
@@ -102,17 +103,23 @@ def train(
         )
     check_steps(max_steps, options.optim.warmup_steps, resume.step if resume else None)
     precision = choose_precision(options.trainer.precision, options.trainer.accelerator, model_config.n_embd)
+    threads = None  # one CPU process: `threads: N (why)`; other devices or processes: Lightning's choice
+    torch_threads = torch.get_num_threads()  # auto's choice holds for this run: given back at the end
+    if device_type(options.trainer.accelerator) == "cpu" and layout.world_size == 1:
+        threads = (options.threads, "as set")
+        if options.threads == "auto":  # a busy CPU at start: fewer threads than torch's one per core
+            threads = auto_threads(torch_threads, load.stop().other_load)
+            torch.set_num_threads(threads[0])
     if rank_zero:
         print(layout.describe(), flush=True)
         print(precision.describe(), flush=True)
         if options.trainer.max_flops is not None:
             budget = f"trainer.max_flops={options.trainer.max_flops:.3g}"
             print(f"{budget}: {max_steps} steps (replaces trainer.max_steps)", flush=True)
+        if threads:
+            print(f"threads: {threads[0]} ({threads[1]})", flush=True)
         if plan:
             print(describe(model, plan.record), flush=True)
-        cpu = options.threads is None and device_type(options.trainer.accelerator) == "cpu"
-        if cpu and (note := thread_note(torch.get_num_threads(), load.stop().other_load)):
-            print(note, flush=True)  # other processes keep the CPU busy: try threads=N
     module = GPTLitModule(
         model_config,
         options.optim,
@@ -159,6 +166,7 @@ def train(
         summary = None
         if status is not None and trainer.is_global_zero:
             summary = write_summary(run_dir / "summary.json", status, started, trainer, module)
+        torch.set_num_threads(torch_threads)
     if summary is not None:
         print_summary(run_dir / "summary.json", summary)
     return RunResult(run_dir, module, summary)

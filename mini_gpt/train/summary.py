@@ -8,6 +8,7 @@ from typing import Any
 
 import lightning as L
 import psutil
+import torch
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import write_json_atomic
@@ -63,6 +64,7 @@ def write_summary(
         "params": module.model.num_params(non_embedding=False),
         "non_embedding_params": module.model.num_params(non_embedding=True),
         "precision": str(trainer.precision),  # what trainer.precision=auto chose
+        "threads": torch.get_num_threads(),  # what threads=auto chose
         "wall_seconds": time.time() - start,
         "tokens_per_sec": None if rate is None else float(rate),
         "val_curve": [[s, t - start, v] for s, t, v in vals],

@@ -9,6 +9,7 @@ import csv
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ SUMMARY_KEYS = {
     "wall_seconds",
     "tokens_per_sec",
     "precision",
+    "threads",
     "val_curve",
     "best_ckpt",
     "last_ckpt",
@@ -50,6 +52,7 @@ def _overrides(run_dir: Path, data_dir: Path, shakespeare: Path, *extra: str) ->
         "trainer.log_every_n_steps=1",
         "callbacks.sample_text.every_n_steps=0",
         "callbacks.sample_text.max_new_tokens=16",
+        f"threads={torch.get_num_threads()}",  # runs compared bit for bit: the same count, whatever the load
         *extra,
     ]
 
@@ -255,6 +258,92 @@ def test_resume_restores_the_run_config_and_prints_what_changes(
     kept = [o for o in first_overrides if not o.startswith("paths.run_dir=")]
     assert ckpt["run_overrides"] == [*kept, *again]
     assert (tmp_path / "second" / ".hydra" / "config.yaml").is_file()  # the config that ran
+
+
+def test_a_recipes_budget_yields_to_max_steps_and_a_stopped_run_resumes_as_printed(
+    compose: Any,
+    tmp_path: Path,
+    char_data_dir: Path,
+    shakespeare_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The recipe's trainer.max_flops (~165k steps of the tiny model) yields to trainer.max_steps=6; stopped
+    at step 4, the run resumes with the printed command's arguments alone and ends at step 6."""
+    from omegaconf import OmegaConf
+
+    from mini_gpt.train.stops import Preempted
+
+    recipe = (
+        "model.block_size=64",
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=3",
+        "optim.warmup_steps=2",
+    )
+    stop = ("+callbacks.preempt._target_=helpers.signal_at_step", "+callbacks.preempt.step=4")
+    first = [
+        "experiment=shakespeare_char_10min",
+        *_overrides(tmp_path / "first", char_data_dir, shakespeare_path, *recipe, *stop),
+    ]
+    with pytest.raises(Preempted):
+        _fit(compose, first, hydra_dir=tmp_path / "first")
+    out, err = capsys.readouterr()
+    dropped = "trainer.max_steps=6 given: it replaces trainer.max_flops=4.6e+13 (the budget, now null)"
+    assert dropped in out.splitlines()
+    assert (
+        OmegaConf.load(tmp_path / "first" / ".hydra" / "config.yaml").trainer.max_flops is None
+    )  # compare's
+    printed = next(line for line in err.splitlines() if line.startswith("resume with: "))
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    assert shlex.split(printed.removeprefix("resume with: "))[2:] == [f"ckpt_path={last}"]
+    again = [f"ckpt_path={last}", f"paths.run_dir={tmp_path / 'second'}"]  # (the run directory: the test's)
+    resumed, _ = _fit(compose, again, resume=True, hydra_dir=tmp_path / "second")
+    assert (resumed["status"], resumed["start_step"], resumed["steps"]) == ("completed", 4, 6)
+
+
+@pytest.mark.parametrize(
+    ("threads", "chosen", "line"),
+    [
+        ("auto", 1, "threads: 1 (auto: other processes keep 1.2 of this machine's 2 CPU cores busy)"),
+        ("2", 2, "threads: 2 (as set)"),
+    ],
+)
+def test_threads_auto_takes_the_free_cores_and_threads_n_forces(
+    compose: Any,
+    tmp_path: Path,
+    char_data_dir: Path,
+    shakespeare_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    threads: str,
+    chosen: int,
+    line: str,
+) -> None:
+    from mini_gpt import machine
+    from mini_gpt.train import run
+
+    class BusySetUp:  # the load meter's verdict on the set-up: others kept 1.2 cores busy (no timing)
+        other_load = 1.2
+
+        def __init__(self, *_: Any) -> None:
+            pass
+
+        def start(self) -> BusySetUp:
+            return self
+
+        def stop(self) -> BusySetUp:
+            return self
+
+    monkeypatch.setattr(run, "LoadMeter", BusySetUp)
+    monkeypatch.setattr(machine, "machine_cores", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # torch's default on two cores
+    try:
+        extra = ("debug=fast_dev_run", f"threads={threads}")
+        summary, _ = _fit(compose, _overrides(tmp_path, char_data_dir, shakespeare_path, *extra))
+        assert summary["threads"] == chosen and torch.get_num_threads() == 2  # the run's choice, given back
+    finally:
+        torch.set_num_threads(before)
+    assert line in capsys.readouterr().out.splitlines()
 
 
 def test_overfit_one_batch(compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path) -> None:

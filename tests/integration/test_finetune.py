@@ -243,6 +243,7 @@ def _overrides(run_dir: Path, data_root: Path, shakespeare: Path, *extra: str) -
         "optim=adamw",
         "optim.warmup_steps=0",
         "optim.schedule=constant",
+        f"threads={torch.get_num_threads()}",  # runs compared bit for bit: the same count, whatever the load
         *extra,
     ]
 

@@ -35,6 +35,20 @@ def test_thread_note_is_one_line_naming_the_fix() -> None:
     assert machine.thread_note(2, 0.1, cores=2) is None and machine.thread_note(2, None, cores=2) is None
 
 
+@pytest.mark.parametrize(
+    ("default", "other_load", "cores", "threads", "why"),
+    [
+        (2, 1.2, 2, 1, "auto: other processes keep 1.2 of this machine's 2 CPU cores busy"),
+        (2, 0.1, 2, 2, "auto: torch's default; other processes keep 0.1 of this machine's 2 CPU cores busy"),
+        (16, 6.0, 16, 10, "auto: other processes keep 6.0 of this machine's 16 CPU cores busy"),
+        (4, 3.0, 8, 4, "auto: torch's default; other processes keep 3.0 of this machine's 8 CPU cores busy"),
+        (2, None, 2, 2, "auto: torch's default; this machine's load is unknown"),
+    ],
+)
+def test_auto_threads_are_the_free_cores_at_most_torchs_default(default, other_load, cores, threads, why):
+    assert machine.auto_threads(default, other_load, cores) == (threads, why)
+
+
 @pytest.fixture
 def busy_machine(monkeypatch):
     """/proc/stat as if other processes had kept every core busy: 1000 busy jiffies between two reads."""

@@ -176,3 +176,40 @@ def test_a_key_added_since_the_run_with_a_null_value_is_not_a_change() -> None:
     after = {"seed": 7, "threads": None, "trainer": {"max_steps": 9, "new_flag": True}}
     expected = ["trainer.max_steps: 6 -> 9", "trainer.new_flag: (unset) -> True"]
     assert _config_changes(before, after) == expected
+
+
+BUDGET_RECIPE = "experiment=shakespeare_char_10min"  # sets trainer.max_flops (a compute budget)
+DROPPED = "trainer.max_steps=1000 given: it replaces trainer.max_flops=4.6e+13 (the budget, now null)"
+
+
+def test_a_given_max_steps_beats_a_recipes_budget(compose: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert compose([BUDGET_RECIPE]).trainer.max_flops == 4.6e13
+    with hydra_job(compose, [BUDGET_RECIPE, "trainer.max_steps=1000"]) as cfg:
+        run = resumed_config(cfg, None)
+    assert (run.trainer.max_steps, run.trainer.max_flops) == (1000, None)
+    assert cfg.trainer.max_flops == 4.6e13  # the caller's config is left as it was
+    assert capsys.readouterr().out.splitlines() == [DROPPED]
+    with hydra_job(compose, [BUDGET_RECIPE]) as cfg:
+        assert resumed_config(cfg, None).trainer.max_flops == 4.6e13  # no steps given: the budget runs
+    # the later of the two wins, as on one command line
+    with hydra_job(compose, ["trainer.max_steps=5", "trainer.max_flops=1e9"]) as cfg:
+        assert resumed_config(cfg, None).trainer.max_flops == 1e9
+    assert capsys.readouterr().out == ""
+
+
+def test_a_run_that_gave_max_steps_over_a_budget_resumes_from_the_checkpoint_alone(
+    compose: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = [BUDGET_RECIPE, "trainer.max_steps=1000"]
+    ckpt = tmp_path / "last.ckpt"
+    with hydra_job(compose, saved) as cfg:  # the config the run trained with, as its checkpoint holds it
+        ran = OmegaConf.to_container(resumed_config(cfg, None), resolve=False)
+    torch.save({"global_step": 736, "run_config": ran, "run_overrides": saved}, ckpt)
+    capsys.readouterr()
+    restored = _resume(compose, ckpt)  # `resume with: ... ckpt_path=...` and nothing else
+    assert (restored.trainer.max_steps, restored.trainer.max_flops) == (1000, None)
+    assert capsys.readouterr().out.splitlines()[-1] == "  (none: the run continues as it was started)"
+    # a budget run resumed with a step count: the steps win, and the change is printed
+    longer = _resume(compose, _checkpoint(ckpt, compose, [BUDGET_RECIPE]), "trainer.max_steps=20000")
+    assert (longer.trainer.max_steps, longer.trainer.max_flops) == (20000, None)
+    assert "  trainer.max_flops: 46000000000000.0 -> None" in capsys.readouterr().out.splitlines()

@@ -51,6 +51,16 @@ def test_composed_values_have_the_schema_types(compose: Any) -> None:
     assert isinstance(cfg.optim.lr, float) and isinstance(cfg.trainer.max_flops, float)
 
 
+def test_threads_are_auto_unless_a_number_is_given(compose: Any) -> None:
+    assert compose([]).threads == "auto" and compose(["threads=2"]).threads == 2
+    assert TrainConfig(threads=2).threads == 2
+    assert TrainConfig(threads=None).threads == "auto"  # what configs saved before `auto` hold
+    for value in compose(["threads=many"]).threads, 0, 2.5, True:
+        with pytest.raises(MiniGPTError) as info:
+            TrainConfig(threads=value)
+        assert str(info.value) == f"threads={value!r} must be auto or a positive integer"
+
+
 @pytest.mark.parametrize(
     ("cls", "section", "d", "line"),
     [
