@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
@@ -36,7 +37,7 @@ from mini_gpt.train.distributed import (
 from mini_gpt.train.finetune import describe, plan_finetune
 from mini_gpt.train.loggers import build_loggers, finish_wandb, hydra_trial
 from mini_gpt.train.module import GPTLitModule
-from mini_gpt.train.precision import choose_precision, device_type
+from mini_gpt.train.precision import check_gpu, choose_precision, device_type
 from mini_gpt.train.resume import explicit_model_keys, read_resume, resumed_config, run_overrides
 from mini_gpt.train.summary import print_summary, run_start, run_status, write_summary
 
@@ -70,6 +71,8 @@ def train(
     resume = read_resume(cfg.get("ckpt_path"), cfg.get("init_from"))
     cfg = resumed_config(cfg, resume, overrides)
     options: TrainConfig = typed_config(cfg, "train")
+    recipe = HydraConfig.get().runtime.choices.get("experiment") if HydraConfig.initialized() else None
+    check_gpu(options.trainer.accelerator, recipe)  # before any work: a GPU recipe on a machine without one
     run_dir = Path(cfg.paths.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     _quiet_lightning()

@@ -424,6 +424,25 @@ def test_cli_errors_are_short(tmp_path: Path) -> None:
         f"error: ckpt_path={missing} does not exist; pass an existing .ckpt to resume"
     ]
     assert not (tmp_path / "r").exists()  # a run that never started leaves no folder
+    gpu_recipe = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "experiment=shakespeare_char_gpu",
+            f"hydra.run.dir={tmp_path / 'g'}",
+        ],
+        cwd=tmp_path,
+        env={**_env(tmp_path), "CUDA_VISIBLE_DEVICES": ""},  # no GPU, on any machine
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert gpu_recipe.returncode == 2
+    assert gpu_recipe.stderr.strip().splitlines() == [
+        "error: experiment=shakespeare_char_gpu is a GPU recipe (trainer.accelerator=gpu) and torch finds no "
+        "CUDA GPU on this machine; on the CPU run experiment=shakespeare_char_cpu instead"
+    ]
+    assert not (tmp_path / "g").exists()
 
 
 def test_train_on_shards_resumes_exactly(compose: Any, tmp_path: Path, gpt2_bpe_file: Path) -> None:
