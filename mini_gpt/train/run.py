@@ -23,6 +23,7 @@ from mini_gpt.conf.train import TrainConfig
 from mini_gpt.data.config import data_config
 from mini_gpt.data.datamodule import GPTDataModule
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.interop.checkpoint import check_resume, read_checkpoint
 from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, thread_note
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path, resume_command
@@ -92,9 +93,12 @@ def train(
     )
     tokenizer = datamodule.prepare_once(local_rank()).tokenizer
 
-    # 3. The model: a fresh GPT, or pretrained weights (init_from) checked against the data's tokenizer.
+    # 3. The model: a fresh GPT, or pretrained weights (init_from) checked against the data's tokenizer; a
+    #    resumed run's config and tokenizer checked against its checkpoint's.
     model = plan.build(tokenizer) if plan else None
     model_config = plan.config if plan else _model_config(options.model, tokenizer.vocab_size)
+    if resume:  # another model or tokenizer: refused before a logger starts a run it would leave behind
+        check_resume(read_checkpoint(resume.path), dataclasses.asdict(model_config), tokenizer, resume.path)
 
     # 4. The steps: tokens per step over devices and accumulation, max_steps, precision.
     layout = batch_layout(options.trainer, datamodule.batch_size, block_size, options.global_batch_tokens)

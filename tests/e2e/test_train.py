@@ -605,7 +605,10 @@ def test_cli_resume_mismatch_and_bad_types_are_one_line(
 ) -> None:
     def start(name: str, *overrides: str) -> subprocess.Popen:
         run_dir = tmp_path / name
-        args = [a for a in _overrides(run_dir, char_data_dir, shakespeare_path) if "run_dir" not in a]
+        replaced = {"paths.run_dir", *(o.split("=")[0] for o in overrides)}  # e.g. logger=none by =wandb
+        args = [
+            a for a in _overrides(run_dir, char_data_dir, shakespeare_path) if a.split("=")[0] not in replaced
+        ]
         return subprocess.Popen(
             [sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={run_dir}", *overrides],
             cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -613,16 +616,21 @@ def test_cli_resume_mismatch_and_bad_types_are_one_line(
 
     # Four commands that each fail in their first seconds (mostly imports): started together.
     runs = {
-        "mismatch": start("m", f"ckpt_path={tiny_ckpt}", "model.n_layer=3", "trainer.max_steps=4"),
+        # with a W&B logger (offline: no credentials), which a refused resume must not start
+        "mismatch": start(
+            "m", f"ckpt_path={tiny_ckpt}", "model.n_layer=3", "trainer.max_steps=4", "logger=wandb"
+        ),
         "seed": start("s", "seed=abc"),
         "steps": start("t", "trainer.max_steps=abc"),
         "done": start("d", f"ckpt_path={tiny_ckpt}", "trainer.max_steps=2"),  # the checkpoint is at step 2
     }
-    errors = {}
+    errors, outputs = {}, {}
     for name, proc in runs.items():
-        _, stderr = proc.communicate(timeout=300)
+        outputs[name], stderr = proc.communicate(timeout=300)
         assert proc.returncode == 2, (name, stderr[-2000:])
         errors[name] = stderr.strip().splitlines()
+    assert "W&B run saved offline" not in outputs["mismatch"]  # refused before the logger: no run to sync
+    assert not (tmp_path / "m").exists()
     assert errors["mismatch"] == [
         f"error: cannot resume {tiny_ckpt}: the model differs from the checkpoint's in n_layer (this run: "
         "model.n_layer=3); resume with the checkpoint's settings (model.n_layer=2) or drop ckpt_path to "
