@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import math
 import os
 import threading
 import warnings
@@ -220,14 +221,36 @@ def _valid_cache(out_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     return meta
 
 
-def check_split_length(split: str, n_tokens: int, block_size: int) -> None:
-    if n_tokens < block_size + 1:
-        fraction = "raise" if split == "validation" else "lower"
-        raise MiniGPTError(
-            f"{split} split has {n_tokens:,} tokens, no window of block_size + 1: block_size={block_size} "
-            f"needs at least {block_size + 1:,}; lower the block size (<= {max(n_tokens - 1, 0)}), "
-            f"{fraction} data.val_fraction or use a larger corpus"
-        )
+def check_split_length(
+    split: str, n_tokens: int, block_size: int, corpus: tuple[int, float] | None = None
+) -> None:
+    """The split holds a window of block_size + 1 tokens, else one line of advice that can work (`corpus`: a
+    text corpus's tokens and data.val_fraction, which a larger corpus or another fraction changes)."""
+    need = block_size + 1
+    if n_tokens >= need:
+        return
+    total, fraction = corpus or (0, 0.0)
+    fits = min(n_tokens, total - n_tokens if corpus else n_tokens) - 1  # the block size both splits hold
+    fixes = [f"lower model.block_size to <= {fits}"] if fits >= 1 else []
+    where = ""
+    if corpus:
+        where = f" of the corpus's {total:,} (data.val_fraction={fraction:g})"
+        if total >= 2 * need + 2:  # the other split may spare what this one lacks (+1: the split rounds)
+            share = (need + 1) / total
+            digits = 2 - math.floor(math.log10(share))  # rounded up to 3 significant digits
+            share = math.ceil(share * 10**digits) / 10**digits
+            if total * (1 - share) >= need + 1:
+                move = "raise" if split == "validation" else "lower"
+                fixes.append(f"{move} data.val_fraction to {share if move == 'raise' else 1 - share:g}")
+        share, spare = (fraction, 0) if split == "validation" else (1 - fraction, 1)  # train rounds down
+        fixes.append(f"use a corpus of at least about {math.ceil((need + spare) / share):,} tokens")
+    else:
+        fixes.append("use a larger corpus")
+    advice = f"{', '.join(fixes[:-1])} or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
+    raise MiniGPTError(
+        f"the {split} split has {n_tokens:,} tokens{where}, but model.block_size={block_size} needs at least "
+        f"{need:,} in each split (a window and its next token); {advice}"
+    )
 
 
 def prepare_data(
@@ -280,8 +303,9 @@ def prepare_data(
         meta=meta,
     )
     if block_size is not None:
-        check_split_length("validation", prep.val_tokens, block_size)
-        check_split_length("train", prep.train_tokens, block_size)
+        corpus = (prep.train_tokens + prep.val_tokens, cfg.val_fraction)
+        check_split_length("validation", prep.val_tokens, block_size, corpus)
+        check_split_length("train", prep.train_tokens, block_size, corpus)
     return prep
 
 

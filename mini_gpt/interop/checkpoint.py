@@ -104,17 +104,20 @@ def _tokenizer_difference(saved: dict[str, Any], current: dict[str, Any]) -> str
     return f"tokenizer {kinds[0]} differs in {', '.join(keys or ['ranks'])}"
 
 
-def check_resume(
-    checkpoint: dict[str, Any], model_config: dict[str, Any], tokenizer: Tokenizer, source: str | Path
-) -> None:
-    """Refuse to resume into a run whose model config or tokenizer differ, before Lightning loads any state:
-    a same-size character vocabulary with other characters would silently train on ids of a new meaning."""
-    meta = _check_meta(checkpoint.get("mini_gpt"), Path(source))
+def require_training_state(checkpoint: dict[str, Any], source: str | Path) -> None:
+    """Refuse a weights-only file (an export, a nanoGPT ckpt.pt without loops) as a run to resume."""
     if not isinstance(checkpoint.get("optimizer_states"), list) or "loops" not in checkpoint:
         raise MiniGPTError(
             f"{source} holds weights only (no optimizer or loop state), so training cannot resume from it; "
             "use a last.ckpt/best.ckpt written by training, or drop ckpt_path to start a new run"
         )
+
+
+def check_resume(meta: Any, model_config: dict[str, Any], tokenizer: Tokenizer, source: str | Path) -> None:
+    """Refuse to resume into a run whose model config or tokenizer differ from the checkpoint's `mini_gpt`
+    entry (`meta`), before anything starts: a same-size character vocabulary with other characters would
+    silently train on ids of a new meaning."""
+    meta = _check_meta(meta, Path(source))
     # The tokenizer first: a different vocabulary is the cause of a different model.vocab_size.
     why = _tokenizer_difference(meta["tokenizer"], tokenizer.to_dict())
     if why:

@@ -113,10 +113,11 @@ def train_bpe(
     n_merges = check_vocab_size(vocab_size, specials)
     regex = pattern_regex(pattern)
     trainer = rustbpe.Tokenizer()
-    try:
-        trainer.train_from_iterator(iter(texts), N_BYTES + n_merges, pattern=regex)
+    try:  # on no text: the regex's own error, apart from those the texts raise (a missing data.path)
+        trainer.train_from_iterator(iter(()), N_BYTES, pattern=regex)
     except ValueError as err:  # a regex rustbpe cannot compile
         raise MiniGPTError(f"pattern {pattern!r} is not a valid regex: {err}") from None
+    trainer.train_from_iterator(iter(texts), N_BYTES + n_merges, pattern=regex)
     ranks = {bytes(token): rank for token, rank in trainer.get_mergeable_ranks()}
     learned = len(ranks) - N_BYTES
     if learned < n_merges:

@@ -17,7 +17,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor
 
 from mini_gpt.conf.train import OptimConfig
-from mini_gpt.interop.checkpoint import check_resume, metadata
+from mini_gpt.interop.checkpoint import metadata
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.train.optim import build_optimizer, build_scheduler
 
@@ -227,10 +227,6 @@ class GPTLitModule(L.LightningModule):
             checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state(self.device)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Before any state is loaded: another model or tokenizer is one line, not a size-mismatch traceback.
-        if self.tokenizer is not None:
-            source = self._trainer.ckpt_path if self._trainer is not None else "checkpoint"
-            check_resume(checkpoint, dataclasses.asdict(self.model_config), self.tokenizer, source)
         # Restored at the first training batch: the DataLoader iterators built before it draw their seeds
         # from the global generator, which the uninterrupted run did not do here.
         self._resume_rng = checkpoint.get("rng_state") or None

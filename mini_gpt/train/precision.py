@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from mini_gpt.conf import CONF_DIR
+from mini_gpt.errors import MiniGPTError
+
 # The narrowest n_embd bf16 clearly speeds up on a CPU (`mini-gpt bench train --compare nanogpt`).
 CPU_BF16_MIN_WIDTH = 256
 
@@ -41,6 +44,24 @@ def device_type(accelerator: object) -> str:
         mps = getattr(torch.backends, "mps", None)
         return "other" if mps is not None and mps.is_available() else "cpu"
     return "other"
+
+
+def check_gpu(accelerator: object, experiment: str | None = None) -> None:
+    """A GPU run where torch finds no GPU: one line with what to run instead (`experiment`: the recipe)."""
+    if device_type(accelerator) != "cuda" or torch.cuda.is_available():
+        return
+    cpu_recipe = (
+        f"{experiment.removesuffix('_gpu')}_cpu" if experiment and experiment.endswith("_gpu") else None
+    )
+    if cpu_recipe and (CONF_DIR / "experiment" / f"{cpu_recipe}.yaml").is_file():
+        raise MiniGPTError(
+            f"experiment={experiment} is a GPU recipe (trainer.accelerator={accelerator}) and torch finds no "
+            f"CUDA GPU on this machine; on the CPU run experiment={cpu_recipe} instead"
+        )
+    raise MiniGPTError(
+        f"trainer.accelerator={accelerator} needs a CUDA GPU and torch finds none on this machine; add "
+        "trainer.accelerator=cpu (or auto: the GPU where there is one)"
+    )
 
 
 def choose_precision(

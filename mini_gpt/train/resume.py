@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mini_gpt.conf import compose
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.interop.checkpoint import read_checkpoint
+from mini_gpt.interop.checkpoint import read_checkpoint, require_training_state
 from mini_gpt.train.distributed import launcher_rank
 
 # Always this process's (a fine-tuning run's adapters come from the checkpoint's record, not init_from).
@@ -59,6 +59,7 @@ def read_resume(value: str | None, init_from: str | None = None) -> Resume | Non
             "of them (to resume a fine-tuning run, add init_from=null)"
         )
     ckpt = read_checkpoint(path)
+    require_training_state(ckpt, path)
     saved, source = ckpt.get("run_config"), "the checkpoint"
     beside = path.parent.parent / ".hydra" / "config.yaml"  # a run directory's record of its config
     if not isinstance(saved, dict) and path.parent.name == "checkpoints" and beside.is_file():
@@ -66,7 +67,7 @@ def read_resume(value: str | None, init_from: str | None = None) -> Resume | Non
     return Resume(
         path=path,
         step=int(ckpt.get("global_step", 0)),
-        meta=dict(ckpt.get("mini_gpt") or {}),
+        meta=meta if isinstance(meta := ckpt.get("mini_gpt"), dict) else {},
         run_config=saved if isinstance(saved, dict) else None,
         run_overrides=ckpt.get("run_overrides"),
         config_source=source,

@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
@@ -22,6 +23,7 @@ from mini_gpt.conf.train import TrainConfig
 from mini_gpt.data.config import data_config
 from mini_gpt.data.datamodule import GPTDataModule
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.interop.checkpoint import check_resume
 from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, auto_threads
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path, resume_command
@@ -36,7 +38,7 @@ from mini_gpt.train.distributed import (
 from mini_gpt.train.finetune import describe, plan_finetune
 from mini_gpt.train.loggers import build_loggers, finish_wandb, hydra_trial
 from mini_gpt.train.module import GPTLitModule
-from mini_gpt.train.precision import choose_precision, device_type
+from mini_gpt.train.precision import check_gpu, choose_precision, device_type
 from mini_gpt.train.resume import explicit_model_keys, read_resume, resumed_config, run_overrides
 from mini_gpt.train.summary import print_summary, run_start, run_status, write_summary
 
@@ -71,6 +73,8 @@ def train(
     resume = read_resume(cfg.get("ckpt_path"), cfg.get("init_from"))
     cfg = resumed_config(cfg, resume, overrides)
     options: TrainConfig = typed_config(cfg, "train")
+    recipe = HydraConfig.get().runtime.choices.get("experiment") if HydraConfig.initialized() else None
+    check_gpu(options.trainer.accelerator, recipe)  # before any work: a GPU recipe on a machine without one
     run_dir = Path(cfg.paths.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     _quiet_lightning()
@@ -90,9 +94,12 @@ def train(
     )
     tokenizer = datamodule.prepare_once(local_rank()).tokenizer
 
-    # 3. The model: a fresh GPT, or pretrained weights (init_from) checked against the data's tokenizer.
+    # 3. The model: a fresh GPT, or pretrained weights (init_from) checked against the data's tokenizer; a
+    #    resumed run's config and tokenizer checked against its checkpoint's.
     model = plan.build(tokenizer) if plan else None
     model_config = plan.config if plan else _model_config(options.model, tokenizer.vocab_size)
+    if resume:  # another model or tokenizer: refused before a logger starts a run it would leave behind
+        check_resume(resume.meta, dataclasses.asdict(model_config), tokenizer, resume.path)
 
     # 4. The steps: tokens per step over devices and accumulation, max_steps, precision.
     layout = batch_layout(options.trainer, datamodule.batch_size, block_size, options.global_batch_tokens)

@@ -513,6 +513,25 @@ def test_cli_errors_are_short(tmp_path: Path) -> None:
         f"error: ckpt_path={missing} does not exist; pass an existing .ckpt to resume"
     ]
     assert not (tmp_path / "r").exists()  # a run that never started leaves no folder
+    gpu_recipe = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "experiment=shakespeare_char_gpu",
+            f"hydra.run.dir={tmp_path / 'g'}",
+        ],
+        cwd=tmp_path,
+        env={**_env(tmp_path), "CUDA_VISIBLE_DEVICES": ""},  # no GPU, on any machine
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert gpu_recipe.returncode == 2
+    assert gpu_recipe.stderr.strip().splitlines() == [
+        "error: experiment=shakespeare_char_gpu is a GPU recipe (trainer.accelerator=gpu) and torch finds no "
+        "CUDA GPU on this machine; on the CPU run experiment=shakespeare_char_cpu instead"
+    ]
+    assert not (tmp_path / "g").exists()
 
 
 def test_train_on_shards_resumes_exactly(compose: Any, tmp_path: Path, gpt2_bpe_file: Path) -> None:
@@ -675,7 +694,10 @@ def test_cli_resume_mismatch_and_bad_types_are_one_line(
 ) -> None:
     def start(name: str, *overrides: str) -> subprocess.Popen:
         run_dir = tmp_path / name
-        args = [a for a in _overrides(run_dir, char_data_dir, shakespeare_path) if "run_dir" not in a]
+        replaced = {"paths.run_dir", *(o.split("=")[0] for o in overrides)}  # e.g. logger=none by =wandb
+        args = [
+            a for a in _overrides(run_dir, char_data_dir, shakespeare_path) if a.split("=")[0] not in replaced
+        ]
         return subprocess.Popen(
             [sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={run_dir}", *overrides],
             cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -683,16 +705,21 @@ def test_cli_resume_mismatch_and_bad_types_are_one_line(
 
     # Four commands that each fail in their first seconds (mostly imports): started together.
     runs = {
-        "mismatch": start("m", f"ckpt_path={tiny_ckpt}", "model.n_layer=3", "trainer.max_steps=4"),
+        # with a W&B logger (offline: no credentials), which a refused resume must not start
+        "mismatch": start(
+            "m", f"ckpt_path={tiny_ckpt}", "model.n_layer=3", "trainer.max_steps=4", "logger=wandb"
+        ),
         "seed": start("s", "seed=abc"),
         "steps": start("t", "trainer.max_steps=abc"),
         "done": start("d", f"ckpt_path={tiny_ckpt}", "trainer.max_steps=2"),  # the checkpoint is at step 2
     }
-    errors = {}
+    errors, outputs = {}, {}
     for name, proc in runs.items():
-        _, stderr = proc.communicate(timeout=300)
+        outputs[name], stderr = proc.communicate(timeout=300)
         assert proc.returncode == 2, (name, stderr[-2000:])
         errors[name] = stderr.strip().splitlines()
+    assert "W&B run saved offline" not in outputs["mismatch"]  # refused before the logger: no run to sync
+    assert not (tmp_path / "m").exists()
     assert errors["mismatch"] == [
         f"error: cannot resume {tiny_ckpt}: the model differs from the checkpoint's in n_layer (this run: "
         "model.n_layer=3); resume with the checkpoint's settings (model.n_layer=2) or drop ckpt_path to "

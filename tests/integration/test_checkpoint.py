@@ -12,7 +12,7 @@ import torch
 from helpers import REPO, preset, train_tiny_char_model, write_lightning_ckpt
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.interop.checkpoint import check_resume, load_model
+from mini_gpt.interop.checkpoint import check_resume, load_model, require_training_state
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer
 
@@ -140,17 +140,8 @@ def test_generation_modules_import_no_lightning_hydra_wandb():
 
 # ---- resume checks (check_resume runs before Lightning loads any state) ----------------------------
 def _resumable(model_config: dict, tokenizer) -> dict:
-    """The parts of a training checkpoint check_resume looks at."""
-    return {
-        "state_dict": {},
-        "optimizer_states": [{}],
-        "loops": {},
-        "mini_gpt": {
-            "format_version": 1,
-            "model_config": dict(model_config),
-            "tokenizer": tokenizer.to_dict(),
-        },
-    }
+    """A training checkpoint's `mini_gpt` entry, the part check_resume looks at."""
+    return {"format_version": 1, "model_config": dict(model_config), "tokenizer": tokenizer.to_dict()}
 
 
 TINY = dataclasses.asdict(preset("tiny", vocab_size=4, block_size=16))
@@ -211,15 +202,14 @@ def test_resume_check_tokenizer_kind_and_bpe(gpt2_bpe_file: Path) -> None:
 
 
 def test_resume_check_format_and_weights_only() -> None:
-    ckpt = _resumable(TINY, CharTokenizer("abcd"))
-    ckpt["mini_gpt"]["format_version"] = 2
+    meta = _resumable(TINY, CharTokenizer("abcd"))
+    meta["format_version"] = 2
     with pytest.raises(MiniGPTError, match="format_version=2"):
-        check_resume(ckpt, dict(TINY), CharTokenizer("abcd"), "x.ckpt")
+        check_resume(meta, dict(TINY), CharTokenizer("abcd"), "x.ckpt")
     with pytest.raises(MiniGPTError, match="no mini_gpt metadata"):
-        check_resume(
-            {"state_dict": {}, "optimizer_states": [], "loops": {}}, dict(TINY), CharTokenizer("a"), "x"
-        )
-    weights_only = _resumable(TINY, CharTokenizer("abcd"))
-    del weights_only["optimizer_states"]
+        check_resume({}, dict(TINY), CharTokenizer("a"), "x")
+    training = {"state_dict": {}, "optimizer_states": [{}], "loops": {}}
+    require_training_state(training, "x.ckpt")
+    weights_only = {"state_dict": {}}
     with pytest.raises(MiniGPTError, match="holds weights only"):
-        check_resume(weights_only, dict(TINY), CharTokenizer("abcd"), "x.ckpt")
+        require_training_state(weights_only, "x.ckpt")

@@ -6,6 +6,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -337,6 +338,41 @@ def test_val_split_too_short_for_block_size(tmp_path: Path) -> None:
     msg = str(info.value)
     assert "has 10 tokens" in msg and "at least 11" in msg and "data.val_fraction" in msg
     assert prepare_data(cfg, block_size=9, progress=False).val_tokens == 10
+
+
+@pytest.mark.parametrize(
+    ("text", "block_size", "val_fraction"),
+    [
+        ("hello", 64, 0.1),
+        ("abcdefghij" * 10, 10, 0.1),
+        ("abcdefghij" * 10, 10, 0.9),
+        ("abcdefghij" * 3, 10, 0.1),
+    ],
+)
+def test_each_fix_a_short_split_suggests_works(
+    tmp_path: Path, text: str, block_size: int, val_fraction: float
+) -> None:
+    src = tmp_path / "small.txt"
+    src.write_text(text)
+    cfg = DataConfig(name="text", path=str(src), tokenizer="char", data_dir=str(tmp_path / "d"))
+    cfg = dataclasses.replace(cfg, val_fraction=val_fraction)
+    with pytest.raises(MiniGPTError) as info:
+        prepare_data(cfg, block_size=block_size, progress=False)
+    msg = str(info.value)
+    assert f"of the corpus's {len(text)} " in msg and "\n" not in msg
+    fixes = msg.split("; ", 1)[1]
+    if "block_size" in fixes:  # only a block size of at least 1 that both splits hold
+        fits = int(re.search(r"lower model\.block_size to <= (\d+)", fixes)[1])  # type: ignore[index]
+        assert fits >= 1
+        prepare_data(cfg, block_size=fits, progress=False)
+    if "val_fraction" in fixes:
+        fraction = float(re.search(r"data\.val_fraction to ([\d.]+)", fixes)[1])  # type: ignore[index]
+        prepare_data(dataclasses.replace(cfg, val_fraction=fraction), block_size=block_size, progress=False)
+    smallest = int(re.search(r"a corpus of at least about ([\d,]+) tokens", fixes)[1].replace(",", ""))  # type: ignore[index]
+    src.write_text((text * smallest)[:smallest])
+    prepare_data(cfg, block_size=block_size, progress=False)
+    if text == "hello":  # nothing fits 5 characters: a larger corpus is the one fix
+        assert fixes == "use a corpus of at least about 650 tokens"
 
 
 def test_vocab_too_large_for_dtype(tmp_path: Path) -> None:

@@ -133,8 +133,12 @@ def test_val_windows_are_fixed(shards) -> None:
 
 def test_val_too_short(tmp_path: Path) -> None:
     info = write_shard(tmp_path / "v.bin", np.arange(5, dtype=np.uint16))
-    with pytest.raises(MiniGPTError, match="no window of block_size"):
+    with pytest.raises(
+        MiniGPTError, match=r"validation split has 5 tokens, but model\.block_size=8 needs at least 9"
+    ):
         ValWindows([info], 8)
+    with pytest.raises(MiniGPTError, match=r"; use a larger corpus$"):  # never a block size below 1
+        ValWindows([write_shard(tmp_path / "w.bin", np.arange(1, dtype=np.uint16))], 8)
 
 
 def test_val_batches_split_the_windows_across_ranks_without_padding(shards) -> None:

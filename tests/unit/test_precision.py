@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mini_gpt.train.precision import CPU_BF16_MIN_WIDTH, choose_precision, cpu_has_native_bf16
+from mini_gpt.errors import MiniGPTError
+from mini_gpt.train.precision import CPU_BF16_MIN_WIDTH, check_gpu, choose_precision, cpu_has_native_bf16
 
 
 @pytest.mark.parametrize(
@@ -60,3 +61,19 @@ def test_capability_check_reads_the_cpu_flags(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
     assert cpu_has_native_bf16() is False
+
+
+def test_a_gpu_run_without_a_gpu_says_what_to_run_instead(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(MiniGPTError, match=r"experiment=shakespeare_char_gpu is a GPU recipe .* run "):
+        check_gpu("gpu", "shakespeare_char_gpu")
+    with pytest.raises(MiniGPTError) as info:  # no CPU sibling of this recipe: the accelerator to set
+        check_gpu("cuda", "gpt2_124m")
+    assert str(info.value) == (
+        "trainer.accelerator=cuda needs a CUDA GPU and torch finds none on this machine; add "
+        "trainer.accelerator=cpu (or auto: the GPU where there is one)"
+    )
+    for accelerator in ("cpu", "auto"):
+        check_gpu(accelerator, "shakespeare_char_gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_gpu("gpu", "shakespeare_char_gpu")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -236,6 +237,26 @@ def test_bad_inputs_are_one_line_and_write_nothing(tmp_path: Path, small_corpus:
     assert "is not UTF-8" in err and "byte 11" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latin1.txt", "tiny.txt"]  # no temporary left
     assert "out=" in _error(capsys, ["train", *text])
+
+
+def test_a_missing_or_empty_corpus_is_not_blamed_on_the_pattern(tmp_path: Path, capsys) -> None:
+    out = f"out={tmp_path / 'o'}"
+    missing = tmp_path / "missing.txt"
+    err = _error(capsys, ["train", "data=text", f"data.path={missing}", out])
+    assert err == f"error: data.path={missing} does not exist (looked for {missing}); fix the path"
+    empty = tmp_path / "empty.txt"
+    empty.touch()
+    err = _error(capsys, ["train", "data=text", f"data.path={empty}", out])
+    assert err.startswith(f"error: data.path={empty} is empty") and "regex" not in err
+    err = _error(capsys, ["train", f"data.path={missing}", out])  # the default data=shakespeare_char
+    assert err.startswith(f"error: data.path={missing} does not exist") and "regex" not in err
+    bad = r"\p{Zz"
+    refused = f"^{re.escape(f'pattern {bad!r} is not a valid regex: ')}"
+    with pytest.raises(MiniGPTError, match=refused + ".*escape not closed"):
+        train_bpe(["ab ab ab"] * 10, 300, pattern=bad)
+    with pytest.raises(MiniGPTError, match=refused):  # the pattern is checked before the text is read
+        train_bpe(split_documents(DataConfig(name="text", path=str(missing))), 300, pattern=bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]
 
 
 def test_existing_out_is_refused_unless_overwrite(
