@@ -15,6 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.train.resume import explicit_model_keys, read_resume, resumed_config, run_overrides
 
+# What read_resume requires of a checkpoint to resume (the optimizer and loop state), empty here.
+TRAINING_STATE = {"optimizer_states": [], "loops": {}}
+
 FIRST = ["model=tiny", "optim.lr=7e-3", "trainer.max_steps=6", "seed=7"]
 
 
@@ -32,7 +35,9 @@ def hydra_job(compose: Any, overrides: list[str]) -> Iterator[DictConfig]:
 def _checkpoint(path: Path, compose: Any, overrides: list[str] | None, record: bool = True) -> Path:
     """A checkpoint as training writes it: the run's plain unresolved config, and its overrides."""
     config = OmegaConf.to_container(compose(overrides or []), resolve=False)
-    torch.save({"run_config": config, **({"run_overrides": overrides} if record else {})}, path)
+    torch.save(
+        {**TRAINING_STATE, "run_config": config, **({"run_overrides": overrides} if record else {})}, path
+    )
     return path
 
 
@@ -105,7 +110,9 @@ def test_the_checkpoint_is_read_once_into_a_record_with_its_config_else_the_one_
     (run / ".hydra").mkdir()
     (run / ".hydra" / "config.yaml").write_text("seed: 5\ntrainer:\n  max_steps: 3\n")
     with_config = run / "checkpoints" / "a.ckpt"
-    torch.save({"global_step": 2, "run_config": {"seed": 9}, "mini_gpt": {"x": 1}}, with_config)
+    torch.save(
+        {**TRAINING_STATE, "global_step": 2, "run_config": {"seed": 9}, "mini_gpt": {"x": 1}}, with_config
+    )
     resume = read_resume(str(with_config))
     assert (resume.path, resume.step, resume.meta) == (with_config, 2, {"x": 1})
     assert (resume.run_config, resume.config_source, resume.run_overrides) == (
@@ -114,12 +121,12 @@ def test_the_checkpoint_is_read_once_into_a_record_with_its_config_else_the_one_
         None,
     )
     without = run / "checkpoints" / "b.ckpt"
-    torch.save({"global_step": 2}, without)
+    torch.save({**TRAINING_STATE, "global_step": 2}, without)
     resume = read_resume(str(without))
     assert resume.run_config == {"seed": 5, "trainer": {"max_steps": 3}}
     assert resume.config_source == str(run / ".hydra" / "config.yaml")
     elsewhere = tmp_path / "c.ckpt"
-    torch.save({"global_step": 2}, elsewhere)
+    torch.save({**TRAINING_STATE, "global_step": 2}, elsewhere)
     assert read_resume(str(elsewhere)).run_config is None
     assert read_resume(None) is None
 
@@ -132,7 +139,7 @@ def test_no_checkpoint_or_no_saved_config(
     with pytest.raises(MiniGPTError, match=r"does not exist; pass an existing \.ckpt to resume"):
         read_resume(str(tmp_path / "nope.ckpt"))
     bare = tmp_path / "bare.ckpt"
-    torch.save({"global_step": 2}, bare)
+    torch.save({**TRAINING_STATE, "global_step": 2}, bare)
     cfg = compose([f"ckpt_path={bare}"])
     assert resumed_config(cfg, read_resume(str(bare)), [f"ckpt_path={bare}"]) is cfg
     assert "carries no run config" in capsys.readouterr().out
@@ -204,7 +211,7 @@ def test_a_run_that_gave_max_steps_over_a_budget_resumes_from_the_checkpoint_alo
     ckpt = tmp_path / "last.ckpt"
     with hydra_job(compose, saved) as cfg:  # the config the run trained with, as its checkpoint holds it
         ran = OmegaConf.to_container(resumed_config(cfg, None), resolve=False)
-    torch.save({"global_step": 736, "run_config": ran, "run_overrides": saved}, ckpt)
+    torch.save({**TRAINING_STATE, "global_step": 736, "run_config": ran, "run_overrides": saved}, ckpt)
     capsys.readouterr()
     restored = _resume(compose, ckpt)  # `resume with: ... ckpt_path=...` and nothing else
     assert (restored.trainer.max_steps, restored.trainer.max_flops) == (1000, None)
