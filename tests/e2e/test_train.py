@@ -810,7 +810,7 @@ def test_a_bad_input_found_inside_the_fit_leaves_no_run_directory(
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     # the validation split is found too short by the datamodule's setup, inside Lightning's fit
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: validation split has ")
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: the validation split has ")
     assert not (tmp_path / "run").exists()  # no summary.json with status failed, no train.log
 
 
