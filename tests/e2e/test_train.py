@@ -738,8 +738,10 @@ def test_cli_resume_mismatch_and_bad_types_are_one_line(
 
 
 SLOW_PREPARE = """
-import runpy, sys, time
+import runpy, signal, sys, time
 import mini_gpt.data.text as data
+# Ctrl-C raises KeyboardInterrupt even where pytest itself was started in the background (which ignores it)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 real = data.encoder
 def slow(tok, dtype):
     enc = real(tok, dtype)

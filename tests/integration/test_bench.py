@@ -180,7 +180,7 @@ def test_every_section_runs_at_its_smallest_settings(
     out = tmp_path / "bench.json"
     assert bench_main.main([section, *SMALLEST[section].format(**paths).split(), "--json", str(out)]) == 0
     result = json.loads(out.read_text())[section]
-    assert result["rows"] and result["wall_s"] > 0
+    assert result["rows"] and result["wall_s"] >= 0  # a quick section rounds to 0.0 s
 
 
 def test_dispatcher_applies_threads_and_restores_them(
