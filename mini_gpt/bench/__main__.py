@@ -35,8 +35,10 @@ SECTIONS = (
     "serve",
     "tokenizer_train",
     "sweep",
+    "gpu",
 )
-NOT_IN_ALL = ("tokenizer_train", "sweep")  # minutes each (100 MB of text, whole sweeps): run on their own
+# minutes each (100 MB of text, whole sweeps, every GPU path): run on their own
+NOT_IN_ALL = ("tokenizer_train", "sweep", "gpu")
 
 
 def load_section(name: str) -> ModuleType:
