@@ -49,8 +49,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mini_gpt.bench.common import alternate, comma_choices, machine_info, print_table
+from mini_gpt.bench.common import alternate, comma_choices, machine_info, print_table, shared_flags
 from mini_gpt.bench.train import NANO_CONFIGS, NanoGPT, PeakMemory, our_adamw, our_model, train_step_fn
+from mini_gpt.errors import MiniGPTError
 
 # Dense bf16 tensor-core peaks (FLOP/s), by a name fragment of torch.cuda.get_device_name, first match wins.
 # Lightning's table quotes H200's and H100 NVL's with sparsity (2x), so MFU keeps its own.
@@ -101,21 +102,9 @@ class Part:
         return self.budget_s - (time.perf_counter() - self.started)
 
 
-def device_arg(text: str) -> str:
-    if text not in ("cuda", "cpu"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not cuda or cpu")
-    if text == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(
-            "torch finds no CUDA device here; prove the check on the CPU with `--device cpu --quick`"
-        )
-    return text
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", type=device_arg, default="cuda", help="cuda (default) | cpu")
-    parser.add_argument(
-        "--quick", action="store_true", help="toy sizes: every part in seconds (the CPU proof)"
-    )
+    shared_flags(parser, "device", "quick")
+    parser.set_defaults(device="cuda")  # auto is cuda too: a CPU runs this only with --device cpu --quick
     parser.add_argument("--out", default=None, help="write gpu.md (the tables) and gpu.json into this folder")
     parser.add_argument(
         "--parts", default=",".join(BUDGET_S), type=comma_choices(*BUDGET_S), help="comma list (default: all)"
@@ -536,7 +525,12 @@ def write_out(out: Path, facts: dict[str, Any], summary: list[dict[str, Any]], p
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    device = torch.device(args.device)
+    if args.device != "cpu" and not torch.cuda.is_available():
+        raise MiniGPTError(
+            f"--device {args.device}: torch finds no CUDA device on this machine; prove the check on the CPU "
+            "with `mini-gpt bench gpu --device cpu --quick`"
+        )
+    device = torch.device("cpu" if args.device == "cpu" else "cuda")
     names = [n.strip() for n in args.parts.split(",") if n.strip()]
     facts = device_facts(device)
     print("device: " + ", ".join(f"{k}={v}" for k, v in facts.items()), flush=True)
