@@ -5,6 +5,9 @@ non-blocking copies on a GPU, torch.compile applied once, and `bench gpu`'s devi
 
 from __future__ import annotations
 
+import argparse
+import json
+import time
 import types
 from pathlib import Path
 
@@ -154,3 +157,35 @@ def test_mfu_peaks_are_dense_bf16(monkeypatch: pytest.MonkeyPatch, name: str, pe
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
     assert bench_gpu.bf16_peak(torch.device("cuda")) == peak
     assert bench_gpu.bf16_peak(torch.device("cpu")) is None
+
+
+def test_bench_gpu_parts_fail_alone_and_stop_at_their_budget(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def broken(part: bench_gpu.Part) -> None:
+        part.rows.append({"measured": 1})
+        raise ValueError("a reason\nover two lines")
+
+    def slow(part: bench_gpu.Part) -> None:
+        part.rows.append({"measured": 2})
+        time.sleep(30)
+
+    def fine(part: bench_gpu.Part) -> None:
+        part.result = "fine"
+
+    monkeypatch.setattr(bench_gpu, "PARTS", {"recipe_gpu": broken, "train_step": slow, "decode": fine})
+    monkeypatch.setattr(bench_gpu, "QUICK_BUDGET_S", 1.0)
+    args = argparse.Namespace(
+        device="cpu", quick=True, out=str(tmp_path), parts="recipe_gpu,train_step,decode"
+    )
+    summary, extra = bench_gpu.run(args)
+    statuses = [(row["part"], row["status"], row["result"]) for row in summary]
+    assert statuses == [
+        ("recipe_gpu", "failed", "ValueError: a reason over two lines"),
+        ("train_step", "failed", "PartTimeout: stopped at its 1 s budget"),
+        ("decode", "ok", "fine"),
+    ]
+    assert summary[1]["seconds"] < 10
+    assert extra["parts"]["train_step"]["rows"] == [{"measured": 2}]  # kept: measured before the box closed
+    assert json.loads((tmp_path / "gpu.json").read_text())["summary"] == summary
+    assert "| train_step | failed |" in (tmp_path / "gpu.md").read_text()
