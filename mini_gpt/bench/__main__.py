@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from mini_gpt.bench.common import BenchParser, machine_info, print_table, write_json
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.machine import LoadMeter
 
 SECTIONS = (
@@ -35,8 +36,10 @@ SECTIONS = (
     "serve",
     "tokenizer_train",
     "sweep",
+    "gpu",
 )
-NOT_IN_ALL = ("tokenizer_train", "sweep")  # minutes each (100 MB of text, whole sweeps): run on their own
+# minutes each (100 MB of text, whole sweeps, every GPU path): run on their own
+NOT_IN_ALL = ("tokenizer_train", "sweep", "gpu")
 
 
 def load_section(name: str) -> ModuleType:
@@ -109,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         args = section_parser(top_args.section, module).parse_args(rest)
         _print_machine()
-        run_section(top_args.section, module, args, top_args.json)
+        try:
+            run_section(top_args.section, module, args, top_args.json)
+        except MiniGPTError as err:  # a mistake a section finds in its options: one line
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         return 0
 
     _print_machine()

@@ -249,6 +249,7 @@ NANO_CONFIGS = {  # name: (n_layer, n_head, n_embd, block_size, batch_size, drop
     "wide": (4, 4, 256, 64, 12, 0.0),  # the char model twice as wide: where bf16 starts to pay
     "baby": (6, 6, 384, 256, 8, 0.2),  # its baby GPT (batch 64 there; 8 keeps a CPU step near 1 s)
     "gpt2": (12, 12, 768, 256, 2, 0.0),  # GPT-2 small's body at context 256 (a CPU step of seconds)
+    "gpt2-1024": (12, 12, 768, 1024, 16, 0.0),  # GPT-2 small at its full context: `bench gpu`'s step
 }
 NANO_VOCAB = 65  # the character vocabulary of tiny Shakespeare
 
@@ -340,20 +341,30 @@ def train_step_fn(
     return step
 
 
-def our_step_fn(config: str, batches: list, device: torch.device, bf16: bool) -> Any:
-    """Our GPT on a NANO_CONFIGS shape (learned positions, LayerNorm, biases, erf GELU) with our AdamW."""
-    from mini_gpt.conf.train import OptimConfig
+def our_model(config: str, vocab: int = NANO_VOCAB) -> Any:
+    """Our GPT on a NANO_CONFIGS shape: nanoGPT's choices (learned positions, LayerNorm, biases, erf GELU)."""
     from mini_gpt.model.gpt import GPT, GPTConfig
-    from mini_gpt.train.optim import build_optimizer
 
     n_layer, n_head, n_embd, T, _, dropout = NANO_CONFIGS[config]
-    cfg = GPTConfig(
-        vocab_size=NANO_VOCAB, block_size=T, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-        dropout=dropout, pos_embedding="learned", mlp="gelu_exact", norm="layernorm", bias=True,
+    return GPT(
+        GPTConfig(
+            vocab_size=vocab, block_size=T, n_layer=n_layer, n_head=n_head, n_embd=n_embd, dropout=dropout,
+            pos_embedding="learned", mlp="gelu_exact", norm="layernorm", bias=True,
+        )
     )  # fmt: skip
-    model = GPT(cfg).to(device).train()
-    optimizer = build_optimizer(model, OptimConfig(name="adamw", lr=1e-3))
-    return train_step_fn(model, optimizer, batches, True, bf16=bf16)
+
+
+def our_adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
+    from mini_gpt.conf.train import OptimConfig
+    from mini_gpt.train.optim import build_optimizer
+
+    return build_optimizer(model, OptimConfig(name="adamw", lr=1e-3))
+
+
+def our_step_fn(config: str, batches: list, device: torch.device, bf16: bool) -> Any:
+    """Our GPT on a NANO_CONFIGS shape with our AdamW."""
+    model = our_model(config).to(device).train()
+    return train_step_fn(model, our_adamw(model), batches, True, bf16=bf16)
 
 
 def nanogpt_rows(

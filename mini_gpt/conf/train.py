@@ -86,13 +86,15 @@ class LoaderConfig:
 
     batch_size: int = 12  # sequences per micro-batch (per device)
     num_workers: int = 0  # DataLoader worker processes; 0 = load in the training process
-    pin_memory: bool = False  # pinned host memory for faster host->GPU copies
+    pin_memory: Any = "auto"  # pinned host memory for faster host->GPU copies: auto (on a GPU) | true | false
     val_windows: Any = "auto"  # val loss on this many evenly spaced val windows: auto | N | all
     align_to_documents: bool = False  # sharded corpora: every train window starts at a document start
 
     def __post_init__(self) -> None:
         at_least(1, **{"loader.batch_size": self.batch_size})
         at_least(0, **{"loader.num_workers": self.num_workers})
+        if self.pin_memory not in ("auto", True, False):
+            raise MiniGPTError(f"loader.pin_memory={self.pin_memory!r} must be auto, true or false")
 
 
 @dataclass

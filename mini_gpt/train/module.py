@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor
 
@@ -149,6 +150,19 @@ class GPTLitModule(L.LightningModule):
             # Lightning refuses norm clipping under FSDP; the root FSDP module clips over all shards.
             norm = strategy.model.clip_grad_norm_(gradient_clip_val)
             self._grad_norm = norm.detach() if self.logs_step(self.global_step + 1) else None
+            return
+        plugin = self.trainer.precision_plugin
+        if gradient_clip_val and isinstance(plugin, MixedPrecision) and optimizer.defaults.get("fused"):
+            # Lightning refuses to clip a fused optimizer's gradients under mixed precision (it would have
+            # to unscale fp16 ones): bf16 has no scale and fp16's is undone here, so fused AdamW (the
+            # GPU's fast one, built for CUDA parameters) still clips.
+            if plugin.scaler is not None:
+                plugin.scaler.unscale_(optimizer)
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if gradient_clip_algorithm == "value":
+                torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
             return
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 

@@ -89,9 +89,7 @@ def train(
     requested = explicit_model_keys(cfg)  # what the command line sets of the model: must fit init_from
     plan = plan_finetune(options.init_from, options.finetune, requested, resume, data.bpe_file)
     block_size = plan.config.block_size if plan else options.model.block_size
-    datamodule = GPTDataModule(
-        data, block_size=block_size, seed=options.seed, **dataclasses.asdict(options.loader)
-    )
+    datamodule = GPTDataModule(data, block_size=block_size, seed=options.seed, **loader_arguments(options))
     tokenizer = datamodule.prepare_once(local_rank()).tokenizer
 
     # 3. The model: a fresh GPT, or pretrained weights (init_from) checked against the data's tokenizer; a
@@ -187,6 +185,15 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*sync_dist=True.*")
     # Our iterable datasets split their items between DataLoader workers, so their __len__ is exact.
     warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined.*")
+
+
+def loader_arguments(options: TrainConfig) -> dict[str, Any]:
+    """The loader config as GPTDataModule's arguments: `pin_memory=auto` pins batches for a GPU (pinned pages
+    let Lightning's non-blocking copies overlap the step; on a CPU they only cost)."""
+    loader = dataclasses.asdict(options.loader)
+    if loader["pin_memory"] == "auto":
+        loader["pin_memory"] = device_type(options.trainer.accelerator) == "cuda"
+    return loader
 
 
 def trainer_arguments(

@@ -20,6 +20,7 @@ from helpers import REPO, preset
 import mini_gpt.bench.__main__ as bench_main
 from mini_gpt.bench import data as bench_data
 from mini_gpt.bench.attention import NaiveMultiHead
+from mini_gpt.machine import LoadMeter
 from mini_gpt.model.attention import CausalSelfAttention
 
 
@@ -119,8 +120,8 @@ SHARED_FLAG_USERS = {
                 "tokenizer_train": 2, "train": 7, "validation": 3},
     "threads": {"attention": None, "attention_maps": None, "data": None, "evaluate": None, "generate": None,
                 "serve": 1, "train": None, "validation": None},
-    "device": {"attention": "auto", "train": "auto"},
-    "quick": {"attention": False, "data": False},
+    "device": {"attention": "auto", "train": "auto", "gpu": "cuda"},
+    "quick": {"attention": False, "data": False, "gpu": False},
     "workdir": {"data": None, "validation": None},
 }  # fmt: skip
 
@@ -167,6 +168,7 @@ SMALLEST = {
     "serve": "--tokens 2 --repeats 1",
     "tokenizer_train": "--text {text} --vocab-size 260 --repeats 1 --cache {tmp}/text",
     "sweep": "--pruners none --trials 1 --steps 1 --val-every 1 --out {tmp}",
+    "gpu": "--device cpu --quick --parts attention",  # every part: test_gpu_check_on_the_cpu
 }
 
 
@@ -417,3 +419,33 @@ def test_validation_section_bounds_auto_and_sums_the_loss_like_plain_math(tmp_pa
             losses.append(F.cross_entropy(model(x[None])[0][0], y, reduction="sum"))
     assert count == 5 * 64 and math.isclose(loss, float(sum(losses)) / count, rel_tol=1e-5)
     path.unlink()
+
+
+def test_gpu_check_on_the_cpu(tmp_path: Path) -> None:
+    """`mini-gpt bench gpu --device cpu --quick`, as CI runs it: every part's row printed and succeeded (FSDP
+    skipped, as Lightning refuses it without a GPU), the files written, all in under a minute (on a loaded
+    machine, a minute of the cores other processes leave free)."""
+    from mini_gpt.bench.gpu import BUDGET_S
+    from mini_gpt.machine import machine_cores
+
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    command = [sys.executable, "-m", "mini_gpt.bench", "gpu", "--device", "cpu", "--quick", "--out", str(out)]
+    with LoadMeter() as load:  # counts the bench's own CPU time as this process's (os.times: children)
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = done.stdout.split("\n## gpu\n")[1].splitlines()
+    rows = {line.split()[0]: line.split()[1] for line in table[1:] if line.split()[0] in BUDGET_S}
+    expected = {name: "ok" for name in BUDGET_S} | {"fsdp": "skipped"}
+    assert rows == expected, done.stdout[-3000:]
+    assert "FSDP needs a CUDA GPU" in done.stdout
+    record = json.loads((out / "gpu.json").read_text())
+    assert [(r["part"], r["status"]) for r in record["summary"]] == list(expected.items())
+    assert record["parts"]["train_step"]["rows"] and record["parts"]["decode"]["rows"][1]["same_tokens"]
+    assert record["parts"]["ddp"]["figures"]["resumed"]["start_step"] == 4
+    markdown = (out / "gpu.md").read_text()
+    assert "| part | status | seconds | peak_mb | result |" in markdown
+    assert all(f"| {name} | {status} |" in markdown for name, status in expected.items())
+    cores = machine_cores()
+    limit = 60 * cores / max(1.0, cores - (load.other_load or 0.0))
+    assert load.wall < limit, f"{load.wall:.0f} s (other processes kept {load.other_load:.1f} cores busy)"
