@@ -1,16 +1,21 @@
 """The one exception type users are meant to read: `MiniGPTError`, a one-line message that says what is
 wrong and how to fix it (a `ValueError`, so library callers can catch it as one). The command-line entry
-points print it as `error: <message>` and exit with status 2 (`exit_on_user_error`).
+points print it as `error: <message>` and exit with status 2 (`exit_on_user_error`), and the package's own
+warnings as one `warning: <message>` line.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable, Collection
 from functools import wraps
+from pathlib import Path
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
+PACKAGE_DIR = Path(__file__).resolve().parent
+PYTHON_FORMAT_WARNING = warnings.formatwarning
 
 
 class MiniGPTError(ValueError):
@@ -18,10 +23,12 @@ class MiniGPTError(ValueError):
 
 
 def exit_on_user_error(fn: F) -> F:
-    """Decorate a CLI `main`: a `MiniGPTError` becomes one line on stderr and exit status 2."""
+    """Decorate a CLI `main`: a `MiniGPTError` becomes one line on stderr and exit status 2, and from then
+    on the package's warnings are one line each (`format_warning`)."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        warnings.formatwarning = format_warning
         try:
             return fn(*args, **kwargs)
         except MiniGPTError as err:
@@ -29,6 +36,16 @@ def exit_on_user_error(fn: F) -> F:
             raise SystemExit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def format_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
+    """The package's warnings (stray bytes in a corpus, ...) as one line, without Python's file:line and the
+    source line that mean nothing to a user; other libraries' warnings keep Python's format."""
+    if Path(filename).resolve().is_relative_to(PACKAGE_DIR):
+        return f"warning: {message}\n"
+    return PYTHON_FORMAT_WARNING(message, category, filename, lineno, line)
 
 
 def at_least(minimum: int, error: type[MiniGPTError] = MiniGPTError, /, **values: int | None) -> None:

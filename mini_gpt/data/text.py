@@ -77,7 +77,10 @@ def cache_dir(cfg: DataConfig) -> Path:
     if cfg.name != TEXT_CORPUS:
         return cfg.root / cfg.name
     assert cfg.path is not None
-    stem = Path(cfg.path.rstrip("/*")).name.replace("*", "") or "corpus"
+    # a glob is named by its folder ('corpus/**/*.txt' -> corpus), not its pattern ('.txt': a hidden folder)
+    parts = Path(cfg.path).parts
+    fixed = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), len(parts))
+    stem = (Path(*parts[:fixed]).name if fixed else "") or "corpus"
     key = hashlib.sha1(str(Path(os.path.expanduser(cfg.path)).absolute()).encode()).hexdigest()[:8]
     return cfg.root / TEXT_CORPUS / f"{stem[:40]}-{key}"
 

@@ -258,6 +258,16 @@ def test_prepare_tokenizes_without_training(tmp_path: Path, shakespeare_path: Pa
     assert bad.returncode == 2 and bad.stderr.startswith("error: prepare: data=nope: there is no conf/data/")
 
 
+def test_a_warning_of_the_package_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_bytes(b"caf\xe9 au lait \xff " + b"plain text. " * 400)
+    text = ("data=text", "data.path=notes.txt", "data.tokenizer=char", f"data.data_dir={tmp_path}")
+    proc = cli("prepare", *text, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    # not Python's "<file>:<line>: UnicodeWarning: ..." and the source line under it
+    expected = "warning: 2 byte(s) in notes.txt are not valid UTF-8 and were replaced by U+FFFD"
+    assert proc.stderr.splitlines() == [expected]
+
+
 def test_resume_hint_names_mini_gpt_train(monkeypatch, tmp_path: Path) -> None:
     from mini_gpt.train.callbacks import resume_command
 

@@ -114,6 +114,7 @@ def test_text_corpus_documents_separated_by_eot(tmp_path: Path, gpt2_bpe_file: P
         assert read_ids(prep, "train") == expected_train
         assert read_ids(prep, "val") == expected_val
         assert prep.meta["documents"] == 3
+        assert prep.dir.name.startswith("corpus-")  # named by the folder, the glob's too (not '.txt-...')
 
 
 def test_text_corpus_char_tokenizer(tmp_path: Path) -> None:

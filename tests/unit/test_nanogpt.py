@@ -55,7 +55,8 @@ def test_gpt2_vocabulary_without_meta_pkl(tmp_path: Path) -> None:
         torch.testing.assert_close(model(idx)[0], nanogpt_logits(sd, args, idx), rtol=0, atol=1e-5)
 
 
-def test_bad_inputs_are_one_line(tmp_path: Path) -> None:
+def test_bad_inputs_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # not the checkout, whose data/shakespeare_char/ may hold a user's meta.pkl
     (tmp_path / "out").mkdir()
     ckpt = save_nanogpt(tmp_path / "out" / "ckpt.pt", ARGS, nanogpt_state(ARGS))
     # a meta.pkl whose vocabulary does not match the checkpoint's
