@@ -55,6 +55,15 @@ def at_least(minimum: int, error: type[MiniGPTError] = MiniGPTError, /, **values
             raise error(f"{key}={value} must be >= {minimum}")
 
 
+def threads_setting(threads: Any) -> Any:
+    """`threads=` of train and the tools: "auto" (null too: what configs saved before it hold) or N >= 1."""
+    if threads is None:
+        return "auto"
+    if threads != "auto" and (type(threads) is not int or threads < 1):
+        raise MiniGPTError(f"threads={threads!r} must be auto or a positive integer")
+    return threads
+
+
 def one_of(choices: Collection[str], **values: str) -> None:
     """A schema's choice check: one line for the first value not in `choices`."""
     for key, value in values.items():

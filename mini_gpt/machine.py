@@ -82,17 +82,6 @@ def suggested_threads(threads: int, other_load: float, cores: int) -> int | None
     return free if free < threads else None
 
 
-def thread_note(threads: int, other_load: float | None, cores: int | None = None) -> str | None:
-    cores = cores or machine_cores()
-    better = None if other_load is None else suggested_threads(threads, other_load, cores)
-    if better is None:
-        return None
-    return (
-        f"note: other processes keep {other_load:.1f} of this machine's {cores} CPU cores busy and torch "
-        f"runs {threads} threads, which then wait for each other; threads={better} is likely much faster"
-    )
-
-
 def auto_threads(default: int, other_load: float | None, cores: int | None = None) -> tuple[int, str]:
     """`threads=auto`: torch's `default`, or the cores other processes leave free when fewer; and why."""
     if other_load is None:

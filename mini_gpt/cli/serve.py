@@ -38,7 +38,7 @@ def build(cfg: ServeConfig) -> Any:
     from mini_gpt.serve.app import create_app
     from mini_gpt.serve.engine import Engine
 
-    model, tokenizer, device = open_on_device(cfg)
+    model, tokenizer, device = open_on_device(cfg, sys.stderr)
     engine = Engine(model, tokenizer, device, cfg.dtype)
     app = create_app(engine, default_name(cfg), cfg)
     app.state.engine = engine

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from mini_gpt.errors import MiniGPTError, at_least, one_of
+from mini_gpt.errors import MiniGPTError, at_least, one_of, threads_setting
 
 TASKS = ("bpb", "hellaswag")  # mini_gpt.eval.tasks scores them
 SPLITS = ("train", "val")
@@ -24,11 +24,11 @@ class ModelSource:
     tokenizer: str | None = None  # a nanoGPT ckpt.pt of a char model: its meta.pkl (null = found beside it)
     device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:1 | mps
     dtype: str = "auto"  # auto (bf16 autocast where supported) | float32 | bfloat16 (CPU: packed) | float16
-    threads: int | None = None  # CPU threads (null = torch's default); on a busy machine 1 is often faster
+    threads: Any = "auto"  # CPU threads for torch: auto (torch's default, fewer on a busy CPU) | N
 
     def __post_init__(self) -> None:
         one_of(("auto", "float32", "bfloat16", "float16"), dtype=self.dtype)
-        at_least(1, threads=self.threads)
+        self.threads = threads_setting(self.threads)
 
 
 @dataclass

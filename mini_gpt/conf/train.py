@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mini_gpt.errors import MiniGPTError, at_least, one_of
+from mini_gpt.errors import MiniGPTError, at_least, one_of, threads_setting
 from mini_gpt.model.gpt import GPTConfig
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -172,8 +172,5 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         one_of(("highest", "high", "medium"), float32_matmul_precision=self.float32_matmul_precision)
-        if self.threads is None:  # what configs saved before `auto` hold: torch's default
-            self.threads = "auto"
-        if self.threads != "auto" and (type(self.threads) is not int or self.threads < 1):
-            raise MiniGPTError(f"threads={self.threads!r} must be auto or a positive integer")
+        self.threads = threads_setting(self.threads)
         at_least(1, global_batch_tokens=self.global_batch_tokens)

@@ -12,7 +12,7 @@ import torch
 from mini_gpt.conf.tools import ModelSource
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.checkpoint import open_model
-from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, thread_note
+from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, auto_threads
 from mini_gpt.model.gpt import GPT
 from mini_gpt.tokenizer import Tokenizer
 
@@ -44,23 +44,30 @@ def autocast_context(device: torch.device, dtype: str) -> Any:
 
 
 @contextmanager
-def watch_cpu_load(device: torch.device, threads: int | None, err: TextIO) -> Iterator[None]:
-    """Around a tool's start-up (loading the model): if torch runs its default thread count (`threads`
-    unset) on a CPU that other processes keep busy, print one line suggesting `threads=N` to `err`."""
-    watching = threads is None and device.type == "cpu"
+def cpu_threads(device: torch.device, threads: Any, err: TextIO | None) -> Iterator[None]:
+    """Around a tool's start-up (loading the model): `threads=N` runs N torch threads; `threads=auto` on a
+    CPU measures the load other processes put on the machine meanwhile and then runs on the cores they
+    leave free (training's rule, mini_gpt.machine.auto_threads), saying so on `err` when that is fewer
+    than torch's default (one thread per core beside a busy process is several times slower)."""
+    if threads != "auto":
+        torch.set_num_threads(threads)
+        yield
+        return
+    watching = device.type == "cpu"
     with LoadMeter(MIN_WINDOW_S if watching else 0.0) as load:
         yield
-    note = thread_note(torch.get_num_threads(), load.other_load) if watching else None
-    if note:
-        print(note, file=err)
+    default = torch.get_num_threads()
+    count, why = auto_threads(default, load.other_load) if watching else (default, "")
+    if count != default:
+        torch.set_num_threads(count)
+        if err is not None:
+            print(f"threads: {count} ({why}; threads=N forces N)", file=err)
 
 
 def open_on_device(cfg: ModelSource, err: TextIO | None = None) -> tuple[GPT, Tokenizer, torch.device]:
-    """(model, tokenizer, device) of a verb's `cfg`: torch's threads set, the device picked, the model
-    opened there; with `err`, a busy CPU's `threads=N` note printed to it (`watch_cpu_load`)."""
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
+    """(model, tokenizer, device) of a verb's `cfg`: the device picked, the model opened there, torch's
+    threads set (`cpu_threads`; a busy CPU's choice printed to `err`)."""
     device = resolve_device(cfg.device)
-    with watch_cpu_load(device, cfg.threads, err) if err is not None else nullcontext():
+    with cpu_threads(device, cfg.threads, err):
         model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device, cfg.tokenizer)
     return model, tokenizer, device

@@ -1,15 +1,16 @@
-"""Busy-machine detection: the thread suggestion's arithmetic and the one line the tools print."""
+"""Busy-machine detection: the free cores' arithmetic and the threads the tools then run."""
 
 from __future__ import annotations
 
 import io
 import itertools
+import re
 
 import pytest
 import torch
 
 from mini_gpt import machine
-from mini_gpt.infer.device import watch_cpu_load
+from mini_gpt.infer.device import cpu_threads
 
 
 @pytest.mark.parametrize(
@@ -26,13 +27,6 @@ from mini_gpt.infer.device import watch_cpu_load
 )
 def test_suggested_threads(threads, other_load, cores, expected) -> None:
     assert machine.suggested_threads(threads, other_load, cores) == expected
-
-
-def test_thread_note_is_one_line_naming_the_fix() -> None:
-    note = machine.thread_note(2, 1.4, cores=2)
-    assert note is not None and "\n" not in note
-    assert "1.4 of this machine's 2 CPU cores" in note and note.endswith("threads=1 is likely much faster")
-    assert machine.thread_note(2, 0.1, cores=2) is None and machine.thread_note(2, None, cores=2) is None
 
 
 @pytest.mark.parametrize(
@@ -62,14 +56,33 @@ def busy_machine(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("device", "threads", "noted"), [("cpu", None, True), ("cpu", 2, False), ("cuda", None, False)]
+    ("device", "threads", "expected", "printed"),
+    [("cpu", "auto", 1, True), ("cpu", 2, 2, False), ("cuda", "auto", 2, False)],
 )
-def test_tools_note_a_busy_cpu_only_when_the_user_left_threads_unset(busy_machine, device, threads, noted):
+def test_tools_take_the_free_cores_of_a_busy_cpu_unless_threads_is_set(
+    busy_machine, device, threads, expected, printed
+) -> None:
     err = io.StringIO()
-    with watch_cpu_load(torch.device(device), threads, err):
-        pass
-    assert (err.getvalue().strip().endswith("threads=1 is likely much faster")) is noted
-    assert err.getvalue().count("\n") == int(noted)
+    with cpu_threads(torch.device(device), threads, err):
+        assert torch.get_num_threads() == (threads if threads != "auto" else 2)  # set before, auto after
+    assert torch.get_num_threads() == expected
+    line = r"threads: 1 \(auto: other processes keep [\d.]+ of this machine's 2 CPU cores busy; "
+    line += r"threads=N forces N\)\n"
+    assert bool(re.fullmatch(line, err.getvalue())) is printed and (printed or err.getvalue() == "")
+
+
+def test_tools_keep_torchs_default_on_an_idle_cpu(monkeypatch) -> None:
+    monkeypatch.setattr(machine, "_cpu_times", lambda: (0.0, 0.0))  # nobody busy
+    monkeypatch.setattr(machine, "machine_cores", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    err = io.StringIO()
+    try:
+        with cpu_threads(torch.device("cpu"), "auto", err):
+            pass
+        assert torch.get_num_threads() == 2 and err.getvalue() == ""
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from mini_gpt.conf import checked_arguments, checked_config, compose_command_line, typed_config
+from mini_gpt.conf.tools import EvaluateConfig, GenerateConfig, ServeConfig
 from mini_gpt.conf.train import OptimConfig, TrainConfig
 from mini_gpt.data.config import DataConfig
 from mini_gpt.errors import MiniGPTError
@@ -51,13 +52,23 @@ def test_composed_values_have_the_schema_types(compose: Any) -> None:
     assert isinstance(cfg.optim.lr, float) and isinstance(cfg.trainer.max_flops, float)
 
 
-def test_threads_are_auto_unless_a_number_is_given(compose: Any) -> None:
-    assert compose([]).threads == "auto" and compose(["threads=2"]).threads == 2
-    assert TrainConfig(threads=2).threads == 2
-    assert TrainConfig(threads=None).threads == "auto"  # what configs saved before `auto` hold
-    for value in compose(["threads=many"]).threads, 0, 2.5, True:
+@pytest.mark.parametrize(
+    ("verb", "schema"),
+    [
+        ("train", TrainConfig),
+        ("generate", GenerateConfig),
+        ("evaluate", EvaluateConfig),
+        ("serve", ServeConfig),
+    ],
+)
+def test_threads_are_auto_unless_a_number_is_given(verb: str, schema: type) -> None:
+    assert compose_command_line(verb, []).threads == "auto"  # the YAML's default
+    assert compose_command_line(verb, ["threads=2"]).threads == 2
+    assert schema(threads=2).threads == 2
+    assert schema(threads=None).threads == "auto"  # what configs saved before `auto` hold
+    for value in "many", 0, 2.5, True:
         with pytest.raises(MiniGPTError) as info:
-            TrainConfig(threads=value)
+            schema(threads=value)
         assert str(info.value) == f"threads={value!r} must be auto or a positive integer"
 
 
