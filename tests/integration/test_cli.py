@@ -103,6 +103,8 @@ def test_help_and_no_arguments_list_every_verb_with_a_line_each(tmp_path: Path) 
         for line in proc.stdout.splitlines():
             if line.startswith("  "):
                 assert len(line.split(None, 1)[1]) > 10, line  # a description, not just the name
+        export = next(line for line in proc.stdout.splitlines() if line.split()[:1] == ["export"])
+        assert all(name in export for name in ("safetensors", "transformers", "GGUF")), export  # format=
 
 
 def test_an_unknown_verb_is_one_line_and_status_2(tmp_path: Path) -> None:
