@@ -10,7 +10,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "train": ("mini_gpt.cli.train", "train a model (= python train.py; Hydra: -m sweeps, --cfg job work)"),
     "generate": ("mini_gpt.cli.generate", "sample text from a checkpoint, an export or GPT-2"),
     "evaluate": ("mini_gpt.cli.evaluate", "bits per byte, HellaSwag and lm-eval tasks of a model"),
-    "export": ("mini_gpt.cli.export", "write a checkpoint as safetensors or a transformers GPT-2 directory"),
+    "export": ("mini_gpt.cli.export", "a checkpoint to safetensors, a transformers GPT-2 directory or GGUF"),
     "prepare": ("mini_gpt.cli.prepare", "tokenize a corpus (train's data=... overrides) without training"),
     "tokenizer": ("mini_gpt.cli.tokenizer", "train your own BPE or judge one: tokenizer train|eval ..."),
     "plot": ("mini_gpt.cli.plot", "a run's loss and learning-rate curves to a PNG: plot RUN_DIR"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 from collections.abc import Sequence
 
@@ -65,6 +66,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             "error: Optuna searches run with `mini-gpt sweep hparams_search=NAME ...` (the same overrides, "
             "without -m; docs/sweeps.md); `python train.py -m key=a,b` grid sweeps work as before",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    if "hydra/launcher=slurm" in sys.argv[1:] and shutil.which("srun") is None:  # else submitit's traceback
+        print(
+            "error: hydra/launcher=slurm submits the runs as SLURM jobs, and this machine has no srun; run "
+            "the command on the cluster's login node (docs/training.md#slurm)",
             file=sys.stderr,
         )
         sys.exit(2)

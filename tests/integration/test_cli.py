@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,16 @@ def test_help_and_no_arguments_list_every_verb_with_a_line_each(tmp_path: Path) 
         for line in proc.stdout.splitlines():
             if line.startswith("  "):
                 assert len(line.split(None, 1)[1]) > 10, line  # a description, not just the name
+        export = next(line for line in proc.stdout.splitlines() if line.split()[:1] == ["export"])
+        assert all(name in export for name in ("safetensors", "transformers", "GGUF")), export  # format=
+
+
+@pytest.mark.skipif(shutil.which("srun") is not None, reason="a SLURM machine: the launcher would submit")
+def test_the_slurm_launcher_off_a_cluster_is_one_line(tmp_path: Path) -> None:
+    proc = cli("train", "-m", "hydra/launcher=slurm", "model=tiny", "optim.lr=1e-3,3e-3", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    (line,) = proc.stderr.splitlines()  # not submitit's traceback ('Could not detect "srun"')
+    assert line.startswith("error: hydra/launcher=slurm submits the runs as SLURM jobs") and "no srun" in line
 
 
 def test_an_unknown_verb_is_one_line_and_status_2(tmp_path: Path) -> None:

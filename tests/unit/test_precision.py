@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -77,3 +79,13 @@ def test_a_gpu_run_without_a_gpu_says_what_to_run_instead(monkeypatch: pytest.Mo
         check_gpu(accelerator, "shakespeare_char_gpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     check_gpu("gpu", "shakespeare_char_gpu")
+
+
+def test_trainer_ddp_is_gpu_work_unless_cpu_is_named(compose: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/training.md's eight-GPU launch on a machine without a GPU is one line, not 8 CPU processes of
+    GPT-2 (trainer=ddp replaces the recipe's trainer=gpu); 2 CPU processes stay one override away."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = compose(["experiment=gpt2_124m", "trainer=ddp", "trainer.devices=8"])
+    with pytest.raises(MiniGPTError, match=r"needs a CUDA GPU .* add trainer.accelerator=cpu"):
+        check_gpu(cfg.trainer.accelerator, "gpt2_124m")
+    check_gpu(compose(["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]).trainer.accelerator)
