@@ -80,3 +80,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not any(arg.startswith("-") for arg in sys.argv[1:]):
         exit_on_user_error(compose_command_line)("train", sys.argv[1:])
     train_app()
+
+
+if __name__ == "__main__":  # python -m mini_gpt.cli.train: what DDP's other ranks run again
+    main()

@@ -4,6 +4,7 @@ rank in words, the FSDP strategy. Batch semantics: docs/training.md#batch-semant
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -130,6 +131,27 @@ def refuse_multirun_devices(world_size: int, external: bool, devices: Any) -> No
             "Hydra multirun (-m) cannot run a multi-device strategy started from inside the trial "
             f"(trainer.devices={devices}): sweep with one device per trial, or run each trial as a "
             "multi-GPU SLURM job with hydra/launcher=slurm"
+        )
+
+
+# Lightning 2.6 (pinned in .ci/constraints.txt) starts ranks 1..N-1 of `trainer=ddp` with this launcher, by
+# running the process's command again: `python <argv[0]> <argv[1:]>`, or `python -m <__main__'s module> ...`.
+RERUNS_THE_COMMAND = "_SubprocessScriptLauncher"
+
+
+def check_relaunch(launcher: Any) -> None:
+    """One line instead of Lightning's `can't open file '.../mini-gpt train'` in every other rank: the
+    `mini-gpt` command and `python -m mini_gpt.cli` have no command line a rank could run again."""
+    if type(launcher).__name__ != RERUNS_THE_COMMAND:
+        return
+    import __main__
+
+    spec = getattr(__main__, "__spec__", None)
+    if (spec is None and not os.path.isfile(sys.argv[0])) or (spec and spec.name == "mini_gpt.cli.__main__"):
+        raise MiniGPTError(
+            "a multi-device run starts its other processes by running its command again, which "
+            "`mini-gpt train` cannot be: run `python -m mini_gpt.cli.train` with the same overrides (or "
+            "`python train.py ...` in the checkout, or torchrun: docs/training.md)"
         )
 
 

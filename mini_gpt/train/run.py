@@ -30,6 +30,7 @@ from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path, resume_
 from mini_gpt.train.distributed import (
     BatchLayout,
     batch_layout,
+    check_relaunch,
     dead_ranks,
     launcher_rank,
     local_rank,
@@ -294,6 +295,8 @@ def check_world(trainer: L.Trainer, world_size: int, multirun: bool) -> None:
             f"trainer.devices x trainer.num_nodes gives {world_size} processes but Lightning started "
             f"{trainer.world_size}; set trainer.devices to a number"
         )
+    if world_size > 1:
+        check_relaunch(getattr(trainer.strategy, "launcher", None))
     if multirun and world_size > 1:  # (a single-device strategy has no cluster environment)
         external = trainer.strategy.cluster_environment.creates_processes_externally
         refuse_multirun_devices(world_size, external, trainer.num_devices)

@@ -7,7 +7,13 @@ from typing import Any
 import pytest
 
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.train.distributed import BatchLayout, accumulation_for, dead_ranks, fsdp_strategy
+from mini_gpt.train.distributed import (
+    BatchLayout,
+    accumulation_for,
+    check_relaunch,
+    dead_ranks,
+    fsdp_strategy,
+)
 
 
 def test_tokens_per_step_single_device() -> None:
@@ -137,3 +143,32 @@ def test_dead_ranks_without_launcher_children_goes_by_the_lost_connection() -> N
         dead_ranks(torchrun, ValueError("a bug of our own")) is None
     )  # not a lost peer: the traceback stays
     assert dead_ranks(_ddp_trainer([_Proc(5, -9)], world_size=1), lost) is None  # one process: no peers
+
+
+def test_a_ddp_run_the_mini_gpt_command_cannot_relaunch_is_one_line(monkeypatch, tmp_path) -> None:
+    """Lightning's DDP re-runs `python argv[0] ...` (or `python -m <__main__'s module>`) for ranks 1..N-1."""
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
+    import __main__
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    launcher = object.__new__(_SubprocessScriptLauncher)  # the class Lightning 2.6 uses for trainer=ddp
+    cases = [  # (__main__'s spec name, argv[0], refused)
+        (None, "mini-gpt train", True),  # the console script: mini_gpt.cli set argv[0] to the verb
+        ("mini_gpt.cli.__main__", "/x/mini_gpt/cli/__main__.py", True),  # python -m mini_gpt.cli train
+        (None, str(script), False),  # python train.py
+        ("mini_gpt.cli.train", "/x/mini_gpt/cli/train.py", False),  # python -m mini_gpt.cli.train
+    ]
+    for name, argv0, refused in cases:
+        spec = type("Spec", (), {"name": name})() if name else None
+        monkeypatch.setattr(__main__, "__spec__", spec, raising=False)
+        monkeypatch.setattr("sys.argv", [argv0, "trainer=ddp"])
+        if refused:
+            with pytest.raises(MiniGPTError, match=r"run `python -m mini_gpt.cli.train` with the same"):
+                check_relaunch(launcher)
+        else:
+            check_relaunch(launcher)
+        check_relaunch(object.__new__(_MultiProcessingLauncher))  # ddp_spawn / fork: nothing re-run
+        check_relaunch(None)  # one device

@@ -132,6 +132,9 @@ def resume_command(ckpt: Path) -> str:
     python = "python" if same else sys.executable
     # mini_gpt.cli sets argv[0] to `mini-gpt train`: an installed command, no interpreter
     program = sys.argv[0].split() if sys.argv[0].startswith("mini-gpt ") else [python, sys.argv[0]]
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main_spec is not None and main_spec.name == "mini_gpt.cli.train":  # python -m mini_gpt.cli.train
+        program = [python, "-m", main_spec.name]
     return shlex.join([*program, f"ckpt_path={Path(ckpt).resolve()}"])
 
 
