@@ -64,25 +64,30 @@ def _parse(line: str, where: str) -> HellaSwagItem:
     return item
 
 
-def read_hellaswag(path: str | Path, limit: int | None = None) -> list[HellaSwagItem]:
+def read_hellaswag(
+    path: str | Path, limit: int | None = None, key: str = "hellaswag.path"
+) -> list[HellaSwagItem]:
+    """`key` is the setting the user gives the path with, for the error lines."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise MiniGPTError(f"hellaswag.path={path} does not exist; pass the path of hellaswag_val.jsonl")
+        raise MiniGPTError(f"{key}={path} does not exist; pass the path of hellaswag_val.jsonl")
     with open(path, encoding="utf-8") as fh:
         lines = ((i, line) for i, line in enumerate(fh, 1) if line.strip())
         items = [_parse(line, f"{path}:{i}") for i, line in islice(lines, limit)]
     if not items:
-        raise MiniGPTError(f"hellaswag.path={path} holds no items")
+        raise MiniGPTError(f"{key}={path} holds no items")
     return items
 
 
-def resolve_hellaswag_path(path: str | None, cache_dir: Path, url: str = HELLASWAG_URL) -> Path:
+def resolve_hellaswag_path(
+    path: str | None, cache_dir: Path, url: str = HELLASWAG_URL, key: str = "hellaswag.path"
+) -> Path:
     if path:
         return Path(path).expanduser()
     dest = cache_dir / "hellaswag_val.jsonl"
     if dest.is_file():
         return dest
-    hint = f"download {url} where there is network and pass hellaswag.path=FILE (or put it at {dest})"
+    hint = f"download {url} where there is network and pass {key}=FILE (or put it at {dest})"
     if os.environ.get("HF_DATASETS_OFFLINE") not in (None, "", "0"):
         raise MiniGPTError(f"HellaSwag is not cached and HF_DATASETS_OFFLINE is set; {hint}")
 
@@ -98,8 +103,10 @@ def resolve_hellaswag_path(path: str | None, cache_dir: Path, url: str = HELLASW
         raise MiniGPTError(f"cannot download HellaSwag ({type(err).__name__}: {err}); {hint}") from None
 
 
-def load_hellaswag(path: str | None, cache_dir: Path, limit: int | None = None) -> list[HellaSwagItem]:
-    return read_hellaswag(resolve_hellaswag_path(path, cache_dir), limit)
+def load_hellaswag(
+    path: str | None, cache_dir: Path, limit: int | None = None, key: str = "hellaswag.path"
+) -> list[HellaSwagItem]:
+    return read_hellaswag(resolve_hellaswag_path(path, cache_dir, key=key), limit, key)
 
 
 def item_scores(

@@ -36,15 +36,18 @@ def read_inputs(
     stride: int | None = None,
     hellaswag_path: str | None = None,
     hellaswag_limit: int | None = None,
+    hellaswag_key: str = "hellaswag.path",
     data_dir: str | None = None,
 ) -> TaskInputs:
-    """The inputs of `tasks`; `documents()` gives bpb's documents and where they came from."""
+    """The inputs of `tasks`; `documents()` gives bpb's documents and where they came from; `hellaswag_key`
+    names the HellaSwag path's setting in error lines."""
     inputs = TaskInputs()
     if "bpb" in tasks:
         docs, source = documents()
         inputs.bpb = bpb_windows(tokenizer, docs, block_size, stride, source)
     if "hellaswag" in tasks:
-        inputs.hellaswag = load_hellaswag(hellaswag_path, data_root(data_dir) / "hellaswag", hellaswag_limit)
+        cache = data_root(data_dir) / "hellaswag"
+        inputs.hellaswag = load_hellaswag(hellaswag_path, cache, hellaswag_limit, hellaswag_key)
     return inputs
 
 

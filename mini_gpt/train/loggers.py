@@ -82,8 +82,9 @@ def _drop_anonymous(logger: WandbLogger) -> None:
         init_args.pop("anonymous", None)
 
 
-def finish_wandb(loggers: list[Any], log_model: bool, ckpt_path: str | None) -> None:
-    """Upload the checkpoint if asked, close the run, say how to sync an offline one."""
+def finish_wandb(loggers: list[Any], log_model: bool, ckpt_path: str | None, announce: bool = True) -> None:
+    """Upload the checkpoint if asked, close the run, say how to sync an offline one (when `announce`: not
+    for a run whose folder is then removed)."""
     if not any(isinstance(logger, WandbLogger) for logger in loggers):
         return
     import wandb  # only with a WandbLogger: heavy, and optional
@@ -100,6 +101,6 @@ def finish_wandb(loggers: list[Any], log_model: bool, ckpt_path: str | None) -> 
         offline_dir = Path(run.dir).parent if offline else None
     finally:
         wandb.finish()
-    if offline_dir is not None:
+    if offline_dir is not None and announce:
         upload = f"wandb login, then wandb sync {offline_dir}"
         print(f"W&B run saved offline in {offline_dir}; to upload it: {upload}")

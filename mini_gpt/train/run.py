@@ -167,8 +167,10 @@ def train(
         raise
     finally:
         checkpoint = trainer.checkpoint_callback
-        finish_wandb(loggers, log_model, getattr(checkpoint, "best_model_path", None) or None)
         status = run_status(error, trainer.global_step, module.stats.start_step)
+        # status None: refused before the first step, the folder goes (no W&B run to sync)
+        best = getattr(checkpoint, "best_model_path", None) or None
+        finish_wandb(loggers, log_model, best, announce=status is not None)
         summary = None
         if status is not None and trainer.is_global_zero:
             summary = write_summary(run_dir / "summary.json", status, started, trainer, module)

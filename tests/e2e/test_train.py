@@ -804,7 +804,7 @@ def test_a_bad_input_found_inside_the_fit_leaves_no_run_directory(
     pq.write_table(pa.table({"text": [f"document number {i} is short." for i in range(400)]}), docs)
     proc = subprocess.run(
         [
-            sys.executable, str(REPO / "train.py"), "model=tiny", "logger=csv", "data=hf",
+            sys.executable, str(REPO / "train.py"), "model=tiny", "logger=wandb", "data=hf",
             f"data.dataset={docs}", f"data.bpe_file={gpt2_bpe_file}", "data.val_fraction=0.01",
             f"data.data_dir={tmp_path / 'data'}", f"hydra.run.dir={tmp_path / 'run'}",
         ],
@@ -814,6 +814,7 @@ def test_a_bad_input_found_inside_the_fit_leaves_no_run_directory(
     # the validation split is found too short by the datamodule's setup, inside Lightning's fit
     assert proc.stderr.strip().splitlines()[-1].startswith("error: the validation split has ")
     assert not (tmp_path / "run").exists()  # no summary.json with status failed, no train.log
+    assert "W&B run saved offline" not in proc.stdout  # W&B (offline) had started: no hint for a removed run
 
 
 def test_sigterm_from_outside_saves_and_exits_75_with_the_resume_command(

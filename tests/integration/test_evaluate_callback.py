@@ -154,6 +154,25 @@ def test_off_by_default_and_bad_settings_are_one_line():
         EvaluateCallback(every_n_steps=1, tasks=["mmlu"])
 
 
+def test_a_missing_hellaswag_names_the_callbacks_key(tmp_path, monkeypatch):
+    """Offline with no copy, or a wrong path: the line names the key a training run takes, not evaluate's."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # no download tried
+    dm = SimpleNamespace(
+        cfg=SimpleNamespace(data_dir=str(tmp_path)), prepared_data=lambda: SimpleNamespace(tokenizer=None)
+    )
+    trainer = SimpleNamespace(datamodule=dm)
+    module = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(block_size=BLOCK)))
+    missing = tmp_path / "missing.jsonl"
+    for path, line in [
+        (None, "pass callbacks.evaluate.hellaswag_path=FILE"),
+        (str(missing), f"callbacks.evaluate.hellaswag_path={missing} does not exist"),
+    ]:
+        cb = EvaluateCallback(every_n_steps=1, tasks=["hellaswag"], hellaswag_path=path)
+        with pytest.raises(MiniGPTError) as err:
+            cb.setup(trainer, module, "fit")
+        assert line in str(err.value) and "hellaswag.path" not in str(err.value)
+
+
 def test_the_default_config_has_the_callback_off():
     from mini_gpt.conf import compose
 

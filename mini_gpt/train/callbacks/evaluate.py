@@ -56,6 +56,7 @@ class EvaluateCallback(StepCallback):
             self.tasks, prepared.tokenizer, pl_module.model.config.block_size,
             lambda: (split_documents(prepared, "val"), "val"), stride=self.stride,
             hellaswag_path=self.hellaswag_path, hellaswag_limit=self.hellaswag_limit,
+            hellaswag_key="callbacks.evaluate.hellaswag_path",
             data_dir=getattr(datamodule.cfg, "data_dir", None),  # data=shards has none
         )  # fmt: skip
 
