@@ -174,6 +174,8 @@ def train(
         summary = None
         if status is not None and trainer.is_global_zero:
             summary = write_summary(run_dir / "summary.json", status, started, trainer, module)
+            if status == "interrupted":  # Ctrl-C: Lightning exits (status 1) without returning here
+                print_summary(run_dir / "summary.json", summary)
         torch.set_num_threads(torch_threads)
     if summary is not None:
         print_summary(run_dir / "summary.json", summary)

@@ -219,6 +219,30 @@ def test_preemption_at_a_random_step_saves_and_resumes_exactly(
     assert resumed["final_val_loss"] == whole["final_val_loss"], f"signal at step {step}"
 
 
+def test_ctrl_c_prints_the_summary_last(
+    compose: Any,
+    tmp_path: Path,
+    char_data_dir: Path,
+    shakespeare_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ctrl-C saves and stops after the step (Lightning then exits with status 1): summary.json says
+    interrupted, and its path is printed last, as after a completed run."""
+    common = ("trainer.max_steps=8", "trainer.val_check_interval=4", "optim.warmup_steps=1")
+    ctrl_c = ("+callbacks.ctrl_c._target_=helpers.signal_at_step", "+callbacks.ctrl_c.step=3")
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit):
+            _fit(compose, _overrides(tmp_path, char_data_dir, shakespeare_path, *common, *ctrl_c,
+                                     f"+callbacks.ctrl_c.signum={int(signal.SIGINT)}"))  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)  # Lightning leaves SIGINT ignored after an interrupt
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["status"], summary["steps"]) == ("interrupted", 3)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-3] == f"summary: {tmp_path / 'summary.json'}", out[-6:]
+
+
 def test_resume_restores_the_run_config_and_prints_what_changes(
     compose: Any,
     tmp_path: Path,
