@@ -63,6 +63,8 @@ def build_loggers(logger_cfgs: Mapping[str, Any], trial: tuple[str, int] | None)
             lcfg.update(offline=mode == "offline", log_model=False)
             if mode == "offline":  # no banner, no footer: finish_wandb prints the one line that matters
                 lcfg["settings"] = {**(lcfg.get("settings") or {}), "silent": True}
+                # and for every run of the process: wandb 0.31 honours the setting for a multirun's first only
+                os.environ.setdefault("WANDB_SILENT", "true")
             if lcfg.get("group") is None:
                 lcfg["group"] = default_wandb_group(os.environ, trial[0] if trial else None)
             if trial and lcfg.get("name") is None:

@@ -465,6 +465,27 @@ def test_subprocess_default_wandb_offline_from_other_cwd(
     assert not (tmp_path / "outputs").exists()  # nothing written relative to the cwd
 
 
+def test_every_trial_of_a_multirun_is_quiet_on_wandb_offline(
+    tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+) -> None:
+    """W&B offline says one line per run (how to upload it), for the second trial too: no `wandb:` banner,
+    history or footer (wandb 0.31 honoured the run's silent setting for the process's first run only)."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "-m", "model=tiny", "optim.lr=1e-3,2e-3",
+         "trainer.max_steps=2", "trainer.val_check_interval=2", "optim.warmup_steps=1",
+         "loader.val_windows=4", "trainer.enable_checkpointing=false", "callbacks.sample_text=null",
+         f"data.path={shakespeare_path}", f"data.data_dir={char_data_dir}", f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    console = (proc.stdout + proc.stderr).splitlines()
+    assert [line for line in console if line.startswith("wandb:")] == []
+    hints = [line for line in console if line.startswith("W&B run saved offline in ")]
+    assert len(hints) == 2 and all(f"{sweep / str(n) / 'wandb'}" in hint for n, hint in enumerate(hints))
+
+
 def test_run_directory_records_the_console_and_drops_runs_that_never_started(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
