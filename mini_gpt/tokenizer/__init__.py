@@ -8,6 +8,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import re
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -337,9 +338,14 @@ def _get_encoding(name: str) -> Any:
     thread.join(NETWORK_TIMEOUT_S)
     if "enc" in result:
         return result["enc"]
-    reason = result.get("err", f"no answer within {NETWORK_TIMEOUT_S:.0f} s")
+    reason = result.get("err")
+    host = re.search(r"host='([^']+)'", str(reason))  # requests' long retry message names the server
+    if reason is None:
+        why = f"no answer within {NETWORK_TIMEOUT_S:.0f} s"
+    else:
+        why = f"{host.group(1)} does not answer" if host else f"{type(reason).__name__}: {str(reason)[:120]}"
     raise MiniGPTError(
-        f"cannot load the {name} tokenizer offline ({type(reason).__name__}: {str(reason)[:120]}); "
+        f"cannot load the {name} tokenizer offline ({why}); "
         f"either set data.bpe_file=PATH/{name}.tiktoken (a local tiktoken ranks file) or set "
         "TIKTOKEN_CACHE_DIR to a directory holding tiktoken's cached files"
     )

@@ -227,3 +227,25 @@ def test_build_char_needs_text_and_unknown_type() -> None:
     assert build_tokenizer("char", text="ba").encode("ab") == [0, 1]
     with pytest.raises(MiniGPTError, match="unknown tokenizer type"):
         tokenizer_from_dict({"type": "sentencepiece"})
+
+
+def test_an_encoding_offline_names_the_server_that_does_not_answer(monkeypatch) -> None:
+    """requests' message (~300 characters of retries and URL) becomes the host that does not answer."""
+    cause = (
+        "HTTPSConnectionPool(host='openaipublic.blob.core.windows.net', port=443): Max retries exceeded with "
+        "url: /encodings/cl100k_base.tiktoken (Caused by NameResolutionError(...: Failed to resolve ...))"
+    )
+
+    def offline(name: str) -> None:
+        raise ConnectionError(cause)
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    with pytest.raises(MiniGPTError) as info:
+        build_tokenizer("cl100k_base")
+    assert str(info.value).startswith(
+        "cannot load the cl100k_base tokenizer offline (openaipublic.blob.core.windows.net does not answer); "
+        "either set data.bpe_file=PATH/cl100k_base.tiktoken"
+    )
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(MiniGPTError, match=r"offline \(OSError: disk full\); "):
+        build_tokenizer("cl100k_base")
