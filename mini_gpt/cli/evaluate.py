@@ -49,6 +49,11 @@ def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = Non
     model, tokenizer, device = open_on_device(cfg, err)
     results: dict[str, Any] = {"checkpoint": str(cfg.ckpt or cfg.init_from), **checkpoint_info(cfg.ckpt)}
     bpb, hellaswag = cfg.bpb, cfg.hellaswag
+    if "bpb" in cfg.tasks and bpb.stride is not None and bpb.stride > model.config.block_size:
+        raise MiniGPTError(
+            f"bpb.stride={bpb.stride} is longer than the model's block_size={model.config.block_size}; "
+            f"use a stride of 1..{model.config.block_size} (null = half the block)"
+        )
 
     def documents() -> tuple[list[str], str]:  # bpb's text: bpb.path, else the `data` corpus's split
         if bpb.path:

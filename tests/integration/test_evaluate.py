@@ -78,6 +78,17 @@ def test_bpb_on_a_prepared_split_scores_the_val_text(tmp_path, char_ckpt, shakes
     assert results["bpb"]["bits_per_byte"] == pytest.approx(results["bpb"]["loss"] / math.log(2))
 
 
+def test_a_stride_longer_than_the_block_names_the_key(tmp_path, char_ckpt):
+    path, _, _ = char_ckpt  # block_size 32
+    (tmp_path / "t.txt").write_text("ROMEO: but soft\n" * 8)
+    cfg = EvaluateConfig(ckpt=str(path), bpb=BpbConfig(path=str(tmp_path / "t.txt"), stride=33))
+    with pytest.raises(MiniGPTError) as info:
+        run(cfg, out=io.StringIO(), err=io.StringIO())
+    assert str(info.value) == (
+        "bpb.stride=33 is longer than the model's block_size=32; use a stride of 1..32 (null = half the block)"
+    )
+
+
 def test_harness_tasks_through_evaluate(tmp_path, char_ckpt):
     from integration.test_harness import write_task
 
