@@ -85,7 +85,8 @@ def test_a_stride_longer_than_the_block_names_the_key(tmp_path, char_ckpt):
     with pytest.raises(MiniGPTError) as info:
         run(cfg, out=io.StringIO(), err=io.StringIO())
     assert str(info.value) == (
-        "bpb.stride=33 is longer than the model's block_size=32; use a stride of 1..32 (null = half the block)"
+        "bpb.stride=33 is longer than the model's block_size=32; "
+        "use a stride of 1..32 (null = half the block)"
     )
 
 
