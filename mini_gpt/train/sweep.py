@@ -171,8 +171,25 @@ def make_pruner(node: dict[str, Any]) -> optuna.pruners.BasePruner:
         raise MiniGPTError(f"bad hparams_search.pruner.{name} ({err})") from None
 
 
-def open_study(settings: StudySettings, space: dict[str, Any]) -> optuna.Study:
-    """Create the study, or load it from its storage; a stored study of another search space is refused."""
+# Fixed overrides that do not change what a trial trains: a study continues across them.
+NOT_TRAINING = (
+    "hparams_search",
+    "paths.",
+    "logger",
+    "hydra.",
+    "trainer.enable_progress_bar",
+    "data.data_dir",
+)
+
+
+def training_overrides(fixed: Sequence[str]) -> list[str]:
+    """The fixed overrides that decide what every trial trains (sorted; `+key=` as `key=`)."""
+    return sorted(o.lstrip("+") for o in fixed if not o.lstrip("+").startswith(NOT_TRAINING))
+
+
+def open_study(settings: StudySettings, space: dict[str, Any], fixed: Sequence[str] = ()) -> optuna.Study:
+    """Create the study, or load it from its storage; a stored study of another search space, or whose
+    trials train with other fixed overrides (another recipe, another length), is refused."""
     import optuna
     from hydra.utils import instantiate
 
@@ -192,10 +209,20 @@ def open_study(settings: StudySettings, space: dict[str, Any]) -> optuna.Study:
         stored = study.user_attrs.get("search_space")
         if stored is None:
             study.set_user_attr("search_space", described)
+        trains = training_overrides(fixed)
+        stored_trains = study.user_attrs.get("fixed_overrides")
+        if stored_trains is None:
+            study.set_user_attr("fixed_overrides", trains)
     if stored is not None and stored != described:
         raise MiniGPTError(
             f"the study {settings.study_name!r} in {settings.storage} searches {', '.join(stored)}, not "
             f"{', '.join(described)}: give this search space its own hparams_search.study_name or storage"
+        )
+    if stored_trains is not None and stored_trains != trains:
+        raise MiniGPTError(
+            f"the study {settings.study_name!r} in {settings.storage} trains its trials with "
+            f"{' '.join(stored_trains) or 'no fixed overrides'}, not {' '.join(trains) or 'none'}: give this "
+            "sweep its own hparams_search.study_name, or repeat those overrides to continue the study"
         )
     return study
 
@@ -267,7 +294,7 @@ def run_study(
 
     base = compose(fixed)
     space = searched_params(settings, base)
-    study = open_study(settings, space)
+    study = open_study(settings, space, fixed)
     sweep_dir = Path(settings.dir)  # made by open_study
     # Counting the study's trials and creating the next one is one step under this lock: two workers
     # that both see n_trials - 1 trials would otherwise both start one (n_trials + 1 in all).

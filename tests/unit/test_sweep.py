@@ -86,6 +86,28 @@ def test_a_storage_of_another_search_space_is_refused(tmp_path: Path) -> None:
         open_study(settings, other)
 
 
+def test_a_study_of_other_fixed_overrides_is_refused(tmp_path: Path) -> None:
+    """docs/sweeps.md's examples, run in order: the second (another recipe, another length) must not join
+    the first's study; more trials, another logger or a second worker's same command continue it."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    settings = StudySettings(
+        "lr_search", str(tmp_path), storage, 3, params={"optim.lr": "interval(0.1, 0.2)"}
+    )
+    space = {"optim.lr": FloatDistribution(0.1, 0.2)}
+    first = ["hparams_search=lr_search", "experiment=shakespeare_char_cpu", "trainer.max_steps=20"]
+    open_study(settings, space, first)
+    same = ["+trainer.max_steps=20", "hparams_search=lr_search", "experiment=shakespeare_char_cpu",
+            "hparams_search.n_trials=50", "logger=csv", f"paths.output_dir={tmp_path}"]  # fmt: skip
+    open_study(settings, space, same)
+    with pytest.raises(MiniGPTError) as info:
+        open_study(settings, space, ["hparams_search=lr_search", "trainer.max_steps=1000"])
+    assert str(info.value) == (
+        f"the study 'lr_search' in {storage} trains its trials with experiment=shakespeare_char_cpu "
+        "trainer.max_steps=20, not trainer.max_steps=1000: give this sweep its own "
+        "hparams_search.study_name, or repeat those overrides to continue the study"
+    )
+
+
 def test_pruners_by_name() -> None:
     median = make_pruner({"name": "median", "median": {"n_startup_trials": 4}})
     assert isinstance(median, optuna.pruners.MedianPruner)
