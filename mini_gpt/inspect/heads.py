@@ -1,0 +1,75 @@
+"""What each attention head does, scored on a repeated random token sequence.
+
+The sequence is L random tokens followed by the same L tokens again (Olsson et al., 2022, "In-context
+learning and induction heads"; the scores as TransformerLens computes them). For a query at position t:
+- previous-token score: attention to t - 1, averaged over t >= 1;
+- duplicate-token score: in the second copy, attention to t - L, the earlier occurrence of the same token;
+- induction score: in the second copy, attention to t - L + 1, the token that came *after* the earlier
+  occurrence: the head looks up "what followed this token last time" and predicts it again.
+A score is the mean attention weight on that key, so 1 is a head that does nothing else and a head that
+attends uniformly over t + 1 keys scores about 1 / (t + 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mini_gpt.model.gpt import GPT
+
+ROLES = ("previous_token", "induction", "duplicate_token")
+
+
+@dataclass
+class HeadRoles:
+    """Each a (n_layer, n_head) tensor of mean attention weights in [0, 1]."""
+
+    previous_token: Tensor
+    induction: Tensor
+    duplicate_token: Tensor
+
+    def as_dict(self) -> dict[str, list[list[float]]]:
+        return {role: getattr(self, role).tolist() for role in ROLES}
+
+
+def repeated_tokens(vocab_size: int, half: int, batch: int = 8, seed: int = 0) -> Tensor:
+    """(batch, 2 * half) ids: `half` random tokens, then the same again."""
+    generator = torch.Generator().manual_seed(seed)
+    first = torch.randint(vocab_size, (batch, half), generator=generator)
+    return torch.cat([first, first], dim=1)
+
+
+def score_heads(attention: list[Tensor], half: int) -> HeadRoles:
+    """The scores from per-layer weights (B, n_head, 2 * half, 2 * half) of a repeated sequence."""
+    att = torch.stack(attention).float()  # (n_layer, B, nh, T, T)
+    T = att.shape[-1]
+    if 2 * half != T:
+        raise ValueError(f"the weights cover {T} positions; a repeated sequence of {half} has {2 * half}")
+
+    def mean_on_diagonal(offset: int, first_query: int) -> Tensor:
+        queries = torch.arange(first_query, T)
+        return att[..., queries, queries - offset].mean(dim=(1, 3))  # (n_layer, nh)
+
+    return HeadRoles(
+        previous_token=mean_on_diagonal(1, 1),
+        induction=mean_on_diagonal(half - 1, half),
+        duplicate_token=mean_on_diagonal(half, half),
+    )
+
+
+@torch.no_grad()
+def head_roles(model: GPT, half: int | None = None, batch: int = 8, seed: int = 0) -> HeadRoles:
+    """Every head's scores, on `batch` repeated sequences of `half` random tokens (default: as long as
+    the context allows, at most 100 each half)."""
+    half = half or min(model.config.block_size // 2, 100)
+    if not 2 <= half <= model.config.block_size // 2:
+        raise ValueError(f"half={half}: two copies must fit block_size={model.config.block_size}")
+    idx = repeated_tokens(model.config.vocab_size, half, batch, seed).to(next(model.parameters()).device)
+    was_training = model.training
+    model.eval()
+    try:
+        return score_heads(model.attention_weights(idx), half)
+    finally:
+        model.train(was_training)

@@ -1,0 +1,42 @@
+"""The logit lens (nostalgebraist, 2020): read every layer's residual stream as if it were the last.
+
+Each entry of the stream goes through the model's final norm and output head, giving the next-token
+distribution the model "has in mind" after 0, 1, ..., n_layer blocks; the last entry is the model's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mini_gpt.inspect.hooks import residual_stream
+from mini_gpt.model.gpt import GPT
+
+
+@dataclass
+class LogitLens:
+    """For one sequence of T tokens, at L = n_layer + 1 depths (the embedding, then after each block)."""
+
+    probs: Tensor  # (L, T, vocab): the next-token distribution read at each depth and position
+    top_ids: Tensor  # (L, T, k): the k likeliest next tokens, likeliest first
+    top_probs: Tensor  # (L, T, k)
+    next_token_prob: Tensor  # (L, T - 1): the probability given to the token that actually comes next
+
+
+@torch.no_grad()
+def layer_logits(model: GPT, idx: Tensor) -> Tensor:
+    """(n_layer + 1, B, T, vocab): the logits read from each depth of the residual stream for idx (B, T)."""
+    with residual_stream(model) as stream:
+        model(idx)
+    return torch.stack([model.lm_head(model.transformer.ln_f(x)) for x in stream]).float()
+
+
+def logit_lens(model: GPT, ids: list[int], k: int = 5) -> LogitLens:
+    idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
+    probs = layer_logits(model, idx)[:, 0].softmax(-1).cpu()  # (L, T, vocab)
+    top_probs, top_ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
+    following = torch.tensor(ids[1:]).expand(probs.shape[0], -1)  # (L, T - 1)
+    next_prob = probs[:, :-1].gather(-1, following.unsqueeze(-1)).squeeze(-1)
+    return LogitLens(probs, top_ids, top_probs, next_prob)
