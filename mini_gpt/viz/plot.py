@@ -14,9 +14,11 @@ from matplotlib.ticker import ScalarFormatter
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import read_json
+from mini_gpt.train.reference import run_reference
 from mini_gpt.viz import save_figure
 
 Series = dict[int, float]  # step -> value
+Band = tuple[list[float], list[float], list[float], str]  # steps, mean, half width, label
 
 COLUMNS = {"train_loss": "train/loss", "val_loss": "val/loss", "lr": "lr"}  # our name -> the CSV column
 NO_TRAIN_LOSS = "train loss not logged (logger=none); rerun with logger=csv or logger=wandb"
@@ -127,8 +129,22 @@ def _sorted(series: Series) -> tuple[list[int], list[float]]:
     return steps, [series[s] for s in steps]
 
 
-def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dict[str, Any]]:
-    """Loss and learning rate against optimizer step; data = {name: (steps, values)} as drawn, and "axes"."""
+def reference_band(run_dir: Path) -> Band | None:
+    """The reference band of the run's recipe, in the run's optimizer steps, when one matches its config."""
+    found = run_reference(run_dir)
+    if found is None:
+        return None
+    ref, tokens_per_step = found
+    steps = [t / tokens_per_step for t in ref.tokens]
+    halves = [ref.band(t)[1] for t in ref.tokens]  # type: ignore[index]
+    return steps, ref.mean, halves, f"reference: {ref.name} ({ref.seeds} seeds, mean ± band)"
+
+
+def plot_curves(
+    curves: dict[str, Series], title: str = "", band: Band | None = None
+) -> tuple[Figure, dict[str, Any]]:
+    """Loss and learning rate against optimizer step; data = {name: (steps, values)} as drawn, and "axes".
+    `band`: the recipe's reference band, drawn behind the val curve (data["band"])."""
     has_lr = bool(curves.get("lr"))
     fig, axes = plt.subplots(
         2 if has_lr else 1, 1, figsize=(8, 6.5) if has_lr else (8, 4), sharex=True, squeeze=False,
@@ -142,12 +158,19 @@ def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dic
         if curves.get(name):
             data[name] = _sorted(curves[name])
             ax_loss.plot(*data[name], label=label, **styles[name])
+    if band is not None:
+        steps, mean, half, label = band
+        lower, upper = [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)]
+        ax_loss.fill_between(steps, lower, upper, color="tab:orange", alpha=0.2, lw=0, label=label)
+        ax_loss.plot(steps, mean, color="tab:orange", lw=1, ls="--")
     ax_loss.set_ylabel("loss (nats/token)")
     values = [v for _, vals in data.values() for v in vals]
     if values and min(values) > 0 and max(values) / min(values) > 4:
         ax_loss.set_yscale("log")  # early loss is much larger than late loss
         ax_loss.yaxis.set_major_formatter(ScalarFormatter())
         ax_loss.yaxis.set_minor_formatter(ScalarFormatter())
+    if band is not None:
+        data["band"] = (band[0], lower, upper)
     data["resumed_at"] = sorted(curves.get("resumed_at", {}))
     for step in data["resumed_at"]:
         for ax in axes:
@@ -177,9 +200,12 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 120)
     curves, used = find_metrics(run_dir)
     run_root = run_dir.parent if run_dir.is_file() else run_dir  # a metrics file may be passed directly
     out = Path(out) if out else run_root / "curves.png"
-    fig, _ = plot_curves(curves, title=run_root.name)
+    band = reference_band(run_root)
+    fig, _ = plot_curves(curves, title=run_root.name, band=band)
     save_figure(fig, out, dpi)
     print(f"read {', '.join(str(p) for p in used)}\nwrote {out}")
+    if band is not None:
+        print(f"band: {band[3]}")
     if "train_loss" not in curves:
         print(f"note: {NO_TRAIN_LOSS}")
     return out
