@@ -319,3 +319,41 @@ def test_a_command_line_error_has_no_traceback(trained, tmp_path) -> None:
         "error: patching.clean is 5 tokens and patching.corrupted 3; they must be the same length (patching "
         "copies position t of one into position t of the other)\n"
     )
+
+
+def test_figures_draw_the_numbers_they_are_given() -> None:
+    from mini_gpt.viz import inspect as viz
+
+    fig, _ = viz.logit_lens_figure(
+        ["a", " ", "\n"], [["x", "y", "z"], ["b", "c", "d"]], np.array([[0.1, 0.2], [0.9, 0.8]])
+    )
+    ax = fig.axes[0]
+    drawn = np.ma.filled(ax.images[0].get_array(), np.nan)
+    np.testing.assert_array_equal(drawn, [[0.1, 0.2, np.nan], [0.9, 0.8, np.nan]])  # the last: no next token
+    assert [t.get_text() for t in ax.texts] == ["x", "y", "z", "b", "c", "d"]  # the top token in each cell
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "␣", "\\n"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["embedding", "after block 0"]
+
+    scores = {
+        "previous_token": np.eye(2),
+        "induction": np.full((2, 2), 0.5),
+        "duplicate_token": np.zeros((2, 2)),
+    }
+    fig, _ = viz.head_roles_figure(scores)
+    for ax, (role, values) in zip(fig.axes, scores.items()):  # then the colour bar
+        assert ax.get_title() == f"{role.replace('_', '-')} score"
+        np.testing.assert_array_equal(ax.images[0].get_array(), values)
+
+    heads, mlps = np.array([[0.1, -0.2], [0.3, 0.0]]), np.array([1.5, -0.25])
+    fig, _ = viz.ablation_figure({"zero": (heads, mlps)}, 2.0)
+    heatmap, bars = fig.axes[0], fig.axes[1]
+    np.testing.assert_array_equal(heatmap.images[0].get_array(), heads)
+    assert [p.get_width() for p in bars.patches] == mlps.tolist()
+    assert [t.get_text() for t in heatmap.texts] == ["+0.100", "-0.200", "+0.300", "+0.000"]
+
+    recovered = np.array([[0.0, 0.5, 1.0], [0.0, 0.0, 1.0]])
+    fig, _ = viz.patching_figure(recovered, ["a", "b", "c"], ["a", "x", "c"])
+    ax = fig.axes[0]
+    np.testing.assert_array_equal(ax.images[0].get_array(), recovered)
+    top = next(child for child in ax.child_axes)  # the corrupted tokens, where they differ
+    assert [t.get_text() for t in top.get_xticklabels()] == ["x"] and list(top.get_xticks()) == [1]
