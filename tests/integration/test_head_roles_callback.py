@@ -3,6 +3,7 @@ the weights by plain math; off, no columns and no work; on, training's numbers u
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import math
@@ -22,6 +23,7 @@ from mini_gpt.train.callbacks import HeadRoles
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 BLOCK, HALF, BATCH, SEED = 16, 5, 3, 7
+TINY = dict(n_layer=2, n_head=2, n_embd=16, vocab_size=65, block_size=BLOCK)
 
 
 @pytest.fixture
@@ -162,8 +164,13 @@ def test_other_ranks_measure_nothing_and_bad_settings_are_one_line() -> None:
     from lightning.pytorch.strategies import FSDPStrategy
 
     callback = HeadRoles(every_n_steps=1)
-    module = SimpleNamespace(model=SimpleNamespace(config=GPTConfig(block_size=BLOCK)))
-    assert callback.measure(SimpleNamespace(is_global_zero=False), module) is None and not callback.history
+    module = SimpleNamespace(model=GPT(GPTConfig(**TINY)), side_work=contextlib.nullcontext)
+    logged: list[dict[str, float]] = []
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append(metrics))
+    other_rank = SimpleNamespace(is_global_zero=False, global_step=3, loggers=[logger])
+    assert callback.measure(other_rank, module) is None and not logged and not callback.history
+    rank_zero = SimpleNamespace(is_global_zero=True, global_step=3, loggers=[logger])  # the same weights
+    assert callback.measure(rank_zero, module) == logged[0] and [s for s, _ in callback.history] == [3]
     with pytest.raises(MiniGPTError, match=r"^callbacks.head_roles.half=9: two copies must fit the context"):
         HeadRoles(every_n_steps=1, half=9).setup(SimpleNamespace(strategy=None), module, "fit")
     HeadRoles(every_n_steps=1, half=8).setup(SimpleNamespace(strategy=None), module, "fit")
