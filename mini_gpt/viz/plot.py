@@ -21,6 +21,10 @@ Series = dict[int, float]  # step -> value
 Band = tuple[list[float], list[float], list[float], str]  # steps, mean, half width, label
 
 COLUMNS = {"train_loss": "train/loss", "val_loss": "val/loss", "lr": "lr"}  # our name -> the CSV column
+# The best head's score per role, as callbacks.head_roles logs it (docs/inspect.md)
+HEAD_ROLE_COLUMNS = {
+    role: f"head_roles/{role}_max" for role in ("induction", "previous_token", "duplicate_token")
+}
 NO_TRAIN_LOSS = "train loss not logged (logger=none); rerun with logger=csv or logger=wandb"
 
 
@@ -32,12 +36,12 @@ def _float(text: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def read_metrics_csv(path: Path) -> dict[str, Series]:
+def read_metrics_csv(path: Path, columns: dict[str, str] = COLUMNS) -> dict[str, Series]:
     """The curves in one CSVLogger file (a row per log call, blanks for the other columns)."""
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     out: dict[str, Series] = {}
-    for name, column in COLUMNS.items():
+    for name, column in columns.items():
         pairs = ((_float(row.get("step")), _float(row.get(column))) for row in rows)
         if series := {int(step): value for step, value in pairs if step is not None and value is not None}:
             out[name] = series
@@ -206,6 +210,47 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 120)
     print(f"read {', '.join(str(p) for p in used)}\nwrote {out}")
     if band is not None:
         print(f"band: {band[3]}")
+    if roles := head_role_curves(used):
+        fig, _ = plot_head_roles(curves, roles, title=run_root.name)
+        print(f"wrote {save_figure(fig, out.with_name('head_roles.png'), dpi)}")
     if "train_loss" not in curves:
         print(f"note: {NO_TRAIN_LOSS}")
     return out
+
+
+def head_role_curves(files: list[Path]) -> dict[str, Series]:
+    """The best head's score per role ({role: {step: score}}) from the metrics CSVs, resumed runs joined."""
+    roles: dict[str, Series] = {}
+    for path in files:
+        if path.suffix == ".csv":
+            for role, series in read_metrics_csv(path, HEAD_ROLE_COLUMNS).items():
+                roles.setdefault(role, {}).update(series)
+    return roles
+
+
+def plot_head_roles(
+    curves: dict[str, Series], roles: dict[str, Series], title: str = ""
+) -> tuple[Figure, dict[str, Any]]:
+    """The loss above the best head's score per role, against the same steps: an induction head forming
+    shows as a jump in the induction score where the loss bends. data = {name: (steps, values)} as drawn."""
+    fig, (ax_loss, ax_roles) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, layout="constrained")
+    data: dict[str, Any] = {}
+    for name, label in (("train_loss", "train"), ("val_loss", "val")):
+        if curves.get(name):
+            data[name] = _sorted(curves[name])
+            ax_loss.plot(*data[name], label=label, marker="o" if name == "val_loss" else None, ms=3, lw=1)
+    ax_loss.set_ylabel("loss (nats/token)")
+    ax_loss.legend()
+    ax_loss.grid(alpha=0.3)
+    if title:
+        ax_loss.set_title(title, fontsize=10)
+    for role, series in roles.items():
+        data[role] = _sorted(series)
+        ax_roles.plot(*data[role], marker=".", lw=1.5, label=role.replace("_", "-"))
+    ax_roles.set_ylabel("best head's score")
+    ax_roles.set_ylim(0, 1)
+    ax_roles.legend()
+    ax_roles.grid(alpha=0.3)
+    ax_roles.set_xlabel("optimizer step")
+    data["axes"] = [ax_loss, ax_roles]
+    return fig, data

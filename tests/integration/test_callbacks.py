@@ -656,4 +656,5 @@ def test_the_default_run_has_six_callbacks(compose: Any, tmp_path: Path) -> None
     assert sorted(type(c).__name__ for c in made if not getattr(c, "enabled", True)) == [
         "AttentionMaps",
         "EvaluateCallback",
+        "HeadRoles",
     ]

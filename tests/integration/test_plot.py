@@ -14,7 +14,7 @@ from helpers import REPO
 
 from mini_gpt.cli.plot import main, overrides_of
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.viz.plot import find_metrics, plot_curves, plot_run
+from mini_gpt.viz.plot import find_metrics, head_role_curves, plot_curves, plot_head_roles, plot_run
 
 # What Lightning's CSVLogger writes for our module: one row per log call, blanks elsewhere.
 CSV = """epoch,grad_norm,lr,step,train/loss,val/loss,val/ppl
@@ -114,6 +114,37 @@ def test_writes_png_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str
     write_run(tmp_path / "lr=0.1,wd=0")  # verbatim: Hydra would read the comma as a sweep
     main([str(tmp_path / "lr=0.1,wd=0" / "run")])
     assert (tmp_path / "lr=0.1,wd=0" / "run" / "curves.png").is_file()
+
+
+def test_head_roles_page_when_the_run_logged_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """callbacks.head_roles's columns (written by hand here) give a second page, head_roles.png: the loss
+    above the best head's score per role; a run without them gets none (test_writes_png_and_errors)."""
+    rows = (
+        "step,train/loss,head_roles/induction_max,head_roles/previous_token_max,head_roles/induction/L1H0\n"
+    )
+    rows += "0,,0.01,0.02,0.01\n10,4.0,,,\n10,,0.05,0.40,0.05\n20,3.0,,,\n20,,0.60,0.45,0.60\n"
+    run = write_run(tmp_path, csv=rows)
+    out = plot_run(run)
+    page = run / "head_roles.png"
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {page}"
+    assert page.read_bytes()[:4] == b"\x89PNG" and out.read_bytes()[:4] == b"\x89PNG"
+    curves, used = find_metrics(run)
+    roles = head_role_curves(used)
+    assert roles == {
+        "induction": {0: 0.01, 10: 0.05, 20: 0.6},
+        "previous_token": {0: 0.02, 10: 0.4, 20: 0.45},
+    }
+    _, data = plot_head_roles(curves, roles)
+    loss, scores = data["axes"]
+    assert [list(line.get_xdata()) for line in loss.get_lines()] == [[10, 20]]
+    drawn = {
+        line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in scores.get_lines()
+    }
+    assert drawn == {
+        "induction": ([0, 10, 20], [0.01, 0.05, 0.6]),
+        "previous-token": ([0, 10, 20], [0.02, 0.4, 0.45]),
+    }
+    assert loss.get_shared_x_axes().joined(loss, scores)  # the same steps
 
 
 def test_cli(tmp_path: Path) -> None:

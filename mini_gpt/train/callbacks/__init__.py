@@ -4,11 +4,12 @@ from mini_gpt.train.callbacks.attention_maps import AttentionMaps
 from mini_gpt.train.callbacks.checkpointing import AtomicCheckpointIO, EvalCheckpoint, resume_command
 from mini_gpt.train.callbacks.evaluate import EvaluateCallback
 from mini_gpt.train.callbacks.guard import LossGuard
+from mini_gpt.train.callbacks.head_roles import HeadRoles
 from mini_gpt.train.callbacks.progress import ProgressBar
 from mini_gpt.train.callbacks.samples import SampleText
 from mini_gpt.train.callbacks.stop import StopOnSignal
 from mini_gpt.train.callbacks.throughput import Throughput, measure_cpu_matmul_flops, peak_flops
 
-__all__ = ["AtomicCheckpointIO", "AttentionMaps", "EvalCheckpoint", "EvaluateCallback", "LossGuard"]
-__all__ += ["ProgressBar", "SampleText", "StopOnSignal", "Throughput", "resume_command"]
+__all__ = ["AtomicCheckpointIO", "AttentionMaps", "EvalCheckpoint", "EvaluateCallback", "HeadRoles"]
+__all__ += ["LossGuard", "ProgressBar", "SampleText", "StopOnSignal", "Throughput", "resume_command"]
 __all__ += ["measure_cpu_matmul_flops", "peak_flops"]
