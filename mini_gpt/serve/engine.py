@@ -210,7 +210,7 @@ class Engine:
         """The logit lens (docs/serve.md): the residual stream at each depth (the embedding, then after each
         block) read through the final norm and the output head: the k likeliest next tokens and the
         probability of the token that follows in `ids`. At `position` alone (reading the block_size tokens
-        that end there, as generation did), or at every position of `ids`, which must then fit the
+        that end there, as `attention` does), or at every position of `ids`, which must then fit the
         context."""
         self.encode(ids)  # range check
         block = self.config.block_size
