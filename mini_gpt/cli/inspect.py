@@ -182,7 +182,7 @@ def ablation_report(model: GPT, cfg: InspectConfig, windows: Tensor, source: str
     numbers: dict[str, Any] = {"windows": len(windows), "source": source, "base_loss": base}
     table = [
         f"ablation on {len(windows)} windows of {source}: val loss {base:.4f} with nothing removed; "
-        "the change with one head (LlayerHhead) or one MLP removed, largest first:"
+        "the change with one head (L<layer>H<head>) or one MLP removed, largest first:"
     ]
     for mode, result in results.items():
         order = result.heads.flatten().argsort(descending=True)[:5].tolist()

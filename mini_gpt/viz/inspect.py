@@ -30,11 +30,19 @@ def _rotation(labels: Sequence[str]) -> int:
     return 90 if max(map(len, labels), default=0) > 2 else 0  # characters stand upright, words turn
 
 
-def _annotate(ax: Any, values: np.ndarray, texts: np.ndarray | None = None, font: float = 7.0) -> None:
-    """Write each cell's text (or value) in black or white, whichever reads on its colour."""
+def _numbers(values: np.ndarray, form: str = ".2f") -> np.ndarray:
+    return np.vectorize(lambda v: f"{v:{form}}".replace("-0.00", "0.00").replace("+0.000", "0.000"))(values)
+
+
+def _annotate(ax: Any, values: np.ndarray, texts: np.ndarray, cell_inches: float) -> None:
+    """Write each cell's text in black or white, whichever reads on its colour; nothing where the cells are
+    too narrow for the longest text at 4 points."""
+    font = min(9.0, cell_inches * 72 / (0.62 * max(max(len(str(t)) for t in texts.flat), 1)))
+    if font < 4.0:
+        return
     image = ax.images[0]
     for (r, c), value in np.ndenumerate(values):
-        text = f"{value:.2f}" if texts is None else texts[r, c]
+        text = texts[r, c]
         rgb = image.cmap(image.norm(value))[:3] if np.isfinite(value) else (0.8, 0.8, 0.8)
         dark = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] < 0.5
         ax.text(c, r, text, ha="center", va="center", fontsize=font, color="white" if dark else "black")
@@ -55,7 +63,7 @@ def logit_lens_figure(
     image = ax.imshow(colour, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
     labels = [token_label(t) for t in tokens]
     font = _cell_font(T, width - 2.2)
-    _annotate(ax, colour, np.array([[token_label(t) for t in row] for row in top_tokens]), font)
+    _annotate(ax, colour, np.array([[token_label(t) for t in row] for row in top_tokens]), (width - 2.2) / T)
     rotation = _rotation(labels)
     ax.set_xticks(range(T), labels, fontsize=font, rotation=rotation)
     ax.set_xlabel("input token at the position")
@@ -81,8 +89,7 @@ def head_roles_figure(scores: Mapping[str, np.ndarray]) -> Drawn:
     )
     for ax, (role, values) in zip(axes[0], scores.items(), strict=True):
         image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
-        if n_layer * n_head <= 256:
-            _annotate(ax, values, font=_cell_font(n_head, panel - 0.8))
+        _annotate(ax, values, _numbers(values), (panel - 0.8) / n_head)
         ax.set_title(f"{role.replace('_', '-')} score", fontsize=10)
         ax.set_xticks(range(n_head))
         ax.set_yticks(range(n_layer))
@@ -103,10 +110,7 @@ def ablation_figure(results: Mapping[str, tuple[np.ndarray, np.ndarray]], base_l
     for (left, right), (mode, (heads, mlps)) in zip(axes, results.items(), strict=True):
         norm = CenteredNorm(0.0, max(float(np.abs(heads).max()), 1e-6))
         image = left.imshow(heads, cmap="RdBu_r", norm=norm, aspect="auto", interpolation="nearest")
-        if n_layer * n_head <= 256:
-            _annotate(
-                left, heads, np.vectorize(lambda v: f"{v:+.3f}")(heads), _cell_font(n_head, 0.5 * n_head)
-            )
+        _annotate(left, heads, _numbers(heads, "+.3f"), 0.5)
         left.set_title(f"{mode} ablation: val loss change per head", fontsize=10)
         left.set_xticks(range(n_head))
         left.set_yticks(range(n_layer))
@@ -133,8 +137,7 @@ def patching_figure(recovered: np.ndarray, clean: Sequence[str], corrupted: Sequ
     norm = CenteredNorm(0.0, max(1.0, float(np.abs(recovered).max())))
     image = ax.imshow(recovered, cmap="RdBu_r", norm=norm, aspect="auto", interpolation="nearest")
     font = _cell_font(T, width - 2.4)
-    if depths * T <= 2048:
-        _annotate(ax, recovered, np.vectorize(lambda v: f"{v:.2f}")(recovered), font)
+    _annotate(ax, recovered, _numbers(recovered), (width - 2.4) / T)
     labels, changed = [token_label(t) for t in clean], [t for t in range(T) if clean[t] != corrupted[t]]
     rotation = _rotation(labels + [token_label(corrupted[t]) for t in changed])
     ax.set_xticks(range(T), labels, fontsize=font, rotation=rotation)

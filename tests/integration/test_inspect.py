@@ -349,7 +349,7 @@ def test_figures_draw_the_numbers_they_are_given() -> None:
     heatmap, bars = fig.axes[0], fig.axes[1]
     np.testing.assert_array_equal(heatmap.images[0].get_array(), heads)
     assert [p.get_width() for p in bars.patches] == mlps.tolist()
-    assert [t.get_text() for t in heatmap.texts] == ["+0.100", "-0.200", "+0.300", "+0.000"]
+    assert [t.get_text() for t in heatmap.texts] == ["+0.100", "-0.200", "+0.300", "0.000"]
 
     recovered = np.array([[0.0, 0.5, 1.0], [0.0, 0.0, 1.0]])
     fig, _ = viz.patching_figure(recovered, ["a", "b", "c"], ["a", "x", "c"])
