@@ -4,11 +4,12 @@ from mini_gpt.train.callbacks.attention_maps import AttentionMaps
 from mini_gpt.train.callbacks.checkpointing import AtomicCheckpointIO, EvalCheckpoint, resume_command
 from mini_gpt.train.callbacks.evaluate import EvaluateCallback
 from mini_gpt.train.callbacks.guard import LossGuard
+from mini_gpt.train.callbacks.health import Health
 from mini_gpt.train.callbacks.progress import ProgressBar
 from mini_gpt.train.callbacks.samples import SampleText
 from mini_gpt.train.callbacks.stop import StopOnSignal
 from mini_gpt.train.callbacks.throughput import Throughput, measure_cpu_matmul_flops, peak_flops
 
-__all__ = ["AtomicCheckpointIO", "AttentionMaps", "EvalCheckpoint", "EvaluateCallback", "LossGuard"]
+__all__ = ["AtomicCheckpointIO", "AttentionMaps", "EvalCheckpoint", "EvaluateCallback", "Health", "LossGuard"]
 __all__ += ["ProgressBar", "SampleText", "StopOnSignal", "Throughput", "resume_command"]
 __all__ += ["measure_cpu_matmul_flops", "peak_flops"]
