@@ -39,6 +39,11 @@ def model_parts(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     return parts
 
 
+def _flat(params: list[Tensor]) -> Tensor:
+    """The parameters' values as one vector (a copy): a few large ops, not a few per tensor."""
+    return torch.cat([p.detach().reshape(-1).float() for p in params])
+
+
 @torch.no_grad()
 def probe(model: GPT, idx: Tensor) -> tuple[Tensor, Tensor]:
     """One forward of idx (B, T) on the exact path, in eval mode: each block's output RMS (the residual
@@ -126,7 +131,7 @@ class Health(StepCallback):
         every_n_steps: int | None = None,
         spike_mads: float = 6.0,
         spike_window: int = 20,
-        entropy_windows: int = 4,
+        entropy_windows: int = 2,
     ) -> None:
         at_least(0, **{"callbacks.health.every_n_steps": every_n_steps})
         at_least(4, **{"callbacks.health.spike_window": spike_window})
@@ -140,7 +145,7 @@ class Health(StepCallback):
         self._parts: dict[str, list[nn.Parameter]] = {}
         self._probe_ids: Tensor | None = None  # the fixed windows (B, T)
         self._norms: tuple[int, Tensor] | None = None  # (step, grad norm per part) until its loss is judged
-        self._before: list[tuple[str, list[Tensor], list[Tensor]]] = []  # (group, params, their copies)
+        self._before: list[tuple[str, list[Tensor], Tensor]] = []  # (group, params, their values flat)
         self._judged = 0  # entries of the module's train_history judged so far
 
     @property
@@ -184,19 +189,18 @@ class Health(StepCallback):
         norms = [torch.nn.utils.get_total_norm(g).to(pl_module.device) for g in grads]
         self._norms = (step, torch.stack(norms))
         if step % self._every == 0:  # the weights before the step, for ||dw|| / ||w|| after it
-            groups = enumerate(optimizer.param_groups)
-            self._before = [
-                (g.get("group", f"group_{i}"), g["params"], [p.detach().clone() for p in g["params"]])
-                for i, g in groups
+            groups = [
+                (g.get("group", f"group_{i}"), g["params"]) for i, g in enumerate(optimizer.param_groups)
             ]
+            self._before = [(name, params, _flat(params)) for name, params in groups]
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: Any) -> None:
         step = trainer.global_step
         if not self._before or self._norms is None or self._norms[0] != step:
             return
-        total = torch.nn.utils.get_total_norm
         ratios = [
-            total([p.detach() - b for p, b in zip(params, before)]) / total(before).clamp(min=1e-12)
+            torch.linalg.vector_norm(_flat(params).sub_(before))
+            / torch.linalg.vector_norm(before).clamp(min=1e-12)
             for _, params, before in self._before
         ]
         rms, entropy = probe(pl_module.model, self._probe_ids.to(pl_module.device))
