@@ -4,6 +4,7 @@ a gradient norm is taken over, and the spike rule on hand-made loss curves."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -137,3 +138,14 @@ def test_bad_settings_are_one_line(kwargs: dict[str, Any], key: str) -> None:
     with pytest.raises(MiniGPTError, match=f"callbacks.health.{key}"):
         Health(**kwargs)
     assert not Health(every_n_steps=0).enabled
+
+
+def test_every_n_steps_must_fall_on_log_steps() -> None:
+    """Lightning hands metrics to the loggers at log steps only: signals logged between would be lost."""
+    trainer = SimpleNamespace(log_every_n_steps=10, datamodule=None)
+    module = SimpleNamespace(model=_model())
+    with pytest.raises(
+        MiniGPTError, match=r"every_n_steps=25 must be a multiple of trainer.log_every_n_steps=10"
+    ):
+        Health(every_n_steps=25).setup(trainer, module, "fit")
+    Health(every_n_steps=30).setup(trainer, module, "fit")
