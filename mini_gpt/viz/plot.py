@@ -203,7 +203,9 @@ def plot_health(curves: dict[str, Series], title: str = "") -> tuple[Figure, dic
         members = sorted((k[len(prefix) :] for k in curves if k.startswith(prefix)), key=_member_order)
         for member in members:
             rank, layer = _member_order(member)
-            colour = colours(layer / max(layers, 1)) if rank == 1 and layer >= 0 else None
+            colour = {0: "tab:red", 2: "tab:gray"}.get(rank)  # embedding, head; layers along viridis
+            if rank == 1 and layer >= 0:
+                colour = colours(layer / max(layers, 1))
             data[prefix + member] = _sorted(curves[prefix + member])
             ax.plot(*data[prefix + member], label=member, lw=1, color=colour)
         for step in sorted(curves.get("resumed_at", {})):
