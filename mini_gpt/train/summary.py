@@ -61,6 +61,7 @@ def write_summary(
         last = str(saved)
     tokens = trainer.global_step * module.tokens_per_step  # includes the steps before a resume
     rate = metrics.get("run/tokens_per_sec")  # training time only (Throughput)
+    spikes = metrics.get("run/spikes")  # callbacks.health (None: off)
     summary = {
         "status": status,
         "best_val_loss": min((v for _, _, v in vals), default=None),
@@ -75,6 +76,7 @@ def write_summary(
         "threads": torch.get_num_threads(),  # what threads=auto chose
         "wall_seconds": time.time() - start,
         "tokens_per_sec": None if rate is None else float(rate),
+        "spikes": None if spikes is None else int(spikes),
         "val_curve": [[s, t - start, v] for s, t, v in vals],
         **compare_to_reference(recipe or {}, [[s, v] for s, _, v in vals], module.tokens_per_step),
         "eval": {k: float(v) for k, v in metrics.items() if k.startswith("eval/")},  # callbacks.evaluate
