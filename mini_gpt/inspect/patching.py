@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mini_gpt.inspect.hooks import patch_stream, residual_stream
+from mini_gpt.inspect.hooks import in_eval_mode, patch_stream, residual_stream
 from mini_gpt.model.gpt import GPT
 
 
@@ -36,6 +36,7 @@ def logit_diff(logits: Tensor, answer: int, wrong: int) -> Tensor:
     return last[:, answer] - last[:, wrong]
 
 
+@in_eval_mode
 @torch.no_grad()
 def activation_patching(
     model: GPT, clean: list[int], corrupted: list[int], answer: int, wrong: int

@@ -264,3 +264,22 @@ def test_unequal_prompts_and_indistinguishable_answers_are_refused():
         activation_patching(model, [1, 2, 3], [1, 2], 4, 5)
     with pytest.raises(ValueError, match="nothing to recover"):
         activation_patching(model, [1, 2, 3], [1, 2, 3], 4, 5)
+
+
+def test_analyses_use_the_models_own_numbers_and_leave_its_mode_alone():
+    """Dropout would make every number noisy: each analysis runs in eval mode and restores the mode."""
+    with_dropout = random_gpt(9, dropout=0.5)
+    plain = random_gpt(9, dropout=0.0)  # the same weights (same seed), no dropout to switch off
+    ids = torch.randint(53, (12,), generator=torch.Generator().manual_seed(6)).tolist()
+    windows = torch.randint(53, (4, 25), generator=torch.Generator().manual_seed(7))
+    with_dropout.train()
+    torch.testing.assert_close(logit_lens(with_dropout, ids).probs, logit_lens(plain, ids).probs)
+    assert head_roles(with_dropout, half=6).as_dict() == head_roles(plain, half=6).as_dict()
+    assert ablate(with_dropout, windows).base_loss == pytest.approx(
+        ablate(plain, windows).base_loss, abs=1e-6
+    )
+    patched = activation_patching(with_dropout, ids, [*ids[:5], 1, *ids[6:]], 2, 3).recovered
+    torch.testing.assert_close(
+        patched, activation_patching(plain, ids, [*ids[:5], 1, *ids[6:]], 2, 3).recovered
+    )
+    assert with_dropout.training
