@@ -1,4 +1,4 @@
-"""`mini-gpt plot RUN_DIR [out=curves.png]`: a run's loss curves drawn to a PNG."""
+"""`mini-gpt plot RUN_DIR [out=curves.png]`: a run's loss curves (and its health page) drawn to PNGs."""
 
 from __future__ import annotations
 
