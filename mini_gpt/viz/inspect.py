@@ -8,6 +8,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.colors import CenteredNorm
 from matplotlib.figure import Figure
 
@@ -46,6 +47,14 @@ def _annotate(ax: Any, values: np.ndarray, texts: np.ndarray, cell_inches: float
         rgb = image.cmap(image.norm(value))[:3] if np.isfinite(value) else (0.8, 0.8, 0.8)
         dark = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] < 0.5
         ax.text(c, r, text, ha="center", va="center", fontsize=font, color="white" if dark else "black")
+
+
+def _layer_by_head(ax: Axes, n_layer: int, n_head: int) -> None:
+    """A layer x head heatmap's axes: a tick per head and per layer."""
+    ax.set_xticks(range(n_head))
+    ax.set_yticks(range(n_layer))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
 
 
 def logit_lens_figure(
@@ -91,10 +100,7 @@ def head_roles_figure(scores: Mapping[str, np.ndarray]) -> Drawn:
         image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
         _annotate(ax, values, _numbers(values), (panel - 0.8) / n_head)
         ax.set_title(f"{role.replace('_', '-')} score", fontsize=10)
-        ax.set_xticks(range(n_head))
-        ax.set_yticks(range(n_layer))
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
+        _layer_by_head(ax, n_layer, n_head)
     fig.colorbar(image, ax=axes, shrink=0.8, label="mean attention weight")
     return fig, {"scores": dict(scores)}
 
@@ -112,10 +118,7 @@ def ablation_figure(results: Mapping[str, tuple[np.ndarray, np.ndarray]], base_l
         image = left.imshow(heads, cmap="RdBu_r", norm=norm, aspect="auto", interpolation="nearest")
         _annotate(left, heads, _numbers(heads, "+.3f"), 0.5)
         left.set_title(f"{mode} ablation: val loss change per head", fontsize=10)
-        left.set_xticks(range(n_head))
-        left.set_yticks(range(n_layer))
-        left.set_xlabel("head")
-        left.set_ylabel("layer")
+        _layer_by_head(left, n_layer, n_head)
         fig.colorbar(image, ax=left, shrink=0.8, label="loss change (nats)")
         right.barh(range(n_layer), mlps, color=["tab:red" if v > 0 else "tab:blue" for v in mlps])
         right.set_yticks(range(n_layer))
