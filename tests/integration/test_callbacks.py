@@ -660,3 +660,5 @@ def test_the_default_run_has_seven_callbacks(compose: Any, tmp_path: Path) -> No
         "EvaluateCallback",
         "HeadRoles",
     ]
+    off = compose([f"paths.run_dir={tmp_path}", "callbacks.health.every_n_steps=0"]).callbacks.health
+    assert not instantiate(off).enabled

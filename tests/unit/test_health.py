@@ -69,9 +69,11 @@ def test_entropy_and_rms_against_plain_math() -> None:
 
 def test_probe_leaves_the_training_mode_as_it_was() -> None:
     model = _model(dropout=0.5).train()
+    model.transformer.h[1].eval()  # a part kept in eval mode stays so
     idx = torch.randint(0, 11, (2, 8))
     first, second = probe(model, idx), probe(model, idx)
-    assert model.training
+    assert model.training and model.transformer.h[0].attn.attn_dropout.training
+    assert not any(m.training for m in model.transformer.h[1].modules())
     assert torch.equal(first[1], second[1])  # eval mode inside: no dropout
 
 

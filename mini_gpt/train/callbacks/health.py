@@ -49,7 +49,7 @@ def probe(model: GPT, idx: Tensor) -> tuple[Tensor, Tensor]:
     """One forward of idx (B, T) on the exact path, in eval mode: each block's output RMS (the residual
     stream's size) and each layer's attention entropy in nats (-sum p ln p of a query's weights, averaged
     over windows, heads and positions)."""
-    was_training = model.training
+    modes = [(module, module.training) for module in model.modules()]  # restored as they were, one by one
     model.eval()
     try:
         rms, entropy = [], []
@@ -57,7 +57,8 @@ def probe(model: GPT, idx: Tensor) -> tuple[Tensor, Tensor]:
             rms.append(x.float().pow(2).mean().sqrt())
             entropy.append(-torch.special.xlogy(att, att).sum(-1).mean())
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
     return torch.stack(rms), torch.stack(entropy)
 
 
