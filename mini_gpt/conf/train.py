@@ -31,10 +31,13 @@ class OptimConfig:
     muon_nesterov: bool = True
     muon_ns_steps: int = 5  # Newton-Schulz iterations that orthogonalise the update
     muon_adjust_lr_fn: str | None = None  # null/original: lr x sqrt(max(1, rows/cols)); match_rms_adamw
+    # the Newton-Schulz matmuls' dtype; auto: bfloat16 on a GPU or a CPU with native bf16, else float32
+    muon_ns_dtype: str = "auto"  # auto | bfloat16 | float32
 
     def __post_init__(self) -> None:
         one_of(("adamw", "muon"), **{"optim.name": self.name})
         one_of(SCHEDULES, **{"optim.schedule": self.schedule})
+        one_of(("auto", "bfloat16", "float32"), **{"optim.muon_ns_dtype": self.muon_ns_dtype})
         for key in ("lr", "muon_lr"):
             if not getattr(self, key) > 0:
                 raise MiniGPTError(f"optim.{key}={getattr(self, key)} must be > 0")

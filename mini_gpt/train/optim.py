@@ -13,6 +13,7 @@ from torch import nn
 
 from mini_gpt.conf.train import OptimConfig
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.train.muon import Muon
 
 
 def lr_at(
@@ -128,9 +129,10 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
     return CombinedOptimizer(optimizers)
 
 
-def _muon(named: list[tuple[str, nn.Parameter]], cfg: OptimConfig) -> torch.optim.Optimizer:
-    return torch.optim.Muon(
+def _muon(named: list[tuple[str, nn.Parameter]], cfg: OptimConfig) -> Muon:
+    return Muon(
         [{"params": [p for _, p in named], "group": "muon"}],
+        ns_dtype=cfg.muon_ns_dtype,
         lr=cfg.muon_lr,
         weight_decay=cfg.muon_weight_decay,
         momentum=cfg.muon_momentum,
