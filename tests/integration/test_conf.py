@@ -276,6 +276,12 @@ def test_experiments_compose_to_their_recipes(compose: Any) -> None:
     assert (model.n_layer, model.n_embd, optim.name, cpu.trainer.max_steps) == (4, 128, "muon", 2500)
     assert cpu.trainer.accelerator == "cpu"
 
+    induction = compose(["experiment=induction_heads"])  # docs/inspect.md's run: head roles in the CSV
+    model, data, optim = _settings(induction)
+    assert (model.n_layer, model.block_size, optim.name, data.name) == (2, 256, "adamw", "shakespeare")
+    assert Path(data.resolved_tokenizer) == REPO / "data" / "tokenizers" / "shakespeare_2k"
+    assert induction.callbacks.head_roles.every_n_steps == 50 and set(induction.logger) == {"csv"}
+
 
 def test_default_logger_writes_a_csv_log_beside_wandb(compose: Any) -> None:
     loggers = compose([]).logger
