@@ -1,4 +1,5 @@
-"""`mini-gpt plot RUN_DIR [out=curves.png]`: a run's loss curves drawn to a PNG."""
+"""`mini-gpt plot RUN_DIR [out=curves.png]`: a run's loss curves drawn to a PNG (and head_roles.png beside it
+when the run logged head roles)."""
 
 from __future__ import annotations
 

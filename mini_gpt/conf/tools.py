@@ -187,7 +187,7 @@ class AttentionMapsConfig:
 @dataclass
 class PlotConfig:
     run_dir: str | None = None  # the run directory (or its metrics.csv); the first argument without `=`
-    out: str | None = None  # the PNG to write; null = <run_dir>/curves.png
+    out: str | None = None  # the PNG to write; null = <run_dir>/curves.png (head_roles.png goes beside it)
     dpi: int = 120  # resolution of the PNG
 
     def __post_init__(self) -> None:
