@@ -105,7 +105,7 @@ def lightning_vs_raw(
     from mini_gpt.data import DataConfig
     from mini_gpt.data.datamodule import GPTDataModule, TrainBatches
     from mini_gpt.model.gpt import GPT, GPTConfig
-    from mini_gpt.train.callbacks import LossGuard, ProgressBar, StopOnSignal, Throughput, peak_flops
+    from mini_gpt.train.callbacks import Health, LossGuard, ProgressBar, StopOnSignal, Throughput, peak_flops
     from mini_gpt.train.module import GPTLitModule
     from mini_gpt.train.optim import build_optimizer, build_scheduler
     from mini_gpt.train.precision import choose_precision
@@ -195,9 +195,16 @@ def lightning_vs_raw(
         num_sanity_val_steps=0,
         log_every_n_steps=10,
         gradient_clip_val=clip,
-        # the training callbacks of conf/callbacks/default.yaml that run every step (the rest
-        # -- validation, checkpoints, samples -- run rarely and are not part of a training step)
-        callbacks=[Throughput(), ProgressBar(refresh_rate=10), LossGuard(), StopOnSignal(), Alternate()],
+        # the training callbacks of conf/callbacks/default.yaml that run every step or log step (the
+        # rest -- validation, checkpoints, samples -- run rarely and are not part of a training step)
+        callbacks=[
+            Throughput(),
+            ProgressBar(refresh_rate=10),
+            LossGuard(),
+            StopOnSignal(),
+            Health(),
+            Alternate(),
+        ],
         enable_checkpointing=False,
         enable_model_summary=False,
         logger=False,

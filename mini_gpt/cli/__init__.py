@@ -15,6 +15,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "tokenizer": ("mini_gpt.cli.tokenizer", "train your own BPE or judge one: tokenizer train|eval ..."),
     "plot": ("mini_gpt.cli.plot", "a run's loss and learning-rate curves to a PNG: plot RUN_DIR"),
     "attention-maps": ("mini_gpt.cli.attention_maps", "draw a model's attention maps for a prompt"),
+    "inspect": ("mini_gpt.cli.inspect", "logit lens, head roles, ablations, activation patching of a model"),
     "compare": ("mini_gpt.cli.compare", "one table + curves of runs: compare runs=[DIR,...] [scaling=true]"),
     "sweep": ("mini_gpt.cli.sweep", "Optuna search: sweep hparams_search=NAME [key=value ...]"),
     "serve": ("mini_gpt.cli.serve", "a local playground page + OpenAI-compatible API: serve ckpt=PATH"),

@@ -1,5 +1,5 @@
-"""`mini-gpt plot RUN_DIR [out=curves.png]`: a run's loss curves drawn to a PNG (and head_roles.png beside it
-when the run logged head roles)."""
+"""`mini-gpt plot RUN_DIR [out=curves.png]`: a run's loss curves (and its health and head-roles pages)
+drawn to PNGs."""
 
 from __future__ import annotations
 

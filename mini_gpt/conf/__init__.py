@@ -57,6 +57,7 @@ def schemas() -> dict[str, type]:
         "export": tools.ExportConfig,
         "serve": tools.ServeConfig,
         "attention_maps": tools.AttentionMapsConfig,
+        "inspect": tools.InspectConfig,
         "plot": tools.PlotConfig,
         "compare": tools.CompareConfig,
         "tokenizer_train": tools.TokenizerTrainConfig,

@@ -185,9 +185,45 @@ class AttentionMapsConfig:
 
 
 @dataclass
+class PatchingConfig:
+    clean: str | None = None  # the clean prompt (free text, as generate's prompt; @FILE too)
+    corrupted: str | None = None  # the same number of tokens, changed where the answer should change
+    answer: str | None = None  # one token: the clean prompt's next token
+    wrong: str | None = None  # one token: the corrupted prompt's next token
+
+
+ABLATIONS = ("zero", "mean", "both")
+
+
+@dataclass
+class InspectConfig(ModelSource):
+    """Each analysis runs when its key is given; several may be given at once."""
+
+    logit_lens: str | None = None  # PROMPT (or @FILE): every layer's next-token guess per position
+    top_k: int = 5  # logit_lens: the likeliest tokens kept per layer and position
+    head_roles: bool = False  # true: previous-token, induction and duplicate-token score of every head
+    half: int | None = None  # head_roles: random tokens per copy; null = min(block_size // 2, 100)
+    sequences: int = 8  # head_roles: repeated random sequences averaged over
+    seed: int = 0  # head_roles: the random tokens' seed
+    ablation: str | None = None  # zero | mean | both: the val loss change with each head / MLP removed
+    windows: int = 64  # ablation: val windows of block_size + 1 tokens, evenly spaced
+    text: str | None = None  # ablation: a text file to score instead of the checkpoint's val split
+    patching: PatchingConfig = field(default_factory=PatchingConfig)  # activation patching (all four keys)
+    out: str = "inspect"  # the folder for <analysis>.png and <analysis>.json
+    dpi: int = 100  # resolution of the PNGs
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ablation is not None:
+            one_of(ABLATIONS, ablation=self.ablation)
+        at_least(1, top_k=self.top_k, sequences=self.sequences, windows=self.windows, dpi=self.dpi)
+        at_least(2, half=self.half)
+
+
+@dataclass
 class PlotConfig:
     run_dir: str | None = None  # the run directory (or its metrics.csv); the first argument without `=`
-    out: str | None = None  # the PNG to write; null = <run_dir>/curves.png (head_roles.png goes beside it)
+    out: str | None = None  # the PNG to write; null = <run_dir>/curves.png (+ health.png, head_roles.png)
     dpi: int = 120  # resolution of the PNG
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mini_gpt.inspect.hooks import head_outputs, mlp_outputs, replace_heads, replace_mlp
+from mini_gpt.inspect.hooks import head_outputs, in_eval_mode, mlp_outputs, replace_heads, replace_mlp
 from mini_gpt.model.gpt import GPT
 
 MODES = ("zero", "mean")
@@ -51,6 +51,7 @@ def component_means(model: GPT, windows: Tensor, batch_size: int = 32) -> tuple[
     return head_sum / n_positions, mlp_sum / n_positions
 
 
+@in_eval_mode
 def ablate(model: GPT, windows: Tensor, mode: str = "zero", batch_size: int = 32) -> Ablation:
     """The loss change when each head, then each MLP, is removed alone (1 + n_layer * (n_head + 1)
     passes over the windows, two more for the means)."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mini_gpt.inspect.hooks import in_eval_mode
 from mini_gpt.model.gpt import GPT
 
 ROLES = ("previous_token", "induction", "duplicate_token")
@@ -59,6 +60,7 @@ def score_heads(attention: list[Tensor], half: int) -> HeadRoles:
     )
 
 
+@in_eval_mode
 @torch.no_grad()
 def head_roles(model: GPT, half: int | None = None, batch: int = 8, seed: int = 0) -> HeadRoles:
     """Every head's scores, on `batch` repeated sequences of `half` random tokens (default: as long as
@@ -67,9 +69,4 @@ def head_roles(model: GPT, half: int | None = None, batch: int = 8, seed: int = 
     if not 2 <= half <= model.config.block_size // 2:
         raise ValueError(f"half={half}: two copies must fit block_size={model.config.block_size}")
     idx = repeated_tokens(model.config.vocab_size, half, batch, seed).to(next(model.parameters()).device)
-    was_training = model.training
-    model.eval()
-    try:
-        return score_heads(model.attention_weights(idx), half)
-    finally:
-        model.train(was_training)
+    return score_heads(model.attention_weights(idx), half)

@@ -12,13 +12,32 @@ Each hook is removed when the block exits, also on an error.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import functools
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
 from mini_gpt.model.gpt import GPT
+
+Analysis = TypeVar("Analysis", bound=Callable[..., Any])
+
+
+def in_eval_mode(analysis: Analysis) -> Analysis:
+    """Runs analysis(model, ...) with the model in eval mode (the model's own numbers, no dropout), and
+    gives the model back in the mode it came in."""
+
+    @functools.wraps(analysis)
+    def run(model: GPT, *args: Any, **kwargs: Any) -> Any:
+        was_training = model.training
+        model.eval()
+        try:
+            return analysis(model, *args, **kwargs)
+        finally:
+            model.train(was_training)
+
+    return run  # type: ignore[return-value]
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mini_gpt.inspect.hooks import residual_stream
+from mini_gpt.inspect.hooks import in_eval_mode, residual_stream
 from mini_gpt.model.gpt import GPT
 
 
@@ -33,6 +33,7 @@ def layer_logits(model: GPT, idx: Tensor) -> Tensor:
     return torch.stack([model.lm_head(model.transformer.ln_f(x)) for x in stream]).float()
 
 
+@in_eval_mode
 def logit_lens(model: GPT, ids: list[int], k: int = 5) -> LogitLens:
     idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
     probs = layer_logits(model, idx)[:, 0].softmax(-1).cpu()  # (L, T, vocab)

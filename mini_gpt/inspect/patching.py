@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mini_gpt.inspect.hooks import patch_stream, residual_stream
+from mini_gpt.inspect.hooks import in_eval_mode, patch_stream, residual_stream
 from mini_gpt.model.gpt import GPT
 
 
@@ -36,6 +36,7 @@ def logit_diff(logits: Tensor, answer: int, wrong: int) -> Tensor:
     return last[:, answer] - last[:, wrong]
 
 
+@in_eval_mode
 @torch.no_grad()
 def activation_patching(
     model: GPT, clean: list[int], corrupted: list[int], answer: int, wrong: int
@@ -55,13 +56,21 @@ def activation_patching(
             "the clean and corrupted prompts give the same logit difference between the two answers, so "
             "there is nothing to recover; pick prompts (or answers) that the model tells apart"
         )
-    T = len(clean)
-    # One batch per layer: row t of the batch is the corrupted prompt patched at position t alone.
-    batch = torch.tensor([corrupted] * T, device=device)  # (T, T)
-    rows = torch.arange(T, device=device)
+    T, n_layer = len(clean), model.config.n_layer
+    # Row t of a batch is the corrupted prompt patched at position t alone; the rows go in chunks of at
+    # most ~2**24 floats of logits or MLP activations (a GPT-2 vocabulary would need T * T * 50257).
+    chunk = max(1, 2**24 // (T * max(model.config.vocab_size, 4 * model.config.n_embd)))
+    positions = torch.arange(T, device=device)
     recovered = torch.zeros(len(stream), T)
     for layer, clean_x in enumerate(stream):  # clean_x (1, T, C)
-        with patch_stream(model, layer, rows, rows, clean_x[0]):  # row t <- clean at t
-            diffs = logit_diff(model(batch)[0], answer, wrong)  # (T,)
-        recovered[layer] = ((diffs - corrupted_diff) / (clean_diff - corrupted_diff)).cpu()
+        diffs = []
+        for chosen in positions.split(chunk):
+            batch = torch.tensor([corrupted] * len(chosen), device=device)  # (rows, T)
+            rows = torch.arange(len(chosen), device=device)
+            with patch_stream(model, layer, rows, chosen, clean_x[0, chosen]):  # row i <- clean at chosen[i]
+                # Below the final norm the last position's logits are all the metric reads; the final
+                # norm's own input is cut to that position by last_only, so patch it before the cut.
+                logits = model(batch, last_only=layer < n_layer)[0]
+            diffs.append(logit_diff(logits, answer, wrong))
+        recovered[layer] = ((torch.cat(diffs) - corrupted_diff) / (clean_diff - corrupted_diff)).cpu()
     return Patching(clean_diff, corrupted_diff, recovered)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,14 +204,18 @@ class GPT(nn.Module):
         """Every layer's per-head attention weights for idx (B, T): one (B, n_head, T, T) per layer, from
         the exact attention path. Row t is the distribution of query t over the keys s <= t. In training
         mode they are the weights as used, after dropout; call it in eval mode for the model's own."""
+        return [att for _, att in self.exact_layers(idx)]
+
+    def exact_layers(self, idx: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
+        """Block.forward layer by layer on the exact attention path: each block's output (B, T, C) and its
+        attention weights (B, n_head, T, T), one layer at a time (reduce each before asking for the next,
+        and only one layer's weights exist at once)."""
         x, rope = self._embed(idx, 0)
-        weights = []
-        for block in self.transformer.h:  # Block.forward, keeping each layer's weights
+        for block in self.transformer.h:
             y, att = block.attn(block.ln_1(x), need_weights=True, rope=rope)  # (B, T, C), (B, nh, T, T)
             x = x + y
             x = x + block.mlp(block.ln_2(x))
-            weights.append(att)
-        return weights
+            yield x, att
 
     def _embed(self, idx: Tensor, start: int) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
         """The token (+ position) embeddings of idx (B, T) at positions start..start+T-1, and the rotary

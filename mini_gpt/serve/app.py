@@ -1,9 +1,10 @@
 """The HTTP side of `mini-gpt serve` (FastAPI; docs/serve.md): OpenAI's (legacy) POST /v1/completions and
 GET /v1/models, GET /health, and the playground: GET / (static/), GET /api/info (the model's shape),
-POST /api/generate (the page's stream: every token with its probability and top-5 alternatives) and
-POST /api/attention (what one position attended to, per layer and head). Every error is a 4xx (5xx only
-for a bug or a shutdown) with OpenAI's body, one sentence, never a traceback. With an api_key every route
-but the page, its static files and /health needs `Authorization: Bearer <key>`.
+POST /api/generate (the page's stream: every token with its probability and top-5 alternatives),
+POST /api/attention (what one position attended to, per layer and head), POST /api/lens (the logit lens:
+the likeliest next tokens read at each depth) and GET /api/heads (every head's role scores). Every error
+is a 4xx (5xx only for a bug or a shutdown) with OpenAI's body, one sentence, never a traceback. With an
+api_key every route but the page, its static files and /health needs `Authorization: Bearer <key>`.
 """
 
 from __future__ import annotations
@@ -130,6 +131,16 @@ class AttentionRequest(BaseModel):
     position: int
 
 
+class LensRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: str | None = None
+    ids: list[int] | None = None  # the text's token ids instead
+    position: int | None = None  # None: every position (the whole text must fit the context)
+    top_k: int = 5
+
+
+MAX_LENS_K = 20
 FLUSH_S = 0.02  # a token waits at most this long, or one token more, before it is sent (run_job)
 
 
@@ -414,5 +425,23 @@ def create_app(engine: Engine, model_name: str, limits: ServeConfig) -> FastAPI:
         if len(req.ids) > limits.max_prompt_tokens + limits.max_tokens:
             raise ApiError("Too many token ids for one attention view.", "ids")
         return await asyncio.to_thread(engine.attention, req.ids, req.position)
+
+    @app.post("/api/lens")
+    async def lens(req: LensRequest) -> dict[str, Any]:
+        if (req.text is None) == (req.ids is None):
+            raise ApiError("Send text or ids (its token ids): one of the two.")
+        top = min(MAX_LENS_K, engine.config.vocab_size)
+        if not 1 <= req.top_k <= top:
+            raise ApiError(f"top_k must be between 1 and {top}.", "top_k")
+        if req.text is not None and len(req.text) > limits.max_prompt_tokens * 32:
+            raise ApiError(f"The text is longer than {limits.max_prompt_tokens * 32} characters.", "text")
+        ids = req.ids if req.text is None else engine.encode(req.text)
+        if len(ids) > limits.max_prompt_tokens + limits.max_tokens:
+            raise ApiError("Too many tokens for one logit lens.", "text" if req.ids is None else "ids")
+        return await asyncio.to_thread(engine.lens, ids, req.position, req.top_k)
+
+    @app.get("/api/heads")
+    async def heads() -> dict[str, Any]:
+        return await asyncio.to_thread(engine.heads)
 
     return app

@@ -19,6 +19,8 @@ from mini_gpt.infer.device import autocast_context
 from mini_gpt.infer.packing import can_pack, prepare_for_inference
 from mini_gpt.infer.sampling import check_sampling_args, generate
 from mini_gpt.infer.stream import TextStream, encode_prompt, token_text
+from mini_gpt.inspect.heads import head_roles
+from mini_gpt.inspect.hooks import residual_stream
 from mini_gpt.tokenizer import Tokenizer
 
 
@@ -85,7 +87,8 @@ class Engine:
             model, self.amp = prepare_for_inference(model, weights), nullcontext()
         self.model = model
         self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._busy = threading.Lock()  # held while a job runs (also by `attention`)
+        self._busy = threading.Lock()  # held while a job runs (also by `attention`, `lens`, `heads`)
+        self._head_roles: dict[str, Any] | None = None  # computed once: the model never changes
         self.waiting = 0  # jobs queued or running
         self.stopping = False  # cancel_all was called: jobs submitted from now on are cancelled at once
         self._events: dict[int, threading.Event] = {}  # their cancel events, for cancel_all
@@ -201,3 +204,77 @@ class Engine:
                 attentions = self.model.attention_weights(idx)
         weights = [att[0, :, -1, :].float().cpu().tolist() for att in attentions]  # (nh, S) per layer
         return {"start": start, "position": position, "weights": weights}
+
+    @torch.no_grad()
+    def lens(self, ids: list[int], position: int | None, k: int) -> dict[str, Any]:
+        """The logit lens (docs/serve.md): the residual stream at each depth (the embedding, then after each
+        block) read through the final norm and the output head: the k likeliest next tokens and the
+        probability of the token that follows in `ids`. At `position` alone (reading the block_size tokens
+        that end there, as `attention` does), or at every position of `ids`, which must then fit the
+        context."""
+        self.encode(ids)  # range check
+        block = self.config.block_size
+        if position is None:
+            if len(ids) > block:
+                raise MiniGPTError(
+                    f"The text has {len(ids)} tokens, more than the model's context of {block}; "
+                    "send a position to read one token of a longer text"
+                )
+            start, positions = 0, list(range(len(ids)))
+        elif not 0 <= position < len(ids):
+            raise MiniGPTError(f"position={position} is outside the {len(ids)} tokens")
+        else:
+            start, positions = max(0, position + 1 - block), [position]
+        idx = torch.tensor([ids[start : positions[-1] + 1]], dtype=torch.long, device=self.device)
+        rows = torch.tensor(positions, device=self.device) - start
+        following = [ids[p + 1] if p + 1 < len(ids) else None for p in positions]
+        with self._busy:
+            self.model.eval()
+            with self.amp:
+                with residual_stream(self.model) as stream:  # n_layer + 1 of (1, T, C)
+                    self.model(idx)
+                depths = []  # per depth: (top probs, top ids, next-token probs), each (P, k) or (P,)
+                known = torch.tensor([t or 0 for t in following], device=self.device)
+                for x in stream:  # one depth at a time, so only (P, vocab) probabilities exist at once
+                    probs = self.model.lm_head(self.model.transformer.ln_f(x[0, rows])).float().softmax(-1)
+                    best, best_ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
+                    depths.append((best.cpu(), best_ids.cpu(), probs.gather(1, known[:, None])[:, 0].cpu()))
+
+        def entry(i: int, p: int) -> dict[str, Any]:
+            nxt = following[i]
+            layers = [
+                {
+                    "top": [
+                        {"id": t, "text": token_text(self.tokenizer, t), "prob": round(q, 5)}
+                        for t, q in zip(best_ids[i].tolist(), best[i].tolist(), strict=True)
+                    ],
+                    "next_prob": None if nxt is None else round(float(next_probs[i]), 5),
+                }
+                for best, best_ids, next_probs in depths
+            ]
+            text = token_text(self.tokenizer, ids[p])
+            after = None if nxt is None else {"id": nxt, "text": token_text(self.tokenizer, nxt)}
+            return {"position": p, "id": ids[p], "text": text, "next": after, "layers": layers}
+
+        names = ["embedding", *(f"block {layer}" for layer in range(self.config.n_layer))]
+        return {"start": start, "depths": names, "positions": [entry(i, p) for i, p in enumerate(positions)]}
+
+    def heads(self) -> dict[str, Any]:
+        """Every head's previous-token, induction and duplicate-token scores (mini_gpt.inspect.heads) on
+        8 repeated random sequences (seed 0) as long as the context allows (each half at most 100
+        tokens): computed on the first call, then kept."""
+        if self._head_roles is not None:
+            return self._head_roles
+        with self._busy:
+            if self._head_roles is None:  # (another request may have computed them while this one waited)
+                half = min(self.config.block_size // 2, 100)
+                if half < 2:
+                    raise MiniGPTError(
+                        f"head roles need a context of at least 4 tokens; this model's is "
+                        f"{self.config.block_size}"
+                    )
+                with self.amp:
+                    roles = head_roles(self.model, half, batch=8, seed=0).as_dict()
+                rounded = {role: [[round(v, 5) for v in row] for row in rows] for role, rows in roles.items()}
+                self._head_roles = {"half": half, "sequences": 8, "seed": 0, "roles": rounded}
+            return self._head_roles

@@ -40,6 +40,7 @@ from mini_gpt.train.finetune import describe, plan_finetune
 from mini_gpt.train.loggers import build_loggers, finish_wandb, hydra_trial
 from mini_gpt.train.module import GPTLitModule
 from mini_gpt.train.precision import check_gpu, choose_precision, device_type
+from mini_gpt.train.reference import recipe_key
 from mini_gpt.train.resume import explicit_model_keys, read_resume, resumed_config, run_overrides
 from mini_gpt.train.summary import print_summary, run_start, run_status, write_summary
 
@@ -108,6 +109,8 @@ def train(
             options.trainer.max_flops, flops_per_token(model_config), layout.tokens_per_step
         )
     check_steps(max_steps, options.optim.warmup_steps, resume.step if resume else None)
+    run_config: dict = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
+    recipe = recipe_key(run_config, layout.tokens_per_step, max_steps)  # picks the reference band
     precision = choose_precision(options.trainer.precision, options.trainer.accelerator, model_config.n_embd)
     threads = None  # one CPU process: `threads: N (why)`; other devices or processes: Lightning's choice
     torch_threads = torch.get_num_threads()  # auto's choice holds for this run: given back at the end
@@ -135,7 +138,7 @@ def train(
         model=model,
         finetune=plan.record if plan else None,
         tokens_per_step=layout.tokens_per_step,
-        run_config=OmegaConf.to_container(cfg, resolve=False),  # type: ignore[arg-type]
+        run_config=run_config,
         run_overrides=run_overrides(cfg, resume),
     )
 
@@ -173,7 +176,7 @@ def train(
         finish_wandb(loggers, log_model, best, announce=status is not None)
         summary = None
         if status is not None and trainer.is_global_zero:
-            summary = write_summary(run_dir / "summary.json", status, started, trainer, module)
+            summary = write_summary(run_dir / "summary.json", status, started, trainer, module, recipe)
             if status == "interrupted":  # Ctrl-C: Lightning exits (status 1) without returning here
                 print_summary(run_dir / "summary.json", summary)
         torch.set_num_threads(torch_threads)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import write_json_atomic
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
 from mini_gpt.train.module import GPTLitModule
+from mini_gpt.train.reference import compare_to_reference
 from mini_gpt.train.stops import DivergedError, NonFiniteLossError, Preempted
 
 _runs_in_process = 0  # train() calls so far: the first run's clock starts at process start
@@ -42,8 +44,14 @@ def run_status(error: BaseException | None, step: int, start_step: int) -> str |
 
 
 def write_summary(
-    path: Path, status: str, start: float, trainer: L.Trainer, module: GPTLitModule
+    path: Path,
+    status: str,
+    start: float,
+    trainer: L.Trainer,
+    module: GPTLitModule,
+    recipe: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`recipe`: the run's recipe key (mini_gpt.train.reference), to judge the curve against its band."""
     stats, checkpoint, metrics = module.stats, trainer.checkpoint_callback, dict(trainer.callback_metrics)
     vals = stats.val_history
     best = getattr(checkpoint, "best_model_path", "")
@@ -53,6 +61,7 @@ def write_summary(
         last = str(saved)
     tokens = trainer.global_step * module.tokens_per_step  # includes the steps before a resume
     rate = metrics.get("run/tokens_per_sec")  # training time only (Throughput)
+    spikes = metrics.get("run/spikes")  # callbacks.health (None: off)
     summary = {
         "status": status,
         "best_val_loss": min((v for _, _, v in vals), default=None),
@@ -67,7 +76,9 @@ def write_summary(
         "threads": torch.get_num_threads(),  # what threads=auto chose
         "wall_seconds": time.time() - start,
         "tokens_per_sec": None if rate is None else float(rate),
+        "spikes": None if spikes is None else int(spikes),
         "val_curve": [[s, t - start, v] for s, t, v in vals],
+        **compare_to_reference(recipe or {}, [[s, v] for s, _, v in vals], module.tokens_per_step),
         "eval": {k: float(v) for k, v in metrics.items() if k.startswith("eval/")},  # callbacks.evaluate
         "val_tokens": stats.val_tokens or None,
         "val_split_tokens": getattr(trainer.datamodule, "val_split_tokens", None),
@@ -88,3 +99,8 @@ def print_summary(path: Path, summary: dict[str, Any]) -> None:
         f"final_val_loss={_loss(summary['final_val_loss'])} tokens/s={summary['tokens_per_sec'] or 0:,.0f} "
         f"wall={summary['wall_seconds']:.1f}s\n  last_ckpt={summary['last_ckpt']}"
     )
+    if summary.get("vs_reference"):
+        print(
+            f"  vs_reference={summary['vs_reference']} ({summary['vs_reference_gap']:+.4f} nats from the "
+            f"{summary['reference']} recipe's reference mean at step {summary['val_curve'][-1][0]})"
+        )

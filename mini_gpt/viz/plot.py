@@ -14,14 +14,23 @@ from matplotlib.ticker import ScalarFormatter
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import read_json
+from mini_gpt.train.reference import run_reference
 from mini_gpt.viz import save_figure
 
 Series = dict[int, float]  # step -> value
+Band = tuple[list[float], list[float], list[float], str]  # steps, mean, half width, label
 
 COLUMNS = {"train_loss": "train/loss", "val_loss": "val/loss", "lr": "lr"}  # our name -> the CSV column
 # The best head's score per role, as callbacks.head_roles logs it (docs/inspect.md)
 HEAD_ROLE_COLUMNS = {
     role: f"head_roles/{role}_max" for role in ("induction", "previous_token", "duplicate_token")
+}
+# The health page's panels (callbacks.health's `health/<family>/<member>` columns, kept under those names).
+HEALTH_PANELS = {
+    "grad_norm": ("gradient norm (before clipping)", True),  # family: (title, log scale)
+    "update_ratio": ("update / weight, ||dw|| / ||w|| per step", True),
+    "rms": ("block output RMS (residual stream)", False),
+    "attn_entropy": ("attention entropy (nats)", False),
 }
 NO_TRAIN_LOSS = "train loss not logged (logger=none); rerun with logger=csv or logger=wandb"
 
@@ -37,9 +46,11 @@ def _float(text: Any) -> float | None:
 def read_metrics_csv(path: Path, columns: dict[str, str] = COLUMNS) -> dict[str, Series]:
     """The curves in one CSVLogger file (a row per log call, blanks for the other columns)."""
     with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+    health = [(c, c) for c in reader.fieldnames or [] if c.startswith("health/")]
     out: dict[str, Series] = {}
-    for name, column in columns.items():
+    for name, column in [*columns.items(), *(health if columns is COLUMNS else [])]:
         pairs = ((_float(row.get("step")), _float(row.get(column))) for row in rows)
         if series := {int(step): value for step, value in pairs if step is not None and value is not None}:
             out[name] = series
@@ -131,8 +142,22 @@ def _sorted(series: Series) -> tuple[list[int], list[float]]:
     return steps, [series[s] for s in steps]
 
 
-def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dict[str, Any]]:
-    """Loss and learning rate against optimizer step; data = {name: (steps, values)} as drawn, and "axes"."""
+def reference_band(run_dir: Path) -> Band | None:
+    """The reference band of the run's recipe, in the run's optimizer steps, when one matches its config."""
+    found = run_reference(run_dir)
+    if found is None:
+        return None
+    ref, tokens_per_step = found
+    steps = [t / tokens_per_step for t in ref.tokens]
+    halves = [ref.band(t)[1] for t in ref.tokens]  # type: ignore[index]
+    return steps, ref.mean, halves, f"reference: {ref.name} ({ref.seeds} seeds, mean ± band)"
+
+
+def plot_curves(
+    curves: dict[str, Series], title: str = "", band: Band | None = None
+) -> tuple[Figure, dict[str, Any]]:
+    """Loss and learning rate against optimizer step; data = {name: (steps, values)} as drawn, and "axes".
+    `band`: the recipe's reference band, drawn behind the val curve (data["band"])."""
     has_lr = bool(curves.get("lr"))
     fig, axes = plt.subplots(
         2 if has_lr else 1, 1, figsize=(8, 6.5) if has_lr else (8, 4), sharex=True, squeeze=False,
@@ -146,12 +171,19 @@ def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dic
         if curves.get(name):
             data[name] = _sorted(curves[name])
             ax_loss.plot(*data[name], label=label, **styles[name])
+    if band is not None:
+        steps, mean, half, label = band
+        lower, upper = [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)]
+        ax_loss.fill_between(steps, lower, upper, color="tab:orange", alpha=0.2, lw=0, label=label)
+        ax_loss.plot(steps, mean, color="tab:orange", lw=1, ls="--")
     ax_loss.set_ylabel("loss (nats/token)")
     values = [v for _, vals in data.values() for v in vals]
     if values and min(values) > 0 and max(values) / min(values) > 4:
         ax_loss.set_yscale("log")  # early loss is much larger than late loss
         ax_loss.yaxis.set_major_formatter(ScalarFormatter())
         ax_loss.yaxis.set_minor_formatter(ScalarFormatter())
+    if band is not None:
+        data["band"] = (band[0], lower, upper)
     data["resumed_at"] = sorted(curves.get("resumed_at", {}))
     for step in data["resumed_at"]:
         for ax in axes:
@@ -176,17 +208,74 @@ def plot_curves(curves: dict[str, Series], title: str = "") -> tuple[Figure, dic
     return fig, data
 
 
+def _member_order(name: str) -> tuple[int, int]:
+    """embedding, then block_0, block_1, ... (layers by number, not as text), then head."""
+    digits = name[len(name.rstrip("0123456789")) :]
+    return {"embedding": 0, "head": 2}.get(name, 1), int(digits) if digits else -1
+
+
+def plot_health(curves: dict[str, Series], title: str = "") -> tuple[Figure, dict[str, Any]]:
+    """The `health/` curves as small multiples, a panel per signal and a line per layer (a layer keeps its
+    colour across panels); data = {column: (steps, values)} as drawn, and "axes"."""
+    families = [f for f in HEALTH_PANELS if any(k.startswith(f"health/{f}/") for k in curves)]
+    rows = -(-len(families) // 2)
+    fig, grid = plt.subplots(rows, 2 if len(families) > 1 else 1, figsize=(11, 3.2 * rows + 0.4),
+                             sharex=True, squeeze=False, layout="constrained")  # fmt: skip
+    axes = list(grid.flat)
+    data: dict[str, Any] = {}
+    layers = max((_member_order(k.split("/")[-1])[1] for k in curves if k.startswith("health/")), default=0)
+    colours = plt.get_cmap("viridis")
+    for ax, family in zip(axes, families):
+        prefix = f"health/{family}/"
+        members = sorted((k[len(prefix) :] for k in curves if k.startswith(prefix)), key=_member_order)
+        for member in members:
+            rank, layer = _member_order(member)
+            colour = {0: "tab:red", 2: "tab:gray"}.get(rank)  # embedding, head; layers along viridis
+            if rank == 1 and layer >= 0:
+                colour = colours(layer / max(layers, 1))
+            data[prefix + member] = _sorted(curves[prefix + member])
+            ax.plot(*data[prefix + member], label=member, lw=1, color=colour)
+        for step in sorted(curves.get("resumed_at", {})):
+            ax.axvline(step, color="gray", ls=":", lw=1)
+        title_text, log = HEALTH_PANELS[family]
+        ax.set_title(title_text, fontsize=10)
+        if log:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, ncol=2 if len(members) > 6 else 1)
+    for ax in axes[len(families) :]:
+        ax.set_visible(False)
+    for ax in axes[-2:]:
+        ax.set_xlabel("optimizer step")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    data["axes"] = axes[: len(families)]
+    return fig, data
+
+
 def plot_run(run_dir: str | Path, out: str | Path | None = None, dpi: int = 120) -> Path:
+    """curves.png (or `out`), and the health page health.png beside it (`<out stem>_health.png` for an
+    `out` given) when the log has `health/` columns."""
     run_dir = Path(run_dir).expanduser()
     curves, used = find_metrics(run_dir)
     run_root = run_dir.parent if run_dir.is_file() else run_dir  # a metrics file may be passed directly
+    given = out is not None  # pages beside an `out` given are named after it: <out stem>_health.png
+    health = run_root / "health.png" if out is None else Path(out).with_stem(f"{Path(out).stem}_health")
     out = Path(out) if out else run_root / "curves.png"
-    fig, _ = plot_curves(curves, title=run_root.name)
+    band = reference_band(run_root)
+    fig, _ = plot_curves(curves, title=run_root.name, band=band)
     save_figure(fig, out, dpi)
-    print(f"read {', '.join(str(p) for p in used)}\nwrote {out}")
+    written = [out]
+    if any(name.startswith("health/") for name in curves):
+        fig, _ = plot_health(curves, title=f"{run_root.name}: health")
+        written.append(save_figure(fig, health, dpi))
+    print(f"read {', '.join(str(p) for p in used)}\nwrote {', '.join(str(p) for p in written)}")
+    if band is not None:
+        print(f"band: {band[3]}")
     if roles := head_role_curves(used):
         fig, _ = plot_head_roles(curves, roles, title=run_root.name)
-        print(f"wrote {save_figure(fig, out.with_name('head_roles.png'), dpi)}")
+        page = out.with_stem(f"{out.stem}_head_roles") if given else run_root / "head_roles.png"
+        print(f"wrote {save_figure(fig, page, dpi)}")
     if "train_loss" not in curves:
         print(f"note: {NO_TRAIN_LOSS}")
     return out

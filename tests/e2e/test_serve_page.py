@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import signal
 import socket
@@ -175,3 +176,94 @@ def test_page_streams_shades_explains_and_stops_cleanly(served, tmp_path: Path) 
     assert "bound to 127.0.0.1: only this machine can connect" in err
     assert err.rstrip().endswith("mini-gpt serve: stopped")
     assert "Traceback" not in err
+
+
+def test_page_shows_the_logit_lens_of_a_clicked_token_and_the_head_roles(served, tmp_path: Path) -> None:
+    """Click a generated token: a lens table with one row per depth (the embedding, then after each block)
+    whose last row is the model's own next-token distribution (the alternatives hover shows for the next
+    token, while the text fits the context); a token past the context's length gets its table too. Then
+    the heads view: three layer x head heatmaps whose values are the server's /api/heads scores."""
+    url, _, _ = served
+    n_layer, n_head, new_tokens = 2, 2, 40
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path(), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            page.on("dialog", lambda dialog: dialog.accept(KEY))
+            page.goto(url + "/")
+            expect(page.locator("#model-info")).to_contain_text(f"{n_layer} layers x {n_head} heads")
+            page.fill("#prompt", PROMPT)
+            page.fill("#temperature", "0")
+            page.fill("#max_tokens", str(new_tokens))
+            page.click("#generate")
+            expect(page.locator("#output")).to_have_attribute("data-state", "done", timeout=20_000)
+
+            generated = page.locator("#output .tok.gen")
+            clicked = 15  # position 26: the text up to the next token fits the context (32), so generation
+            generated.nth(clicked).click()  # read the same tokens as the lens
+            lens = page.locator("#lens")
+            expect(lens).to_be_visible()
+            expect(page.locator("#lens-pos")).to_have_text(str(len(PROMPT) + clicked))
+            rows = page.locator("#lens-table tr.depth")
+            expect(rows).to_have_count(n_layer + 1)
+            labels = rows.locator("th").all_inner_texts()
+            assert labels == ["embedding", "block 0", "block 1 (output)"]
+            for r in range(n_layer + 1):
+                cells = rows.nth(r).locator("td")
+                expect(cells).to_have_count(5 + 1)  # the top 5, then p(next)
+                probs = [float(t.rsplit(" ", 1)[1]) for t in cells.all_inner_texts()[:5]]
+                assert probs == sorted(probs, reverse=True) and sum(probs) <= 1.001
+
+            final = rows.nth(n_layer).locator("td")
+            lens_top = [
+                (t.rsplit(" ", 1)[0], float(t.rsplit(" ", 1)[1])) for t in final.all_inner_texts()[:5]
+            ]
+            # greedy: the token that came next is the model's top choice, outlined, with its probability
+            expect(final.first).to_have_class("next")
+            next_prob = float(final.last.inner_text())
+            assert next_prob == lens_top[0][1]
+            assert next_prob == pytest.approx(
+                float(generated.nth(clicked + 1).get_attribute("data-prob")), abs=1e-3
+            )
+            generated.nth(clicked + 1).hover()  # its alternatives: what the model gave at that step
+            alternatives = page.locator("#tooltip table.alternatives tr")
+            expect(alternatives).to_have_count(5)
+            hover_top = [(a, float(b)) for a, b in (r.split("\t") for r in alternatives.all_inner_texts())]
+            assert [t for t, _ in hover_top] == [t for t, _ in lens_top]
+            assert [q for _, q in hover_top] == pytest.approx([q for _, q in lens_top], abs=1.5e-3)
+
+            generated.nth(30).click()  # position 41: the lens reads the 32 tokens ending there
+            expect(page.locator("#lens-pos")).to_have_text(str(len(PROMPT) + 30))
+            expect(rows).to_have_count(n_layer + 1)
+            expect(rows.nth(n_layer).locator("td.next-prob")).to_have_text(re.compile(r"^0\.\d{3}$"))
+
+            # The heads view: one heatmap per role, n_layer x n_head cells, each titled with its score
+            expect(page.locator("#heads")).to_be_hidden()
+            page.click("#heads-open")
+            maps = page.locator("#heads .heatmap")
+            expect(maps).to_have_count(3)
+            served_roles = httpx.get(url + "/api/heads", headers={"Authorization": f"Bearer {KEY}"}).json()
+            roles = maps.evaluate_all("els => els.map(e => e.dataset.role)")
+            assert roles == ["previous_token", "induction", "duplicate_token"]
+            for heatmap, role in zip(maps.all(), roles, strict=True):
+                cells = heatmap.locator("td.score")
+                expect(cells).to_have_count(n_layer * n_head)
+                titles = cells.evaluate_all("els => els.map(e => e.title)")
+                shown = [float(t.rsplit(" ", 1)[1]) for t in titles]
+                expected = [v for row in served_roles["roles"][role] for v in row]
+                assert shown == pytest.approx(expected, abs=6e-4)
+                assert titles[n_head].startswith("layer 1 head 0: ")  # row-major: layer, then head
+                assert heatmap.locator("tr").count() == n_layer + 1  # the head labels, then a row per layer
+            generated.nth(clicked).click()
+            expect(page.locator("#lens-pos")).to_have_text(str(len(PROMPT) + clicked))
+            page.mouse.move(5, 5)  # no tooltip over the picture
+            shot = tmp_path / "serve-inspect.png"
+            page.screenshot(path=str(shot), full_page=True)
+            if os.environ.get("MINI_GPT_SCREENSHOT_INSPECT"):  # docs/img/serve-inspect.png is taken this way
+                shutil.copy(shot, os.environ["MINI_GPT_SCREENSHOT_INSPECT"])
+            page.click("#heads-open")
+            expect(page.locator("#heads")).to_be_hidden()
+            page.keyboard.press("Escape")
+            expect(lens).to_be_hidden()
+        finally:
+            browser.close()

@@ -906,3 +906,48 @@ def test_sigterm_from_outside_saves_and_exits_75_with_the_resume_command(
         f"preempted by SIGTERM: stopped after step {step}, last.ckpt saved (summary.json status preempted, "
         "exit status 75)"
     )
+
+
+def test_summary_judges_the_run_against_its_recipes_reference_band(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two seeds make a tiny recipe's band; a rerun of one of them lands within it (its gap is at most
+    std / sqrt(2) from a mean of two), a run whose lr is too small to learn above it, and `mini-gpt plot`
+    draws the band behind the run."""
+    from omegaconf import OmegaConf
+
+    from mini_gpt.train import reference
+    from mini_gpt.viz.plot import plot_curves, reference_band
+
+    recipe = ["optim=adamw", "optim.lr=1e-2", "optim.warmup_steps=5", "trainer.max_steps=20"]
+    recipe += ["trainer.val_check_interval=5", "callbacks.sample_text.at_end=false"]
+
+    def run(name: str, *extra: str) -> tuple[Path, dict[str, Any]]:
+        overrides = _overrides(tmp_path / name, char_data_dir, shakespeare_path, *recipe, *extra)
+        summary, _ = _fit(compose, overrides)
+        (tmp_path / name / ".hydra").mkdir()  # what Hydra keeps beside a run
+        OmegaConf.save(compose(overrides), tmp_path / name / ".hydra" / "config.yaml")
+        return tmp_path / name, summary
+
+    seeds = [run(f"seed{s}", f"seed={s}")[0] for s in (1, 2)]
+    refs = tmp_path / "references"
+    refs.mkdir()
+    (refs / "tiny.json").write_text(json.dumps(reference.build_reference(seeds, "test")))
+    monkeypatch.setattr(reference, "REFERENCE_DIR", refs)
+    band = json.loads((refs / "tiny.json").read_text())
+    mean, half = band["mean"][-1], max(2 * band["std"][-1], reference.MIN_HALF_WIDTH)
+
+    same_dir, same = run("again", "seed=1")
+    assert same["reference"] == "tiny"
+    assert same["vs_reference_gap"] == pytest.approx(same["final_val_loss"] - mean)
+    assert same["vs_reference"] == "within" and abs(same["final_val_loss"] - mean) <= half
+    _, slow = run("slow", "seed=1", "optim.lr=1e-5")  # the optimizer may differ: it is what is judged
+    assert slow["reference"] == "tiny" and slow["vs_reference"] == "above"
+    assert slow["final_val_loss"] > mean + half
+
+    steps, lower_upper = reference_band(same_dir)[0], reference_band(same_dir)
+    _, drawn = plot_curves({"val_loss": {20: same["final_val_loss"]}}, band=lower_upper)
+    assert steps == [5.0, 10.0, 15.0, 20.0]
+    assert drawn["band"][1][-1] == pytest.approx(mean - half) and drawn["band"][2][-1] == pytest.approx(
+        mean + half
+    )

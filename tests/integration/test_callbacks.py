@@ -644,17 +644,21 @@ def test_unreadable_checkpoint_is_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_the_default_run_has_six_callbacks(compose: Any, tmp_path: Path) -> None:
-    """conf/callbacks/default.yaml switches on six callbacks (those off by default, every_n_steps=0, are
+def test_the_default_run_has_seven_callbacks(compose: Any, tmp_path: Path) -> None:
+    """conf/callbacks/default.yaml switches on seven callbacks (those off by default, every_n_steps=0, are
     left out of the Trainer), each with one job."""
     from hydra.utils import instantiate
 
     cfg = compose([f"paths.run_dir={tmp_path}"])
     made = [instantiate(node) for node in cfg.callbacks.values() if node is not None]
     on = sorted(type(c).__name__ for c in made if getattr(c, "enabled", True))
-    assert on == ["EvalCheckpoint", "LossGuard", "ProgressBar", "SampleText", "StopOnSignal", "Throughput"]
+    assert on == [
+        "EvalCheckpoint", "Health", "LossGuard", "ProgressBar", "SampleText", "StopOnSignal", "Throughput"
+    ]  # fmt: skip
     assert sorted(type(c).__name__ for c in made if not getattr(c, "enabled", True)) == [
         "AttentionMaps",
         "EvaluateCallback",
         "HeadRoles",
     ]
+    off = compose([f"paths.run_dir={tmp_path}", "callbacks.health.every_n_steps=0"]).callbacks.health
+    assert not instantiate(off).enabled

@@ -14,7 +14,14 @@ from helpers import REPO
 
 from mini_gpt.cli.plot import main, overrides_of
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.viz.plot import find_metrics, head_role_curves, plot_curves, plot_head_roles, plot_run
+from mini_gpt.viz.plot import (
+    find_metrics,
+    head_role_curves,
+    plot_curves,
+    plot_head_roles,
+    plot_health,
+    plot_run,
+)
 
 # What Lightning's CSVLogger writes for our module: one row per log call, blanks elsewhere.
 CSV = """epoch,grad_norm,lr,step,train/loss,val/loss,val/ppl
@@ -89,6 +96,7 @@ def test_writes_png_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str
     out = plot_run(run)
     assert out == run / "curves.png"
     assert out.read_bytes()[:4] == b"\x89PNG" and out.stat().st_size > 1000
+    assert not (run / "health.png").exists()  # no health/ columns: no health page
     main([str(run), f"out={tmp_path / 'c.png'}", "dpi=50"])
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
     assert capsys.readouterr().out.splitlines()[-1] == f"wrote {tmp_path / 'c.png'}"
@@ -145,6 +153,36 @@ def test_head_roles_page_when_the_run_logged_them(tmp_path: Path, capsys: pytest
         "previous-token": ([0, 10, 20], [0.02, 0.4, 0.45]),
     }
     assert loss.get_shared_x_axes().joined(loss, scores)  # the same steps
+
+
+HEALTH_CSV = """epoch,health/attn_entropy/layer_0,health/grad_norm/block_0,health/grad_norm/block_10,\
+health/grad_norm/block_2,health/grad_norm/embedding,health/grad_norm/head,health/rms/block_0,\
+health/update_ratio/muon,lr,step,train/loss
+0,3.2,0.5,0.7,0.6,1.5,0.1,0.03,0.01,0.001,10,4.2
+0,3.0,0.4,0.6,0.5,1.2,0.2,0.05,0.008,0.001,20,3.1
+"""
+
+
+def test_health_page_has_a_panel_per_signal_and_a_line_per_layer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = write_run(tmp_path, csv=HEALTH_CSV)
+    curves, _ = find_metrics(run)
+    assert curves["health/grad_norm/block_10"] == {10: 0.7, 20: 0.6}
+    fig, data = plot_health(curves)
+    assert len(fig.axes) == 4
+    titles = [ax.get_title() for ax in data["axes"]]
+    assert [t.split(" ")[0] for t in titles] == ["gradient", "update", "block", "attention"]
+    grad_norm = [line.get_label() for line in data["axes"][0].get_lines()]
+    assert grad_norm == ["embedding", "block_0", "block_2", "block_10", "head"]  # layers by number
+    np.testing.assert_array_equal(data["axes"][2].get_lines()[0].get_ydata(), [0.03, 0.05])
+    assert data["axes"][0].get_yscale() == "log" and data["axes"][3].get_yscale() == "linear"
+
+    plot_run(run)
+    assert (run / "curves.png").is_file() and (run / "health.png").read_bytes()[:4] == b"\x89PNG"
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {run / 'curves.png'}, {run / 'health.png'}"
+    main([str(run), f"out={tmp_path / 'c.png'}"])
+    assert (tmp_path / "c_health.png").stat().st_size > 1000  # beside an `out` given, named after it
 
 
 def test_cli(tmp_path: Path) -> None:

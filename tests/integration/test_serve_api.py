@@ -343,13 +343,156 @@ def test_bench_section_times_the_same_text(server, ckpt) -> None:
     assert stream["tokens_per_s"] == pytest.approx(12 / stream["median_s"], rel=0.5)
 
 
+def saved_model(ckpt) -> GPT:
+    """The served weights, read back from the checkpoint by hand (not by mini-gpt's loader)."""
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+    model = GPT(GPTConfig(**saved["mini_gpt"]["model_config"]))
+    model.load_state_dict({k.removeprefix("model."): v for k, v in saved["state_dict"].items()})
+    return model.eval()
+
+
+@torch.no_grad()
+def reference_lens(model: GPT, ids: list[int]) -> torch.Tensor:
+    """(n_layer + 1, T, vocab): softmax(ln_f(h_l) @ W_out^T) for the residual stream h_l entering block l
+    (l = n_layer: the final norm), captured by hooks written here."""
+    stream = []
+    modules = [*model.transformer.h, model.transformer.ln_f]
+    hooks = [m.register_forward_pre_hook(lambda m, args: stream.append(args[0][0])) for m in modules]
+    try:
+        logits, _ = model(torch.tensor([ids]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    probs = torch.stack(
+        [torch.softmax(model.transformer.ln_f(h) @ model.lm_head.weight.T, -1) for h in stream]
+    )
+    assert torch.allclose(probs[-1], logits[0].softmax(-1), atol=1e-6)  # the last depth is the model's own
+    return probs
+
+
+def assert_lens_entry(entry: dict, probs: torch.Tensor, position: int, following: int | None, k: int) -> None:
+    """One position of /api/lens against the reference distribution probs (n_layer + 1, vocab) there."""
+    assert len(entry["layers"]) == probs.shape[0]
+    assert entry["position"] == position
+    assert entry["next"] == (None if following is None else {"id": following, "text": CHARS[following]})
+    for got, p in zip(entry["layers"], probs, strict=True):
+        best, best_ids = p.topk(k)
+        assert [t["id"] for t in got["top"]] == best_ids.tolist()
+        assert [t["text"] for t in got["top"]] == [CHARS[i] for i in best_ids.tolist()]
+        assert [t["prob"] for t in got["top"]] == pytest.approx(best.tolist(), abs=2e-5)
+        if following is None:
+            assert got["next_prob"] is None
+        else:
+            assert got["next_prob"] == pytest.approx(float(p[following]), abs=2e-5)
+
+
+def test_lens_is_every_depth_through_the_final_norm_and_head(server, ckpt) -> None:
+    url = server[0]
+    model = saved_model(ckpt)
+    text = "ROMEO: to be"
+    ids = [CHARS.index(c) for c in text]
+    got = httpx.post(url + "/api/lens", json={"text": text, "top_k": 4}).json()
+    assert got["depths"] == ["embedding", "block 0", "block 1"] and got["start"] == 0
+    probs = reference_lens(model, ids)  # (3, T, vocab)
+    assert [e["text"] for e in got["positions"]] == list(text)
+    for p, entry in enumerate(got["positions"]):
+        assert_lens_entry(entry, probs[:, p], p, ids[p + 1] if p + 1 < len(ids) else None, 4)
+    assert httpx.post(url + "/api/lens", json={"ids": ids, "top_k": 4}).json() == got  # ids = the text
+
+    # One position of a text longer than the context: the block_size tokens ending there, as generation
+    long = [CHARS.index(c) for c in "First Citizen: Before we proceed any further, hear me speak."]
+    assert len(long) > 32 + 10
+    for position in (40, len(long) - 1, 3):
+        one = httpx.post(url + "/api/lens", json={"ids": long, "position": position, "top_k": 20}).json()
+        start = max(0, position + 1 - 32)
+        assert one["start"] == start and len(one["positions"]) == 1
+        window = reference_lens(model, long[start : position + 1])
+        following = long[position + 1] if position + 1 < len(long) else None
+        assert_lens_entry(one["positions"][0], window[:, -1], position, following, 20)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"text": "x" * 33}, "The text has 33 tokens, more than the model's context of 32; send a "
+                             "position to read one token of a longer text."),
+        ({"text": "a", "top_k": 0}, "top_k must be between 1 and 20."),
+        ({"text": "a", "top_k": 21}, "top_k must be between 1 and 20."),
+        ({"text": "a", "ids": [1]}, "Send text or ids (its token ids): one of the two."),
+        ({"top_k": 3}, "Send text or ids (its token ids): one of the two."),
+        ({"ids": [1, 2], "position": 2}, "position=2 is outside the 2 tokens."),
+        ({"ids": [1, 2], "position": -1}, "position=-1 is outside the 2 tokens."),
+        ({"ids": [1, 65]}, "prompt token ids must be 0..64 and not empty, got [65]."),
+        ({"text": "€"}, None),
+        ({"ids": [1] * 60_000, "position": 3}, "Too many tokens for one logit lens."),
+    ],
+)  # fmt: skip
+def test_lens_bad_input_is_400_with_one_sentence(server, body, message) -> None:
+    response = httpx.post(server[0] + "/api/lens", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    text = error["message"]
+    assert "\n" not in text and "Traceback" not in text and text.endswith(".") and text.count(". ") == 0
+    assert text == message if message is not None else "€" in text
+
+
+def test_heads_are_the_role_definitions_on_a_repeated_sequence(server, ckpt, monkeypatch) -> None:
+    """Each score from its definition, with plain loops over the attention weights of the model's exact
+    attention path on 8 sequences of 16 random tokens (seed 0), each repeated; then kept, not recomputed."""
+    url = server[0]
+    got = httpx.get(url + "/api/heads").json()
+    half = 16  # the context (32) holds two copies
+    assert (got["half"], got["sequences"], got["seed"]) == (half, 8, 0)
+    first = torch.randint(len(CHARS), (8, half), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        att = saved_model(ckpt).attention_weights(torch.cat([first, first], dim=1))  # n_layer x (8, nh, T, T)
+    T, second = 2 * half, range(half, 2 * half)  # the second copy's queries
+
+    def mean_on(a: torch.Tensor, key_offset: int, queries: range) -> float:  # query t's weight on t - offset
+        return sum(float(a[b, t, t - key_offset]) for b in range(8) for t in queries) / (8 * len(queries))
+
+    for layer in range(2):
+        for head in range(2):
+            a = att[layer][:, head]  # (8, T, T)
+            scores = {
+                "previous_token": mean_on(a, 1, range(1, T)),
+                "induction": mean_on(a, half - 1, second),  # the token after the earlier occurrence
+                "duplicate_token": mean_on(a, half, second),  # the earlier occurrence
+            }
+            for role, score in scores.items():
+                assert got["roles"][role][layer][head] == pytest.approx(score, abs=2e-5), (role, layer, head)
+
+    import mini_gpt.serve.engine
+
+    monkeypatch.setattr(mini_gpt.serve.engine, "head_roles", lambda *a, **kw: pytest.fail("computed again"))
+    assert httpx.get(url + "/api/heads").json() == got
+
+
+def test_a_lens_waits_for_the_running_generation(server) -> None:
+    """The model runs one thing at a time: a logit lens asked for while a completion streams is computed
+    after it (here: when its client leaves), and is the lens asked for alone."""
+    url, _ = server
+    body = {"text": "ROMEO: to be", "top_k": 5}
+    alone = httpx.post(url + "/api/lens", json=body).json()
+    with ThreadPoolExecutor(3) as pool:
+        generation = {"prompt": "a", "max_tokens": 50_000, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=generation) as response:
+            lines = response.iter_lines()  # kept: a closed iterator closes the stream
+            assert next(line for line in lines if line.startswith("data: "))
+            waiting = [pool.submit(httpx.post, url + "/api/lens", json=body, timeout=60) for _ in range(3)]
+            time.sleep(1.0)
+            assert not any(f.done() for f in waiting)  # they wait for the generation
+        assert [f.result().json() for f in waiting] == [alone] * 3
+
+
 def test_with_an_api_key_every_api_route_needs_it(keyed, server) -> None:
     for path in ("/", "/static/app.js", "/health"):  # the page loads (then asks for the key)
         assert httpx.get(keyed + path).status_code == 200, path
     routes = [("GET", "/v1/models", None), ("POST", "/v1/completions", {"prompt": "a", "max_tokens": 2}),
               ("GET", "/api/info", None), ("POST", "/api/generate", {"prompt": "a", "max_tokens": 2}),
-              ("POST", "/api/attention", {"ids": [1, 2], "position": 1}), ("GET", "/v1/nothing", None),
-              ("GET", "//v1/models", None)]  # fmt: skip
+              ("POST", "/api/attention", {"ids": [1, 2], "position": 1}),
+              ("POST", "/api/lens", {"text": "To be", "top_k": 3}), ("GET", "/api/heads", None),
+              ("GET", "/v1/nothing", None), ("GET", "//v1/models", None)]  # fmt: skip
     missing = "Missing API key: send it as the header Authorization: Bearer <key>."
     for headers, message in [
         ({}, missing),

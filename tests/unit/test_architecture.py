@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mini_gpt"
 # The one place allowed to touch a Lightning internal, with its why-comment beside the call.
 LIGHTNING_PRIVATE_ALLOWED = {"train/callbacks/checkpointing.py"}
 # What mini_gpt/model/ may import: torch, its own modules, and the standard library it uses.
-ALLOWED_IN_MODEL = {"torch", "mini_gpt", "__future__", "dataclasses", "math", "typing"}
+ALLOWED_IN_MODEL = {"torch", "mini_gpt", "__future__", "collections", "dataclasses", "math", "typing"}
 
 
 def modules() -> dict[str, ast.Module]:

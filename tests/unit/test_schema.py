@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mini_gpt.conf import checked_arguments, checked_config, compose_command_line, typed_config
-from mini_gpt.conf.tools import EvaluateConfig, GenerateConfig, ServeConfig
+from mini_gpt.conf.tools import EvaluateConfig, GenerateConfig, InspectConfig, ServeConfig
 from mini_gpt.conf.train import OptimConfig, TrainConfig
 from mini_gpt.data.config import DataConfig
 from mini_gpt.errors import MiniGPTError
@@ -59,6 +59,7 @@ def test_composed_values_have_the_schema_types(compose: Any) -> None:
         ("generate", GenerateConfig),
         ("evaluate", EvaluateConfig),
         ("serve", ServeConfig),
+        ("inspect", InspectConfig),
     ],
 )
 def test_threads_are_auto_unless_a_number_is_given(verb: str, schema: type) -> None:

@@ -1,9 +1,11 @@
 // The mini-gpt playground: plain JavaScript, no libraries. Talks to /api/info, /api/generate (server-sent
-// events over a POST) and /api/attention; see mini_gpt/serve/app.py.
+// events over a POST), /api/attention, /api/lens and /api/heads; see mini_gpt/serve/app.py.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { info: null, ids: [], spans: [], tokens: [], controller: null, selected: null, attention: null };
+const state = {
+  info: null, ids: [], spans: [], tokens: [], controller: null, selected: null, attention: null, heads: null,
+};
 
 function probColor(p) {
   // unlikely (red) .. sure (green), light enough to read the text on
@@ -113,6 +115,7 @@ function resetOutput() {
   state.ids = []; state.spans = []; state.tokens = []; state.selected = null; state.attention = null;
   $("output").textContent = "";
   $("attention").hidden = true;
+  $("lens").hidden = true;
 }
 
 async function generate() {
@@ -236,6 +239,103 @@ function drawAttention() {
   }
 }
 
+// The logit lens at `position`: the server reads the block_size tokens ending there (as for the attention
+// view) and the token after it, when there is one, as the actual next token.
+async function showLens(position) {
+  const response = await api("/api/lens", {
+    method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ ids: state.ids.slice(0, position + 2), position, top_k: 5 }),
+  });
+  const data = await response.json();
+  if (!response.ok) { $("status").textContent = `error: ${data.error.message}`; return; }
+  const at = data.positions[0];
+  $("lens-token").textContent = visible(at.text);
+  $("lens-pos").textContent = position;
+  $("lens-next").textContent = at.next ? visible(at.next.text) : "none yet";
+  const table = $("lens-table");
+  table.textContent = "";
+  const head = table.insertRow();
+  const k = at.layers[0].top.length;
+  for (const label of ["depth", ...Array.from({ length: k }, (_, i) => `top ${i + 1}`), "p(next)"]) {
+    const th = document.createElement("th");
+    th.textContent = label;
+    head.appendChild(th);
+  }
+  at.layers.forEach((layer, d) => {
+    const row = table.insertRow();
+    row.className = d === at.layers.length - 1 ? "depth final" : "depth";
+    const th = document.createElement("th");
+    th.textContent = d === at.layers.length - 1 ? `${data.depths[d]} (output)` : data.depths[d];
+    row.appendChild(th);
+    for (const t of layer.top) {
+      const cell = row.insertCell();
+      cell.textContent = `${visible(t.text)} ${t.prob.toFixed(3)}`;
+      cell.title = `${data.depths[d]}: ${visible(t.text)} ${t.prob.toFixed(5)}`;
+      cell.style.background = attentionColor(t.prob);
+      if (t.prob > 0.45) cell.style.color = "#fff";
+      if (at.next && t.id === at.next.id) cell.classList.add("next");
+    }
+    const next = row.insertCell();
+    next.className = "next-prob";
+    next.textContent = layer.next_prob == null ? "" : layer.next_prob.toFixed(3);
+  });
+  $("lens").hidden = false;
+}
+
+const ROLES = { previous_token: "previous-token", induction: "induction", duplicate_token: "duplicate-token" };
+
+// The head-role heatmaps (layer x head): computed by the server once for the loaded model.
+async function showHeads() {
+  const box = $("heads");
+  if (!box.hidden) { box.hidden = true; return; }
+  box.hidden = false;
+  box.scrollIntoView({ behavior: "smooth" });
+  if (state.heads) return;
+  $("heads-maps").textContent = "computing…";
+  const response = await api("/api/heads");
+  const data = await response.json();
+  if (!response.ok) { $("heads-maps").textContent = `error: ${data.error.message}`; return; }
+  state.heads = data;
+  $("heads-on").textContent = `(${data.sequences} sequences of ${data.half} random tokens, each twice.)`;
+  const maps = $("heads-maps");
+  maps.textContent = "";
+  for (const [role, label] of Object.entries(ROLES)) {
+    const scores = data.roles[role];
+    const map = document.createElement("div");
+    map.className = "heatmap";
+    map.dataset.role = role;
+    let best = [0, 0];
+    scores.forEach((row, l) => row.forEach((v, h) => { if (v > scores[best[0]][best[1]]) best = [l, h]; }));
+    const title = document.createElement("div");
+    title.className = "title";
+    title.textContent = `${label}: highest layer ${best[0]} head ${best[1]} (${scores[best[0]][best[1]].toFixed(2)})`;
+    const table = document.createElement("table");
+    const head = table.insertRow();
+    head.appendChild(document.createElement("th"));
+    scores[0].forEach((_, h) => {
+      const th = document.createElement("th");
+      th.textContent = `head ${h}`;
+      head.appendChild(th);
+    });
+    scores.forEach((row, l) => {
+      const tr = table.insertRow();
+      const th = document.createElement("th");
+      th.textContent = `layer ${l}`;
+      tr.appendChild(th);
+      row.forEach((v, h) => {
+        const cell = tr.insertCell();
+        cell.className = "score";
+        cell.textContent = v.toFixed(2);
+        cell.title = `layer ${l} head ${h}: ${label} ${v.toFixed(3)}`;
+        cell.style.background = attentionColor(v);
+        if (v > 0.45) cell.style.color = "#fff";
+      });
+    });
+    map.append(title, table);
+    maps.appendChild(map);
+  }
+}
+
 $("generate").addEventListener("click", generate);
 $("stop").addEventListener("click", () => state.controller && state.controller.abort());
 $("prompt").addEventListener("keydown", (e) => {
@@ -251,11 +351,12 @@ $("output").addEventListener("mouseout", (e) => {
 });
 $("output").addEventListener("click", (e) => {
   const span = e.target.closest(".tok");
-  if (span) showAttention(span);
+  if (span) { showLens(Number(span.dataset.last)); showAttention(span); }
 });
+$("heads-open").addEventListener("click", showHeads);
 $("att-layer").addEventListener("change", drawAttention);
 $("att-head").addEventListener("change", drawAttention);
 document.addEventListener("keydown", (e) => {
-  if (e.key === "Escape") { $("attention").hidden = true; state.attention = null; }
+  if (e.key === "Escape") { $("attention").hidden = true; $("lens").hidden = true; state.attention = null; }
 });
 loadInfo();
