@@ -1,4 +1,5 @@
-"""`mini-gpt plot RUN_DIR [out=curves.png]`: a run's loss curves (and its health page) drawn to PNGs."""
+"""`mini-gpt plot RUN_DIR [out=curves.png]`: a run's loss curves (and its health and head-roles pages)
+drawn to PNGs."""
 
 from __future__ import annotations
 

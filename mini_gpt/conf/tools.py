@@ -223,7 +223,7 @@ class InspectConfig(ModelSource):
 @dataclass
 class PlotConfig:
     run_dir: str | None = None  # the run directory (or its metrics.csv); the first argument without `=`
-    out: str | None = None  # the PNG to write; null = <run_dir>/curves.png (health.png: the health page)
+    out: str | None = None  # the PNG to write; null = <run_dir>/curves.png (+ health.png, head_roles.png)
     dpi: int = 120  # resolution of the PNG
 
     def __post_init__(self) -> None:

@@ -92,6 +92,9 @@ class LoaderConfig:
     pin_memory: Any = "auto"  # pinned host memory for faster host->GPU copies: auto (on a GPU) | true | false
     val_windows: Any = "auto"  # val loss on this many evenly spaced val windows: auto | N | all
     align_to_documents: bool = False  # sharded corpora: every train window starts at a document start
+    # N > 0: each train window is a span of ceil(N / 2) to N corpus tokens (drawn per window), repeated to
+    # fill it, so copying by content pays: induction heads form (experiment=induction_heads). Val: plain
+    repeat_span: int = 0
 
     def __post_init__(self) -> None:
         at_least(1, **{"loader.batch_size": self.batch_size})

@@ -16,7 +16,14 @@ from mini_gpt.data import prepare
 from mini_gpt.data.config import AnyDataConfig, DataConfig, HFDataConfig, ShardsDataConfig, data_config
 from mini_gpt.data.shards import ShardedCorpus
 from mini_gpt.data.text import PreparedData, cache_dir
-from mini_gpt.data.windows import ShardTrainBatches, TrainBatches, ValBatches, ValWindows, val_window_count
+from mini_gpt.data.windows import (
+    ShardTrainBatches,
+    TrainBatches,
+    ValBatches,
+    ValWindows,
+    check_repeat_span,
+    val_window_count,
+)
 from mini_gpt.errors import MiniGPTError, at_least
 from mini_gpt.tokenizer import Tokenizer
 
@@ -34,6 +41,7 @@ class GPTDataModule(L.LightningDataModule):
         seed: int = 1337,
         val_windows: int | str | None = "auto",
         align_to_documents: bool = False,
+        repeat_span: int = 0,
     ) -> None:
         super().__init__()
         self.cfg: AnyDataConfig = data_config(data)
@@ -47,6 +55,7 @@ class GPTDataModule(L.LightningDataModule):
         self.block_size, self.batch_size, self.seed = block_size, batch_size, seed
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.align_to_documents = align_to_documents
+        self.repeat_span = check_repeat_span(repeat_span, block_size)  # train windows only: val stays plain
         self.val_windows = val_window_count(val_windows, block_size)  # None = all
         self.val_estimate_tokens: int | None = None  # target tokens per evaluation (all ranks), once known
         self.val_split_tokens: int | None = None  # tokens in the whole val split
@@ -157,13 +166,13 @@ class GPTDataModule(L.LightningDataModule):
         prep, rank, block, batch = self.prepared_data(), self._rank(), self.block_size, self.batch_size
         if isinstance(prep, ShardedCorpus):
             start, world, align = self._shard_start_batch(prep), self._world(), self.align_to_documents
-            eot = prep.tokenizer.eot_id
+            eot, span = prep.tokenizer.eot_id, self.repeat_span
             return self._loader(
-                ShardTrainBatches(prep.train, block, batch, self.seed, rank, world, start, align, eot)
+                ShardTrainBatches(prep.train, block, batch, self.seed, rank, world, start, align, eot, span)
             )
-        return self._loader(
-            TrainBatches(prep.train_path, prep.dtype, block, batch, self.seed, rank, self.start_batch())
-        )
+        start, span = self.start_batch(), self.repeat_span
+        path, dtype = prep.train_path, prep.dtype
+        return self._loader(TrainBatches(path, dtype, block, batch, self.seed, rank, start, span))
 
     def val_dataloader(self) -> DataLoader:
         prep = self.prepared_data()

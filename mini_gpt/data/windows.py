@@ -93,8 +93,29 @@ class _Stream(_Mapped, IterableDataset):
             index += n_workers
 
 
+def check_repeat_span(repeat_span: int, block_size: int) -> int:
+    """`loader.repeat_span`: 0 (plain windows) or the longest span, 1 to block_size tokens."""
+    if type(repeat_span) is not int or not 0 <= repeat_span <= block_size:
+        raise MiniGPTError(
+            f"loader.repeat_span={repeat_span!r} must be 0 (plain windows) or 1 to model.block_size="
+            f"{block_size} tokens, the longest span repeated to fill a train window (e.g. "
+            f"{(block_size + 1) // 2}: a span, then the same span again)"
+        )
+    return repeat_span
+
+
+def repeat_spans(rows: np.ndarray, most: int, key: Sequence[int]) -> np.ndarray:
+    """Each row's first p tokens, repeated from its start until the row is full, p drawn (seeded by `key`)
+    per row from ceil(most / 2) to `most`: the period varies, so only copying by content predicts the
+    repeat (a fixed period is learnt as a fixed offset to copy from). most = 0: the rows unchanged."""
+    if most == 0:
+        return rows
+    periods = np.random.default_rng(key).integers(-(-most // 2), most + 1, size=len(rows))
+    return np.take_along_axis(rows, np.arange(rows.shape[1]) % periods[:, None], axis=1)
+
+
 class TrainBatches(_Stream):
-    """Random training batches of a flat token file."""
+    """Random training batches of a flat token file (each a repeated span with `repeat_span` > 0)."""
 
     def __init__(
         self,
@@ -105,8 +126,10 @@ class TrainBatches(_Stream):
         seed: int = 1337,
         rank: int = 0,
         start_batch: int = 0,
+        repeat_span: int = 0,
     ) -> None:
         super().__init__()
+        self.repeat_span = check_repeat_span(repeat_span, block_size)
         self.files = [token_file(path, dtype)]
         self.n_tokens = self.files[0].n_tokens
         check_split_length("train", self.n_tokens, block_size)
@@ -116,7 +139,8 @@ class TrainBatches(_Stream):
     def batch(self, index: int) -> Batch:
         rng = np.random.default_rng([self.seed, self.rank, index])
         starts = rng.integers(0, self.n_tokens - self.block_size, size=self.batch_size)
-        return _xy(_rows(self._map(0), starts, self.block_size))
+        rows = _rows(self._map(0), starts, self.block_size)
+        return _xy(repeat_spans(rows, self.repeat_span, [self.seed, self.rank, index, 1]))
 
 
 class ShardTrainBatches(_Stream):
@@ -133,8 +157,10 @@ class ShardTrainBatches(_Stream):
         start_batch: int = 0,
         align_to_documents: bool = False,
         eot_id: int | None = None,
+        repeat_span: int = 0,
     ) -> None:
         super().__init__()
+        self.repeat_span = check_repeat_span(repeat_span, block_size)
         self.files = list(shards)
         self.block_size, self.batch_size = block_size, batch_size
         self.seed, self.rank, self.world, self.start_batch = seed, rank, world, start_batch
@@ -213,7 +239,7 @@ class ShardTrainBatches(_Stream):
         for s in np.unique(shard_ids).tolist():
             sel = shard_ids == s
             rows[sel] = _rows(self._map(s), starts[sel], self.block_size)
-        return _xy(rows)
+        return _xy(repeat_spans(rows, self.repeat_span, [self.seed, self.rank, index, 1]))
 
 
 def _evenly(n: int, most: int | None) -> np.ndarray:

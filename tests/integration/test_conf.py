@@ -277,6 +277,13 @@ def test_experiments_compose_to_their_recipes(compose: Any) -> None:
     assert (model.n_layer, model.n_embd, optim.name, cpu.trainer.max_steps) == (4, 128, "muon", 2500)
     assert cpu.trainer.accelerator == "cpu"
 
+    induction = compose(["experiment=induction_heads"])  # docs/inspect.md's run: head roles in the CSV
+    model, data, optim = _settings(induction)
+    assert (model.n_layer, model.block_size, optim.name, data.name) == (2, 64, "adamw", "shakespeare_char")
+    assert model.pos_embedding == "learned" and induction.loader.repeat_span == 32
+    assert induction.callbacks.head_roles.every_n_steps == 25 and set(induction.logger) == {"csv"}
+    assert compose([]).loader.repeat_span == 0  # the default run's windows are plain
+
 
 def test_default_logger_writes_a_csv_log_beside_wandb(compose: Any) -> None:
     loggers = compose([]).logger

@@ -181,3 +181,61 @@ def test_other_ranks_measure_nothing_and_bad_settings_are_one_line() -> None:
         HeadRoles(every_n_steps=-1)
     with pytest.raises(MiniGPTError, match=r"^callbacks.head_roles.batch=0 must be >= 1$"):
         HeadRoles(batch=0)
+
+
+def _periodic(row: list[int], shortest: int, longest: int) -> bool:
+    """Whether the row repeats itself with some period from shortest to longest tokens."""
+    return any(row[p:] == row[:-p] for p in range(shortest, longest + 1))
+
+
+def test_the_induction_heads_recipe_trains_on_repeated_spans_and_validates_on_plain_text(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+) -> None:
+    import lightning as L
+
+    from mini_gpt.train.run import train
+
+    batches: dict[str, list[torch.Tensor]] = {"train": [], "val": []}
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+            batches["train"].append(torch.cat([batch[0], batch[1][:, -1:]], dim=1))
+
+        def on_validation_batch_start(self, trainer: Any, module: Any, batch: Any, *args: Any) -> None:
+            batches["val"].append(torch.cat([batch[0], batch[1][:, -1:]], dim=1))
+
+    small = [
+        "model.n_embd=16", "model.block_size=32", "loader.repeat_span=12", "loader.batch_size=4",
+        "loader.val_windows=4", "trainer.max_steps=2", "trainer.val_check_interval=2",
+        "callbacks.head_roles.every_n_steps=1", "callbacks.sample_text=null", f"paths.run_dir={tmp_path}",
+        f"data.path={shakespeare_path}", f"data.data_dir={char_data_dir}", "threads=1",
+        "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
+    ]  # fmt: skip
+    cfg = compose(["experiment=induction_heads", *small])
+    assert cfg.model.n_layer == 2 and cfg.model.pos_embedding == "learned"  # the recipe's own
+    result = train(cfg, callbacks=[Record()])
+    assert result.summary is not None and result.summary["status"] == "completed"
+    rows = [r for b in batches["train"] for r in b.tolist()]
+    assert len(rows) == 2 * 4 and all(_periodic(r, 6, 12) for r in rows)  # a span of 6 to 12, repeated
+    val = [r for b in batches["val"] for r in b.tolist()]
+    assert len(val) == 4 and not any(_periodic(r, 6, 12) for r in val)  # the held-out text as it is
+    assert sorted(logged_rows(tmp_path)) == [0, 1, 2]  # head roles at the start and every step
+
+
+def test_a_bad_repeat_span_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    from mini_gpt.cli import main
+
+    args = ["train", "experiment=induction_heads", "loader.repeat_span=300", f"hydra.run.dir={tmp_path}"]
+    monkeypatch.setattr(sys, "argv", ["mini-gpt", *args])
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: loader.repeat_span=300 must be 0 (plain windows) or 1 to model.block_size=")
+    assert err.count("\n") == 1 and "Traceback" not in err

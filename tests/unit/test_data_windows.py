@@ -1,5 +1,5 @@
 """Windows over shards: a real permutation, every window once per epoch, disjoint ranks, exact resume,
-document alignment, fixed validation windows."""
+document alignment, repeated spans, fixed validation windows."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mini_gpt.data.shards import write_shard
-from mini_gpt.data.windows import ShardTrainBatches, ValBatches, ValWindows, feistel_permute
+from mini_gpt.data.windows import ShardTrainBatches, TrainBatches, ValBatches, ValWindows, feistel_permute
 from mini_gpt.errors import MiniGPTError
 
 EOT = 9
@@ -117,6 +117,63 @@ def test_align_to_documents(tmp_path: Path) -> None:
 def test_align_needs_an_end_of_text(shards) -> None:
     with pytest.raises(MiniGPTError, match="end-of-text"):
         ShardTrainBatches(shards, 8, 4, align_to_documents=True, eot_id=None)
+
+
+def repeated(corpus: list[int], start: int, period: int, length: int) -> list[int]:
+    """corpus[start:start + period] written out again and again, cut to `length` tokens."""
+    span = corpus[start : start + period]
+    return (span * (length // period + 1))[:length]
+
+
+def test_repeat_span_windows_are_a_span_then_the_same_span_again(tmp_path: Path, shards) -> None:
+    corpus = np.arange(5000, dtype=np.uint16)  # token value = position: a window names its start
+    corpus.tofile(tmp_path / "train.bin")
+    T, most = 15, 8
+    plain = TrainBatches(tmp_path / "train.bin", "uint16", T, 64, seed=2)
+    spans = TrainBatches(tmp_path / "train.bin", "uint16", T, 64, seed=2, repeat_span=most)
+    periods = []
+    for index in range(3):
+        (px, py), (x, y) = plain.batch(index), spans.batch(index)
+        assert torch.equal(x[:, 0], px[:, 0])  # the same windows, only their contents repeat
+        for plain_row, row in zip(
+            torch.cat([px, py[:, -1:]], 1).tolist(), torch.cat([x, y[:, -1:]], 1).tolist()
+        ):
+            start = plain_row[0]
+            assert plain_row == corpus[start : start + T + 1].tolist()  # repeat_span=0: plain windows
+            period = row.index(start, 1)  # where the span starts over
+            assert most // 2 <= period <= most
+            assert row == repeated(corpus.tolist(), start, period, T + 1)
+            if period == 8:  # half the window: the span, then the same span again
+                assert row == corpus[start : start + 8].tolist() + corpus[start : start + 8].tolist()
+            periods.append(period)
+    assert set(periods) == {4, 5, 6, 7, 8}  # drawn per window: no fixed offset to copy from
+    resumed = iter(
+        TrainBatches(tmp_path / "train.bin", "uint16", T, 64, seed=2, start_batch=2, repeat_span=most)
+    )
+    assert torch.equal(next(resumed)[0], spans.batch(2)[0])
+
+    sizes, flat = [s.n_tokens for s in shards], list(range(sum(s.n_tokens for s in shards)))
+    plain_shards = ShardTrainBatches(shards, T, 8, seed=3)
+    span_shards = ShardTrainBatches(shards, T, 8, seed=3, repeat_span=5)
+    for index in range(4):
+        starts, (x, y) = plain_shards.batch(index)[0][:, 0], span_shards.batch(index)
+        assert torch.equal(x[:, 0], starts)
+        for row in torch.cat([x, y[:, -1:]], 1).tolist():
+            period = row.index(row[0], 1)
+            assert 3 <= period <= 5 and row == repeated(flat, row[0], period, T + 1)
+            assert shard_of(row[0], sizes) == shard_of(row[0] + period - 1, sizes)  # one shard's tokens
+
+
+@pytest.mark.parametrize("bad", [-1, 16, True, 2.5, "8"])
+def test_repeat_span_is_zero_or_at_most_the_block(tmp_path: Path, shards, bad: object) -> None:
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    with pytest.raises(
+        MiniGPTError, match=rf"^loader\.repeat_span={bad!r} must be 0 \(plain windows\) or 1 to"
+    ):
+        TrainBatches(tmp_path / "train.bin", "uint16", 15, 4, repeat_span=bad)  # type: ignore[arg-type]
+    with pytest.raises(MiniGPTError, match=r"model\.block_size=15 tokens"):
+        ShardTrainBatches(shards, 15, 4, repeat_span=bad)  # type: ignore[arg-type]
+    assert TrainBatches(tmp_path / "train.bin", "uint16", 15, 4, repeat_span=15).repeat_span == 15
 
 
 def test_val_windows_are_fixed(shards) -> None:

@@ -61,7 +61,7 @@ class HeadRoles(StepCallback):
             self.measure(trainer, pl_module)
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        last = trainer.global_step >= trainer.max_steps
+        last = 0 < trainer.max_steps <= trainer.global_step  # max_steps -1: no last step to know of
         if self.enabled and (trainer.global_step % self.every_n_steps == 0 or last):
             self.measure(trainer, pl_module)
 
