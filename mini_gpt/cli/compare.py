@@ -11,7 +11,16 @@ from pathlib import Path
 from mini_gpt.conf import run_tool, split_free_text
 from mini_gpt.conf.tools import SCALING_PARAMS, CompareConfig
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.viz.compare import compare_table, find_runs, markdown, plot_scaling, scaling_fit, write_report
+from mini_gpt.viz.compare import (
+    compare_table,
+    find_runs,
+    markdown,
+    plot_scaling,
+    scaling_fit,
+    seed_groups,
+    seeds_table,
+    write_report,
+)
 
 
 def _expand(paths: list[str]) -> list[str]:
@@ -31,6 +40,10 @@ def compare(cfg: CompareConfig) -> None:
     files = write_report(header, rows, ordered, keys, out)
     print(markdown(header, rows))
     print(f"\n{len(rows)} runs; table: {files['csv']}, report: {files['html']}, curves: {files['png']}")
+    groups = seed_groups(ordered, keys)
+    if groups:
+        print("\nover seeds (completed runs; std: the sample standard deviation):")
+        print(markdown(*seeds_table(groups)))
     if cfg.scaling:
         fit = scaling_fit(ordered, SCALING_PARAMS[cfg.params])
         plot_scaling(ordered, fit, out / "scaling.png")

@@ -7,6 +7,7 @@ import csv
 import html
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,65 @@ def compare_table(runs: list[Run]) -> tuple[list[str], list[list[str]], list[Run
         numbers = [_fmt(run.summary.get(k) if k in ("steps", "tokens") else run.number(k)) for k in NUMBERS]
         rows.append([best, *(_setting(run.config.get(k)) for k in keys), status, *numbers, str(run.path)])
     return header, rows, ordered, keys
+
+
+@dataclass(frozen=True)
+class SeedGroup:
+    """Runs that differ only in their seed: the same recipe's spread (a record is a mean over seeds)."""
+
+    setting: str  # the other differing keys, as the table shows them ("" when only the seed differs)
+    seeds: list[Any]
+    final: list[float]  # final val loss per seed, in seed order
+    wall: list[float]  # wall seconds per seed
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.final)
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.final)  # the sample standard deviation, as the reference bands
+
+
+def seed_groups(runs: list[Run], keys: list[str]) -> list[SeedGroup]:
+    """When the seed is among the differing keys: the runs grouped by every other differing key, each group
+    of 2+ completed runs with a final val loss (others are left out of the means)."""
+    if "seed" not in keys:
+        return []
+    others = [k for k in keys if k != "seed"]
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        if run.summary.get("status") == "completed" and run.number("final_val_loss") is not None:
+            name = " ".join(f"{k}={_setting(run.config.get(k))}" for k in others)
+            groups.setdefault(name, []).append(run)
+    result = []
+    for name, members in groups.items():
+        members = sorted(members, key=lambda r: _seed_order(r.config.get("seed")))
+        if len(members) >= 2:
+            final = [r.number("final_val_loss") or math.nan for r in members]
+            wall = [r.number("wall_seconds") or math.nan for r in members]
+            result.append(SeedGroup(name, [r.config.get("seed") for r in members], final, wall))
+    return sorted(result, key=lambda g: g.mean)
+
+
+def _seed_order(seed: Any) -> tuple[int, int, str]:
+    return (0, seed, "") if isinstance(seed, int) else (1, 0, repr(seed))  # 2 before 10
+
+
+def seeds_table(groups: list[SeedGroup]) -> tuple[list[str], list[list[str]]]:
+    header = ["setting", "seeds", "mean final_val_loss", "std", "per seed", "max wall_seconds"]
+    rows = [
+        [
+            g.setting or "-",
+            ",".join(map(str, g.seeds)),
+            f"{g.mean:.4f}",
+            f"{g.std:.4f}",
+            ", ".join(f"{v:.4f}" for v in g.final),
+            f"{max(g.wall):.1f}",
+        ]
+        for g in groups
+    ]
+    return header, rows
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> str:

@@ -131,3 +131,31 @@ def test_runs_key_and_folders_as_arguments_are_the_same_runs(multirun: Path, tmp
 def test_scaling_needs_budget_runs(multirun: Path) -> None:
     with pytest.raises(MiniGPTError, match=r"scaling=true needs runs trained to a compute budget"):
         scaling_fit(find_runs([str(multirun)]))
+
+
+def test_seeds_print_their_mean_and_spread(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    finals = {(0.01, 3): 1.49, (0.01, 1): 1.50, (0.01, 2): 1.52, (0.1, 1): 1.61, (0.1, 2): 1.65}
+    for i, ((lr, seed), final) in enumerate(finals.items()):
+        config = {**_config(lr), "seed": seed}
+        _run(tmp_path / "m" / str(i), [f"optim.lr={lr}", f"seed={seed}"], config, best_val_loss=final,
+             final_val_loss=final, wall_seconds=500.0 + i)  # fmt: skip
+    lone = {**_config(0.3), "seed": 1}  # one seed only: no spread to report
+    _run(tmp_path / "m" / "5", ["optim.lr=0.3", "seed=1"], lone, best_val_loss=1.4, final_val_loss=1.4)
+    diverged = {**_config(0.01), "seed": 4}  # not completed: out of the means
+    _run(tmp_path / "m" / "6", ["optim.lr=0.01", "seed=4"], diverged, final_val_loss=9.0, status="diverged")
+    assert main([str(tmp_path / "m")]) == 0
+    out = capsys.readouterr().out
+    seeds_part = out.split("over seeds")[1]
+    rows = [line.split(" | ") for line in seeds_part.splitlines() if line.startswith("| optim.lr")]
+    assert [r[0] for r in rows] == ["| optim.lr=0.01", "| optim.lr=0.1"]
+    values = [1.50, 1.52, 1.49]  # seeds 1, 2, 3
+    mean = sum(values) / 3
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / 2)
+    assert rows[0][1:5] == ["1,2,3", f"{mean:.4f}", f"{std:.4f}", "1.5000, 1.5200, 1.4900"]
+    assert rows[0][5].rstrip(" |") == "502.0"  # the slowest seed (seed 2, the third run written)
+    assert rows[1][1:4] == ["1,2", "1.6300", f"{math.sqrt(2 * 0.02**2):.4f}"]
+
+
+def test_no_seed_table_when_seeds_do_not_differ(multirun: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main([str(multirun)]) == 0
+    assert "over seeds" not in capsys.readouterr().out
