@@ -52,7 +52,8 @@ def dead_ranks(trainer: Any, err: BaseException) -> str | None:
     killed); under torchrun / SLURM a lost connection is all there is."""
     if getattr(trainer, "world_size", 1) <= 1:
         return None
-    procs = list(getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or [])
+    launched = getattr(getattr(trainer.strategy, "launcher", None), "procs", None)
+    procs = list(launched or [])
     dead = []
     for local_rank, proc in enumerate(procs, start=1):
         code = proc.poll()
@@ -63,6 +64,10 @@ def dead_ranks(trainer: Any, err: BaseException) -> str | None:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
+        # Lightning 2.6's child-process observer polls this same list every 5 s and SIGKILLs this process
+        # once a child died, which can cut the error line's exit (status 2) short; all are reaped and
+        # reported here, so it is left nothing to watch.
+        launched.clear()
         return " and ".join(dead) + " died"
     text = f"{type(err).__name__}: {err}".lower()
     if any(marker in text for marker in _PEER_GONE):

@@ -130,8 +130,11 @@ def _ddp_trainer(procs: list[_Proc], world_size: int = 3) -> Any:
 def test_dead_ranks_names_the_dead_child_and_kills_the_survivors() -> None:
     survivor, dead = _Proc(11, None), _Proc(12, -9)
     error = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
-    assert dead_ranks(_ddp_trainer([survivor, dead]), error) == "rank 2 (pid 12, killed by signal 9) died"
+    trainer = _ddp_trainer([survivor, dead])
+    assert dead_ranks(trainer, error) == "rank 2 (pid 12, killed by signal 9) died"
     assert survivor.killed  # nothing left behind
+    # Lightning's observer thread watches this list and would SIGKILL rank 0 mid-exit: left empty
+    assert trainer.strategy.launcher.procs == []
     assert dead_ranks(_ddp_trainer([_Proc(11, 3)], 2), error) == "rank 1 (pid 11, exit status 3) died"
 
 
