@@ -186,18 +186,18 @@ def test_a_key_added_since_the_run_with_a_null_value_is_not_a_change() -> None:
 
 
 BUDGET_RECIPE = "experiment=shakespeare_char_10min"  # sets trainer.max_flops (a compute budget)
-DROPPED = "trainer.max_steps=1000 given: it replaces trainer.max_flops=4.6e+13 (the budget, now null)"
+DROPPED = "trainer.max_steps=1000 given: it replaces trainer.max_flops=2.45e+13 (the budget, now null)"
 
 
 def test_a_given_max_steps_beats_a_recipes_budget(compose: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    assert compose([BUDGET_RECIPE]).trainer.max_flops == 4.6e13
+    assert compose([BUDGET_RECIPE]).trainer.max_flops == 2.45e13
     with hydra_job(compose, [BUDGET_RECIPE, "trainer.max_steps=1000"]) as cfg:
         run = resumed_config(cfg, None)
     assert (run.trainer.max_steps, run.trainer.max_flops) == (1000, None)
-    assert cfg.trainer.max_flops == 4.6e13  # the caller's config is left as it was
+    assert cfg.trainer.max_flops == 2.45e13  # the caller's config is left as it was
     assert capsys.readouterr().out.splitlines() == [DROPPED]
     with hydra_job(compose, [BUDGET_RECIPE]) as cfg:
-        assert resumed_config(cfg, None).trainer.max_flops == 4.6e13  # no steps given: the budget runs
+        assert resumed_config(cfg, None).trainer.max_flops == 2.45e13  # no steps given: the budget runs
     # the later of the two wins, as on one command line
     with hydra_job(compose, ["trainer.max_steps=5", "trainer.max_flops=1e9"]) as cfg:
         assert resumed_config(cfg, None).trainer.max_flops == 1e9
@@ -219,4 +219,4 @@ def test_a_run_that_gave_max_steps_over_a_budget_resumes_from_the_checkpoint_alo
     # a budget run resumed with a step count: the steps win, and the change is printed
     longer = _resume(compose, _checkpoint(ckpt, compose, [BUDGET_RECIPE]), "trainer.max_steps=20000")
     assert (longer.trainer.max_steps, longer.trainer.max_flops) == (20000, None)
-    assert "  trainer.max_flops: 46000000000000.0 -> None" in capsys.readouterr().out.splitlines()
+    assert "  trainer.max_flops: 24500000000000.0 -> None" in capsys.readouterr().out.splitlines()
