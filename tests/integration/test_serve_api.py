@@ -48,9 +48,23 @@ def ckpt(tmp_path_factory):
     return write_lightning_ckpt(tmp_path_factory.mktemp("serve") / "last.ckpt", model, CharTokenizer(CHARS))
 
 
+def import_anyio_now() -> None:
+    """Import the parts of anyio it imports on first use (anyio._lazyimport), here in the test's thread.
+
+    pytest rewrites anyio's modules as they are imported (anyio is a pytest plugin), with `ast`, which is
+    not thread-safe in CPython 3.11: a server thread's first `anyio.open_file` (a FileResponse) beside the
+    test's own parsing failed once in CI with "SystemError: AST constructor recursion depth mismatch".
+    A served app outside pytest loads compiled modules and never meets this."""
+    for name, module in list(sys.modules.items()):
+        if name == "anyio" or name.startswith("anyio."):
+            for attribute in dir(module):  # a lazy module lists its lazy names, and getattr imports them
+                getattr(module, attribute, None)
+
+
 @contextmanager
 def serving(app):
     """The base URL of `app` served by uvicorn in a thread, on a free port."""
+    import_anyio_now()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
