@@ -1,5 +1,6 @@
-"""How every verb reads its configuration: conf/<verb>.yaml holds the values, its schema dataclass (in
-Hydra's ConfigStore as `<verb>_schema`) the keys, types and the comments `--help` shows."""
+"""How every verb reads its configuration: its schema dataclass (in Hydra's ConfigStore as `<verb>_schema`)
+holds the keys, types, defaults and the comments `--help` shows. A verb has a conf/<verb>.yaml only where
+it picks config groups (evaluate's `data: shakespeare_char`) or is train's; the others compose the schema."""
 
 from __future__ import annotations
 
@@ -82,8 +83,11 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train", hydra: bo
     from hydra import initialize_config_dir
 
     register()
+    # A verb without a YAML composes its schema; any other name (a resumed run's saved config) is itself.
+    yaml = (CONF_DIR / f"{config_name}.yaml").is_file()
+    primary = f"{config_name}_schema" if config_name in schemas() and not yaml else config_name
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=hydra)
+        return hydra_compose(primary, overrides=list(overrides), return_hydra_config=hydra)
 
 
 def compose_command_line(config_name: str, overrides: Sequence[str]) -> Any:

@@ -1,1 +1,1 @@
-"""Evaluation: the tasks (tasks.py: bits per byte, HellaSwag), their scoring, the lm-eval harness model."""
+"""Evaluation: the tasks (bits per byte, HellaSwag), their scoring, the lm-eval model, reference bands."""

@@ -1,1 +1,1 @@
-"""Weights and tokenizers in and out: our checkpoints, transformers models, exports."""
+"""Weights and tokenizers in and out: our checkpoints (LoRA merged on load), transformers models, exports."""

@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 from mini_gpt.conf import checked_config
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.hf import ARCHITECTURES, HUB_MODELS, check_hub_available, gpt_from_hf, load_hf_dir
+from mini_gpt.interop.lora import LoraSpec, has_lora_weights, merge_lora
 from mini_gpt.interop.nanogpt import is_nanogpt, nanogpt_parts
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import Tokenizer, build_tokenizer, tokenizer_from_dict
-from mini_gpt.train.lora import LoraSpec, has_lora_weights, merge_lora
 
 FORMAT_VERSION = 1
 SAFETENSORS_FILE = "model.safetensors"
@@ -42,8 +42,7 @@ def unreadable_checkpoint(path: str | Path, err: BaseException) -> MiniGPTError:
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """torch.load a `.ckpt` (weights_only: it cannot run code), memory-mapped: reading the small entries
-    (`mini_gpt`, `global_step`) leaves the weights on disk."""
+    """torch.load a `.ckpt`, weights_only (it runs no code) and memory-mapped (the weights stay on disk)."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise MiniGPTError(
@@ -80,7 +79,7 @@ def _tokenizer_difference(saved: dict[str, Any], current: dict[str, Any]) -> str
     if saved == current:
         return None
     kinds = [
-        d.get("type") if d.get("type") != "tiktoken" else f"tiktoken {d.get('name')}"
+        f"tiktoken {d.get('name')}" if d.get("type") == "tiktoken" else d.get("type")
         for d in (saved, current)
     ]
     if kinds[0] != kinds[1]:
@@ -98,9 +97,8 @@ def _tokenizer_difference(saved: dict[str, Any], current: dict[str, Any]) -> str
             f"character vocabulary differs ({len(old)} characters in the checkpoint, {len(new)} in this "
             f"run's corpus; {detail})"
         )
-    keys = _differences(
-        {k: v for k, v in saved.items() if k != "ranks"}, {k: v for k, v in current.items() if k != "ranks"}
-    )
+    saved, current = ({k: v for k, v in d.items() if k != "ranks"} for d in (saved, current))
+    keys = _differences(saved, current)
     return f"tokenizer {kinds[0]} differs in {', '.join(keys or ['ranks'])}"
 
 
@@ -114,9 +112,8 @@ def require_training_state(checkpoint: dict[str, Any], source: str | Path) -> No
 
 
 def check_resume(meta: Any, model_config: dict[str, Any], tokenizer: Tokenizer, source: str | Path) -> None:
-    """Refuse to resume into a run whose model config or tokenizer differ from the checkpoint's `mini_gpt`
-    entry (`meta`), before anything starts: a same-size character vocabulary with other characters would
-    silently train on ids of a new meaning."""
+    """Refuse to resume a run whose model config or tokenizer differ from the checkpoint's `mini_gpt` entry:
+    a same-size character vocabulary with other characters would silently train on ids of a new meaning."""
     meta = _check_meta(meta, Path(source))
     # The tokenizer first: a different vocabulary is the cause of a different model.vocab_size.
     why = _tokenizer_difference(meta["tokenizer"], tokenizer.to_dict())
@@ -236,9 +233,8 @@ def load_model(
         if not isinstance(state, dict):
             raise MiniGPTError(f"checkpoint {path} has no state_dict")
         state = {k.replace("_orig_mod.", ""): v for k, v in state.items()}  # wherever torch.compile put it
-        model, tok = _build(
-            meta, {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}, path
-        )
+        weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+        model, tok = _build(meta, weights, path)
     return model.to(device).eval(), tok
 
 

@@ -13,8 +13,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.eval.reference import run_reference
 from mini_gpt.files import read_json
-from mini_gpt.train.reference import run_reference
 from mini_gpt.viz import save_figure
 
 Series = dict[int, float]  # step -> value

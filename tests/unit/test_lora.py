@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.interop.lora import LoraSpec, add_lora, has_lora_weights, merge_lora
 from mini_gpt.model.gpt import GPT, GPTConfig
-from mini_gpt.train.lora import LoraSpec, add_lora, has_lora_weights, merge_lora
 
 CONFIG = GPTConfig(vocab_size=61, block_size=16, n_layer=2, n_head=2, n_embd=16)
 TARGETS = tuple(

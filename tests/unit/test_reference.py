@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import yaml
 
-from mini_gpt.train import reference
-from mini_gpt.train.reference import MIN_HALF_WIDTH, Reference, build_reference, recipe_key
+from mini_gpt.eval import reference
+from mini_gpt.eval.reference import MIN_HALF_WIDTH, Reference, build_reference, recipe_key
 
 CONFIG = {
     "model": {"block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0, "bias": True,

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, import_extra
 from mini_gpt.model.gpt import GPT, GPTConfig
 
 
@@ -32,19 +32,16 @@ class LoraSpec:
 
 
 def _peft() -> Any:
-    try:
-        import peft
-    except ImportError:
-        raise MiniGPTError(
-            'finetune=lora needs peft: pip install -e ".[lora]" (or pip install peft)'
-        ) from None
-    return peft
+    return import_extra("peft", 'finetune=lora needs peft: pip install -e ".[lora]" (or pip install peft)')
 
 
 def _peft_config(spec: LoraSpec) -> Any:
-    targets = list(spec.target_modules)
     return _peft().LoraConfig(
-        r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=targets, bias="none"
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
+        target_modules=list(spec.target_modules),
+        bias="none",
     )
 
 
@@ -79,7 +76,4 @@ def merge_lora(config: GPTConfig, spec: LoraSpec, state_dict: dict[str, torch.Te
             f"LoRA weights do not match the recorded adapters (missing {missing[:3]}, "
             f"unexpected {unexpected[:3]})"
         )
-    merged = wrapped.merge_and_unload()
-    for p in merged.parameters():
-        p.requires_grad_(True)
-    return merged
+    return wrapped.merge_and_unload().requires_grad_(True)

@@ -1,6 +1,6 @@
 """Reference bands: is this run's val loss normal for its recipe?
 
-Each shipped recipe has a reference file (mini_gpt/train/references/<name>.json): its val loss against
+Each shipped recipe has a reference file (mini_gpt/eval/references/<name>.json): its val loss against
 tokens seen, from 3 seeds, as a mean and a spread. A run matches a reference when what makes curves
 comparable is the same: the model's shape, the corpus and tokenizer, the tokens per optimizer step and the
 step count (the schedule's length). The optimizer's settings and the seed may differ: those are what the
@@ -10,7 +10,7 @@ MIN_HALF_WIDTH), taken at the same token count (linear between the reference's e
     within: inside the band    above: worse (higher loss)    below: better than every seed spread
 
 Refresh a file from new runs (their folders, each with summary.json and .hydra/config.yaml):
-    python -m mini_gpt.train.reference NAME RUN_DIR [RUN_DIR ...]
+    python -m mini_gpt.eval.reference NAME RUN_DIR [RUN_DIR ...]
 """
 
 from __future__ import annotations
@@ -78,11 +78,8 @@ def load_references(directory: Path | None = None) -> list[Reference]:
     refs = []
     for path in sorted((directory or REFERENCE_DIR).glob("*.json")):
         raw = json.loads(path.read_text())
-        refs.append(
-            Reference(
-                path.stem, raw["key"], raw["tokens"], raw["mean"], raw["std"], raw["command"], raw["seeds"]
-            )
-        )
+        fields = (raw["key"], raw["tokens"], raw["mean"], raw["std"], raw["command"], raw["seeds"])
+        refs.append(Reference(path.stem, *fields))
     return refs
 
 
@@ -108,9 +105,7 @@ def compare_to_reference(key: Mapping[str, Any], val_curve: list[list[float]], t
 def read_run(run_dir: Path) -> tuple[dict[str, Any], list[tuple[int, float]], str]:
     """(recipe key, [(tokens, val loss), ...], status) of a run folder (summary.json, .hydra/config.yaml)."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    config = yaml.safe_load(
-        (run_dir / ".hydra" / "config.yaml").read_text()
-    )  # the keys read are plain values
+    config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())  # the keys read: plain values
     tokens_per_step = summary["tokens"] // max(summary["steps"], 1)
     curve = [(step * tokens_per_step, val) for step, _, val in summary["val_curve"]]
     max_steps = (config.get("trainer") or {}).get("max_steps")  # type: ignore[union-attr]
@@ -154,7 +149,7 @@ def build_reference(run_dirs: list[Path], command: str) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     if len(argv) < 4:
         print(
-            "usage: python -m mini_gpt.train.reference NAME 'COMMAND' RUN_DIR RUN_DIR [...]", file=sys.stderr
+            "usage: python -m mini_gpt.eval.reference NAME 'COMMAND' RUN_DIR RUN_DIR [...]", file=sys.stderr
         )
         return 2
     name, command, *dirs = argv[1:]
