@@ -17,8 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from mini_gpt.conf import model_preset
+from mini_gpt.conf.train import OptimConfig
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import CharTokenizer
+from mini_gpt.train.loop import train_loop
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO / "data" / "tinyshakespeare" / "input.txt"  # shipped with the repository
@@ -137,24 +139,25 @@ def write_lightning_ckpt(path: Path, model: GPT, tokenizer, key_prefix: str = "m
 def train_tiny_char_model(
     steps: int = 150, seed: int = 0, block_size: int = 32
 ) -> tuple[GPT, CharTokenizer, list[float]]:
-    """A tiny character GPT trained for a few steps on Shakespeare, with plain torch (no Lightning)."""
+    """A tiny character GPT trained for a few steps on Shakespeare by the plain loop (no Lightning):
+    AdamW at a constant lr of 1e-2, no clipping, batches of 16 random windows. Returns every step's loss."""
     text = SHAKESPEARE.read_text()
     tokenizer = CharTokenizer.from_text(text)
     data = torch.tensor(tokenizer.encode(text[:200_000]))
     torch.manual_seed(seed)
     T = block_size
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=tokenizer.vocab_size, block_size=T))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(steps):
-        starts = torch.randint(0, len(data) - T - 1, (16,))
-        x = torch.stack([data[s : s + T] for s in starts])
-        y = torch.stack([data[s + 1 : s + T + 1] for s in starts])
-        loss = torch.nn.functional.cross_entropy(model(x)[0].flatten(0, 1), y.flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+
+    def batches() -> Any:  # drawn from torch's seeded generator as the loop asks for them
+        while True:
+            starts = torch.randint(0, len(data) - T - 1, (16,))
+            yield (
+                torch.stack([data[s : s + T] for s in starts]),
+                torch.stack([data[s + 1 : s + T + 1] for s in starts]),
+            )
+
+    optim = OptimConfig(lr=1e-2, weight_decay=0.01, betas=(0.9, 0.999), schedule="constant", warmup_steps=0)
+    losses = train_loop(model, optim, batches(), steps, grad_clip=None, on_log=None)
     return model.eval(), tokenizer, losses
 
 

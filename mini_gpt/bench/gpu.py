@@ -239,7 +239,7 @@ def train_run(part: Part, overrides: list[str], run: str, stop_s: float | None =
         raise RuntimeError(f"{run}: the run wrote no summary")
     wall = time.perf_counter() - t0
     clock = time.time() - wall  # val_history holds unix times
-    curve = [(step, round(t - clock, 1), loss) for step, t, loss in result.module.stats.val_history]
+    curve = [(step, round(t - clock, 1), loss) for step, t, loss in result.record.val_curve]
     return {**result.summary, "bench_wall_s": round(wall, 1), "bench_val_curve": curve}
 
 
@@ -326,8 +326,8 @@ def train_step(part: Part) -> None:
         wrap = (lambda m: torch.compile(m, backend=backend)) if compiled else (lambda m: m)
         suffix = "-compiled" if compiled else ""
         return {
-            f"mini-gpt{suffix}": chunk(train_step_fn(wrap(ours), ours_opt, batches, True, bf16=True), steps),
-            f"nanogpt{suffix}": chunk(train_step_fn(wrap(nano), nano_opt, batches, False, bf16=True), steps),
+            f"mini-gpt{suffix}": chunk(train_step_fn(wrap(ours), ours_opt, batches, bf16=True), steps),
+            f"nanogpt{suffix}": chunk(train_step_fn(wrap(nano), nano_opt, batches, bf16=True), steps),
         }
 
     for compiled in (False, True):

@@ -1,30 +1,29 @@
-"""Training speed: Lightning vs a raw loop, our step vs nanoGPT's, and the loss of a big vocabulary.
+"""Training speed: Lightning vs a raw loop, and our step vs nanoGPT's.
 
-    python -m mini_gpt.bench train [--compare lightning,nanogpt,loss] [--threads N] [section options]
+    python -m mini_gpt.bench train [--compare lightning,nanogpt] [--threads N] [section options]
 
-Three comparisons, each alternating its contenders in one process so background load hits them alike
+Two comparisons, each alternating its contenders in one process so background load hits them alike
 (medians, other_load printed with each table):
 
 - `lightning`: the Lightning path (GPTLitModule + Trainer + our per-step callbacks) against a minimal
-  raw PyTorch loop with the same model config, data stream, optimizer, schedule, clipping and
-  precision. Lightning's fit runs, and after every `--steps` Lightning steps a callback runs `--steps`
-  raw steps (that time is cut out of Lightning's clock); tokens/s, their ratio and MFU.
+  raw PyTorch loop (`mini_gpt.train.loop`'s step) with the same model config, data stream, optimizer,
+  schedule, clipping and precision. Lightning's fit runs, and after every `--steps` Lightning steps a
+  callback runs `--steps` raw steps (that time is cut out of Lightning's clock); tokens/s, their ratio
+  and MFU.
 - `nanogpt`: one forward + backward + clip + AdamW step of our GPT against a model written here from
   nanoGPT's published architecture (which trains in float32 on a CPU), on the shapes of our model presets
   (tiny 2x32; char 4x128 T64 B12, nanoGPT's CPU recipe; baby 6x384 T256, its baby GPT; gpt2 12x768), our
   GPT in float32 and in bf16 autocast (Lightning's bf16-mixed), and which of the two
   `trainer.precision=auto` picks for that shape on this machine.
-- `loss`: a training step of the baby model with GPT-2's 50,257-token vocabulary, the loss over all
-  (B, T, V) logits at once against `mini_gpt.model.loss` (chunked): seconds and peak memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from mini_gpt.bench.common import alternate, comma_choices, pick_device, print_part, shared_flags
-from mini_gpt.conf import compose, model_preset
+from mini_gpt.conf import compose
 from mini_gpt.machine import LoadMeter
 
 
@@ -51,10 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=None, help="token cache (default: the data default)")
     parser.add_argument(
         "--compare",
-        default="lightning,nanogpt,loss",
-        type=comma_choices("lightning", "nanogpt", "loss"),
+        default="lightning,nanogpt",
+        type=comma_choices("lightning", "nanogpt"),
         help="comma list of the comparisons to run: lightning (Lightning vs a raw loop), nanogpt (our "
-        "step vs a nanoGPT-style model), loss (full-logits vs chunked loss with a big vocabulary)",
+        "step vs a nanoGPT-style model)",
     )
     parser.add_argument(
         "--nanogpt-configs",
@@ -65,9 +64,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nanogpt-batch-size", type=int, default=None, help="default: each shape's own")
     parser.add_argument("--nanogpt-steps", type=int, default=5, help="steps per alternated chunk")
     parser.add_argument("--nanogpt-repeats", type=int, default=5, help="chunks per contender (median)")
-    parser.add_argument("--loss-vocab", type=int, default=50257, help="vocabulary of the loss comparison")
-    parser.add_argument("--loss-batch-size", type=int, default=12, help="batch of the loss comparison")
-    parser.add_argument("--loss-repeats", type=int, default=2, help="steps per loss path (median time)")
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -85,12 +81,6 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
             f"{torch.get_num_threads()} threads, alternated)"
         )
         extra["vs_nanogpt"] = print_part(title, rows, load)
-    if "loss" in compare:
-        with LoadMeter() as load:
-            rows = loss_rows(args.loss_vocab, args.loss_batch_size, args.loss_repeats, device)
-        title = "train: loss of a big vocabulary, all logits at once vs model.loss (chunked)"
-        what = "CUDA allocator" if device.type == "cuda" else "process RSS"
-        extra["loss_memory"] = print_part(title, rows, load, f"peak_mb: peak memory of the step ({what}); ")
     if "lightning" not in compare:
         return [], extra
     rows, lightning_extra = lightning_vs_raw(args, device)
@@ -106,6 +96,7 @@ def lightning_vs_raw(
     from mini_gpt.data.datamodule import GPTDataModule, TrainBatches
     from mini_gpt.model.gpt import GPT, GPTConfig
     from mini_gpt.train.callbacks import Health, LossGuard, ProgressBar, StopOnSignal, Throughput, peak_flops
+    from mini_gpt.train.loop import train_steps
     from mini_gpt.train.module import GPTLitModule
     from mini_gpt.train.optim import build_optimizer, build_scheduler
     from mini_gpt.train.precision import choose_precision
@@ -125,32 +116,19 @@ def lightning_vs_raw(
     clip = 1.0
     precision = choose_precision(args.precision, device.type, gpt_cfg.n_embd).precision
 
-    # ---- raw PyTorch contender -----------------------------------------------------------------
+    # ---- raw PyTorch contender: mini_gpt.train.loop's step, paused between chunks -------------------
     torch.manual_seed(0)
     raw_model = GPT(gpt_cfg).to(device)
     raw_opt = build_optimizer(raw_model, optim_cfg)
     raw_sched = build_scheduler(raw_opt, optim_cfg, max_steps)
     prep = dm.prepared_data()
     raw_data = TrainBatches(prep.train_path, prep.dtype, gpt_cfg.block_size, batch_size, seed=1337)
-    raw_iter = iter(raw_data)
     amp_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
+    raw_steps = train_steps(raw_model, raw_opt, raw_sched, iter(raw_data), clip, amp_dtype=amp_dtype)
 
     def raw_chunk() -> None:
-        raw_model.train()
-        for _ in range(args.steps):
-            x, y = next(raw_iter)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                logits, _ = raw_model(x)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
-            scaler.scale(loss).backward()
-            scaler.unscale_(raw_opt)
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), clip, foreach=True)
-            scaler.step(raw_opt)
-            scaler.update()
-            raw_sched.step()
-            raw_opt.zero_grad(set_to_none=True)
+        for _ in itertools.islice(raw_steps, args.steps):  # the losses stay on the device: no sync
+            pass
         if device.type == "cuda":
             torch.cuda.synchronize()
 
@@ -310,13 +288,13 @@ class NanoGPT(torch.nn.Module):
             elif name.endswith("bias"):
                 torch.nn.init.zeros_(p)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.h:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
     def configure_optimizer(self, lr: float) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]
@@ -328,24 +306,17 @@ class NanoGPT(torch.nn.Module):
 
 
 def train_step_fn(
-    model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list, ours: bool, bf16: bool = False
+    model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list, bf16: bool = False
 ) -> Any:
-    """One optimizer step per call, the same loop for both: loss, backward, clip at 1, AdamW, zero. With
-    `bf16`, forward and loss run under bf16 autocast as Lightning's bf16-mixed does (fp32 weights)."""
-    state = {"i": 0}
-    device_type = next(model.parameters()).device.type
+    """One optimizer step per call, the same loop for both models (nanoGPT's `logits, loss = model(x, y)`):
+    mini_gpt.train.loop's step without an lr schedule (loss, backward, clip at 1, AdamW, zero) over
+    `batches` round and round. With `bf16`, forward and loss run under bf16 autocast as Lightning's
+    bf16-mixed does (fp32 weights)."""
+    from mini_gpt.train.loop import train_steps
 
-    def step() -> None:
-        x, y = batches[state["i"] % len(batches)]
-        state["i"] += 1
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(x, targets=y)[1] if ours else model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    amp_dtype = torch.bfloat16 if bf16 else None
+    steps = train_steps(model, opt, None, itertools.cycle(batches), grad_clip=1.0, amp_dtype=amp_dtype)
+    return lambda: next(steps)
 
 
 def our_model(config: str, vocab: int = NANO_VOCAB) -> Any:
@@ -371,7 +342,7 @@ def our_adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
 def our_step_fn(config: str, batches: list, device: torch.device, bf16: bool) -> Any:
     """Our GPT on a NANO_CONFIGS shape with our AdamW."""
     model = our_model(config).to(device).train()
-    return train_step_fn(model, our_adamw(model), batches, True, bf16=bf16)
+    return train_step_fn(model, our_adamw(model), batches, bf16=bf16)
 
 
 def nanogpt_rows(
@@ -393,7 +364,7 @@ def nanogpt_rows(
             for _ in range(4)
         ]
         nano = NanoGPT(NANO_VOCAB, n_layer, n_head, n_embd, T, dropout).to(device).train()
-        nano_step = train_step_fn(nano, nano.configure_optimizer(1e-3), batches, False)
+        nano_step = train_step_fn(nano, nano.configure_optimizer(1e-3), batches)
         auto = choose_precision("auto", device.type, n_embd).precision
 
         def chunk(step: Any) -> Any:
@@ -452,50 +423,3 @@ class PeakMemory:
                     self.peak_mb = int(line.split()[1]) / 1024
         except OSError:
             pass
-
-
-def loss_rows(vocab: int, batch_size: int, repeats: int, device: torch.device) -> list[dict[str, Any]]:
-    """Training steps of the baby model with a big vocabulary: full-logits loss vs mini_gpt.model.loss."""
-    import mini_gpt.model.loss as loss_module
-    from mini_gpt.conf.train import OptimConfig
-    from mini_gpt.model.gpt import GPT, GPTConfig
-    from mini_gpt.train.optim import build_optimizer
-
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**model_preset("baby", vocab_size=vocab))).to(device).train()
-    opt = build_optimizer(model, OptimConfig(name="adamw", lr=1e-3))
-    T = model.config.block_size
-    gen = torch.Generator().manual_seed(0)
-    x, y = (torch.randint(0, vocab, (batch_size, T), generator=gen).to(device) for _ in range(2))
-
-    def step(chunked: bool) -> Callable[[], float | None]:
-        def fn() -> float | None:  # one training step; returns its peak memory
-            with PeakMemory(device) as mem:
-                if chunked:
-                    loss = model(x, targets=y)[1]
-                else:  # what the loss was before mini_gpt.model.loss: every logit at once
-                    loss = F.cross_entropy(model(x)[0].flatten(0, 1).float(), y.flatten())
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            return mem.peak_mb
-
-        return fn
-
-    # one warm-up step each (optimizer state, allocator), then alternated
-    contenders = {"full-logits": step(False), "chunked": step(True)}
-    timings = alternate(contenders, repeats, sync=device.type == "cuda")
-    rows = []
-    for name, runs in timings.results.items():
-        peaks = [p for p in runs if p is not None]
-        rows.append(
-            {
-                "config": f"baby 6x384 T{T} B{batch_size} vocab {vocab}",
-                "loss": name,
-                "s_per_step": round(timings.median(name), 2),
-                "peak_mb": round(max(peaks)) if peaks else None,
-                "chunk_rows": loss_module.CHUNK_ELEMENTS // vocab if name == "chunked" else batch_size * T,
-            }
-        )
-    return rows

@@ -49,7 +49,7 @@ def validate(model: GPT, windows: ValWindows, batch_size: int) -> tuple[float, i
     total, count = 0.0, 0
     with torch.inference_mode():
         for x, y in ValBatches(windows, batch_size):
-            total += float(model(x, targets=y, reduction="sum")[1])
+            total += float(model(x, y)[1]) * y.numel()  # the batch's mean loss, times its targets
             count += y.numel()
     return total / count, count
 

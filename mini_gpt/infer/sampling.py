@@ -3,13 +3,32 @@ logits of the last position -> repetition penalty -> / temperature -> top-k -> t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.padding import padded_last_logits
+
+Analysis = TypeVar("Analysis", bound=Callable[..., Any])
+
+
+def in_eval_mode(analysis: Analysis) -> Analysis:
+    """Runs analysis(model, ...) in eval mode (no dropout); the model goes back to the mode it came in."""
+
+    @functools.wraps(analysis)
+    def run(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        was_training = model.training
+        model.eval()
+        try:
+            return analysis(model, *args, **kwargs)
+        finally:
+            model.train(was_training)
+
+    return run  # type: ignore[return-value]
 
 
 def check_sampling_args(
@@ -69,6 +88,7 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+@in_eval_mode
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -86,8 +106,7 @@ def generate(
     stream: Callable[[Tensor], bool | None] | None = None,
 ) -> Tensor:
     """Prompts idx (B, T) -> (B', T + max_new_tokens); B' = num_samples (one prefill) for a single row.
-    attention_mask (B, T) is 0 at left padding (the sliding window counts those columns); `stream` gets each
-    step's tokens (B',), True stops early. `use_cache=False` is the cache's reference."""
+    attention_mask (B, T) is 0 at left padding; `stream` gets each step's tokens (B',), True stops early."""
     check_sampling_args(temperature, top_k, top_p, repetition_penalty)
     if idx.dim() != 2 or idx.shape[1] < 1:
         raise MiniGPTError(f"idx must be (batch, time) with at least one token, got shape {tuple(idx.shape)}")
@@ -114,32 +133,27 @@ def generate(
     start = max(0, T - block_size)  # a too-long prompt keeps its last block_size tokens
     caches = model.new_kv_caches() if use_cache else None
 
-    was_training = model.training
-    model.eval()
-    try:
-        for step in range(max_new_tokens):
-            new_start = context_start(start, n, block_size, window)
-            prefill = caches is None or step == 0 or new_start != start  # else the one new token is fed
-            for cache in caches if caches and prefill else ():
-                cache.reset()
-            rows = 1 if caches and step == 0 and B == 1 else n_rows  # the samples share one prefill
-            x = seq[:rows, (new_start if prefill else n - 1) : n]
-            if keep is None:
-                logits = model(x, kv_caches=caches, last_only=True)[0]
-            else:  # left padding: the mask covers the whole context, cached tokens included
-                logits = padded_last_logits(model, x, keep[:rows, new_start:n], caches)
-            for cache in caches if rows != n_rows else ():
-                cache.k, cache.v = (t.expand(n_rows, -1, -1, -1).contiguous() for t in (cache.k, cache.v))
-            start = new_start
-            logits = logits[:, -1, :].float().expand(n_rows, -1)  # (n_rows, V)
-            if repetition_penalty is not None and repetition_penalty != 1.0:
-                seen = seq[:, :n] if keep is None else torch.where(keep[:, :n], seq[:, :n], seq[:, n - 1 : n])
-                logits = apply_repetition_penalty(logits, seen, repetition_penalty)  # padding not counted
-            token = sample_next(logits, temperature, top_k, top_p, generator)  # (n_rows,)
-            seq[:, n] = token
-            n += 1
-            if stream is not None and stream(token):
-                break
-    finally:
-        model.train(was_training)
+    for step in range(max_new_tokens):
+        new_start = context_start(start, n, block_size, window)
+        prefill = caches is None or step == 0 or new_start != start  # else the one new token is fed
+        for cache in caches if caches and prefill else ():
+            cache.reset()
+        rows = 1 if caches and step == 0 and B == 1 else n_rows  # the samples share one prefill
+        x = seq[:rows, (new_start if prefill else n - 1) : n]
+        if keep is None:
+            logits = model.last_logits(x, caches)
+        else:  # left padding: the mask covers the whole context, cached tokens included
+            logits = padded_last_logits(model, x, keep[:rows, new_start:n], caches)
+        for cache in caches if rows != n_rows else ():
+            cache.k, cache.v = (t.expand(n_rows, -1, -1, -1).contiguous() for t in (cache.k, cache.v))
+        start = new_start
+        logits = logits[:, -1, :].float().expand(n_rows, -1)  # (n_rows, V)
+        if repetition_penalty is not None and repetition_penalty != 1.0:
+            seen = seq[:, :n] if keep is None else torch.where(keep[:, :n], seq[:, :n], seq[:, n - 1 : n])
+            logits = apply_repetition_penalty(logits, seen, repetition_penalty)  # padding not counted
+        token = sample_next(logits, temperature, top_k, top_p, generator)  # (n_rows,)
+        seq[:, n] = token
+        n += 1
+        if stream is not None and stream(token):
+            break
     return seq[:, :n]

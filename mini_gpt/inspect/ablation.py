@@ -1,8 +1,5 @@
-"""How much the loss needs each head and each MLP: remove one, measure the val loss again.
-
-Zero ablation sets the component's output to zero; mean ablation to its mean over the same windows (a
-softer removal: the stream keeps the component's average contribution, only the information is gone).
-"""
+"""How much the loss needs each head and each MLP: remove one (its output zeroed, or set to its mean over
+the same windows), measure the val loss again."""
 
 from __future__ import annotations
 
@@ -11,7 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mini_gpt.inspect.hooks import head_outputs, in_eval_mode, mlp_outputs, replace_heads, replace_mlp
+from mini_gpt.infer.sampling import in_eval_mode
+from mini_gpt.inspect.hooks import head_outputs, mlp_outputs, replace_heads, replace_mlp
 from mini_gpt.model.gpt import GPT
 
 MODES = ("zero", "mean")
@@ -30,8 +28,8 @@ def window_loss(model: GPT, windows: Tensor, batch_size: int = 32) -> float:
     """The mean next-token loss over windows (N, T + 1) of token ids."""
     total = 0.0
     for batch in windows.split(batch_size):
-        _, loss = model(batch[:, :-1], batch[:, 1:], reduction="sum")
-        total += float(loss)
+        _, loss = model(batch[:, :-1], batch[:, 1:])  # the mean over the batch's targets
+        total += float(loss) * batch[:, 1:].numel()
     return total / (windows.shape[0] * (windows.shape[1] - 1))
 
 

@@ -1,15 +1,6 @@
-"""Activation patching: which (layer, position) of the residual stream carries the answer?
-
-Run a clean prompt (e.g. "...Romeo ... Romeo") and a corrupted one of the same token length that changes
-the answer (e.g. "...Juliet ... Romeo"). The metric is the logit difference between the clean answer and
-the corrupted answer at the last position. Copying the clean run's residual stream into the corrupted run
-at one (layer, position) and measuring how much of the difference comes back,
-
-    recovered = (patched - corrupted) / (clean - corrupted),
-
-is 1 where that activation alone carries what the clean prompt adds, 0 where it carries none of it
-(Meng et al., 2022; Heimersheim & Nanda, 2024, "How to use and interpret activation patching").
-"""
+"""Activation patching: which (layer, position) of the residual stream carries the answer? The clean run's
+stream copied into the corrupted run at one place; recovered = (patched - corrupted) / (clean - corrupted)
+of the last position's logit difference (docs/inspect.md#activation-patching)."""
 
 from __future__ import annotations
 
@@ -18,7 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mini_gpt.inspect.hooks import in_eval_mode, patch_stream, residual_stream
+from mini_gpt.infer.sampling import in_eval_mode
+from mini_gpt.inspect.hooks import patch_stream, residual_stream
 from mini_gpt.model.gpt import GPT
 
 
@@ -69,8 +61,8 @@ def activation_patching(
             rows = torch.arange(len(chosen), device=device)
             with patch_stream(model, layer, rows, chosen, clean_x[0, chosen]):  # row i <- clean at chosen[i]
                 # Below the final norm the last position's logits are all the metric reads; the final
-                # norm's own input is cut to that position by last_only, so patch it before the cut.
-                logits = model(batch, last_only=layer < n_layer)[0]
+                # norm's own input is cut to that position by last_logits, so patch it before the cut.
+                logits = model.last_logits(batch) if layer < n_layer else model(batch)[0]
             diffs.append(logit_diff(logits, answer, wrong))
         recovered[layer] = ((torch.cat(diffs) - corrupted_diff) / (clean_diff - corrupted_diff)).cpu()
     return Patching(clean_diff, corrupted_diff, recovered)

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mini_gpt.model.attention import CausalSelfAttention, KVCache
-from mini_gpt.model.loss import lm_loss
 from mini_gpt.model.rope import rotary_tables
 
 NORMS = ("layernorm", "rmsnorm")
@@ -170,35 +169,42 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(
-        self,
-        idx: Tensor,
-        targets: Tensor | None = None,
-        kv_caches: list[KVCache] | None = None,
-        last_only: bool = False,
-        reduction: str = "mean",
-    ) -> tuple[Tensor | None, Tensor | None]:
-        """Always `(logits, loss)`, for token ids idx (B, T):
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """nanoGPT's contract: `logits, loss = model(idx, targets)` for token ids idx (B, T).
 
-        - without `targets`: (logits (B, T, vocab_size), None). `last_only=True` gives the last position's
-          logits only, (B, 1, vocab_size): all generation needs, and it skips the output head (the largest
-          matrix) for the other T - 1 positions.
-        - with `targets` (B, T): (None, loss), the next-token cross-entropy (a float32 scalar, the mean or
-          the sum by `reduction`; target -100 is ignored), computed by `mini_gpt.model.loss.lm_loss` a chunk
-          of rows at a time, so all (B, T, vocab_size) logits never exist at once.
-
-        With `kv_caches` (one per layer, from `new_kv_caches`) idx continues the cached sequence: its
-        positions start at the number of cached tokens.
+        logits (B, T, vocab_size) always; loss is None without targets (B, T), else the mean next-token
+        cross-entropy in float32 (a target of -100 counts for nothing, F.cross_entropy's default).
         """
+        x = self.hidden(idx)  # (B, T, C)
+        logits = self.lm_head(x)  # (B, T, vocab_size)
+        if targets is None:
+            return logits, None
+        # (B*T, V) against (B*T,), in float32 even when the logits are bf16; -100 targets are left out
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return logits, loss
+
+    def forward_cached(self, idx: Tensor, kv_caches: list[KVCache]) -> Tensor:
+        """Logits (B, T, vocab_size) of idx (B, T) continuing the sequence held in `kv_caches` (one per
+        layer, from `new_kv_caches`): its positions start at the number of cached tokens, and its keys
+        and values are appended to the caches."""
+        return self.lm_head(self.hidden(idx, kv_caches))  # (B, T, vocab_size)
+
+    def last_logits(self, idx: Tensor, kv_caches: list[KVCache] | None = None) -> Tensor:
+        """The last position's logits (B, 1, vocab_size), all generation needs: the output head (the
+        largest matrix) runs for that position only. With `kv_caches`, idx continues the cached sequence."""
+        return self.lm_head(self.hidden(idx, kv_caches, last_only=True))  # (B, 1, vocab_size)
+
+    def hidden(self, idx: Tensor, kv_caches: list[KVCache] | None = None, last_only: bool = False) -> Tensor:
+        """The trunk: embeddings, the blocks and the final norm, for idx (B, T). Returns the hidden states
+        (B, T, C) that the output head reads, or with `last_only` the last position's (B, 1, C), cut
+        before the final norm. With `kv_caches` idx continues the cached sequence."""
         start = kv_caches[0].length if kv_caches else 0
         x, rope = self._embed(idx, start)  # (B, T, C)
         for i, block in enumerate(self.transformer.h):
             x = block(x, rope, kv_caches[i] if kv_caches else None)
-        if targets is not None:
-            return None, lm_loss(self.transformer.ln_f(x), self.lm_head.weight, targets, reduction)
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
-        return self.lm_head(self.transformer.ln_f(x)), None  # (B, T or 1, vocab_size)
+        return self.transformer.ln_f(x)
 
     def attention_weights(self, idx: Tensor) -> list[Tensor]:
         """Every layer's per-head attention weights for idx (B, T): one (B, n_head, T, T) per layer, from

@@ -153,8 +153,8 @@ class Engine:
         top = max(1, job.top_logprobs)
         last: list[Tensor] = []  # the logits of the latest model call's last position, as generate got them
 
-        def keep_last(_module: nn.Module, _args: Any, out: tuple[Tensor, Any]) -> None:
-            last[:] = [out[0][:, -1, :]]
+        def keep_last(_module: nn.Module, _args: Any, out: Tensor) -> None:  # the output head's (B, T, V)
+            last[:] = [out[:, -1, :]]
 
         def on_token(token: Tensor) -> bool:
             chosen, alternatives = [0.0] * job.n, [[] for _ in range(job.n)]
@@ -172,7 +172,7 @@ class Engine:
             return job.cancel.is_set() or all(s.stopped for s in job.streams)
 
         idx = torch.tensor([job.ids], dtype=torch.long, device=self.device)
-        hook = self.model.register_forward_hook(keep_last)
+        hook = self.model.lm_head.register_forward_hook(keep_last)
         try:
             with self.amp:
                 generate(
@@ -207,11 +207,8 @@ class Engine:
 
     @torch.no_grad()
     def lens(self, ids: list[int], position: int | None, k: int) -> dict[str, Any]:
-        """The logit lens (docs/serve.md): the residual stream at each depth (the embedding, then after each
-        block) read through the final norm and the output head: the k likeliest next tokens and the
-        probability of the token that follows in `ids`. At `position` alone (reading the block_size tokens
-        that end there, as `attention` does), or at every position of `ids`, which must then fit the
-        context."""
+        """The logit lens (docs/serve.md) at `position` (its last block_size tokens, as `attention`), or at
+        every position of `ids`, which must then fit the context."""
         self.encode(ids)  # range check
         block = self.config.block_size
         if position is None:
@@ -260,9 +257,7 @@ class Engine:
         return {"start": start, "depths": names, "positions": [entry(i, p) for i, p in enumerate(positions)]}
 
     def heads(self) -> dict[str, Any]:
-        """Every head's previous-token, induction and duplicate-token scores (mini_gpt.inspect.heads) on
-        8 repeated random sequences (seed 0) as long as the context allows (each half at most 100
-        tokens): computed on the first call, then kept."""
+        """Every head's role scores (mini_gpt.inspect.heads) on 8 repeated random sequences (seed 0), kept."""
         if self._head_roles is not None:
             return self._head_roles
         with self._busy:

@@ -1,14 +1,12 @@
 """The LightningModule: next-token cross-entropy on `self.model` (checkpoint keys `model.<...>`).
-The hot loop never syncs with the device: the loss is read once per `trainer.log_every_n_steps` steps."""
+`training_step` is the loss and `self.log`; the other hooks add what a run needs around it (the lr and
+gradient norm at log steps, validation's exact mean, what a checkpoint holds). Nothing here reads the
+device on a step that does not log: Lightning reads the logged values at log steps."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
@@ -28,15 +26,9 @@ def exact(metrics: dict[str, float]) -> dict[str, Tensor]:
     return {key: torch.tensor(value, dtype=torch.float64) for key, value in metrics.items()}
 
 
-@dataclass
-class RunStats:
-    """The loss curve of one fit as host numbers (reading them never syncs); only the module writes it."""
-
-    train_history: list[tuple[int, float]] = field(default_factory=list)  # (step, train loss), log steps
-    val_history: list[tuple[int, float, float]] = field(default_factory=list)  # (step, unix time, val loss)
-    start_step: int = 0  # global_step when this fit started (> 0 after a resume)
-    val_tokens: int = 0  # target tokens the last val loss averaged (all ranks; loader.val_windows bounds it)
-    side_seconds: float = 0.0  # time spent in `side_work()` blocks: not training, left out of tokens/s
+def is_log_step(trainer: L.Trainer, step: int) -> bool:
+    """Whether optimizer step `step` (1-based) logs, reading the device: every n, and the last."""
+    return step % max(1, trainer.log_every_n_steps) == 0 or step == trainer.max_steps
 
 
 class GPTLitModule(L.LightningModule):
@@ -66,13 +58,6 @@ class GPTLitModule(L.LightningModule):
         self.tokens_per_step = tokens_per_step
         self.run_config = run_config
         self.run_overrides = run_overrides
-        self.stats = RunStats()
-        self._pending_step = -1  # the log step whose micro-batch losses are summed on the device
-        self._pending_loss: Tensor | None = None
-        self._pending_n = 0
-        self._pending_lr = 0.0
-        self._grad_norm: Tensor | None = None
-        self._nonfinite: Tensor | None = None  # sticky on-device flag: any NaN/inf loss so far
         self._prebuilt_optimizer: torch.optim.Optimizer | None = None  # FSDP: see setup()
         self._val_sum: Tensor | None = None
         self._val_count: Tensor | None = None
@@ -87,30 +72,13 @@ class GPTLitModule(L.LightningModule):
         return self._compiled if self.compile else self.model
 
     def forward(self, idx: Tensor) -> Tensor:
-        return self.net(idx)[0]  # the logits
+        return self.net(idx)[0]  # the logits (what Lightning's model summary counts FLOPs with)
 
-    def loss(self, x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
-        return self.net(x, targets=y, reduction=reduction)[1]  # never all (B, T, V) logits at once
-
-    def logs_step(self, step: int) -> bool:
-        """Whether optimizer step `step` (1-based) logs, reading the device: every n, and the last."""
-        return step % max(1, self.trainer.log_every_n_steps) == 0 or step == self.trainer.max_steps
-
-    def saw_nonfinite_loss(self) -> bool:
-        """Whether any training loss so far was NaN/inf (syncs with the device)."""
-        return self._nonfinite is not None and bool(self._nonfinite)
-
-    @contextmanager
-    def side_work(self) -> Iterator[None]:
-        """Work between steps that is not training (samples, evaluations): left out of tokens/s."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.stats.side_seconds += time.perf_counter() - t0
-
-    def on_train_start(self) -> None:
-        self.stats.start_step = self.global_step
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch  # (B, T) inputs, (B, T) the next tokens
+        _logits, loss = self.net(x, y)
+        self.log("train/loss", loss)  # no device read here: Lightning reads it at log steps
+        return loss
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         rng, self._resume_rng = self._resume_rng, None
@@ -118,26 +86,15 @@ class GPTLitModule(L.LightningModule):
             torch.set_rng_state(rng["torch"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
-
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        loss = self.loss(x, y)
-        bad = ~torch.isfinite(loss.detach())  # one tiny op, no sync: read at log and checkpoint time
-        self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
         step = self.global_step + 1  # the optimizer step this micro-batch contributes to
-        if self.logs_step(step):  # keep the (micro-batch mean) losses on the device until the step ends
-            if self._pending_step != step:
-                self._pending_step, self._pending_loss, self._pending_n = step, loss.detach(), 1
-                self._pending_lr = self.optimizers().param_groups[0]["lr"]  # this step's lr
-            else:
-                self._pending_loss, self._pending_n = self._pending_loss + loss.detach(), self._pending_n + 1
-        return loss
+        if is_log_step(self.trainer, step):  # the lr this step uses; step: the loggers' x-axis
+            self.log_dict(exact({"lr": self.optimizers().param_groups[0]["lr"], "step": step}))
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         fsdp = isinstance(self.trainer.strategy, FSDPStrategy)  # its norm comes from its clipping, below
-        if self.logs_step(self.global_step + 1) and not fsdp:
+        if is_log_step(self.trainer, self.global_step + 1) and not fsdp:
             grads = [p.grad for p in self.parameters() if p.grad is not None]
-            self._grad_norm = torch.nn.utils.get_total_norm(grads)  # before clipping
+            self.log("grad_norm", torch.nn.utils.get_total_norm(grads).double())  # before clipping
 
     def configure_gradient_clipping(
         self,
@@ -149,7 +106,8 @@ class GPTLitModule(L.LightningModule):
         if isinstance(strategy, FSDPStrategy) and gradient_clip_val and gradient_clip_algorithm != "value":
             # Lightning refuses norm clipping under FSDP; the root FSDP module clips over all shards.
             norm = strategy.model.clip_grad_norm_(gradient_clip_val)
-            self._grad_norm = norm.detach() if self.logs_step(self.global_step + 1) else None
+            if is_log_step(self.trainer, self.global_step + 1):
+                self.log("grad_norm", norm.detach().double())
             return
         plugin = self.trainer.precision_plugin
         if gradient_clip_val and isinstance(plugin, MixedPrecision) and optimizer.defaults.get("fused"):
@@ -167,18 +125,8 @@ class GPTLitModule(L.LightningModule):
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        step = self.global_step
-        if 0 < self.trainer.max_steps <= step:  # the last step: validate (and checkpoint) after it, even
-            self.trainer.should_stop = True  # when max_steps is not a multiple of val_check_interval
-        if self._pending_loss is None or self._pending_step != step:
-            return  # not a log step, or still accumulating micro-batches of it
-        loss = self._pending_loss.item() / self._pending_n  # the one sync per log interval
-        self._pending_loss = None
-        self.stats.train_history.append((step, loss))
-        metrics = {"train/loss": loss, "lr": self._pending_lr, "step": step}  # step: the loggers' x-axis
-        if self._grad_norm is not None:
-            metrics["grad_norm"], self._grad_norm = self._grad_norm.item(), None
-        self.log_dict(exact(metrics))
+        if 0 < self.trainer.max_steps <= self.global_step:  # the last step: validate (and checkpoint) after
+            self.trainer.should_stop = True  # it, even when max_steps is not a multiple of the interval
 
     def on_validation_epoch_start(self) -> None:
         self._val_sum = torch.zeros((), device=self.device, dtype=torch.float64)
@@ -186,8 +134,8 @@ class GPTLitModule(L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
-        loss_sum = self.loss(x, y, reduction="sum")
-        self._val_sum += loss_sum.double()
+        _logits, loss = self.net(x, y)
+        self._val_sum += loss.double() * y.numel()  # the windows' token mean, weighted: one mean at the end
         self._val_count += y.numel()
 
     def on_validation_epoch_end(self) -> None:
@@ -198,9 +146,8 @@ class GPTLitModule(L.LightningModule):
         if self.trainer.sanity_checking:
             return
         ppl = math.exp(min(val_loss, 50.0))
-        self.log_dict(exact({"val/loss": val_loss, "val/ppl": ppl, "step": self.global_step}))
-        self.stats.val_history.append((self.global_step, time.time(), val_loss))
-        self.stats.val_tokens = int(count.item())
+        metrics = {"val/loss": val_loss, "val/ppl": ppl, "val/tokens": count.item(), "step": self.global_step}
+        self.log_dict(exact(metrics))
 
     def setup(self, stage: str) -> None:
         fsdp = isinstance(self.trainer.strategy, FSDPStrategy)

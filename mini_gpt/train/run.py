@@ -1,5 +1,7 @@
-"""One training run in six steps: `train(cfg) -> RunResult`, `cfg` composed from conf/train.yaml.
-Lightning re-runs the entry point per extra device, so everything before `fit` runs on every rank."""
+"""One training run: `plan_run(cfg) -> RunPlan` resolves every setting once, then `train(cfg) -> RunResult`
+builds the model, the module and the Trainer from the plan and fits. `cfg` is composed from
+conf/train.yaml. Lightning re-runs the entry point per extra device, so everything before `fit` runs on
+every rank."""
 
 from __future__ import annotations
 
@@ -23,10 +25,13 @@ from mini_gpt.conf.train import TrainConfig
 from mini_gpt.data.config import data_config
 from mini_gpt.data.datamodule import GPTDataModule
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.eval.reference import recipe_key
 from mini_gpt.interop.checkpoint import check_resume
 from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, auto_threads
 from mini_gpt.model.gpt import GPT, GPTConfig
+from mini_gpt.tokenizer import Tokenizer
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path, resume_command
+from mini_gpt.train.callbacks.record import Recorder, RunRecord
 from mini_gpt.train.distributed import (
     BatchLayout,
     batch_layout,
@@ -36,19 +41,19 @@ from mini_gpt.train.distributed import (
     local_rank,
     refuse_multirun_devices,
 )
-from mini_gpt.train.finetune import describe, plan_finetune
+from mini_gpt.train.finetune import FinetunePlan, describe, plan_finetune
 from mini_gpt.train.loggers import build_loggers, finish_wandb, hydra_trial
 from mini_gpt.train.module import GPTLitModule
-from mini_gpt.train.precision import check_gpu, choose_precision, device_type
-from mini_gpt.train.reference import recipe_key
-from mini_gpt.train.resume import explicit_model_keys, read_resume, resumed_config, run_overrides
+from mini_gpt.train.precision import PrecisionChoice, check_gpu, choose_precision, device_type
+from mini_gpt.train.resume import Resume, explicit_model_keys, read_resume, resumed_config, run_overrides
 from mini_gpt.train.summary import print_summary, run_start, run_status, write_summary
 
 
 @dataclass(frozen=True)
 class RunResult:
     run_dir: Path
-    module: GPTLitModule  # the trained model (`.model`) and its loss curve (`.stats`)
+    module: GPTLitModule  # the trained model (`.model`)
+    record: RunRecord  # its curves: the logged train loss and every val loss
     summary: dict[str, Any] | None  # what summary.json holds; None on ranks other than 0
 
     @property
@@ -61,22 +66,48 @@ class RunResult:
         return Path(self.summary["last_ckpt"]) if self.summary and self.summary["last_ckpt"] else None
 
 
-def train(
-    cfg: DictConfig, callbacks: Sequence[L.Callback] = (), overrides: Sequence[str] | None = None
-) -> RunResult:
-    """Train as `cfg` says; `callbacks`: extra Lightning callbacks (a sweep trial's pruning report);
-    `overrides`: the command line's (default: Hydra's), which a resumed run applies to its own config, and
-    whose trainer.max_steps beats a recipe's trainer.max_flops."""
-    started = run_start()
-    rank_zero = launcher_rank() == 0
+@dataclass(frozen=True)
+class RunPlan:
+    """Every setting of one run, resolved once by `plan_run` before the model, the module or the Trainer
+    exist; `train()` builds from it and nothing below it sees the raw config."""
+
+    cfg: DictConfig  # the run's config: a resumed run's own, with the command line's changes
+    options: TrainConfig  # the same, typed and range-checked
+    run_dir: Path
+    resume: Resume | None  # the checkpoint this run continues, read once
+    finetune: FinetunePlan | None  # pretrained weights to start from (init_from, or a resumed fine-tune)
+    datamodule: GPTDataModule  # the data, prepared once per node
+    tokenizer: Tokenizer  # the data's: it sizes the model
+    model_config: GPTConfig
+    layout: BatchLayout  # batch x accumulation x devices: the tokens of one optimizer step
+    max_steps: int  # trainer.max_steps, or what trainer.max_flops buys
+    precision: PrecisionChoice
+    threads: tuple[int, str] | None  # (torch threads, why) for one CPU process; None: Lightning's choice
+    recipe: dict[str, Any] | None  # picks the reference band summary.json compares with
+
+    def describe(self) -> list[str]:
+        """The plan's lines printed at start (rank 0)."""
+        lines = [self.layout.describe(), self.precision.describe()]
+        if (flops := self.options.trainer.max_flops) is not None:
+            lines.append(
+                f"trainer.max_flops={flops:.3g}: {self.max_steps} steps (replaces trainer.max_steps)"
+            )
+        if self.threads:
+            lines.append(f"threads: {self.threads[0]} ({self.threads[1]})")
+        return lines
+
+
+def plan_run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> RunPlan:
+    """Resolve the run's settings: the checkpoint, the config, the data (prepared: its tokenizer), the model
+    config, the steps, precision and threads. Lightning re-runs this per extra device (every rank plans)."""
     load = LoadMeter(MIN_WINDOW_S).start()  # the machine's other load over the set-up: threads=auto
 
-    # 1. The settings: the checkpoint read once; a resumed run continues with its own config.
+    # The checkpoint, read once; a resumed run continues with its own config.
     resume = read_resume(cfg.get("ckpt_path"), cfg.get("init_from"))
     cfg = resumed_config(cfg, resume, overrides)
     options: TrainConfig = typed_config(cfg, "train")
-    recipe = HydraConfig.get().runtime.choices.get("experiment") if HydraConfig.initialized() else None
-    check_gpu(options.trainer.accelerator, recipe)  # before any work: a GPU recipe on a machine without one
+    experiment = HydraConfig.get().runtime.choices.get("experiment") if HydraConfig.initialized() else None
+    check_gpu(options.trainer.accelerator, experiment)  # before any work: a GPU recipe without a GPU
     run_dir = Path(cfg.paths.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     _quiet_lightning()
@@ -85,84 +116,109 @@ def train(
     if options.threads != "auto":
         torch.set_num_threads(options.threads)
 
-    # 2. The data, prepared once per node (the other ranks wait): its tokenizer sizes the model. Pretrained
-    #    weights (init_from, or resuming a fine-tuning run) fix the context, so their plan comes first.
+    # The data, prepared once per node (the other ranks wait): its tokenizer sizes the model. Pretrained
+    # weights (init_from, or resuming a fine-tuning run) fix the context, so their plan comes first.
     data = data_config(options.data)
     requested = explicit_model_keys(cfg)  # what the command line sets of the model: must fit init_from
-    plan = plan_finetune(options.init_from, options.finetune, requested, resume, data.bpe_file)
-    block_size = plan.config.block_size if plan else options.model.block_size
+    finetune = plan_finetune(options.init_from, options.finetune, requested, resume, data.bpe_file)
+    block_size = finetune.config.block_size if finetune else options.model.block_size
     datamodule = GPTDataModule(data, block_size=block_size, seed=options.seed, **loader_arguments(options))
     tokenizer = datamodule.prepare_once(local_rank()).tokenizer
 
-    # 3. The model: a fresh GPT, or pretrained weights (init_from) checked against the data's tokenizer; a
-    #    resumed run's config and tokenizer checked against its checkpoint's.
-    model = plan.build(tokenizer) if plan else None
-    model_config = plan.config if plan else _model_config(options.model, tokenizer.vocab_size)
-    if resume:  # another model or tokenizer: refused before a logger starts a run it would leave behind
+    # The model config: pretrained weights' or ours with the tokenizer's vocabulary; a resumed run's checked
+    # against its checkpoint's, before a logger starts a run it would leave behind.
+    model_config = finetune.config if finetune else _model_config(options.model, tokenizer.vocab_size)
+    if resume:
         check_resume(resume.meta, dataclasses.asdict(model_config), tokenizer, resume.path)
 
-    # 4. The steps: tokens per step over devices and accumulation, max_steps, precision.
+    # The steps: tokens per step over devices and accumulation, max_steps, precision, threads.
     layout = batch_layout(options.trainer, datamodule.batch_size, block_size, options.global_batch_tokens)
     max_steps = options.trainer.max_steps
     if options.trainer.max_flops is not None:
-        max_steps = budget_steps(
-            options.trainer.max_flops, flops_per_token(model_config), layout.tokens_per_step
-        )
+        per_token = flops_per_token(model_config)
+        max_steps = budget_steps(options.trainer.max_flops, per_token, layout.tokens_per_step)
     check_steps(max_steps, options.optim.warmup_steps, resume.step if resume else None)
-    run_config: dict = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
-    recipe = recipe_key(run_config, layout.tokens_per_step, max_steps)  # picks the reference band
+    recipe = recipe_key(OmegaConf.to_container(cfg, resolve=False), layout.tokens_per_step, max_steps)  # type: ignore[arg-type]
     precision = choose_precision(options.trainer.precision, options.trainer.accelerator, model_config.n_embd)
-    threads = None  # one CPU process: `threads: N (why)`; other devices or processes: Lightning's choice
-    torch_threads = torch.get_num_threads()  # auto's choice holds for this run: given back at the end
+    threads = None
     if device_type(options.trainer.accelerator) == "cpu" and layout.world_size == 1:
         threads = (options.threads, "as set")
         if options.threads == "auto":  # a busy CPU at start: fewer threads than torch's one per core
-            threads = auto_threads(torch_threads, load.stop().other_load)
-            torch.set_num_threads(threads[0])
-    if rank_zero:
-        print(layout.describe(), flush=True)
-        print(precision.describe(), flush=True)
-        if options.trainer.max_flops is not None:
-            budget = f"trainer.max_flops={options.trainer.max_flops:.3g}"
-            print(f"{budget}: {max_steps} steps (replaces trainer.max_steps)", flush=True)
-        if threads:
-            print(f"threads: {threads[0]} ({threads[1]})", flush=True)
-        if plan:
-            print(describe(model, plan.record), flush=True)
-    module = GPTLitModule(
+            threads = auto_threads(torch.get_num_threads(), load.stop().other_load)
+    return RunPlan(
+        cfg,
+        options,
+        run_dir,
+        resume,
+        finetune,
+        datamodule,
+        tokenizer,
         model_config,
+        layout,
+        max_steps,
+        precision,
+        threads,
+        recipe,
+    )
+
+
+def train(
+    cfg: DictConfig, callbacks: Sequence[L.Callback] = (), overrides: Sequence[str] | None = None
+) -> RunResult:
+    """Train as `cfg` says; `callbacks`: extra Lightning callbacks (a sweep trial's pruning report);
+    `overrides`: the command line's (default: Hydra's), which a resumed run applies to its own config, and
+    whose trainer.max_steps beats a recipe's trainer.max_flops."""
+    started = run_start()
+    torch_threads = torch.get_num_threads()  # the run's choice holds for the run: given back at the end
+
+    # 1. The plan: every setting resolved once, the data prepared (docs/architecture.md, "The training path").
+    plan = plan_run(cfg, overrides)
+    cfg, options, resume = plan.cfg, plan.options, plan.resume
+    if plan.threads:
+        torch.set_num_threads(plan.threads[0])
+
+    # 2. The model (pretrained weights checked against the data's tokenizer) and the Lightning module.
+    model = plan.finetune.build(plan.tokenizer) if plan.finetune else None
+    if launcher_rank() == 0:
+        lines = plan.describe() + ([describe(model, plan.finetune.record)] if plan.finetune else [])
+        print("\n".join(lines), flush=True)
+    module = GPTLitModule(
+        plan.model_config,
         options.optim,
-        tokenizer=tokenizer,
-        max_steps=max_steps,
+        tokenizer=plan.tokenizer,
+        max_steps=plan.max_steps,
         compile=options.compile,
         model=model,
-        finetune=plan.record if plan else None,
-        tokens_per_step=layout.tokens_per_step,
-        run_config=run_config,
+        finetune=plan.finetune.record if plan.finetune else None,
+        tokens_per_step=plan.layout.tokens_per_step,
+        run_config=OmegaConf.to_container(cfg, resolve=False),  # type: ignore[arg-type]
         run_overrides=run_overrides(cfg, resume),
     )
 
-    # 5. The Trainer, built once with its final arguments.
+    # 3. The Trainer, built once with its final arguments. The callbacks: conf/callbacks/default.yaml
+    #    (Throughput, EvalCheckpoint, SampleText, LossGuard, Health, ProgressBar, StopOnSignal; AttentionMaps,
+    #    EvaluateCallback and HeadRoles when switched on), after the Recorder of the run's curves.
+    recorder = Recorder()
     trial = hydra_trial()
     loggers, log_model = build_loggers(OmegaConf.to_container(cfg.logger, resolve=True), trial)  # type: ignore[arg-type]
     trainer: L.Trainer = _instantiate(
-        trainer_arguments(cfg.trainer, layout, max_steps, precision.precision),
+        trainer_arguments(cfg.trainer, plan.layout, plan.max_steps, plan.precision.precision),
         "trainer",
-        callbacks=[*_callbacks(cfg, options), *callbacks],
+        callbacks=[recorder, *_callbacks(cfg, options), *callbacks],
         logger=loggers or False,
         _convert_="all",
     )
-    check_world(trainer, layout.world_size, multirun=trial is not None)
+    check_world(trainer, plan.layout.world_size, multirun=trial is not None)
     # trainer.loggers, not `loggers`: fast_dev_run swaps them for a DummyLogger (no W&B run is started)
     for logger in trainer.loggers:  # rank 0 only (Lightning's loggers are rank-zero guarded)
-        logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "batch": layout.as_dict()})
+        logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "batch": plan.layout.as_dict()})
 
-    # 6. Fit; whatever ends it, summary.json says how (rank 0).
+    # 4. Fit; whatever ends it, summary.json says how (rank 0).
     error: BaseException | None = None
     try:
         if options.init_from:  # the pretrained model's val loss is the curve's step 0
-            trainer.validate(module, datamodule=datamodule, verbose=False)
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume.path if resume else None)
+            trainer.validate(module, datamodule=plan.datamodule, verbose=False)
+        trainer.fit(module, datamodule=plan.datamodule, ckpt_path=resume.path if resume else None)
     except BaseException as err:
         error = err
         if (dead := dead_ranks(trainer, err)) is not None:  # one line, not a collective's traceback
@@ -170,19 +226,20 @@ def train(
         raise
     finally:
         checkpoint = trainer.checkpoint_callback
-        status = run_status(error, trainer.global_step, module.stats.start_step)
+        status = run_status(error, trainer.global_step, recorder.record.start_step)
         # status None: refused before the first step, the folder goes (no W&B run to sync)
         best = getattr(checkpoint, "best_model_path", None) or None
         finish_wandb(loggers, log_model, best, announce=status is not None)
         summary = None
+        path = plan.run_dir / "summary.json"
         if status is not None and trainer.is_global_zero:
-            summary = write_summary(run_dir / "summary.json", status, started, trainer, module, recipe)
+            summary = write_summary(path, status, started, trainer, module, recorder.record, plan.recipe)
             if status == "interrupted":  # Ctrl-C: Lightning exits (status 1) without returning here
-                print_summary(run_dir / "summary.json", summary)
+                print_summary(path, summary)
         torch.set_num_threads(torch_threads)
     if summary is not None:
-        print_summary(run_dir / "summary.json", summary)
-    return RunResult(run_dir, module, summary)
+        print_summary(path, summary)
+    return RunResult(plan.run_dir, module, recorder.record, summary)
 
 
 def _quiet_lightning() -> None:

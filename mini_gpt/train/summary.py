@@ -12,10 +12,11 @@ import psutil
 import torch
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.eval.reference import compare_to_reference
 from mini_gpt.files import write_json_atomic
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
+from mini_gpt.train.callbacks.record import RunRecord
 from mini_gpt.train.module import GPTLitModule
-from mini_gpt.train.reference import compare_to_reference
 from mini_gpt.train.stops import DivergedError, NonFiniteLossError, Preempted
 
 _runs_in_process = 0  # train() calls so far: the first run's clock starts at process start
@@ -49,11 +50,12 @@ def write_summary(
     start: float,
     trainer: L.Trainer,
     module: GPTLitModule,
+    record: RunRecord,
     recipe: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """`recipe`: the run's recipe key (mini_gpt.train.reference), to judge the curve against its band."""
-    stats, checkpoint, metrics = module.stats, trainer.checkpoint_callback, dict(trainer.callback_metrics)
-    vals = stats.val_history
+    """`record`: the fit's curves; `recipe`: the run's recipe key, to judge them against its band."""
+    checkpoint, metrics = trainer.checkpoint_callback, dict(trainer.callback_metrics)
+    vals = record.val_curve
     best = getattr(checkpoint, "best_model_path", "")
     last = getattr(checkpoint, "last_model_path", "")
     saved = last_checkpoint_path(trainer)  # a save on Ctrl-C or a preemption, before any evaluation
@@ -66,7 +68,7 @@ def write_summary(
         "status": status,
         "best_val_loss": min((v for _, _, v in vals), default=None),
         "final_val_loss": vals[-1][2] if vals else None,
-        "start_step": stats.start_step,  # > 0: the step of the checkpoint this fit resumed
+        "start_step": record.start_step,  # > 0: the step of the checkpoint this fit resumed
         "steps": trainer.global_step,
         "tokens": tokens,
         "flops": tokens * module.model.flops_per_token(),
@@ -80,7 +82,7 @@ def write_summary(
         "val_curve": [[s, t - start, v] for s, t, v in vals],
         **compare_to_reference(recipe or {}, [[s, v] for s, _, v in vals], module.tokens_per_step),
         "eval": {k: float(v) for k, v in metrics.items() if k.startswith("eval/")},  # callbacks.evaluate
-        "val_tokens": stats.val_tokens or None,
+        "val_tokens": record.val_tokens or None,
         "val_split_tokens": getattr(trainer.datamodule, "val_split_tokens", None),
         "best_ckpt": str(Path(best).resolve()) if best else None,
         "last_ckpt": str(Path(last).resolve()) if last else None,

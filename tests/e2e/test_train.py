@@ -62,7 +62,7 @@ def _fit(
 ) -> tuple[dict[str, Any], Any]:
     """Run train() on a composed config (`resume`: as train.py does, the resumed run's own config plus
     `overrides`; `hydra_dir`: inside a Hydra job as train.py's, with that output directory); return
-    (summary.json, the LightningModule)."""
+    (summary.json, train()'s RunResult)."""
     from hydra.core.hydra_config import HydraConfig
 
     from mini_gpt.train.run import train
@@ -80,14 +80,14 @@ def _fit(
     assert result.run_dir == Path(cfg.paths.run_dir).resolve() and result.summary == summary
     assert result.best_val_loss == summary["best_val_loss"]
     assert result.last_ckpt == (Path(summary["last_ckpt"]) if summary["last_ckpt"] else None)
-    return summary, result.module
+    return summary, result
 
 
 def test_compose_train_summary_and_loss_decreases(
     compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    summary, module = _fit(
+    summary, run = _fit(
         compose,
         _overrides(
             run_dir,
@@ -116,7 +116,7 @@ def test_compose_train_summary_and_loss_decreases(
     # ln(65) = 4.17 for a uniform guess; 40 steps at lr 1e-2 must learn the character frequencies
     assert summary["val_curve"][0][2] < 4.0
     assert summary["final_val_loss"] < summary["val_curve"][0][2]
-    first, last = module.stats.train_history[0][1], module.stats.train_history[-1][1]
+    first, last = run.record.train_curve[0][1], run.record.train_curve[-1][1]
     assert last < first - 0.5
     assert Path(summary["last_ckpt"]).is_file() and Path(summary["best_ckpt"]).is_file()
     assert Path(summary["last_ckpt"]).parent == run_dir / "checkpoints"
@@ -146,11 +146,11 @@ def test_precision_auto_follows_the_cpus_bf16_support(
     overrides = _overrides(
         tmp_path / "run", char_data_dir, shakespeare_path, "model.n_embd=256", "trainer.max_steps=2"
     )
-    summary, module = _fit(compose, overrides)
+    summary, run = _fit(compose, overrides)
     expected = "bf16-mixed" if native_bf16 else "32-true"
     assert summary["precision"] == expected
     assert f"precision: {expected} (auto: " in capsys.readouterr().out
-    assert module.model.lm_head.weight.dtype == torch.float32  # mixed: the weights stay float32
+    assert run.module.model.lm_head.weight.dtype == torch.float32  # mixed: the weights stay float32
 
 
 def test_exact_resume_and_same_seed(
@@ -159,17 +159,17 @@ def test_exact_resume_and_same_seed(
     k = 6
     common = ("trainer.val_check_interval=3", "optim.decay_steps=12", "optim.warmup_steps=2", "optim.lr=3e-3")
     common = (*common, "trainer.precision=32-true", "optim.name=muon")  # Muon + AdamW state both restored
-    full, full_module = _fit(
+    full, full_run = _fit(
         compose,
         _overrides(tmp_path / "full", char_data_dir, shakespeare_path, *common, f"trainer.max_steps={2 * k}"),
     )
-    half, half_module = _fit(
+    half, half_run = _fit(
         compose,
         _overrides(tmp_path / "half", char_data_dir, shakespeare_path, *common, f"trainer.max_steps={k}"),
     )
     # same seed, same config: identical losses step for step
-    assert half_module.stats.train_history == full_module.stats.train_history[:k]
-    resumed, resumed_module = _fit(
+    assert half_run.record.train_curve == full_run.record.train_curve[:k]
+    resumed, resumed_run = _fit(
         compose,
         _overrides(
             tmp_path / "resumed",
@@ -180,9 +180,9 @@ def test_exact_resume_and_same_seed(
             f"ckpt_path={half['last_ckpt']}",
         ),
     )
-    assert resumed_module.stats.start_step == k
+    assert resumed_run.record.start_step == k
     assert resumed["start_step"] == k and full["start_step"] == 0  # summary.json: where a plot marks it
-    assert resumed_module.stats.train_history == full_module.stats.train_history[k:]  # bit-identical
+    assert resumed_run.record.train_curve == full_run.record.train_curve[k:]  # bit-identical
     assert resumed["final_val_loss"] == full["final_val_loss"]
     assert resumed["steps"] == 2 * k
 
@@ -264,15 +264,15 @@ def test_resume_restores_the_run_config_and_prints_what_changes(
     ]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        resumed, module = _fit(compose, again, resume=True, hydra_dir=tmp_path / "second")
+        resumed, run = _fit(compose, again, resume=True, hydra_dir=tmp_path / "second")
     out = capsys.readouterr().out.splitlines()
     assert out[:2] == [
         f"resuming {summary['last_ckpt']} with its run's overrides and the command line's; changes from the "
         "run's config:",
         "  trainer.max_steps: 4 -> 6",
     ]
-    assert module.optim_config.lr == 7e-3 != compose([]).optim.lr  # the run's lr, not the default
-    assert module.stats.start_step == 4 and resumed["steps"] == 6
+    assert run.module.optim_config.lr == 7e-3 != compose([]).optim.lr  # the run's lr, not the default
+    assert run.record.start_step == 4 and resumed["steps"] == 6
     assert [row[0] for row in resumed["val_curve"]] == [6]  # the run's val_check_interval=2 kept
     assert not [w for w in caught if "dirpath" in str(w.message)], [str(w.message) for w in caught]
     assert Path(resumed["last_ckpt"]).parent == tmp_path / "second" / "checkpoints"
@@ -371,7 +371,7 @@ def test_threads_auto_takes_the_free_cores_and_threads_n_forces(
 
 
 def test_overfit_one_batch(compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path) -> None:
-    _, module = _fit(
+    _, run = _fit(
         compose,
         _overrides(
             tmp_path / "overfit",
@@ -386,8 +386,8 @@ def test_overfit_one_batch(compose: Any, tmp_path: Path, char_data_dir: Path, sh
             "model.n_embd=64",
         ),
     )
-    assert module.stats.train_history[0][1] > 3.5
-    assert module.stats.train_history[-1][1] < 0.2, module.stats.train_history[-5:]
+    assert run.record.train_curve[0][1] > 3.5
+    assert run.record.train_curve[-1][1] < 0.2, run.record.train_curve[-5:]
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -608,9 +608,9 @@ def test_train_on_shards_resumes_exactly(compose: Any, tmp_path: Path, gpt2_bpe_
         "callbacks.sample_text.every_n_steps=0",
         "callbacks.sample_text.max_new_tokens=4",
     ]
-    full, full_module = _fit(compose, [*common, f"paths.run_dir={tmp_path / 'full'}", "trainer.max_steps=6"])
+    full, full_run = _fit(compose, [*common, f"paths.run_dir={tmp_path / 'full'}", "trainer.max_steps=6"])
     half, _ = _fit(compose, [*common, f"paths.run_dir={tmp_path / 'half'}", "trainer.max_steps=3"])
-    resumed, resumed_module = _fit(
+    resumed, resumed_run = _fit(
         compose,
         [
             *common,
@@ -619,8 +619,8 @@ def test_train_on_shards_resumes_exactly(compose: Any, tmp_path: Path, gpt2_bpe_
             f"ckpt_path={half['last_ckpt']}",
         ],
     )
-    assert full_module.tokenizer.eot_id == 50256 and full["steps"] == 6
-    assert resumed_module.stats.train_history == full_module.stats.train_history[3:]
+    assert full_run.module.tokenizer.eot_id == 50256 and full["steps"] == 6
+    assert resumed_run.record.train_curve == full_run.record.train_curve[3:]
     assert resumed["final_val_loss"] == full["final_val_loss"]
 
 
@@ -916,7 +916,7 @@ def test_summary_judges_the_run_against_its_recipes_reference_band(
     draws the band behind the run."""
     from omegaconf import OmegaConf
 
-    from mini_gpt.train import reference
+    from mini_gpt.eval import reference
     from mini_gpt.viz.plot import plot_curves, reference_band
 
     recipe = ["optim=adamw", "optim.lr=1e-2", "optim.warmup_steps=5", "trainer.max_steps=20"]

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,14 +17,11 @@ from mini_gpt.train.callbacks.attention_maps import AttentionMaps
 
 
 class Module(SimpleNamespace):
-    """What the callback needs of the LightningModule, whose `side_work()` clock records the seconds the
-    callback's drawing takes (left out of tokens/s)."""
+    """What the callback needs of the LightningModule: its model and tokenizer, and `log`, through which
+    the callback reports the seconds its drawing takes (left out of tokens/s)."""
 
-    @contextmanager
-    def side_work(self) -> Iterator[None]:
-        t0 = time.perf_counter()
-        yield
-        self.side_seconds.append(time.perf_counter() - t0)
+    def log(self, name: str, value: float, **kwargs: Any) -> None:
+        self.logged.append((name, value))
 
 
 def fakes(tmp_path: Path, chars: str = "abcdefghirst \n:F") -> tuple[SimpleNamespace, SimpleNamespace]:
@@ -35,7 +29,7 @@ def fakes(tmp_path: Path, chars: str = "abcdefghirst \n:F") -> tuple[SimpleNames
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=16)).train()
     trainer = SimpleNamespace(global_step=0, loggers=[], default_root_dir=str(tmp_path), datamodule=None)
-    module = Module(model=model, tokenizer=tok, side_seconds=[])
+    module = Module(model=model, tokenizer=tok, logged=[])
     return trainer, module
 
 
@@ -68,7 +62,8 @@ def test_saves_pngs_every_n_steps_without_wandb(tmp_path: Path, monkeypatch: pyt
     ]
     assert all(p.stat().st_size > 1000 for p in cb.saved)
     assert module.model.training  # put back in training mode
-    assert len(module.side_seconds) == 2 and min(module.side_seconds) > 0  # drawing time: not training
+    names = [name for name, _ in module.logged]  # drawing time: not training
+    assert names == ["side_seconds/AttentionMaps"] * 2 and 0 < module.logged[0][1] < module.logged[1][1]
 
 
 def test_logs_wandb_images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,6 +24,7 @@ from mini_gpt.model.gpt import GPTConfig
 from mini_gpt.train.callbacks import (
     LossGuard,
     ProgressBar,
+    Recorder,
     SampleText,
     StopOnSignal,
     Throughput,
@@ -49,9 +50,9 @@ def _module(dm: Any, nan_from_step: int | None = None) -> Any:
     from mini_gpt.train.module import GPTLitModule
 
     class Module(GPTLitModule):
-        def loss(self, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-            loss = super().loss(x, y, reduction)
-            if self.training and nan_from_step is not None and self.global_step + 1 >= nan_from_step:
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss = super().training_step(batch, batch_idx)
+            if nan_from_step is not None and self.global_step + 1 >= nan_from_step:
                 return loss * float("nan")  # injected: from this step (counted from 1) on, loss is NaN
             return loss
 
@@ -64,9 +65,14 @@ def _trainer(tmp_path: Path, callbacks: list[Any], **kwargs: Any) -> Any:
     from mini_gpt.train.callbacks import EvalCheckpoint
 
     ckpt = EvalCheckpoint(dirpath=tmp_path / "ckpt", filename="best", monitor="val/loss", save_last=True)
+    callbacks = [Recorder(), *callbacks, ckpt]  # the recorder first, as train() lists it
     return quiet_trainer(
-        tmp_path, **{"max_steps": 8, "val_check_interval": 2, "callbacks": [*callbacks, ckpt], **kwargs}
+        tmp_path, **{"max_steps": 8, "val_check_interval": 2, "callbacks": callbacks, **kwargs}
     )
+
+
+def _recorder(trainer: Any) -> Recorder:
+    return next(cb for cb in trainer.callbacks if isinstance(cb, Recorder))
 
 
 def _fit_with_summary(trainer: Any, module: Any, dm: Any, path: Path) -> dict[str, Any]:
@@ -78,7 +84,8 @@ def _fit_with_summary(trainer: Any, module: Any, dm: Any, path: Path) -> dict[st
         error = err
         raise
     finally:
-        summary = write_summary(path, run_status(error, trainer.global_step, 0), START, trainer, module)
+        status = run_status(error, trainer.global_step, 0)
+        summary = write_summary(path, status, START, trainer, module, _recorder(trainer).record)
     return summary
 
 
@@ -146,7 +153,7 @@ def test_last_checkpoint_refreshed_at_every_evaluation(tmp_path: Path, dm: Any) 
     module = GPTLitModule(config, OptimConfig(lr=5.0, min_lr_ratio=1.0, warmup_steps=0, weight_decay=0.0))
     trainer = _trainer(tmp_path, [], max_steps=6, gradient_clip_val=None)
     trainer.fit(module, datamodule=dm)
-    losses = [v for _, _, v in module.stats.val_history]
+    losses = [v for _, _, v in _recorder(trainer).record.val_curve]
     assert min(losses) < losses[-1]  # val got worse at the end: no new best
     assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == 6
 
@@ -176,42 +183,49 @@ def test_a_finite_explosion_stops_as_diverged_and_keeps_the_last_good_checkpoint
     assert "\n" not in msg and msg.startswith("training diverged by step ")
     assert f"> 3 x ln(vocab) = {limit:.2f}" in msg and "lower optim.lr" in msg
     assert f"last good checkpoint: {tmp_path / 'ckpt' / 'last.ckpt'}" in msg
-    losses = [loss for _, loss in module.stats.train_history]
+    curve = _recorder(trainer).record.train_curve
+    losses = [loss for _, loss in curve]
     assert all(math.isfinite(x) for x in losses) and max(losses) > limit  # the NaN check saw nothing
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
-    saved, logged = _ckpt_step(tmp_path / "ckpt" / "last.ckpt"), dict(module.stats.train_history)
+    saved, logged = _ckpt_step(tmp_path / "ckpt" / "last.ckpt"), dict(curve)
     assert 2 <= saved < trainer.global_step and logged[saved] <= limit  # the last good state, not this one
 
 
 def test_divergence_rule() -> None:
-    guard = LossGuard(factor=3.0, patience=3)
     limit = 3 * math.log(65)
-    stats = SimpleNamespace(train_history=[], val_history=[(100, 0.0, 40.0)])  # overfit_batch's val: ignored
-    module = SimpleNamespace(
-        tokenizer=SimpleNamespace(vocab_size=65), stats=stats, saw_nonfinite_loss=lambda: False
-    )
+    module = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=65))
     trainer = SimpleNamespace(
-        global_step=9,
+        global_step=0,
+        max_steps=100,
         gradient_clip_val=1.0,
         checkpoint_callback=None,
         sanity_checking=False,
-        log_every_n_steps=10,
+        log_every_n_steps=1,
+        callback_metrics={},
     )
-    for history in (
-        [(1, 4.2), (2, 50.0), (3, 3.9)],
-        [(1, 99.0), (2, 99.0)],
-        [(1, 1e9), (2, limit), (3, 1e9)],
-    ):
-        stats.train_history = history  # one spike, too few, one at the limit: healthy
-        guard.on_optimizer_step(trainer, module)  # type: ignore[arg-type]
-    stats.train_history = [(1, 4.2), (2, 50.0), (3, 3.9)]
-    guard.on_validation_end(trainer, module)  # type: ignore[arg-type]  # the last logged loss is healthy
-    stats.train_history = [(1, 4.0), (2, limit + 0.01), (3, 6e7), (4, 1e3)]
+
+    def guard_after(losses: list[float]) -> LossGuard:
+        """A guard that saw these train/loss values logged at steps 1, 2, ... (as Lightning hands them)."""
+        guard = LossGuard(factor=3.0, patience=3)
+        for step, loss in enumerate(losses, 1):
+            trainer.global_step, trainer.callback_metrics = (
+                step,
+                {"train/loss": torch.tensor(loss, dtype=torch.float64)},
+            )
+            guard.on_optimizer_step(trainer, module)  # type: ignore[arg-type]
+        return guard
+
+    guard_after([4.2, 50.0, 3.9])  # one spike
+    guard_after([99.0, 99.0])  # too few
+    guard_after([1e9, limit, 1e9])  # one at the limit: healthy
+    guard_after([4.2, 50.0, 3.9]).on_validation_end(trainer, module)  # type: ignore[arg-type]
     with pytest.raises(DivergedError, match=r"train loss 12.53, 6e\+07, 1000 at 3 log steps in a row"):
-        guard.on_optimizer_step(trainer, module)  # type: ignore[arg-type]
-    stats.train_history = [(1, 4.0), (2, 50.0)]  # one spike, but a checkpoint is about to be written
+        guard_after([4.0, limit + 0.01, 6e7, 1e3])
+    guard = guard_after([4.0, 50.0])  # one spike, but a checkpoint is about to be written
     with pytest.raises(DivergedError, match="train loss 50 at step 2, before a checkpoint"):
         guard.on_validation_end(trainer, module)  # type: ignore[arg-type]
+    trainer.log_every_n_steps = 10  # steps that do not log are not read
+    guard_after([99.0, 99.0, 99.0])
     with pytest.raises(MiniGPTError, match="factor"):
         LossGuard(factor=1.0)
 
@@ -304,24 +318,30 @@ def test_throughput_logs_tokens_per_sec_and_mfu(tmp_path: Path, dm: Any) -> None
 
 
 def test_time_spent_on_side_work_is_left_out_of_tokens_per_sec(tmp_path: Path, dm: Any) -> None:
-    """A callback's side work (a sample, a drawing) inside `pl_module.side_work()` is not training time."""
+    """A callback's side work (a sample, a drawing) inside its `self.side_work()` is not training time:
+    Throughput learns of it from the logged `side_seconds/<callback>` alone, listed before or after it."""
     import time
 
-    import lightning as L
+    from mini_gpt.train.callbacks.base import StepCallback
 
-    class SlowSideWork(L.Callback):
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
-            with pl_module.side_work():
+    class SlowSideWork(StepCallback):
+        def on_optimizer_step(self, trainer: Any, pl_module: Any) -> None:
+            with self.side_work(pl_module):
                 time.sleep(0.2)
 
-    throughput = Throughput(peak_flops=1e10)
-    module = _module(dm)
-    trainer = _trainer(tmp_path, [throughput, SlowSideWork()], max_steps=4, val_check_interval=100)
-    t0 = time.perf_counter()
-    trainer.fit(module, datamodule=dm)
-    wall = time.perf_counter() - t0
-    assert module.stats.side_seconds == pytest.approx(0.8, abs=0.1)
-    assert throughput.total_seconds < wall - 0.75  # the four side-work sleeps are not in it
+    for order in ("before", "after"):
+        throughput, slow = Throughput(peak_flops=1e10), SlowSideWork()
+        module = _module(dm)
+        listed = [slow, throughput] if order == "before" else [throughput, slow]
+        trainer = _trainer(tmp_path / order, listed, max_steps=4, val_check_interval=100)
+        t0 = time.perf_counter()
+        trainer.fit(module, datamodule=dm)
+        wall = time.perf_counter() - t0
+        assert slow.side_seconds == pytest.approx(0.8, abs=0.1)
+        assert float(trainer.callback_metrics["side_seconds/SlowSideWork"]) == pytest.approx(
+            slow.side_seconds
+        )
+        assert throughput.total_seconds < wall - 0.75, order  # the four side-work sleeps are not in it
 
 
 def test_progress_bar_ends_on_the_run_averages_whatever_the_callback_order(tmp_path: Path, dm: Any) -> None:
@@ -399,26 +419,25 @@ def test_samples_printed_during_training_and_final_validation(
     assert [row[0] for row in cb.rows] == [3, 5]  # every 3 steps, plus at the end
     assert "--- sample at step 3 ---" in capsys.readouterr().out
     # validation at step 3 (interval) and at step 5 (end of training, not a multiple of 3)
-    assert [s for s, _, _ in module.stats.val_history] == [3, 5]
-    assert math.isfinite(module.stats.val_history[-1][2])
+    vals = _recorder(trainer).record.val_curve
+    assert [s for s, _, _ in vals] == [3, 5]
+    assert math.isfinite(vals[-1][2])
 
 
-def test_progress_bar_shows_the_module_losses_and_the_logged_throughput(dm: Any) -> None:
-    module = _module(dm)
-    module.stats.train_history.append((10, 2.34567))  # the module's loss curve
-    module.stats.val_history.append((10, 0.0, 2.5))
-    metrics = {"tokens_per_sec": torch.tensor(12345.6), "mfu": torch.tensor(0.4321)}  # Throughput's, logged
-    module._trainer = SimpleNamespace(log_every_n_steps=10, max_steps=100)
+def test_progress_bar_shows_the_logged_losses_and_throughput() -> None:
+    losses = {"train/loss": torch.tensor(2.34567), "val/loss": torch.tensor(2.5)}  # the module's, logged
+    metrics = {**losses, "tokens_per_sec": torch.tensor(12345.6), "mfu": torch.tensor(0.4321)}  # Throughput's
     bar = ProgressBar()
-    trainer = SimpleNamespace(global_step=10, callback_metrics=metrics)
-    assert bar.get_metrics(trainer, module) == {}  # type: ignore[arg-type]  # Lightning's column stays empty
+    trainer = SimpleNamespace(global_step=10, callback_metrics=metrics, log_every_n_steps=10, max_steps=100)
+    assert bar.get_metrics(trainer, None) == {}  # type: ignore[arg-type]  # Lightning's column stays empty
     assert bar.shown_stats == "loss 2.346 val 2.500 12,346 tok/s 43.2% mfu"
     metrics.clear()
     trainer.global_step = 11  # not a log step: nothing is read (no device sync), the numbers stay
-    bar.get_metrics(trainer, module)  # type: ignore[arg-type]
+    bar.get_metrics(trainer, None)  # type: ignore[arg-type]
     assert bar.shown_stats == "loss 2.346 val 2.500 12,346 tok/s 43.2% mfu"
+    metrics.update(losses)
     trainer.global_step = 20
-    bar.get_metrics(trainer, module)  # type: ignore[arg-type]
+    bar.get_metrics(trainer, None)  # type: ignore[arg-type]
     assert bar.shown_stats == "loss 2.346 val 2.500"  # nothing logged tokens/s: no tok/s
 
 
@@ -437,11 +456,10 @@ def test_progress_bar_is_one_line_in_80_columns(steps: int) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
-    stats = SimpleNamespace(train_history=[(5, 1.82345)], val_history=[(5, 0.0, 1.819)])
-    module = SimpleNamespace(stats=stats, logs_step=lambda step: True)
-    metrics = {"tokens_per_sec": 126580.4, "mfu": 0.316}
+    metrics = {"train/loss": 1.82345, "val/loss": 1.819, "tokens_per_sec": 126580.4, "mfu": 0.316}
     bar = ProgressBar()
-    bar.get_metrics(SimpleNamespace(global_step=5, callback_metrics=metrics), module)  # type: ignore[arg-type]
+    trainer = SimpleNamespace(global_step=5, callback_metrics=metrics, log_every_n_steps=5, max_steps=10)
+    bar.get_metrics(trainer, None)  # type: ignore[arg-type]
     out = io.StringIO()
     console = Console(file=out, width=80)
     progress = Progress(*bar.configure_columns(None), console=console)  # type: ignore[arg-type]
@@ -481,9 +499,13 @@ def test_nan_message_suggests_only_what_the_run_has_not_tried(precision: str, cl
     trainer = SimpleNamespace(
         global_step=7, precision=precision, gradient_clip_val=clip, checkpoint_callback=None, callbacks=[]
     )
-    module = SimpleNamespace(saw_nonfinite_loss=lambda: True)
+    guard = LossGuard()
+    batch = SimpleNamespace(
+        global_step=7, log_every_n_steps=50, max_steps=100, callback_metrics={}
+    )  # no check here
+    guard.on_train_batch_end(batch, None, {"loss": torch.tensor(float("nan"))}, None, 0)  # type: ignore[arg-type]
     with pytest.raises(NonFiniteLossError) as err:
-        LossGuard().check_finite(trainer, module)
+        guard.check_finite(trainer, None)  # type: ignore[arg-type]
     assert str(err.value).endswith(f"(no checkpoint was saved yet); {advice}")
 
 
@@ -662,3 +684,51 @@ def test_the_default_run_has_seven_callbacks(compose: Any, tmp_path: Path) -> No
     ]
     off = compose([f"paths.run_dir={tmp_path}", "callbacks.health.every_n_steps=0"]).callbacks.health
     assert not instantiate(off).enabled
+
+
+class ThreeLineStep:
+    """The training step a learner writes first: the loss, `self.log`, return it (mixed into the module)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        _logits, loss = self.model(*batch)  # type: ignore[attr-defined]
+        self.log("train/loss", loss)  # type: ignore[attr-defined]
+        return loss
+
+
+def test_a_three_line_training_step_keeps_every_callback_working(tmp_path: Path, dm: Any) -> None:
+    """Guard, health, progress bar, throughput and summary.json learn what they need from Lightning's
+    channels alone (the step's returned loss, the logged train/loss and val/loss), not from the module."""
+    from mini_gpt.train.callbacks import Health
+    from mini_gpt.train.module import GPTLitModule
+
+    class Module(ThreeLineStep, GPTLitModule):
+        pass
+
+    def module(lr: float) -> Any:
+        torch.manual_seed(0)
+        config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=dm.vocab_size, block_size=BLOCK)
+        optim = OptimConfig(name="adamw", lr=lr, warmup_steps=0, min_lr_ratio=1.0)
+        return Module(config, optim, tokenizer=dm.tokenizer, max_steps=50, tokens_per_step=4 * BLOCK)
+
+    def callbacks() -> list[Any]:
+        return [LossGuard(), Health(spike_window=4), ProgressBar(refresh_rate=1), Throughput(peak_flops=1e10)]
+
+    healthy = _trainer(
+        tmp_path / "ok", callbacks(), max_steps=6, log_every_n_steps=1, enable_progress_bar=True
+    )
+    done = _fit_with_summary(healthy, module(1e-3), dm, tmp_path / "ok.json")
+    assert (done["status"], done["steps"]) == ("completed", 6)
+    assert [row[0] for row in done["val_curve"]] == [2, 4, 6] and done["final_val_loss"] < math.log(65)
+    assert done["tokens_per_sec"] > 0 and done["spikes"] == 0  # health judged every logged loss
+    bar = next(cb for cb in healthy.callbacks if isinstance(cb, ProgressBar))
+    assert bar.shown_stats.startswith("loss ") and " val " in bar.shown_stats and "tok/s" in bar.shown_stats
+    assert len(_recorder(healthy).record.train_curve) == 6
+
+    # AdamW at lr 1e6: the guard still stops the run (NaN/inf or diverged), before anything of it is saved
+    broken = _trainer(
+        tmp_path / "bad", callbacks(), max_steps=40, log_every_n_steps=1, enable_progress_bar=True
+    )
+    with pytest.raises((NonFiniteLossError, DivergedError)):
+        _fit_with_summary(broken, module(1e6), dm, tmp_path / "bad.json")
+    stopped = json.loads((tmp_path / "bad.json").read_text())
+    assert stopped["status"] in ("nonfinite", "diverged") and stopped["steps"] < 40

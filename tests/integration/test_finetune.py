@@ -250,7 +250,7 @@ def _overrides(run_dir: Path, data_root: Path, shakespeare: Path, *extra: str) -
 
 def _fit(overrides: list[str]) -> tuple[dict[str, Any], Any]:
     """train() on the composed config, with Hydra's run-time record set as `python train.py` has it
-    (the explicit model overrides are read from it); returns (summary.json, the LightningModule)."""
+    (the explicit model overrides are read from it); returns (summary.json, train()'s RunResult)."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
@@ -267,7 +267,7 @@ def _fit(overrides: list[str]) -> tuple[dict[str, Any], Any]:
         HydraConfig.instance().cfg = None  # type: ignore[assignment]
     summary = json.loads((Path(cfg.paths.run_dir) / "summary.json").read_text())
     assert result.summary == summary
-    return summary, result.module
+    return summary, result
 
 
 def _val_tokens(data_root: Path) -> Any:
@@ -287,7 +287,7 @@ def test_run_from_transformers_dir_starts_at_its_loss_and_lowers_it(
     import transformers
 
     T = 32  # model.block_size shrinks the source's 64 positions
-    summary, module = _fit(
+    summary, run = _fit(
         _overrides(
             tmp_path / "run",
             data_root,
@@ -302,7 +302,7 @@ def test_run_from_transformers_dir_starts_at_its_loss_and_lowers_it(
             "optim.lr=3e-3",
         ),
     )
-    assert module.model.config.block_size == T and module.model.config.n_embd == HF_SHAPE["n_embd"]
+    assert run.module.model.config.block_size == T and run.module.model.config.n_embd == HF_SHAPE["n_embd"]
     # transformers' loss on the same windows: every non-overlapping (T + 1)-token window of the val split
     val = torch.from_numpy(_val_tokens(data_root).astype("int64"))
     n = (len(val) - 1) // T
@@ -339,7 +339,7 @@ def test_run_from_our_checkpoint_starts_at_its_val_loss(
             "trainer.val_check_interval=6",
         ),
     )
-    second, module = _fit(
+    second, run = _fit(
         _overrides(
             tmp_path / "b",
             data_root,
@@ -353,7 +353,7 @@ def test_run_from_our_checkpoint_starts_at_its_val_loss(
     )
     assert second["val_curve"][0][0] == 0
     assert second["val_curve"][0][2] == pytest.approx(first["final_val_loss"], abs=1e-6)
-    assert module.model.config.dropout == 0.1
+    assert run.module.model.config.dropout == 0.1
     ckpt = torch.load(second["last_ckpt"], map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 3  # a fresh step count (ckpt_path would continue at 6)
     assert ckpt["mini_gpt"]["finetune"]["init_from"] == first["last_ckpt"]
@@ -418,9 +418,7 @@ def test_lora_run_frozen_weights_merge_export_and_resume(
         "loader.val_windows=16",
         "finetune.lora_dropout=0.1",  # resume must restore the dropout masks too
     )
-    half, module = _fit(
-        _overrides(tmp_path / "half", data_root, shakespeare_path, *lora, "trainer.max_steps=4")
-    )
+    half, run = _fit(_overrides(tmp_path / "half", data_root, shakespeare_path, *lora, "trainer.max_steps=4"))
     C, L = HF_SHAPE["n_embd"], HF_SHAPE["n_layer"]
     adapters = L * r * ((C + 3 * C) + (C + C) + (C + 4 * C) + (4 * C + C))
     base = sum(
@@ -452,15 +450,15 @@ def test_lora_run_frozen_weights_merge_export_and_resume(
     merged, tokenizer = load_model(half["last_ckpt"])
     out = export_model(merged, tokenizer, tmp_path / "export", "hf")
     exported = transformers.GPT2LMHeadModel.from_pretrained(str(out)).eval()
-    adapter_model = module.model.eval()
+    adapter_model = run.module.model.eval()
     idx = torch.randint(0, 50257, (2, T), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(exported(idx).logits, adapter_model(idx)[0], atol=1e-5, rtol=0)
     # resume: the checkpoint holds what it needs (adapters, frozen parts, optimizer): same as 8 in a row
-    full, full_module = _fit(
+    full, full_run = _fit(
         _overrides(tmp_path / "full", data_root, shakespeare_path, *lora, "trainer.max_steps=8")
     )
-    resumed, resumed_module = _fit(
+    resumed, resumed_run = _fit(
         _overrides(
             tmp_path / "resumed",
             data_root,
@@ -471,7 +469,7 @@ def test_lora_run_frozen_weights_merge_export_and_resume(
             f"ckpt_path={half['last_ckpt']}",
         ),
     )
-    assert resumed_module.stats.train_history == full_module.stats.train_history[4:]
+    assert resumed_run.record.train_curve == full_run.record.train_curve[4:]
     assert resumed["final_val_loss"] == full["final_val_loss"]
 
 

@@ -61,13 +61,13 @@ def test_kv_cache_decoding_equals_full_forward(kw):
     idx = torch.randint(0, 50, (2, 24))
     full, _ = model(idx)
     caches = model.new_kv_caches()
-    pieces = [model(idx[:, :6], kv_caches=caches)[0]]
-    pieces += [model(idx[:, t : t + 1], kv_caches=caches)[0] for t in range(6, 20)]
-    pieces.append(model(idx[:, 20:], kv_caches=caches)[0])  # a multi-token chunk after a prefix
+    pieces = [model.forward_cached(idx[:, :6], caches)]
+    pieces += [model.forward_cached(idx[:, t : t + 1], caches) for t in range(6, 20)]
+    pieces.append(model.forward_cached(idx[:, 20:], caches))  # a multi-token chunk after a prefix
     assert caches[0].length == 24
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="block_size"):
-        model(idx[:, :1], kv_caches=caches)
+        model.forward_cached(idx[:, :1], caches)
 
 
 @pytest.mark.parametrize("kw", VARIANTS)
@@ -174,17 +174,26 @@ def test_core_imports_stay_light():
 
 
 @pytest.mark.parametrize("kw", VARIANTS)
-def test_last_only_logits_equal_the_last_row_of_all_logits(kw):
+def test_last_logits_equal_the_last_row_of_all_logits(kw):
     model = tiny(**kw)
     idx = torch.randint(0, 50, (2, 10))
     full, _ = model(idx)
-    last, _ = model(idx, last_only=True)
+    last = model.last_logits(idx)
     assert last.shape == (2, 1, 50)
     torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=0)
     caches = model.new_kv_caches()
-    model(idx[:, :6], kv_caches=caches)
-    last, _ = model(idx[:, 6:], kv_caches=caches, last_only=True)
+    model.forward_cached(idx[:, :6], caches)
+    last = model.last_logits(idx[:, 6:], caches)
+    assert caches[0].length == 10
     torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=0)
+
+
+def test_last_logits_run_the_output_head_on_the_last_position_only():
+    model = tiny()
+    seen = []
+    model.lm_head.register_forward_pre_hook(lambda _, args: seen.append(args[0].shape))
+    model.last_logits(torch.randint(0, 50, (2, 10)))
+    assert seen == [(2, 1, 32)]
 
 
 @pytest.mark.parametrize("mlp", ["gelu", "gelu_exact"])

@@ -14,6 +14,11 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mini_gpt"
 LIGHTNING_PRIVATE_ALLOWED = {"train/callbacks/checkpointing.py"}
 # What mini_gpt/model/ may import: torch, its own modules, and the standard library it uses.
 ALLOWED_IN_MODEL = {"torch", "mini_gpt", "__future__", "collections", "dataclasses", "math", "typing"}
+# The rooms from the bottom of the house up (mini_gpt/<room>/ or mini_gpt/<room>.py): a module imports its
+# own room and rooms below it, never one above. errors, files and machine are shared by all; generate.py
+# and harness.py are old entry points over cli/ and eval/. A new room takes the place its imports give it.
+ROOMS = ["errors", "files", "machine", "model", "tokenizer", "conf", "data", "interop", "infer", "inspect"]
+ROOMS += ["eval", "viz", "train", "serve", "cli", "bench", "generate", "harness"]
 
 
 def modules() -> dict[str, ast.Module]:
@@ -135,6 +140,24 @@ def test_no_import_cycles_between_modules():
     assert cycles == []
 
 
+def room_of(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""  # "": the package's own __init__
+
+
+def test_no_room_imports_a_room_above_it():
+    """Data flows one way (docs/architecture.md); imports inside functions count."""
+    assert {room_of(name) for name in MODULES} - {""} == set(ROOMS)  # every room has its place
+    floor = {room: i for i, room in enumerate(ROOMS)}
+    offences = [
+        f"{name} ({room_of(name)}) imports {source} ({room_of(source)})"
+        for name, tree in MODULES.items()
+        for module, names in imports_of(name, tree)
+        for source in ([f"mini_gpt.{n}" for n in names] if module == "mini_gpt" else [module])
+        if floor.get(room_of(source), -1) > floor.get(room_of(name), len(ROOMS))
+    ]
+    assert offences == []
+
+
 def test_the_cycle_reader_sees_imports_inside_functions():
     tree = ast.parse("def f():\n    from mini_gpt.train import run\n")
     assert imports_of("x", tree) == [("mini_gpt.train", ["run"])]
@@ -227,3 +250,59 @@ def test_callbacks_never_look_each_other_up():
             if source.startswith("mini_gpt.train.callbacks.") and source not in shared
         ]
     assert offences == []
+
+
+def _names_defined_by(class_name: str) -> set[str]:
+    """What a class of the package defines itself: its methods and properties, and `self.x = ...` in them."""
+    for tree in MODULES.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == class_name:
+                names = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+                for sub in ast.walk(node):
+                    targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target] if isinstance(
+                        sub, ast.AnnAssign) else []  # fmt: skip
+                    names |= {
+                        t.attr
+                        for t in targets
+                        if isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id == "self"
+                    }
+                return names
+    raise AssertionError(f"no class {class_name}")
+
+
+# What every callback may read of the LightningModule it is handed beyond Lightning's own API: what the
+# module is (its model and tokenizer). Anything else the module defines would be a channel made for one.
+MODULE_ESSENCE = {"model", "tokenizer"}
+
+
+def module_reads(tree: ast.Module, names: set[str]) -> list[str]:
+    """`pl_module.x` / `module.x` for x in `names`, with their lines."""
+    return [
+        f"{ast.unparse(node)} (line {node.lineno})"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in {"pl_module", "module"}
+        and node.attr in names
+    ]
+
+
+def test_no_callback_reads_what_the_module_made_for_it():
+    """Callbacks learn through Lightning's hooks, the step's outputs and logged metrics: none reads an
+    attribute or calls a method that GPTLitModule defines (its model and tokenizer aside)."""
+    made_here = _names_defined_by("GPTLitModule") - MODULE_ESSENCE
+    assert {"training_step", "net", "optim_config"} <= made_here  # the reader sees the module's own names
+    offences = {
+        name: reads
+        for name, tree in MODULES.items()
+        if name.startswith("mini_gpt.train.callbacks.") and (reads := module_reads(tree, made_here))
+    }
+    assert offences == {}
+
+
+def test_the_module_reader_catches_a_channel_made_for_a_callback():
+    tree = ast.parse("def on_step(trainer, pl_module):\n    x = pl_module.stats.train_history[-1]\n")
+    assert module_reads(tree, {"stats"}) == ["pl_module.stats (line 2)"]
+    assert module_reads(tree, {"train_history"}) == []  # only the module's own attributes count

@@ -156,3 +156,29 @@ def test_tracker_check_catches_references() -> None:
     assert tracker_refs(f"see {word} #7 and {word}s\n15, 16") != []
     assert tracker_refs(f"upstream {word}s #1457 and lm-evaluation-harness {word}s 1621") == []
     assert tracker_refs(f"github.com/o/r/{word}s/1457, a known {word} with 2 GPUs") == []
+
+
+def where_rows(text: str) -> list[tuple[str, int, str]]:
+    """(path, line, the code it names) of each row of architecture.md's "Where to change" table."""
+    section = text.split("## Where to change\n", 1)[1].split("\n## ", 1)[0]
+    return [
+        (path, int(line), code)
+        for path, line, code in re.findall(r"\[`([^`:]+):(\d+)`\]\([^)]*\) `([^`]+)`", section)
+    ]
+
+
+def test_where_to_change_points_at_the_lines_it_names() -> None:
+    """Each file:line of architecture.md's table holds the code the row quotes (a moved line fails here:
+    rerun the numbers)."""
+    rows = where_rows((REPO / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    assert {"mini_gpt/model/gpt.py", "mini_gpt/train/optim.py", "mini_gpt/train/module.py"} <= {
+        path for path, _, _ in rows
+    }
+    for path, line, code in rows:
+        lines = (REPO / path).read_text(encoding="utf-8").splitlines()
+        assert code in lines[line - 1], f"{path}:{line} is {lines[line - 1].strip()!r}, not {code!r}"
+
+
+def test_the_where_reader_reads_a_row() -> None:
+    text = "## Where to change\n| the loss | [`a/b.py:12`](../a/b.py#L12) `x = f(` | note |\n## Next\n"
+    assert where_rows(text) == [("a/b.py", 12, "x = f(")]

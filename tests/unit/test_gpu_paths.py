@@ -126,7 +126,7 @@ def test_compile_is_applied_once(monkeypatch: pytest.MonkeyPatch) -> None:
     x = torch.randint(0, 17, (2, 8))
     for _ in range(3):
         module(x)
-        module.loss(x, x)
+        module.training_step((x, x), 0)
     assert compiled == [module.model]
     assert all(not key.startswith("_compiled") for key in module.state_dict())
     assert GPTLitModule(TINY, OptimConfig(name="adamw")).net is not None and len(compiled) == 1

@@ -208,8 +208,9 @@ def test_repetition_penalty():
 def test_num_samples_share_one_prefill():
     model = tiny_model("learned", seed=7)
     shapes = []
-    handle = model.register_forward_pre_hook(
-        lambda _m, args, kwargs: shapes.append(tuple(args[0].shape)), with_kwargs=True
+    # the token ids each model pass embeds (generation calls model.last_logits, not forward)
+    handle = model.transformer.wte.register_forward_pre_hook(
+        lambda _m, args: shapes.append(tuple(args[0].shape))
     )
     try:
         out = generate(model, torch.tensor([[1, 2, 3, 4, 5]]), 4, temperature=0, num_samples=3)

@@ -87,7 +87,7 @@ class AttentionMaps(StepCallback):
 
     @rank_zero_only
     def log_maps(self, trainer: L.Trainer, pl_module: Any) -> None:
-        with pl_module.side_work():
+        with self.side_work(pl_module):
             step = trainer.global_step
             drawn = self.figures.draw(pl_module.model, pl_module.tokenizer, self._prompt_text, step)
             figures = {name: fig for name, (fig, _) in drawn.items()}

@@ -138,11 +138,16 @@ def resume_command(ckpt: Path) -> str:
     return shlex.join([*program, f"ckpt_path={Path(ckpt).resolve()}"])
 
 
+def all_finite(module: torch.nn.Module) -> bool:
+    """Whether every weight is finite (one device read): a NaN/inf loss leaves NaN weights after its step."""
+    return bool(torch.stack([p.detach().isfinite().all() for p in module.parameters()]).all())
+
+
 def save_last_now(trainer: L.Trainer, pl_module: L.LightningModule, why: str) -> Path | None:
     """Write last.ckpt now (between two optimizer steps, so resuming is exact) and say how to resume; None
-    (nothing written) without a checkpoint callback or after a NaN/inf loss. Every rank calls it."""
+    (nothing written) without a checkpoint callback or with NaN/inf weights. Every rank calls it."""
     path = last_checkpoint_path(trainer)
-    if path is None or pl_module.saw_nonfinite_loss():
+    if path is None or not all_finite(pl_module):
         return None
     # Private: trainer.save_checkpoint ends at a barrier, where a rank interrupted alone would wait.
     checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)

@@ -67,7 +67,7 @@ class EvaluateCallback(StepCallback):
 
     @torch.no_grad()
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
-        with pl_module.side_work():
+        with self.side_work(pl_module):
             share = self._inputs.share(trainer.global_rank, trainer.world_size)
             scores = score_tasks(
                 pl_module.model, self._tokenizer, share, self.batch_size, self.batch_size, progress=False

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Any
 
 import lightning as L
+import torch
+from torch import Tensor
 
 from mini_gpt.errors import MiniGPTError, at_least
 from mini_gpt.train.callbacks.base import StepCallback
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
+from mini_gpt.train.module import is_log_step
 from mini_gpt.train.stops import DivergedError, NonFiniteLossError
 
 
 class LossGuard(StepCallback):
     """Stops training in one line when the loss went bad, before it is saved (Lightning runs the checkpoint
-    callback after the others): NaN/inf (a sticky device flag, read every `check_every_n_steps` and before
-    every checkpoint), or divergence (the rule and why: docs/training.md#checkpoints-and-resuming)."""
+    callback after the others): NaN/inf (a sticky device flag over every micro-batch's loss from
+    `training_step`, read every `check_every_n_steps` and before every checkpoint), or divergence of the
+    logged `train/loss` (the rule and why: docs/training.md#checkpoints-and-resuming)."""
 
     def __init__(
         self, check_every_n_steps: int | None = None, factor: float = 3.0, patience: int = 3
@@ -27,6 +32,15 @@ class LossGuard(StepCallback):
                        "callbacks.loss_guard.check_every_n_steps": check_every_n_steps})  # fmt: skip
         self.check_every_n_steps = check_every_n_steps
         self.factor, self.patience = float(factor), patience
+        self.logged: deque[tuple[int, float]] = deque(maxlen=patience)  # (step, train/loss) at log steps
+        self._nonfinite: Tensor | None = None  # on the device: any NaN/inf loss so far
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        bad = ~torch.isfinite(outputs["loss"].detach())  # one tiny op, no device read
+        self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def limit(self, pl_module: Any) -> float:
         vocab = getattr(pl_module.tokenizer, "vocab_size", None) or pl_module.model.config.vocab_size
@@ -41,7 +55,7 @@ class LossGuard(StepCallback):
         raise error(f"{what}; stopped without saving this state ({kept}); {advice}")
 
     def check_finite(self, trainer: L.Trainer, pl_module: Any) -> None:
-        if pl_module.saw_nonfinite_loss():
+        if self._nonfinite is not None and bool(self._nonfinite):  # reads the device
             full = str(trainer.precision) in ("32-true", "32", "64-true", "64")
             tip = [] if full else [f"use trainer.precision=32-true (this run used {trainer.precision})"]
             what = f"training loss became NaN/inf by step {trainer.global_step}"
@@ -59,7 +73,11 @@ class LossGuard(StepCallback):
         every = self.check_every_n_steps or max(1, trainer.log_every_n_steps)
         if trainer.global_step % every == 0:
             self.check_finite(trainer, pl_module)
-        recent = pl_module.stats.train_history[-self.patience :]
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is None or not is_log_step(trainer, trainer.global_step):
+            return
+        self.logged.append((trainer.global_step, float(loss)))  # read at log steps only
+        recent = list(self.logged)
         if len(recent) == self.patience and all(loss > self.limit(pl_module) for _, loss in recent):
             losses = ", ".join(f"{loss:.4g}" for _, loss in recent)
             self._diverged(trainer, pl_module, f"train loss {losses} at {self.patience} log steps in a row")
@@ -68,7 +86,6 @@ class LossGuard(StepCallback):
         if trainer.sanity_checking:
             return
         self.check_finite(trainer, pl_module)
-        history = pl_module.stats.train_history
-        if history and history[-1][1] > self.limit(pl_module):
-            step, loss = history[-1]
+        if self.logged and self.logged[-1][1] > self.limit(pl_module):
+            step, loss = self.logged[-1]
             self._diverged(trainer, pl_module, f"train loss {loss:.4g} at step {step}, before a checkpoint")

@@ -70,7 +70,7 @@ class HeadRoles(StepCallback):
         their own random generator and eval mode, so training's random state and numerics are untouched."""
         if not trainer.is_global_zero:
             return None
-        with pl_module.side_work():
+        with self.side_work(pl_module):
             metrics = role_metrics(heads.head_roles(pl_module.model, self.half, self.batch, self.seed))
             step = trainer.global_step
             self.history.append((step, metrics))

@@ -19,7 +19,7 @@ from mini_gpt.data.windows import ValWindows
 from mini_gpt.errors import MiniGPTError, at_least
 from mini_gpt.model.gpt import GPT
 from mini_gpt.train.callbacks.base import StepCallback
-from mini_gpt.train.module import exact
+from mini_gpt.train.module import exact, is_log_step
 
 
 def model_parts(model: nn.Module) -> dict[str, list[nn.Parameter]]:
@@ -147,7 +147,6 @@ class Health(StepCallback):
         self._probe_ids: Tensor | None = None  # the fixed windows (B, T)
         self._norms: tuple[int, Tensor] | None = None  # (step, grad norm per part) until its loss is judged
         self._before: list[tuple[str, list[Tensor], Tensor]] = []  # (group, params, their values flat)
-        self._judged = 0  # entries of the module's train_history judged so far
 
     @property
     def enabled(self) -> bool:
@@ -170,7 +169,6 @@ class Health(StepCallback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         super().on_train_start(trainer, pl_module)
-        self._judged = len(pl_module.stats.train_history)
         # FSDP shards the parameters (a part's norm would need every rank's shards): no signals there.
         if not isinstance(trainer.strategy, FSDPStrategy):
             self._parts = model_parts(pl_module.model)
@@ -178,13 +176,12 @@ class Health(StepCallback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._probe_ids is None:
             self._probe_ids = batch[0][: self.entropy_windows].clone()
-        self._judge(trainer, pl_module)  # the last log step's loss, recorded after the callbacks ran
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: Any, optimizer: torch.optim.Optimizer
     ) -> None:
         step = trainer.global_step + 1  # the step about to be taken; gradients are unscaled, not clipped
-        if not self._parts or not pl_module.logs_step(step):
+        if not self._parts or not is_log_step(trainer, step):
             return
         grads = [[p.grad for p in ps if p.grad is not None] for ps in self._parts.values()]
         norms = [torch.nn.utils.get_total_norm(g).to(pl_module.device) for g in grads]
@@ -197,6 +194,8 @@ class Health(StepCallback):
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: Any) -> None:
         step = trainer.global_step
+        if is_log_step(trainer, step) and (loss := trainer.callback_metrics.get("train/loss")) is not None:
+            self._judge(trainer, pl_module, step, float(loss))  # the logged loss: read at log steps only
         if not self._before or self._norms is None or self._norms[0] != step:
             return
         ratios = [
@@ -213,20 +212,12 @@ class Health(StepCallback):
         self._before = []
         pl_module.log_dict(exact(dict(zip(names, values))))  # the one read of the device
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        self._judge(trainer, pl_module)  # the last step's loss
-
-    def _judge(self, trainer: L.Trainer, pl_module: Any) -> None:
-        history = pl_module.stats.train_history
-        if len(history) == self._judged:
-            return
-        for step, loss in history[self._judged :]:
-            norms = None
-            if self._norms is not None and self._norms[0] == step:  # the device was read for the loss
-                norms, self._norms = dict(zip(self._parts, self._norms[1].tolist())), None
-            if (spike := self.rule.observe(step, loss, norms)) is not None:
-                self.spikes.append(spike)
-                if trainer.is_global_zero:
-                    print(spike.line(), flush=True)
-        self._judged = len(history)
+    def _judge(self, trainer: L.Trainer, pl_module: Any, step: int, loss: float) -> None:
+        norms = None
+        if self._norms is not None and self._norms[0] == step:  # the device is read for the loss anyway
+            norms = dict(zip(self._parts, self._norms[1].tolist()))
+        if (spike := self.rule.observe(step, loss, norms)) is not None:
+            self.spikes.append(spike)
+            if trainer.is_global_zero:
+                print(spike.line(), flush=True)
         pl_module.log("run/spikes", torch.tensor(len(self.spikes), dtype=torch.float64), logger=False)

@@ -12,6 +12,10 @@ from rich.progress import ProgressColumn, Task, TextColumn
 from rich.table import Column
 from rich.text import Text
 
+from mini_gpt.train.module import is_log_step
+
+_LOSSES = (("loss", "train/loss"), ("val", "val/loss"))  # shown as "loss 1.234 val 1.456"
+
 
 def _clock(seconds: float | None) -> str:
     """m:ss below an hour, else h:mm:ss; -:-- when unknown."""
@@ -41,15 +45,15 @@ class ProgressBar(RichProgressBar):
         super().__init__(refresh_rate=refresh_rate, leave=leave)
         self.shown_stats = ""  # the numbers after the time; drawn in Rich's thread
         self._shown_for: tuple[int, int] = (-1, -1)  # (step, evaluations) the numbers were read at
+        self.evaluations = 0  # validations seen (sanity checks left out)
 
     def _is_train(self, task: Task) -> bool:
         return self.train_progress_bar_id is not None and task.id == self.train_progress_bar_id
 
     def _read(self, trainer: L.Trainer, pl_module: Any, ended: bool = False) -> None:
-        stats, metrics = pl_module.stats, trainer.callback_metrics
+        metrics = trainer.callback_metrics
         prefix = "run/" if ended else ""  # the run's averages at the end, else the last interval's
-        parts = [f"loss {stats.train_history[-1][1]:.3f}"] if stats.train_history else []
-        parts += [f"val {stats.val_history[-1][2]:.3f}"] if stats.val_history else []
+        parts = [f"{name} {float(metrics[key]):.3f}" for name, key in _LOSSES if key in metrics]
         if (rate := metrics.get(prefix + "tokens_per_sec")) is not None:
             parts.append(f"{float(rate):,.0f} tok/s")
         if (mfu := metrics.get(prefix + "mfu")) is not None:
@@ -57,13 +61,17 @@ class ProgressBar(RichProgressBar):
         self.shown_stats = " ".join(parts)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: Any) -> dict[str, Any]:
-        moment = (trainer.global_step, len(pl_module.stats.val_history))
+        moment = (trainer.global_step, self.evaluations)
         if moment != self._shown_for and (
-            pl_module.logs_step(trainer.global_step) or moment[1] != self._shown_for[1]
+            is_log_step(trainer, trainer.global_step) or moment[1] != self._shown_for[1]
         ):
             self._shown_for = moment
             self._read(trainer, pl_module)
         return {}  # Lightning's own metrics column stays empty: ours is compact and never wraps
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        self.evaluations += not trainer.sanity_checking
 
     def configure_columns(self, trainer: L.Trainer) -> list[Any]:
         def name(task: Task) -> Text:  # "Epoch 0/-2" would only confuse

@@ -48,8 +48,8 @@ class SampleText(StepCallback):
         return tok.decode(generate(pl_module.model, idx, self.max_new_tokens, **sampling)[0].tolist())
 
     @rank_zero_only
-    def _emit(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        with pl_module.side_work():
+    def _emit(self, trainer: L.Trainer, pl_module: L.LightningModule, during_training: bool = True) -> None:
+        with self.side_work(pl_module, during_training):
             text = self.sample(pl_module)
             step = trainer.global_step
             if self.print_samples:
@@ -65,4 +65,4 @@ class SampleText(StepCallback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.at_end and (not self.rows or self.rows[-1][0] != trainer.global_step):
-            self._emit(trainer, pl_module)
+            self._emit(trainer, pl_module, during_training=False)

@@ -13,8 +13,8 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import read_json, write_json_atomic
 from mini_gpt.machine import LoadMeter, cache_dir, cpu_name
-from mini_gpt.train.callbacks.base import StepCallback
-from mini_gpt.train.module import exact
+from mini_gpt.train.callbacks.base import SIDE_SECONDS, StepCallback
+from mini_gpt.train.module import exact, is_log_step
 
 # The fp32 matmul peak assumed when the CPU probe fails (a small 2-core machine's order of magnitude).
 _DEFAULT_CPU_PEAK_FLOPS = 185e9
@@ -71,9 +71,16 @@ def peak_flops(device: torch.device, precision: str = "32-true", override: float
     return 0.0
 
 
+def side_seconds(trainer: L.Trainer) -> float:
+    """The seconds of side work the callbacks logged so far (host numbers: no device read)."""
+    metrics = trainer.callback_metrics
+    return sum(float(v) for k, v in metrics.items() if k.startswith(SIDE_SECONDS))
+
+
 class Throughput(StepCallback):
     """Logs `tokens_per_sec` and `mfu` of each log interval, and `run/...` of the run so far for the progress
-    bar and summary.json. Validation and the module's `side_work()` are left out of the time.
+    bar and summary.json. Validation and the side work other callbacks log (`side_seconds/...`) are left
+    out of the time.
     MFU = flops_per_token (forward + backward) x tokens/s / (peak FLOP/s of one device x devices)."""
 
     def __init__(self, peak_flops: float | None = None) -> None:
@@ -88,7 +95,7 @@ class Throughput(StepCallback):
         self.total_seconds = 0.0  # training seconds in this run
         self._tokens = 0
         self._t0 = 0.0
-        self._side_t0 = 0.0  # the module's side-work seconds at the start of the interval
+        self._side_t0 = 0.0  # the logged side-work seconds at the start of the interval
         self._val_t0 = 0.0
         self._val_seconds = 0.0
         self._flops_per_token = 0.0
@@ -100,7 +107,7 @@ class Throughput(StepCallback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         super().on_train_start(trainer, pl_module)
-        self._t0, self._side_t0 = time.perf_counter(), pl_module.stats.side_seconds
+        self._t0, self._side_t0 = time.perf_counter(), side_seconds(trainer)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -111,9 +118,9 @@ class Throughput(StepCallback):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: Any) -> None:
-        if not pl_module.logs_step(trainer.global_step):
+        if not is_log_step(trainer, trainer.global_step):
             return
-        tokens, seconds = self._close_interval(pl_module)
+        tokens, seconds = self._close_interval(trainer, pl_module)
         if self.peak is None:  # first log interval: the CPU probe runs here, not before step 1
             self.peak = peak_flops(pl_module.device, str(trainer.precision), self.peak_flops_override)
             self._flops_per_token = pl_module.model.flops_per_token(self._seq_len)
@@ -123,7 +130,7 @@ class Throughput(StepCallback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
         # Lightning ends the (one, endless) epoch when training ends: the tail after the last log step.
-        self._close_interval(pl_module)
+        self._close_interval(trainer, pl_module)
         self._log_run(trainer, pl_module)
 
     def _log_run(self, trainer: L.Trainer, pl_module: Any) -> None:
@@ -137,9 +144,9 @@ class Throughput(StepCallback):
             rates[f"{prefix}mfu"] = self._flops_per_token * rate / (self.peak * world_size)
         return rates
 
-    def _close_interval(self, pl_module: Any) -> tuple[int, float]:
+    def _close_interval(self, trainer: L.Trainer, pl_module: Any) -> tuple[int, float]:
         self._sync(pl_module)
-        now, side = time.perf_counter(), pl_module.stats.side_seconds
+        now, side = time.perf_counter(), side_seconds(trainer)
         seconds = max(now - self._t0 - self._val_seconds - (side - self._side_t0), 0.0)
         tokens = self._tokens
         self.total_tokens += tokens
