@@ -1,8 +1,5 @@
-"""mini-gpt: a small decoder-only transformer whose causal self-attention is the readable core.
-
-Importing the package is cheap: the names below load their module (and torch) on first use, so data
-preparation workers never pay for torch.
-"""
+"""mini-gpt: a small decoder-only transformer whose causal self-attention is the readable core. The names
+below load their module (and torch) on first use, so data preparation workers never pay for torch."""
 
 from __future__ import annotations
 

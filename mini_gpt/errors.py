@@ -1,11 +1,9 @@
-"""The one exception type users are meant to read: `MiniGPTError`, a one-line message that says what is
-wrong and how to fix it (a `ValueError`, so library callers can catch it as one). The command-line entry
-points print it as `error: <message>` and exit with status 2 (`exit_on_user_error`), and the package's own
-warnings as one `warning: <message>` line.
-"""
+"""`MiniGPTError` (a `ValueError`): the one-line message a user reads, printed by the command-line entry
+points as `error: <message>` with exit status 2; the package's own warnings as one `warning:` line."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
 from collections.abc import Callable, Collection
@@ -22,9 +20,16 @@ class MiniGPTError(ValueError):
     """A user-facing error: the message alone must be enough to fix the problem."""
 
 
+def import_extra(module: str, missing: str) -> Any:
+    """`module`, or the error line `missing` (how to install it) where its optional extra is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise MiniGPTError(missing) from err
+
+
 def exit_on_user_error(fn: F) -> F:
-    """Decorate a CLI `main`: a `MiniGPTError` becomes one line on stderr and exit status 2, and from then
-    on the package's warnings are one line each (`format_warning`)."""
+    """Decorate a CLI `main`: a `MiniGPTError` is one line on stderr and exit status 2; warnings one line."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -41,8 +46,7 @@ def exit_on_user_error(fn: F) -> F:
 def format_warning(
     message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
 ) -> str:
-    """The package's warnings (stray bytes in a corpus, ...) as one line, without Python's file:line and the
-    source line that mean nothing to a user; other libraries' warnings keep Python's format."""
+    """The package's warnings as one line, without Python's file:line (other libraries' keep it)."""
     if Path(filename).resolve().is_relative_to(PACKAGE_DIR):
         return f"warning: {message}\n"
     return PYTHON_FORMAT_WARNING(message, category, filename, lineno, line)

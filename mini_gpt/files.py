@@ -14,8 +14,7 @@ from typing import IO, Any
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in `path`, or None when it is missing, unreadable or not an object (a cache to
-    rebuild)."""
+    """The JSON object in `path`, or None when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -59,12 +58,12 @@ def atomic_write(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
 @contextmanager
 def atomic_dir(out: Path) -> Iterator[Path]:
     """A folder written whole or not at all: the block fills a temporary sibling, which then replaces `out`
-    (an existing one moved aside only once the new one is complete). Its folders and files get the modes
-    the umask gives (mkdtemp makes a 0700 folder, some writers 0600 files): others may read it as usual."""
+    (an existing one moved aside only once the new one is complete)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         yield tmp
+        # the modes the umask gives, not mkdtemp's 0700 folder (or some writers' 0600 files)
         umask = os.umask(0)
         os.umask(umask)
         for p in (tmp, *tmp.rglob("*")):

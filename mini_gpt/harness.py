@@ -1,8 +1,5 @@
-"""Only for an older install: its `install-hook` wrote `mini_gpt_lm_eval.pth` into site-packages, which
-registers `mini-gpt` as "mini_gpt.harness:MiniGPTLM" at every start-up; without this name that file would
-break every harness run (delete it when you can). The command is `mini-gpt harness`; this module no longer
-runs as `python -m mini_gpt.harness`.
-"""
+"""Only for an older install, whose `mini_gpt_lm_eval.pth` in site-packages registers
+"mini_gpt.harness:MiniGPTLM" at every start-up (delete it when you can). The command is `mini-gpt harness`."""
 
 from typing import Any
 

@@ -11,16 +11,7 @@ from pathlib import Path
 from mini_gpt.conf import run_tool, split_free_text
 from mini_gpt.conf.tools import SCALING_PARAMS, CompareConfig
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.viz.compare import (
-    compare_table,
-    find_runs,
-    markdown,
-    plot_scaling,
-    scaling_fit,
-    seed_groups,
-    seeds_table,
-    write_report,
-)
+from mini_gpt.viz import compare as viz
 
 
 def _expand(paths: list[str]) -> list[str]:
@@ -35,18 +26,18 @@ def compare(cfg: CompareConfig) -> None:
     paths = _expand(cfg.runs)
     if not paths:
         raise MiniGPTError("name the runs: mini-gpt compare DIR... or runs=[DIR,...] (globs work)")
-    header, rows, ordered, keys = compare_table(find_runs(paths))
+    header, rows, ordered, keys = viz.compare_table(viz.find_runs(paths))
     out = Path(cfg.out or (paths[0] if len(paths) == 1 and Path(paths[0]).is_dir() else "compare"))
-    files = write_report(header, rows, ordered, keys, out)
-    print(markdown(header, rows))
+    files = viz.write_report(header, rows, ordered, keys, out)
+    print(viz.markdown(header, rows))
     print(f"\n{len(rows)} runs; table: {files['csv']}, report: {files['html']}, curves: {files['png']}")
-    groups = seed_groups(ordered, keys)
+    groups = viz.seed_groups(ordered, keys)
     if groups:
         print("\nover seeds (completed runs; std: the sample standard deviation):")
-        print(markdown(*seeds_table(groups)))
+        print(viz.markdown(*viz.seeds_table(groups)))
     if cfg.scaling:
-        fit = scaling_fit(ordered, SCALING_PARAMS[cfg.params])
-        plot_scaling(ordered, fit, out / "scaling.png")
+        fit = viz.scaling_fit(ordered, SCALING_PARAMS[cfg.params])
+        viz.plot_scaling(ordered, fit, out / "scaling.png")
         print(f"\nisoFLOP optima ({fit.params_key}):")
         for budget, n_opt, loss in fit.minima:
             print(

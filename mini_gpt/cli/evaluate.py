@@ -1,7 +1,5 @@
-"""`mini-gpt evaluate ckpt=PATH tasks=[bpb,hellaswag] output=results.json`: the tasks of mini_gpt.eval.tasks
-and lm-evaluation-harness tasks (`harness_tasks`, the `eval` extra) as a markdown table; `output=FILE` also
-writes the results and the checkpoint's step and tokens as JSON.
-"""
+"""`mini-gpt evaluate ckpt=PATH tasks=[bpb,hellaswag] output=results.json`: mini_gpt.eval.tasks and
+lm-evaluation-harness tasks (`harness_tasks`) as a markdown table, and as JSON with `output=FILE`."""
 
 from __future__ import annotations
 
@@ -44,8 +42,7 @@ def markdown_table(results: dict[str, Any]) -> str:
 
 def run(cfg: EvaluateConfig, out: TextIO | None = None, err: TextIO | None = None) -> dict[str, Any]:
     """Evaluate as configured; print the table to `out`; return the results dict (also written to output)."""
-    out = out or sys.stdout
-    err = err or sys.stderr
+    out, err = out or sys.stdout, err or sys.stderr
     model, tokenizer, device = open_on_device(cfg, err)
     results: dict[str, Any] = {"checkpoint": str(cfg.ckpt or cfg.init_from), **checkpoint_info(cfg.ckpt)}
     bpb, hellaswag = cfg.bpb, cfg.hellaswag

@@ -1,8 +1,6 @@
-"""`mini-gpt generate ckpt=PATH prompt="ROMEO:"`: sample text from a model (keys: conf/generate.yaml). One
-sample streams to stdout; several are one batch (one shared prefill) printed between `--- sample i/n ---`
-lines; warnings and timings go to stderr. Start-up is paid on every call, so this imports no Lightning, W&B
-or transformers (unless `init_from` needs it).
-"""
+"""`mini-gpt generate ckpt=PATH prompt="ROMEO:"`: one sample streams to stdout, several are one batch
+printed between `--- sample i/n ---` lines. Start-up is paid on every call: no Lightning, W&B or
+transformers imports (unless `init_from` needs it)."""
 
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ def read_prompt(cfg: GenerateConfig) -> str:
 
 def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = None) -> list[dict[str, Any]]:
     """Generate as configured; print to `out` (stdout); return one record per sample."""
-    out = out or sys.stdout
-    err = err or sys.stderr
+    out, err = out or sys.stdout, err or sys.stderr
     check_sampling_args(cfg.temperature, cfg.top_k, cfg.top_p, cfg.repetition_penalty)
     prompt = read_prompt(cfg)
     model, tokenizer, device = open_on_device(cfg, err)
@@ -57,9 +54,8 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
     torch.manual_seed(seed)
     generator = torch.Generator(device=device).manual_seed(seed)
     amp = autocast_context(device, cfg.dtype)
-    weights_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}.get(
-        cfg.dtype
-    )
+    weights_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}
+    weights_dtype = weights_dtype.get(cfg.dtype)
     if cfg.compile:
         model = torch.compile(model, dynamic=True)
     elif weights_dtype is not None and can_pack(device, weights_dtype):

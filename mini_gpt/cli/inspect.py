@@ -1,7 +1,5 @@
-"""`mini-gpt inspect ckpt=PATH logit_lens="..." head_roles=true ablation=zero patching.clean=...`: what a
-model does inside (docs/inspect.md). Each analysis asked for writes <out>/<analysis>.png and a JSON of its
-numbers, and prints a short table; every input is checked before the first analysis runs.
-"""
+"""`mini-gpt inspect ckpt=PATH logit_lens="..." head_roles=true ablation=zero patching.clean=...`
+(docs/inspect.md): each analysis writes <out>/<analysis>.png and .json and prints a short table."""
 
 from __future__ import annotations
 
@@ -228,9 +226,9 @@ def plan(cfg: InspectConfig, model: GPT, tokenizer: Tokenizer) -> list[Callable[
     if cfg.logit_lens is not None:
         lens_ids = prompt_ids(tokenizer, cfg.logit_lens, "logit_lens", block_size)
         jobs.append(lambda: lens_report(model, tokenizer, lens_ids, cfg.top_k))
-    if cfg.head_roles and cfg.half is not None and 2 * cfg.half > block_size:
-        raise MiniGPTError(f"half={cfg.half}: two copies must fit block_size={block_size}")
     if cfg.head_roles:
+        if cfg.half is not None and 2 * cfg.half > block_size:
+            raise MiniGPTError(f"half={cfg.half}: two copies must fit block_size={block_size}")
         jobs.append(lambda: roles_report(model, cfg))
     patching = {key: getattr(cfg.patching, key) for key in PATCHING_KEYS}
     given = [key for key, value in patching.items() if value is not None]

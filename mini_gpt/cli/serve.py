@@ -1,6 +1,4 @@
-"""`mini-gpt serve ckpt=PATH`: the playground page and an OpenAI-compatible API (conf/serve.yaml;
-mini_gpt/serve/app.py lists the routes). Ctrl-C stops it.
-"""
+"""`mini-gpt serve ckpt=PATH`: the playground page and an OpenAI-compatible API; Ctrl-C stops it."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ from mini_gpt.infer.device import open_on_device
 
 
 def default_name(cfg: ServeConfig) -> str:
-    """The model id: the checkpoint's file name, or for last.ckpt / model.safetensors / an export directory
-    the directory's (the run's for a run's checkpoints/ folder)."""
+    """The model id: the checkpoint's file name, else its folder's (the run's for checkpoints/)."""
     if cfg.model_name:
         return cfg.model_name
     if cfg.init_from:
@@ -70,15 +67,13 @@ def run(cfg: ServeConfig) -> None:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            # Ctrl-C: end the running and queued generations first, so that open streams end (with what
-            # they have, then an error event saying the server is shutting down) and uvicorn's graceful
-            # shutdown need not cancel them mid-response.
+            # Ctrl-C: end the generations first, so that open streams end (with an error event saying the
+            # server is shutting down) and uvicorn's graceful shutdown need not cancel them mid-response.
             engine.cancel_all()
             super().handle_exit(sig, frame)
 
     server = Server(config)
-    # uvicorn shuts down gracefully on Ctrl-C, then raises it again; it exits when it cannot bind (its own
-    # log line says why)
+    # uvicorn shuts down gracefully on Ctrl-C, then raises it again; it exits when it cannot bind
     try:
         server.run()
     except (KeyboardInterrupt, SystemExit):

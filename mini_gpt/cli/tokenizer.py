@@ -49,12 +49,9 @@ def train(cfg: TokenizerTrainConfig) -> Path:
             yield text
 
     texts = cropped(_texts(data, "train", cfg.progress), cfg.max_chars, cfg.doc_max_chars)
+    name = cfg.name or out.name
     tok = train_bpe(
-        counted(texts),
-        cfg.vocab_size,
-        name=cfg.name or out.name,
-        pattern=cfg.pattern,
-        special_tokens=cfg.special_tokens,
+        counted(texts), cfg.vocab_size, name=name, pattern=cfg.pattern, special_tokens=cfg.special_tokens
     )
     seconds = time.perf_counter() - t0
     info = {"data": cfg.data, "pattern": cfg.pattern, "train_chars": chars, "trainer": "rustbpe",

@@ -76,8 +76,7 @@ class GPTDataModule(L.LightningDataModule):
             self.prepared = prepare(self.cfg, build=False, block_size=self.block_size)
 
     def prepare_once(self, local_rank: int, timeout_s: float = 24 * 3600) -> PreparedData | ShardedCorpus:
-        """Prepare on local rank 0 while the node's other ranks wait: before `fit`, as the tokenizer sizes
-        the model, and under torchrun/SLURM all ranks start together."""
+        """Prepare on local rank 0 while the node's other ranks (torchrun, SLURM) wait; before `fit`."""
         if local_rank == 0 or self.sharded:  # sharded preparation holds a file lock: the others wait on it
             return self.prepared_data()
         assert isinstance(self.cfg, DataConfig)

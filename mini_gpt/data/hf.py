@@ -120,8 +120,7 @@ def _tasks(batches: Iterable[list[Any]], first_doc: int) -> Iterator[Task]:
 def encode_all(
     tasks: Iterable[Task], tok: Tokenizer, cfg: HFDataConfig, dtype: str, num_proc: int
 ) -> Iterator[Encoded]:
-    """`encode_task` of every task, in order, in `num_proc` processes with at most 2 x num_proc + 1 tasks in
-    flight; closing it cancels the tasks not started."""
+    """`encode_task` of each task, in order, in `num_proc` processes; closing it cancels those not started."""
     if num_proc == 1:
         init_worker(tok, cfg, dtype)
         yield from map(encode_task, tasks)
@@ -334,8 +333,7 @@ def prepare_shards(
 def _with_val_fraction(
     cfg: HFDataConfig, source: Source, tok: Tokenizer | None, say: Callable[[str], None]
 ) -> HFDataConfig:
-    """`cfg` with `val_fraction: null` resolved by a bounded first pass; the shards' key keeps null, so a
-    valid cache is reused without the pass."""
+    """`cfg` with `val_fraction: null` resolved by a bounded pass (keys keep null: a valid cache skips it)."""
     if cfg.val_fraction is not None:
         return cfg
     per_token = 1.0 if tok is None else float(CHARS_PER_BPE_TOKEN)

@@ -114,8 +114,6 @@ def progress_bar(
 
 
 @contextmanager
-def byte_progress(
-    description: str, total_bytes: int, enabled: bool | None
-) -> Iterator[Callable[[int], None]]:
-    with progress_bar(description, total_bytes, enabled) as update:
+def byte_progress(description: str, total: int, enabled: bool | None) -> Iterator[Callable[[int], None]]:
+    with progress_bar(description, total, enabled) as update:
         yield lambda n: update(advance=n)

@@ -1,7 +1,6 @@
-"""Token shards in llm.c's `.bin` format (read, write, check), `ShardedCorpus` and `find_shards`. A shard is
-a header of 256 little-endian int32 (magic, version: FORMATS; the token count; zeros) then the tokens,
-little-endian. Readers check that the file holds exactly the announced tokens. A `meta.json` beside shards
-(ours) names their tokenizer."""
+"""llm.c's `.bin` token shards: a header of 256 little-endian int32 (magic, version: FORMATS; the token count;
+zeros), then the tokens, little-endian; readers check that the file holds exactly those. Our `meta.json`
+beside shards names their tokenizer. Also `ShardedCorpus` and `find_shards`."""
 
 from __future__ import annotations
 
@@ -186,12 +185,8 @@ def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
     files = glob_files(cfg.path)
     if not files:
         raise MiniGPTError(f"data.path={cfg.path} matches no files; pass a glob of .bin token shards")
-    if cfg.val_path:
-        val = glob_files(cfg.val_path)
-        train = [p for p in files if p not in set(val)]
-    else:
-        val = [p for p in files if "val" in p.name]
-        train = [p for p in files if "val" not in p.name]
+    val = glob_files(cfg.val_path) if cfg.val_path else [p for p in files if "val" in p.name]
+    train = [p for p in files if p not in val]
     if not train:
         raise MiniGPTError(
             f"data.path={cfg.path} holds no train shards (only files named *val*); fix the glob"

@@ -164,10 +164,9 @@ def _suffix_builder(path: str) -> str | None:
 
 
 def is_local(dataset: str) -> bool:
-    expanded = os.path.expanduser(dataset)
     return (
         any(ch in dataset for ch in "*?[")
-        or os.path.exists(expanded)
+        or os.path.exists(os.path.expanduser(dataset))
         or dataset.startswith((".", "/", "~"))
         or _suffix_builder(dataset) is not None
     )
@@ -234,10 +233,8 @@ def hub_offline_reason(switches: tuple[str, ...] = OFFLINE_SWITCHES) -> str | No
 
 
 def offline_if_hub_unreachable() -> str | None:
-    """Why the Hub cannot be reached, having switched the Hugging Face libraries to offline mode; None when it
-    answers or a switch is already on. Unreachable but not offline, `datasets` retries each file for ~40 s
-    (a log line a try) before failing; offline it reads its cache or fails at once. Call it before they are
-    imported: they read the switches then."""
+    """Why the Hub cannot be reached, having switched the Hugging Face libraries offline (else `datasets`
+    retries each file for ~40 s); None when it answers or a switch is on. Call it before they are imported."""
     reason = None if any(map(_switched_on, OFFLINE_SWITCHES)) else hub_offline_reason(switches=())
     if reason is not None:
         os.environ.update(dict.fromkeys(OFFLINE_SWITCHES, "1"))

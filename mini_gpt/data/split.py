@@ -12,7 +12,6 @@ SPLIT_RULE = (
     "splitmix64(i + (split_seed + 1) * 0x9E3779B97F4A7C15) / 2**64 < val_fraction"
 )
 
-
 AUTO_VAL_TOKENS = 131_072  # what `loader.val_windows: auto` reads, and what an automatic split holds
 # The automatic split's bounds: a big corpus keeps 0.1% (far more than read), a small one trains on 90%.
 AUTO_VAL_FRACTION_MIN, AUTO_VAL_FRACTION_MAX = 0.001, 0.1

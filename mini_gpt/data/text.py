@@ -107,17 +107,14 @@ def _count_and_replace(err: UnicodeError) -> tuple[str, int]:
 codecs.register_error("mini_gpt_replace", _count_and_replace)
 
 
-def decoded_chunks(
-    files: list[Path], chunk_bytes: int, strict: bool = False
-) -> Iterator[tuple[int, str, int]]:
-    """(document index, text, bytes read) per chunk; a bad byte becomes a counted U+FFFD (`strict`: an error).
-    utf-8-sig drops a leading byte-order mark."""
+def decoded_chunks(files: list[Path], size: int, strict: bool = False) -> Iterator[tuple[int, str, int]]:
+    """(document index, text, bytes read) per chunk; a bad byte: a counted U+FFFD (`strict`: an error)."""
     for doc, path in enumerate(files):
         decoder = codecs.getincrementaldecoder("utf-8-sig")("strict" if strict else "mini_gpt_replace")
         offset = 0
         with open(path, "rb") as fh:
             while True:
-                raw = fh.read(chunk_bytes)
+                raw = fh.read(size)
                 try:
                     text = decoder.decode(raw, final=not raw)
                 except UnicodeDecodeError as err:
@@ -133,33 +130,29 @@ def decoded_chunks(
 
 
 def safe_cut(text: str, limit: int) -> int:
-    """Largest i in (0, len) where splitting text[:i] | text[i:] cannot change BPE ids, else 0. tiktoken's
-    regexes never join a newline with a following non-space, so a cut in "x\\n|y" is invisible; lacking
-    one in a very long buffer, cut before " word" (also a pre-token boundary), then anywhere."""
-    pos = text.rfind("\n", 1, len(text) - 1)
-    while pos > 0:
-        # A whitespace run before the newline would end the piece as one run ("\n\n" is one token at
-        # the end of a string but two before a letter), so the newline must follow a non-space.
-        if not text[pos + 1].isspace() and not text[pos - 1].isspace():
-            return pos + 1
-        pos = text.rfind("\n", 1, pos)
-    if len(text) > limit:
-        pos = text.rfind(" ", 1, len(text) - 1)
-        while pos > 0:
-            if not text[pos - 1].isspace() and not text[pos + 1].isspace():
-                return pos
-            pos = text.rfind(" ", 1, pos)
-        if len(text) > 4 * limit:
-            return len(text)
-    return 0
+    """Largest i in (0, len) where a cut cannot change BPE ids, else 0: tiktoken never joins a newline with a
+    following non-space ("x\\n|y"); in a very long buffer, before " word", then anywhere."""
+
+    def last(sep: str) -> int:
+        # Between two non-spaces: a whitespace run before the newline would end the piece as one run
+        # ("\n\n" is one token at the end of a string but two before a letter).
+        pos = text.rfind(sep, 1, len(text) - 1)
+        while pos > 0 and (text[pos - 1].isspace() or text[pos + 1].isspace()):
+            pos = text.rfind(sep, 1, pos)
+        return pos
+
+    if (pos := last("\n")) > 0:
+        return pos + 1
+    if len(text) > limit and (pos := last(" ")) > 0:
+        return pos
+    return len(text) if len(text) > 4 * limit else 0
 
 
 def text_pieces(
     files: list[Path], split_at: int, piece_chars: int, exact_cuts: bool
 ) -> Iterator[tuple[int, int, str, int]]:
-    """(split 0/1, document, text, bytes consumed) pieces in corpus order. A piece never straddles the
-    train/val cut (character `split_at` of the concatenation) or a document boundary; with `exact_cuts`
-    (BPE) pieces end only where `safe_cut` allows."""
+    """(split 0/1, document, text, bytes consumed) pieces in order, never across the train/val cut (character
+    `split_at`) or a document boundary; with `exact_cuts` (BPE), ending only where `safe_cut` allows."""
     offset = 0  # characters of the concatenation seen so far
     key: tuple[int, int] | None = None
     carry, carry_bytes = "", 0
@@ -264,8 +257,7 @@ def prepare_data(
     progress: bool | None = None,
     piece_chars: int = PIECE_CHARS,
 ) -> PreparedData:
-    """The token files of `cfg`, built unless a valid cache exists (`build=False`: raise instead);
-    `block_size` checks that both splits hold one window."""
+    """`cfg`'s token files, built unless valid (`build=False`: raise); `block_size` checks both splits."""
     files = corpus_files(cfg, progress)
     total_bytes = sum(f.stat().st_size for f in files)
     if total_bytes == 0:
@@ -294,17 +286,9 @@ def prepare_data(
             meta = _valid_cache(out_dir, key)  # another process may have prepared it while we waited
             if meta is None:
                 meta = _tokenize_corpus(cfg, files, total_bytes, key, tok, out_dir, progress, piece_chars)
-    prep = PreparedData(
-        dir=out_dir,
-        train_path=out_dir / "train.bin",
-        val_path=out_dir / "val.bin",
-        meta_path=out_dir / "meta.json",
-        dtype=meta["dtype"],
-        tokenizer=tok if tok is not None else tokenizer_from_dict(meta["tokenizer"]),
-        train_tokens=meta["train_tokens"],
-        val_tokens=meta["val_tokens"],
-        meta=meta,
-    )
+    tok = tok if tok is not None else tokenizer_from_dict(meta["tokenizer"])
+    paths = [out_dir / name for name in ("train.bin", "val.bin", "meta.json")]
+    prep = PreparedData(out_dir, *paths, meta["dtype"], tok, meta["train_tokens"], meta["val_tokens"], meta)
     if block_size is not None:
         corpus = (prep.train_tokens + prep.val_tokens, cfg.val_fraction)
         check_split_length("validation", prep.val_tokens, block_size, corpus)
@@ -320,8 +304,7 @@ def _write_token_files(
     threads: int,
     advance: Callable[[int], None],
 ) -> list[int]:
-    """Encode the pieces on a thread pool and write them in order, `eot` before each document but the first;
-    the tokens written to each file."""
+    """The pieces encoded on a thread pool and written in order, `eot` between documents; tokens per file."""
     counts, last_doc = [0, 0], -1
     with ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool:
         for (split, doc, _, nbytes), ids in in_order(pool, lambda p: (p, encode(p[2])), pieces, 2 * threads):
@@ -364,11 +347,8 @@ def _tokenize_corpus(
     if n_chars == 0:
         raise MiniGPTError(f"{where} holds no text after decoding; add text or fix it")
     if bad:
-        warnings.warn(
-            f"{bad:,} byte(s) in {cfg.path or files[0]} are not valid UTF-8 and were replaced by U+FFFD",
-            UnicodeWarning,
-            stacklevel=3,
-        )
+        what = f"{bad:,} byte(s) in {cfg.path or files[0]} are not valid UTF-8"
+        warnings.warn(f"{what} and were replaced by U+FFFD", UnicodeWarning, stacklevel=3)
     if tok is None:
         tok = CharTokenizer(chars)
     dtype = token_dtype(tok.vocab_size, cfg.dtype)

@@ -1,7 +1,6 @@
-"""`(x, y)` batches of `block_size + 1` consecutive tokens inside one memory-mapped token file
-(docs/data.md#bigger-corpora). Batch `i` is a pure function of the seed, the rank and `i`, so resuming
-at batch `k` reproduces the uninterrupted stream; DataLoader worker `w` takes every `num_workers`-th batch.
-The shard order is a seeded Feistel permutation: a shuffle over shards *and* positions in O(1) memory."""
+"""`(x, y)` batches of `block_size + 1` consecutive tokens of one memory-mapped file (docs/data.md). Batch `i`
+is a pure function of the seed, the rank and `i` (a resume replays the stream); worker `w` takes every
+`num_workers`-th batch. Shards are shuffled, positions too, by a seeded Feistel permutation in O(1) memory."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ Batch = tuple[torch.Tensor, torch.Tensor]  # (x, y), each (batch_size, block_siz
 
 
 def feistel_permute(index: np.ndarray, n: int, key: Sequence[int], rounds: int = 4) -> np.ndarray:
-    """A seeded permutation of range(n) at `index`: a balanced Feistel network over the smallest even
-    number of bits covering n, walked in cycles until the value falls below n."""
+    """A seeded permutation of range(n) at `index`: a Feistel network, cycle-walked back below n."""
     if n <= 1:
         return np.zeros_like(index)
     bits = max(2, int(n - 1).bit_length())
@@ -105,9 +103,8 @@ def check_repeat_span(repeat_span: int, block_size: int) -> int:
 
 
 def repeat_spans(rows: np.ndarray, most: int, key: Sequence[int]) -> np.ndarray:
-    """Each row's first p tokens, repeated from its start until the row is full, p drawn (seeded by `key`)
-    per row from ceil(most / 2) to `most`: the period varies, so only copying by content predicts the
-    repeat (a fixed period is learnt as a fixed offset to copy from). most = 0: the rows unchanged."""
+    """Each row's first p tokens repeated to fill it, p drawn per row from ceil(most / 2) to `most` (a fixed
+    period would be learnt as a fixed offset to copy from, not copying by content); 0: rows unchanged."""
     if most == 0:
         return rows
     periods = np.random.default_rng(key).integers(-(-most // 2), most + 1, size=len(rows))
@@ -250,8 +247,7 @@ def _evenly(n: int, most: int | None) -> np.ndarray:
 
 
 def val_window_count(setting: int | str | None, block_size: int) -> int | None:
-    """Windows per evaluation for `loader.val_windows` (None: all); `auto` bounds a validation's cost on any
-    corpus, as nanoGPT's 200 batches do."""
+    """Windows per evaluation for `loader.val_windows` (None: all); `auto` bounds its cost, as nanoGPT's."""
     if setting is None or setting == "all":
         return None
     if setting == "auto":
@@ -265,8 +261,7 @@ def val_window_count(setting: int | str | None, block_size: int) -> int | None:
 
 
 def val_window_starts(n_tokens: int, block_size: int, max_windows: int | None = None) -> np.ndarray:
-    """Starts of one file's windows, evenly thinned to `max_windows`; window k reads tokens [k*T, k*T + T]
-    (its last target is the next window's x[0])."""
+    """One file's window starts, evenly thinned; window k reads [k*T, k*T + T] (ends on the next's x[0])."""
     starts = np.arange(max(0, (n_tokens - 1) // block_size), dtype=np.int64) * block_size
     return starts[_evenly(len(starts), max_windows)]
 
@@ -275,16 +270,14 @@ class ValWindows(_Mapped, Dataset):
     """Fixed validation windows over token files; item k is (x, y) of shape (block_size,)."""
 
     def __init__(self, files: Sequence[ShardInfo], block_size: int, max_windows: int | None = None) -> None:
-        self.files = list(files)
-        self.block_size = block_size
+        self.files, self.block_size = list(files), block_size
         per = [val_window_starts(f.n_tokens, block_size) for f in self.files]
         file_ids = np.repeat(np.arange(len(per), dtype=np.int64), [len(p) for p in per])
         starts = np.concatenate(per or [np.zeros(0, dtype=np.int64)])
         keep = _evenly(len(starts), max_windows)
-        file_ids, starts = file_ids[keep], starts[keep]
-        if len(starts) == 0:  # every file is shorter than one window: this raises the one-line error
+        self.file_ids, self.starts = file_ids[keep], starts[keep]
+        if len(self.starts) == 0:  # every file is shorter than one window: this raises the one-line error
             check_split_length("validation", max((f.n_tokens for f in self.files), default=0), block_size)
-        self.file_ids, self.starts = file_ids, starts
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -295,8 +288,7 @@ class ValWindows(_Mapped, Dataset):
 
 
 class ValBatches(IterableDataset):
-    """This rank's validation windows as whole batches: k goes to rank k % world, no padding, so the summed
-    loss is the same for any device count."""
+    """This rank's val windows as whole batches: k to rank k % world, unpadded (one loss for any world)."""
 
     def __init__(self, windows: ValWindows, batch_size: int, rank: int = 0, world: int = 1) -> None:
         super().__init__()

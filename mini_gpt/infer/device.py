@@ -20,11 +20,8 @@ from mini_gpt.tokenizer import Tokenizer
 def resolve_device(name: str) -> torch.device:
     """auto = cuda > mps > cpu."""
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        mps = torch.backends.mps.is_available()
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -45,10 +42,8 @@ def autocast_context(device: torch.device, dtype: str) -> Any:
 
 @contextmanager
 def cpu_threads(device: torch.device, threads: Any, err: TextIO | None) -> Iterator[None]:
-    """Around a tool's start-up (loading the model): `threads=N` runs N torch threads; `threads=auto` on a
-    CPU measures the load other processes put on the machine meanwhile and then runs on the cores they
-    leave free (training's rule, mini_gpt.machine.auto_threads), saying so on `err` when that is fewer
-    than torch's default (one thread per core beside a busy process is several times slower)."""
+    """Around a tool's start-up: `threads=N` runs N torch threads; `threads=auto` on a CPU measures other
+    processes' load meanwhile and runs on the cores they leave free (`auto_threads`), said on `err`."""
     if threads != "auto":
         torch.set_num_threads(threads)
         yield
@@ -65,8 +60,7 @@ def cpu_threads(device: torch.device, threads: Any, err: TextIO | None) -> Itera
 
 
 def open_on_device(cfg: ModelSource, err: TextIO | None = None) -> tuple[GPT, Tokenizer, torch.device]:
-    """(model, tokenizer, device) of a verb's `cfg`: the device picked, the model opened there, torch's
-    threads set (`cpu_threads`; a busy CPU's choice printed to `err`)."""
+    """(model, tokenizer, device) of a verb's `cfg`, torch's threads set (`cpu_threads`)."""
     device = resolve_device(cfg.device)
     with cpu_threads(device, cfg.threads, err):
         model, tokenizer = open_model(cfg.ckpt, cfg.init_from, cfg.bpe_file, device, cfg.tokenizer)

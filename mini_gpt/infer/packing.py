@@ -1,5 +1,5 @@
-"""Fast CPU decoding, bound by how fast the weights stream from memory: oneDNN's layout, packed once, streams
-faster than `nn.Linear`'s (docs/benchmarks.md). One way: the model is then not trained or saved."""
+"""Fast CPU decoding: weights packed once in oneDNN's layout stream from memory faster than `nn.Linear`'s
+(docs/benchmarks.md). One way: the model is then not trained or saved."""
 
 from __future__ import annotations
 

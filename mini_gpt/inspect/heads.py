@@ -1,14 +1,5 @@
-"""What each attention head does, scored on a repeated random token sequence.
-
-The sequence is L random tokens followed by the same L tokens again (Olsson et al., 2022, "In-context
-learning and induction heads"; the scores as TransformerLens computes them). For a query at position t:
-- previous-token score: attention to t - 1, averaged over t >= 1;
-- duplicate-token score: in the second copy, attention to t - L, the earlier occurrence of the same token;
-- induction score: in the second copy, attention to t - L + 1, the token that came *after* the earlier
-  occurrence: the head looks up "what followed this token last time" and predicts it again.
-A score is the mean attention weight on that key, so 1 is a head that does nothing else and a head that
-attends uniformly over t + 1 keys scores about 1 / (t + 1).
-"""
+"""What each attention head does: its mean attention weight, on L random tokens repeated once, on the key
+t - 1 (previous token), t - L (duplicate token) or t - L + 1 (induction) (docs/inspect.md#head-roles)."""
 
 from __future__ import annotations
 
@@ -17,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mini_gpt.inspect.hooks import in_eval_mode
+from mini_gpt.infer.sampling import in_eval_mode
 from mini_gpt.model.gpt import GPT
 
 ROLES = ("previous_token", "induction", "duplicate_token")

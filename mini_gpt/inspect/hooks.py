@@ -1,51 +1,28 @@
-"""The capture mechanism: context managers that hook a GPT's modules for the length of a `with` block.
-
-Where the activations are (names as in mini_gpt.model.gpt):
-- the residual stream entering block l is the input of `transformer.h[l]`, and after the last block the
-  input of `transformer.ln_f`; entering block 0 it is the embedding (`transformer.drop`'s output);
-- head h's output, before the heads are mixed, is columns h*hs:(h+1)*hs of the input of
-  `transformer.h[l].attn.c_proj` (B, T, C): zeroing them removes the head's contribution;
-- an MLP's contribution to the stream is the output of `transformer.h[l].mlp`.
-
-Each hook is removed when the block exits, also on an error.
+"""Context managers that hook a GPT's modules for a `with` block (removed on exit, also on an error): the
+residual stream entering block l is the input of `transformer.h[l]` (after the last: of `transformer.ln_f`);
+head h's output is columns h*hs:(h+1)*hs of the input of `h[l].attn.c_proj`; an MLP's is `h[l].mlp`'s output.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
-from typing import Any, TypeVar
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
 
 from torch import Tensor, nn
 
 from mini_gpt.model.gpt import GPT
 
-Analysis = TypeVar("Analysis", bound=Callable[..., Any])
-
-
-def in_eval_mode(analysis: Analysis) -> Analysis:
-    """Runs analysis(model, ...) with the model in eval mode (the model's own numbers, no dropout), and
-    gives the model back in the mode it came in."""
-
-    @functools.wraps(analysis)
-    def run(model: GPT, *args: Any, **kwargs: Any) -> Any:
-        was_training = model.training
-        model.eval()
-        try:
-            return analysis(model, *args, **kwargs)
-        finally:
-            model.train(was_training)
-
-    return run  # type: ignore[return-value]
-
 
 @contextmanager
-def _hooked(handles: list[Any]) -> Iterator[None]:
-    with ExitStack() as stack:
-        for handle in handles:
-            stack.callback(handle.remove)
+def _hooked(modules: Iterable[nn.Module], hook: Any, pre: bool = True) -> Iterator[None]:
+    """`hook` on each of `modules` (a forward pre-hook, else a forward hook) for the length of the block."""
+    handles = [m.register_forward_pre_hook(hook) if pre else m.register_forward_hook(hook) for m in modules]
+    try:
         yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _replace_input(fn: Any) -> Any:
@@ -55,12 +32,10 @@ def _replace_input(fn: Any) -> Any:
 
 @contextmanager
 def residual_stream(model: GPT) -> Iterator[list[Tensor]]:
-    """Records the residual stream: entries 0..n_layer are what enters block 0..n_layer-1 and then the
-    final norm, each (B, T, C). The list fills during the forward passes made inside the block."""
+    """Records the stream entering block 0..n_layer-1, then the final norm: (B, T, C) each, per forward."""
     stream: list[Tensor] = []
     record = _replace_input(lambda x: stream.append(x) or x)
-    modules = [*model.transformer.h, model.transformer.ln_f]
-    with _hooked([m.register_forward_pre_hook(record) for m in modules]):
+    with _hooked([*model.transformer.h, model.transformer.ln_f], record):
         yield stream
 
 
@@ -74,9 +49,7 @@ def head_outputs(model: GPT) -> Iterator[list[Tensor]]:
         outputs.append(y.unflatten(-1, (n_head, -1)))
         return y
 
-    with _hooked(
-        [b.attn.c_proj.register_forward_pre_hook(_replace_input(record)) for b in model.transformer.h]
-    ):
+    with _hooked([b.attn.c_proj for b in model.transformer.h], _replace_input(record)):
         yield outputs
 
 
@@ -84,9 +57,7 @@ def head_outputs(model: GPT) -> Iterator[list[Tensor]]:
 def mlp_outputs(model: GPT) -> Iterator[list[Tensor]]:
     """Records every block's MLP output (what it adds to the stream), one (B, T, C) per layer."""
     outputs: list[Tensor] = []
-    with _hooked(
-        [b.mlp.register_forward_hook(lambda m, i, out: outputs.append(out)) for b in model.transformer.h]
-    ):
+    with _hooked([b.mlp for b in model.transformer.h], lambda m, i, out: outputs.append(out), pre=False):
         yield outputs
 
 
@@ -94,21 +65,17 @@ def mlp_outputs(model: GPT) -> Iterator[list[Tensor]]:
 def replace_heads(model: GPT, heads: Mapping[tuple[int, int], Tensor | None]) -> Iterator[None]:
     """Replaces head outputs: {(layer, head): None (zero it) or a (head_size,) tensor (e.g. its mean)}."""
     hs = model.config.head_size
-    by_layer: dict[int, dict[int, Tensor | None]] = {}
+    chosen: dict[nn.Module, dict[int, Tensor | None]] = {}  # each c_proj: its heads' new outputs
     for (layer, head), value in heads.items():
-        by_layer.setdefault(layer, {})[head] = value
+        chosen.setdefault(model.transformer.h[layer].attn.c_proj, {})[head] = value
 
-    def replacer(chosen: dict[int, Tensor | None]) -> Any:
-        def replace(y: Tensor) -> Tensor:  # (B, T, C), heads side by side
-            y = y.clone()
-            for head, value in chosen.items():
-                y[..., head * hs : (head + 1) * hs] = 0.0 if value is None else value
-            return y
+    def replace(module: nn.Module, args: Any) -> Any:
+        y = args[0].clone()  # (B, T, C), heads side by side
+        for head, value in chosen[module].items():
+            y[..., head * hs : (head + 1) * hs] = 0.0 if value is None else value
+        return (y, *args[1:])
 
-        return _replace_input(replace)
-
-    blocks = model.transformer.h
-    with _hooked([blocks[i].attn.c_proj.register_forward_pre_hook(replacer(h)) for i, h in by_layer.items()]):
+    with _hooked(chosen, replace):
         yield
 
 
@@ -119,20 +86,19 @@ def replace_mlp(model: GPT, layer: int, value: Tensor | None = None) -> Iterator
     def replace(module: nn.Module, args: Any, out: Tensor) -> Tensor:
         return out.new_zeros(()).expand_as(out) if value is None else value.expand_as(out)
 
-    with _hooked([model.transformer.h[layer].mlp.register_forward_hook(replace)]):
+    with _hooked([model.transformer.h[layer].mlp], replace, pre=False):
         yield
 
 
 @contextmanager
 def patch_stream(model: GPT, layer: int, rows: Tensor, positions: Tensor, values: Tensor) -> Iterator[None]:
-    """Overwrites the residual stream entering block `layer` (n_layer: the final norm): batch row rows[i]
-    at position positions[i] gets values[i] (C,). The activation patching step."""
-    modules = [*model.transformer.h, model.transformer.ln_f]
+    """Overwrites the stream entering block `layer` (n_layer: the final norm): row rows[i] at positions[i]
+    gets values[i] (C,)."""
 
     def patch(x: Tensor) -> Tensor:  # (B, T, C)
         x = x.clone()
         x[rows, positions] = values.to(x.dtype)
         return x
 
-    with _hooked([modules[layer].register_forward_pre_hook(_replace_input(patch))]):
+    with _hooked([[*model.transformer.h, model.transformer.ln_f][layer]], _replace_input(patch)):
         yield

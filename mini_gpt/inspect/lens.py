@@ -1,8 +1,5 @@
-"""The logit lens (nostalgebraist, 2020): read every layer's residual stream as if it were the last.
-
-Each entry of the stream goes through the model's final norm and output head, giving the next-token
-distribution the model "has in mind" after 0, 1, ..., n_layer blocks; the last entry is the model's own.
-"""
+"""The logit lens (nostalgebraist, 2020): every depth of the residual stream read through the final norm and
+the head, as if it were the last (docs/inspect.md#logit-lens)."""
 
 from __future__ import annotations
 
@@ -11,7 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mini_gpt.inspect.hooks import in_eval_mode, residual_stream
+from mini_gpt.infer.sampling import in_eval_mode
+from mini_gpt.inspect.hooks import residual_stream
 from mini_gpt.model.gpt import GPT
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, import_extra
 from mini_gpt.files import atomic_write
 from mini_gpt.interop.hf import ARCHITECTURES, NORM_EPS, OPTIONS, ROPE_BASE, find_architecture
 from mini_gpt.interop.hf_tokenizer import byte_level_bpe, bytes_to_unicode
@@ -29,13 +29,9 @@ PRE_TOKENIZERS = {GPT2_PAT_STR: "gpt-2", CL100K_PAT_STR: "llama-bpe", O200K_PAT_
 
 
 def require_gguf() -> Any:
-    try:
-        import gguf
-    except ImportError as err:
-        raise MiniGPTError(
-            'format=gguf needs the gguf package: pip install -e ".[gguf]" (or pip install gguf)'
-        ) from err
-    return gguf
+    return import_extra(
+        "gguf", 'format=gguf needs the gguf package: pip install -e ".[gguf]" (or pip install gguf)'
+    )
 
 
 _FEATURE = {  # how each option value is named in a refusal
@@ -111,8 +107,8 @@ _SPLIT = {"attn.c_attn": ("attn_q", "attn_k", "attn_v"), "mlp.c_fc": ("ffn_gate"
 
 
 def _tensors(model: GPT, arch: str) -> dict[str, torch.Tensor]:
-    """GGUF tensor name -> weight (numpy's row-major (out, in) is GGUF's {in, out}: no transposes). gpt2 and
-    gptneox require every bias: zeros where the model has none; Llama's are optional."""
+    """GGUF tensor name -> weight (numpy's (out, in) is GGUF's {in, out}); gpt2 and gptneox require every bias
+    (zeros where the model has none), Llama's are optional."""
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
 
     def add(theirs: str, ours: str) -> None:

@@ -26,8 +26,8 @@ HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # the published G
 
 @dataclass(frozen=True)
 class Architecture:
-    """Our module names -> theirs, outside the blocks (`top`) and in block i (`layer`, under `layer_prefix`);
-    a tuple: our one matrix is several of theirs, stacked along the output rows."""
+    """Our module names -> theirs outside the blocks (`top`) and in block i (`layer`, under `layer_prefix`); a
+    tuple: our one matrix is several of theirs, stacked along the output rows."""
 
     label: str
     llama_cpp: str  # llama.cpp's name for the same architecture (gguf_export)
@@ -96,8 +96,7 @@ def find_architecture(config: GPTConfig) -> str | None:
 
 
 def hf_architecture(config: GPTConfig) -> str:
-    name = find_architecture(config)
-    if name is not None:
+    if (name := find_architecture(config)) is not None:
         return name
     changes = {
         arch.label: {k: v[0] for k, v in arch.options.items() if getattr(config, k) not in v}
@@ -117,8 +116,7 @@ def hf_architecture(config: GPTConfig) -> str:
 
 
 def interleaved_qkv_to_fused(param: Tensor, n_head: int, inverse: bool = False) -> Tensor:
-    """Rows grouped per head [q_0 k_0 v_0 | q_1 ...] (GPT-NeoX, many tutorials) -> per role [q; k; v] (ours,
-    GPT-2); `inverse`: back. Weight (3C, d_in) or bias (3C,)."""
+    """Rows per head [q_0 k_0 v_0 | q_1 ...] (GPT-NeoX) -> per role [q; k; v] (ours); `inverse`: back."""
     grouped = (3, n_head, -1) if inverse else (n_head, 3, -1)  # ({q,k,v}, nh, hs) or (nh, {q,k,v}, hs)
     return param.reshape(*grouped, *param.shape[1:]).transpose(0, 1).reshape(param.shape)
 
@@ -158,13 +156,13 @@ def _convert(
 def _copy_into(target: dict[str, Tensor], source: dict[str, Tensor], where: str) -> list[str]:
     """Copy `source` into the same-named (state dict) tensors of `target`; return target keys not given."""
     for name, tensor in target.items():
-        src = source.get(name)
-        if src is not None and src.shape != tensor.shape:
+        if (src := source.get(name)) is None:
+            continue
+        if src.shape != tensor.shape:
             raise MiniGPTError(
                 f"shape mismatch for {name}: {where} {tuple(tensor.shape)}, got {tuple(src.shape)}"
             )
-        if src is not None:
-            tensor.copy_(src)
+        tensor.copy_(src)
     return [name for name in target if name not in source]
 
 

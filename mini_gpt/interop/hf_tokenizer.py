@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, import_extra
 from mini_gpt.files import read_json
 from mini_gpt.tokenizer import (
     GPT2_PAT_STR,
@@ -24,13 +24,8 @@ GPT2_LIKE = ("gpt2", "r50k_base")  # GPT-2's vocabulary and regex: what transfor
 
 
 def require_transformers() -> Any:
-    try:
-        import transformers
-    except ImportError as err:
-        raise MiniGPTError(
-            'transformers conversion needs transformers: pip install -e ".[hf]" (or pip install transformers)'
-        ) from err
-    return transformers
+    hint = 'transformers conversion needs transformers: pip install -e ".[hf]" (or pip install transformers)'
+    return import_extra("transformers", hint)
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -41,8 +36,7 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 def byte_level_bpe(tokenizer: TiktokenTokenizer) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """The ranks as a byte-level BPE's vocabulary and merges: tiktoken stores only ranks, so each token's
-    merge is recovered by running BPE on its bytes with the merges ranked before it."""
+    """The ranks as a byte-level BPE's vocabulary and merges (each token's merge recovered: `merge_parts`)."""
     to_char = bytes_to_unicode()
 
     def text(b: bytes) -> str:
@@ -81,14 +75,14 @@ def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) ->
 
 
 def _greedy(pat_str: str) -> str:
-    """Possessive quantifiers (`++`, `{1,3}+`) made greedy: `tokenizers`' Oniguruma reads the `+` as one more
-    repetition, and on tiktoken's patterns greedy splits the same (their first spellings had none)."""
+    """Possessive quantifiers (`++`, `{1,3}+`) made greedy, which on tiktoken's patterns splits the same:
+    `tokenizers`' Oniguruma reads the `+` as one more repetition."""
     return re.sub(r"(?<!\\)([+*?]|\{\d+(?:,\d*)?\})\+", r"\1", pat_str)
 
 
 def fast_tokenizer(tokenizer: TiktokenTokenizer | CharTokenizer, model_max_length: int) -> Any:
-    """A byte-level BPE with `ignore_merges` (a whole pre-token in the vocabulary is taken as it is, as
-    tiktoken does), or for characters a BPE without merges."""
+    """A byte-level BPE with `ignore_merges` (a pre-token in the vocabulary is taken whole, as tiktoken does),
+    or for characters a BPE without merges."""
     transformers = require_transformers()
     from tokenizers import Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as Backend

@@ -1,2 +1,1 @@
-"""`mini-gpt serve`: a local playground page and an OpenAI-compatible API over one model (engine.py: the
-model side, no web framework; app.py: the FastAPI application; static/: the page, plain HTML, JS, CSS)."""
+"""`mini-gpt serve`: engine.py the model side, app.py the FastAPI app, static/ the page (HTML, JS, CSS)."""

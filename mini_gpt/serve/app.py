@@ -1,11 +1,6 @@
-"""The HTTP side of `mini-gpt serve` (FastAPI; docs/serve.md): OpenAI's (legacy) POST /v1/completions and
-GET /v1/models, GET /health, and the playground: GET / (static/), GET /api/info (the model's shape),
-POST /api/generate (the page's stream: every token with its probability and top-5 alternatives),
-POST /api/attention (what one position attended to, per layer and head), POST /api/lens (the logit lens:
-the likeliest next tokens read at each depth) and GET /api/heads (every head's role scores). Every error
-is a 4xx (5xx only for a bug or a shutdown) with OpenAI's body, one sentence, never a traceback. With an
-api_key every route but the page, its static files and /health needs `Authorization: Bearer <key>`.
-"""
+"""The HTTP side of `mini-gpt serve` (FastAPI; docs/serve.md): OpenAI's POST /v1/completions and GET
+/v1/models, GET /health, and the playground's GET /, /api/info, /api/heads and POST /api/generate,
+/api/attention, /api/lens. Every error is OpenAI's body with one sentence, never a traceback."""
 
 from __future__ import annotations
 
@@ -63,15 +58,9 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def shutdown_error() -> dict:
-    """The last event of a stream that Ctrl-C cut short (no finish_reason claims it ended by itself)."""
-    return error_body(SHUTTING_DOWN, kind="server_error", code="server_shutting_down")
-
-
 class RequireKey:
-    """ASGI middleware: every route but the page, its static files and /health needs `Authorization: Bearer
-    <key>` (compared in constant time); else 401 with OpenAI's body. (Plain ASGI, not BaseHTTPMiddleware,
-    so that streams pass through untouched and a client's disconnect still reaches the route.)"""
+    """Every route but the page, its static files and /health needs `Authorization: Bearer <key>`. (Plain
+    ASGI, not BaseHTTPMiddleware: streams pass through untouched, a client's disconnect reaches the route.)"""
 
     def __init__(self, app: ASGIApp, key: str) -> None:
         self.app, self.key = app, key.encode("ascii")  # ServeConfig checks it
@@ -145,13 +134,9 @@ FLUSH_S = 0.02  # a token waits at most this long, or one token more, before it 
 
 
 async def run_job(engine: Engine, job: Job) -> AsyncIterator[list[Step]]:
-    """The steps of `job` as it runs on the engine's worker, in batches; leaving early (a client that went
-    away cancels the task reading this) cancels the job.
-
-    The worker wakes the event loop only when FLUSH_S has passed since the last wake-up, and at the end:
-    waking it for every token of a fast model costs more than the token (each wake-up hands the GIL to the
-    loop's thread and back, on a busy machine through the OS scheduler: the decoding loop ran at ~0.75x
-    generate's speed; `mini-gpt bench serve`)."""
+    """The steps of `job` as it runs on the engine's worker, in batches; leaving early cancels the job.
+    The worker wakes the event loop at most every FLUSH_S: a wake-up per token hands the GIL back and forth
+    and cost a fast model ~25% of its speed (`mini-gpt bench serve`)."""
     loop = asyncio.get_running_loop()
     ready = asyncio.Event()
     items: list[Step | BaseException | None] = []  # the steps, then the end: None or the job's error
@@ -191,8 +176,7 @@ async def run_job(engine: Engine, job: Job) -> AsyncIterator[list[Step]]:
 
 
 def _event_stream(events: AsyncIterator[list[Any]], error: Callable[[str], Any]) -> StreamingResponse:
-    """Server-sent events, a list of payloads at a time (a string goes as it is); a failure mid-stream is
-    logged and ends the stream with its error(message) event (OpenAI sends one too)."""
+    """Server-sent events, a list of payloads at a time; a failure mid-stream ends it with error(message)."""
 
     async def body() -> AsyncIterator[str]:
         try:
@@ -210,8 +194,7 @@ def _event_stream(events: AsyncIterator[list[Any]], error: Callable[[str], Any])
 
 
 def create_app(engine: Engine, model_name: str, limits: ServeConfig) -> FastAPI:
-    """The server for one loaded model (module docstring); `limits`: what one request may ask for (max_tokens,
-    max_prompt_tokens, max_n, max_waiting)."""
+    """The server for one loaded model; `limits`: what one request may ask for (max_tokens, ...)."""
     app = FastAPI(title="mini-gpt", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     created = int(time.time())
@@ -251,10 +234,8 @@ def create_app(engine: Engine, model_name: str, limits: ServeConfig) -> FastAPI:
     @app.exception_handler(Exception)
     async def _bug(request: Request, err: Exception) -> JSONResponse:
         log.exception("internal error on %s", request.url.path)
-        body = error_body(
-            f"Internal error ({type(err).__name__}); see the server's log.", kind="server_error"
-        )
-        return JSONResponse(body, status_code=500)
+        message = f"Internal error ({type(err).__name__}); see the server's log."
+        return JSONResponse(error_body(message, kind="server_error"), status_code=500)
 
     # ---- checks shared by the API and the page -------------------------------------------------------
     def submit(
@@ -370,8 +351,8 @@ def create_app(engine: Engine, model_name: str, limits: ServeConfig) -> FastAPI:
                             offsets[row] += len(text)
                             pending[row] = []
                     yield out
-                if CANCELLED in job.finish:
-                    yield [shutdown_error()]
+                if CANCELLED in job.finish:  # Ctrl-C: no finish_reason claims it ended by itself
+                    yield [error_body(SHUTTING_DOWN, kind="server_error", code="server_shutting_down")]
                     return
                 ends = [
                     {"index": row, "text": "", "logprobs": None, "finish_reason": f}

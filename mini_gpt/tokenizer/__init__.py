@@ -1,6 +1,5 @@
-"""Tokenizers: characters or tiktoken BPE behind one serialisable interface (`Tokenizer`). `to_dict()`
-embeds the BPE ranks (~0.8 MB for GPT-2), so a checkpoint alone generates text. No Lightning/Hydra here:
-generation needs it and must start fast."""
+"""Tokenizers: characters or tiktoken BPE behind one serialisable interface (`Tokenizer`); `to_dict()` embeds
+the BPE ranks (~0.8 MB for GPT-2), so a checkpoint alone generates text."""
 
 from __future__ import annotations
 
@@ -25,9 +24,7 @@ from mini_gpt.errors import MiniGPTError
 BUNDLED_BPE_FILES: dict[str, Path] = dict.fromkeys(
     ("gpt2", "r50k_base"), Path(__file__).resolve().parents[2] / "data" / "tokenizers" / "gpt2.tiktoken"
 )
-# Seconds we wait for tiktoken.get_encoding before calling it offline (tiktoken's HTTP calls carry
-# no timeout of their own, so a black-holed network would otherwise hang forever).
-NETWORK_TIMEOUT_S = 20.0
+NETWORK_TIMEOUT_S = 20.0  # tiktoken.get_encoding's downloads have no timeout: a black-holed network hangs
 
 
 @dataclass(frozen=True)
@@ -39,8 +36,8 @@ class EncodingSpec:
     ranks_sha256: str
 
 
-# tiktoken's public API gives an Encoding's ranks and special tokens but not its regex, so the encodings
-# it ships are described here, from tiktoken 0.14's tiktoken_ext/openai_public.py (test_tokenizer.py checks).
+# tiktoken's API gives an Encoding's ranks and special tokens but not its regex: its encodings as in
+# tiktoken 0.14's tiktoken_ext/openai_public.py (test_tokenizer.py checks).
 EOT = "<|endoftext|>"
 FIM = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>")  # fill-in-the-middle tokens, consecutive ids
 # GPT-2's regex in tiktoken's faster spelling (same splits as the 2019 release's pattern).
@@ -51,16 +48,10 @@ CL100K_PAT_STR = (
 )
 _UPPER, _LOWER = r"""[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]""", r"""[\p{Ll}\p{Lm}\p{Lo}\p{M}]"""
 _CONTRACTION = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
-O200K_PAT_STR = "|".join(
-    (
-        rf"""[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTION}""",
-        rf"""[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTION}""",
-        r"""\p{N}{1,3}""",
-        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
-        r"""\s*[\r\n]+""",
-        r"""\s+(?!\S)""",
-        r"""\s+""",
-    )
+O200K_PAT_STR = (
+    rf"""[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTION}|"""
+    rf"""[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTION}|"""
+    r"""\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # r50k_base.tiktoken
 P50K_RANKS_SHA256 = "94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069"
@@ -100,13 +91,11 @@ class Tokenizer(ABC):
 
     @property
     @abstractmethod
-    def vocab_size(self) -> int:
-        """Number of token ids (embedding rows); ids are 0..vocab_size-1."""
+    def vocab_size(self) -> int: ...  # ids are 0..vocab_size-1
 
     @property
     @abstractmethod
-    def eot_id(self) -> int | None:
-        """Id of the end-of-text token that separates documents, or None when there is none."""
+    def eot_id(self) -> int | None: ...  # the end-of-text token that separates documents (None: none)
 
     @abstractmethod
     def encode(self, text: str) -> list[int]: ...
@@ -115,8 +104,7 @@ class Tokenizer(ABC):
     def decode(self, ids: Sequence[int]) -> str: ...
 
     @abstractmethod
-    def to_dict(self) -> dict[str, Any]:
-        """Only primitives (str/int/list/dict), so it fits in meta.json and `weights_only` checkpoints."""
+    def to_dict(self) -> dict[str, Any]: ...  # primitives only: it fits `weights_only` checkpoints
 
     def encode_ordinary(self, text: str) -> list[int]:
         """`encode`, with text that looks like a special token (`<|endoftext|>` in a file) as plain text."""
@@ -141,9 +129,8 @@ class Tokenizer(ABC):
         return hash((type(self).__name__, self.vocab_size))
 
 
-# The char tokenizer's end-of-text: the control character U+0003 END OF TEXT. Sharded corpora
-# (data=hf tokenizer=char) add it to the vocabulary and put it before every document, as GPT-2's
-# <|endoftext|> is; a vocabulary without it (tiny Shakespeare) has no end-of-text id.
+# The char tokenizer's end-of-text, U+0003 END OF TEXT: sharded corpora (data=hf tokenizer=char) put it
+# before every document, as GPT-2's <|endoftext|>; a vocabulary without it (tiny Shakespeare) has none.
 CHAR_EOT = "\x03"
 
 
@@ -201,8 +188,7 @@ class CharTokenizer(Tokenizer):
 
 
 class TiktokenTokenizer(Tokenizer):
-    """A tiktoken `Encoding` and what rebuilds it offline. `encode` reads special-token text (prompts);
-    `encode_ordinary` (corpus preparation) treats it as plain characters."""
+    """A tiktoken `Encoding` and what rebuilds it offline; `encode` reads special-token text (prompts)."""
 
     def __init__(
         self, name: str, pat_str: str, mergeable_ranks: dict[bytes, int], special_tokens: dict[str, int]
@@ -324,7 +310,7 @@ def _from_bpe_file(name: str, bpe_file: str | Path) -> TiktokenTokenizer:
 
 
 def _get_encoding(name: str) -> Any:
-    """tiktoken.get_encoding, but giving up after NETWORK_TIMEOUT_S (tiktoken itself never times out)."""
+    """tiktoken.get_encoding, but giving up after NETWORK_TIMEOUT_S."""
     result: dict[str, Any] = {}
 
     def target() -> None:
@@ -381,16 +367,15 @@ def load_tokenizer_dir(directory: str | Path) -> TiktokenTokenizer:
 
 
 def is_tokenizer_dir(name: str) -> bool:
-    """Whether a tokenizer name is a trained tokenizer's directory: it looks like a path, or names one and
-    no built-in (a `gpt2/` folder beside you leaves gpt2 GPT-2's)."""
+    """Whether `name` is a trained tokenizer's directory: it looks like a path, or is one and no built-in."""
     if "/" in name or "\\" in name or name.startswith((".", "~")):
         return True
     return name != "char" and name not in ENCODINGS and Path(name).is_dir()
 
 
 def build_tokenizer(name: str, bpe_file: str | Path | None = None, text: str | None = None) -> Tokenizer:
-    """`char` (vocabulary from `text`), a trained tokenizer's directory or a tiktoken encoding, whose ranks
-    come from `bpe_file`, else the repository's copy, else `tiktoken.get_encoding` (maybe a download)."""
+    """`char` (vocabulary from `text`), a trained tokenizer's directory or a tiktoken encoding (its ranks from
+    `bpe_file`, else the repository's copy, else `tiktoken.get_encoding`)."""
     if is_tokenizer_dir(name):
         if bpe_file is not None:
             raise MiniGPTError(f"data.bpe_file is for tiktoken's encodings; drop it ({name} has its ranks)")

@@ -1,6 +1,5 @@
-"""Train a byte-level BPE as a tiktoken tokenizer (docs/tokenizers.md), with `rustbpe`: it learns merges in
-tiktoken's ranking, so no conversion. Patterns avoid possessive quantifiers (`++`), which the Oniguruma
-engine of `tokenizers` (a transformers export) reads as "repeat once more"."""
+"""Train a byte-level BPE as a tiktoken tokenizer with `rustbpe` (docs/tokenizers.md). Patterns avoid
+possessive quantifiers (`++`), which `tokenizers`' Oniguruma (a transformers export) reads as "once more"."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, import_extra
 from mini_gpt.files import atomic_dir, atomic_write, write_json_atomic
 from mini_gpt.tokenizer import ENCODING_FILE, EOT, RANKS_FILE, README_FILE, TiktokenTokenizer
 
@@ -53,8 +52,8 @@ def pattern_regex(pattern: str) -> str:
 
 
 def merge_parts(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes] | None:
-    """The two tokens whose merge made `token` (tiktoken keeps ranks, not merges): BPE on its bytes with the
-    earlier merges only. None: a merges list (transformers, llama.cpp) could not rebuild this token."""
+    """The two tokens whose merge made `token`: BPE on its bytes with the earlier merges only (tiktoken keeps
+    ranks, not merges). None: a merges list (transformers, llama.cpp) could not rebuild this token."""
     rank = ranks[token]
     parts = [bytes([b]) for b in token]
     while len(parts) > 2:
@@ -105,10 +104,7 @@ def train_bpe(
 ) -> TiktokenTokenizer:
     """A byte-level BPE of `vocab_size` tokens (bytes, merges, then `special_tokens`) learned on `texts`,
     streamed; the same texts give the same ranks."""
-    try:
-        import rustbpe
-    except ImportError:
-        raise MiniGPTError('training a tokenizer needs rustbpe: pip install -e ".[tokenizer]"') from None
+    rustbpe = import_extra("rustbpe", 'training a tokenizer needs rustbpe: pip install -e ".[tokenizer]"')
     specials = list(dict.fromkeys(special_tokens))
     n_merges = check_vocab_size(vocab_size, specials)
     regex = pattern_regex(pattern)
@@ -129,8 +125,7 @@ def train_bpe(
 
 
 def write_tokenizer_dir(tok: TiktokenTokenizer, out: Path, overwrite: bool, info: dict[str, Any]) -> None:
-    """Save `tok` as the directory `out` (`info`: how it was trained), whole or not at all: a temporary
-    sibling renamed into place, replacing an existing `out` (with `overwrite`) only once complete."""
+    """Save `tok` as the directory `out` (`info`: how it was trained), whole or not at all (`atomic_dir`)."""
     out = out.expanduser().resolve()
     if out.exists() and not overwrite:
         raise MiniGPTError(f"out={out} exists; choose another directory or pass overwrite=true to replace it")

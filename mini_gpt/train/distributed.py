@@ -1,5 +1,4 @@
-"""Multi-device helpers: the rank and the batch arithmetic (both before the Trainer is built), a dead
-rank in words, the FSDP strategy. Batch semantics: docs/training.md#batch-semantics."""
+"""Multi-device: rank and batch arithmetic before the Trainer, dead ranks named, FSDP (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -55,18 +54,16 @@ def dead_ranks(trainer: Any, err: BaseException) -> str | None:
     launched = getattr(getattr(trainer.strategy, "launcher", None), "procs", None)
     procs = list(launched or [])
     dead = []
-    for local_rank, proc in enumerate(procs, start=1):
-        code = proc.poll()
-        if code:  # killed by a signal: -N
+    for rank, proc in enumerate(procs, start=1):
+        if code := proc.poll():  # killed by a signal: -N
             how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-            dead.append(f"rank {local_rank} (pid {proc.pid}, {how})")
+            dead.append(f"rank {rank} (pid {proc.pid}, {how})")
     if dead:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-        # Lightning 2.6's child-process observer polls this same list every 5 s and SIGKILLs this process
-        # once a child died, which can cut the error line's exit (status 2) short; all are reaped and
-        # reported here, so it is left nothing to watch.
+        # Lightning 2.6's child-process observer would SIGKILL this process (within 5 s) for a dead child,
+        # cutting the error line's exit (status 2) short: all are reaped here, so it has nothing to watch.
         launched.clear()
         return " and ".join(dead) + " died"
     text = f"{type(err).__name__}: {err}".lower()
@@ -119,10 +116,9 @@ def devices_per_node(accelerator: str, devices: Any) -> int:
     from mini_gpt.train.precision import device_type  # here: torch is imported with it
 
     if device_type(accelerator) == "cuda":
-        auto = devices == "auto"
-        return (
-            CUDAAccelerator.auto_device_count() if auto else len(CUDAAccelerator.parse_devices(devices) or [])
-        )
+        if devices == "auto":
+            return CUDAAccelerator.auto_device_count()
+        return len(CUDAAccelerator.parse_devices(devices) or [])
     if devices == "auto" or accelerator not in ("cpu", "auto"):
         return 1  # Apple's MPS and other single-device accelerators
     return CPUAccelerator.parse_devices(devices)
@@ -163,13 +159,11 @@ def check_relaunch(launcher: Any) -> None:
 def batch_layout(
     trainer: Any, micro_batch: int, block_size: int, global_batch_tokens: int | None
 ) -> BatchLayout:
-    devices = devices_per_node(trainer.accelerator, trainer.devices)
+    devices, nodes = devices_per_node(trainer.accelerator, trainer.devices), trainer.num_nodes
     accumulate = trainer.accumulate_grad_batches
     if global_batch_tokens is not None:
-        accumulate = accumulation_for(
-            global_batch_tokens, micro_batch, block_size, devices * trainer.num_nodes
-        )
-    return BatchLayout(micro_batch, block_size, accumulate, devices, trainer.num_nodes)
+        accumulate = accumulation_for(global_batch_tokens, micro_batch, block_size, devices * nodes)
+    return BatchLayout(micro_batch, block_size, accumulate, devices, nodes)
 
 
 def accumulation_for(global_batch_tokens: int, micro_batch: int, block_size: int, world_size: int) -> int:

@@ -14,9 +14,9 @@ from mini_gpt.conf import checked_config
 from mini_gpt.conf.train import FinetuneConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.interop.checkpoint import load_source
+from mini_gpt.interop.lora import LoraSpec, add_lora
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import ENCODINGS, CharTokenizer, Tokenizer
-from mini_gpt.train.lora import LoraSpec, add_lora
 from mini_gpt.train.resume import Resume
 
 
@@ -25,14 +25,12 @@ def finetune_model_config(source: GPTConfig, requested: Mapping[str, Any], init_
     changes: dict[str, Any] = {}
     refused = []
     for key, value in requested.items():
-        if key == "dropout":
-            changes[key] = value
-        elif key == "block_size":
-            if value > source.block_size:
-                raise MiniGPTError(
-                    f"model.block_size={value} is longer than the {source.block_size} positions "
-                    f"init_from={init_from} was trained for; the context can only shrink"
-                )
+        if key == "block_size" and value > source.block_size:
+            raise MiniGPTError(
+                f"model.block_size={value} is longer than the {source.block_size} positions "
+                f"init_from={init_from} was trained for; the context can only shrink"
+            )
+        if key in ("dropout", "block_size"):
             changes[key] = value
         elif key == "vocab_size" and value is None:
             continue  # "the tokenizer's": the source's vocabulary is kept
@@ -60,15 +58,13 @@ def check_tokenizer(source: Tokenizer, data: Tokenizer, init_from: str) -> None:
     """Refuse data tokenized differently from the source (ids would mean other tokens)."""
     if {**source.to_dict(), "name": None} == {**data.to_dict(), "name": None}:  # gpt2 is r50k_base
         return
+    name = source.to_dict().get("name")
     if isinstance(source, CharTokenizer):
         hint = "fine-tune a char model on char data with exactly the same characters (data.tokenizer=char)"
+    elif name in ENCODINGS:
+        hint = f"tokenize the data with data.tokenizer={name} (e.g. data=shakespeare)"
     else:
-        name = source.to_dict().get("name")
-        hint = (
-            f"tokenize the data with data.tokenizer={name} (e.g. data=shakespeare)"
-            if name in ENCODINGS
-            else f"tokenize the data with the tokenizer it was trained with: data.tokenizer=DIR of {name!r}"
-        )
+        hint = f"tokenize the data with the tokenizer it was trained with: data.tokenizer=DIR of {name!r}"
     raise MiniGPTError(
         f"init_from={init_from} comes with {_describe(source)} but the data is tokenized with "
         f"{_describe(data)}; {hint}"
@@ -158,8 +154,7 @@ def plan_finetune(
         config = finetune_model_config(source.config, requested, str(init_from))
         return FinetunePlan(config, finetune_meta(str(init_from), config, cfg), cfg, source, tokenizer)
     record = resume.meta.get("finetune") if resume else None
-    if isinstance(record, dict):
-        assert resume is not None
+    if resume and isinstance(record, dict):
         recorded = checked_config(FinetuneConfig, record["config"], "finetune")
         if recorded != cfg:
             theirs, ours = recorded.to_dict(), cfg.to_dict()

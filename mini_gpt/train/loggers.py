@@ -85,8 +85,7 @@ def _drop_anonymous(logger: WandbLogger) -> None:
 
 
 def finish_wandb(loggers: list[Any], log_model: bool, ckpt_path: str | None, announce: bool = True) -> None:
-    """Upload the checkpoint if asked, close the run, say how to sync an offline one (when `announce`: not
-    for a run whose folder is then removed)."""
+    """Upload the checkpoint if asked, close the run; `announce`: say how to sync an offline one."""
     if not any(isinstance(logger, WandbLogger) for logger in loggers):
         return
     import wandb  # only with a WandbLogger: heavy, and optional

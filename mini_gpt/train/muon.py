@@ -1,7 +1,6 @@
-"""torch's Muon with a choice of the Newton-Schulz dtype. torch runs the iteration in bfloat16 always; a CPU
-without native bfloat16 (AVX2 only) emulates it, and the default run's Muon step took ~0.9 s of its ~1 s
-here. In float32 the same iteration is ~10x faster there (docs/benchmarks.md, "Muon's Newton-Schulz dtype").
-The constructor, param groups and state are torch.optim.Muon's, so checkpoints load either way."""
+"""torch's Muon with a choice of the Newton-Schulz dtype: torch always iterates in bfloat16, which a CPU
+without native bfloat16 emulates ~10x slower than float32 (docs/benchmarks.md, "Muon's Newton-Schulz
+dtype"). The constructor, param groups and state are torch.optim.Muon's, so checkpoints load either way."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ def orthogonalize(
 
 
 def lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
-    """torch.optim.Muon's per-matrix lr factor: sqrt(max(1, rows/cols)), or 0.2 sqrt(max dim) to match
-    AdamW's update RMS."""
+    """torch.optim.Muon's lr factor: sqrt(max(1, rows/cols)), or 0.2 sqrt(max dim) (AdamW's RMS)."""
     rows, cols = shape[:2]
     if adjust_lr_fn == "match_rms_adamw":
         return 0.2 * math.sqrt(max(rows, cols))
@@ -40,8 +38,7 @@ def lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
 
 
 class Muon(torch.optim.Muon):
-    """torch.optim.Muon whose Newton-Schulz runs in `ns_dtype`: auto is bfloat16 on a GPU or a CPU with
-    native bfloat16 (torch's choice), float32 on other CPUs."""
+    """`ns_dtype` auto: bfloat16 (torch's choice) on a GPU or a CPU with native bfloat16, else float32."""
 
     def __init__(self, params: Any, *, ns_dtype: str = "auto", **kwargs: Any) -> None:
         super().__init__(params, **kwargs)

@@ -84,13 +84,9 @@ class CombinedOptimizer(torch.optim.Optimizer):
         super().load_state_dict(state_dict)  # replaces self.state and the group dicts
         self._link()
 
-    @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for opt in self.optimizers:
+        loss = self.optimizers[0].step(closure)  # it runs the closure first, with gradients on
+        for opt in self.optimizers[1:]:
             opt.step()
         return loss
 

@@ -38,21 +38,17 @@ def device_type(accelerator: object) -> str:
     name = str(accelerator).lower()
     if name in ("gpu", "cuda") or (name == "auto" and torch.cuda.is_available()):
         return "cuda"
-    if name == "cpu":
-        return "cpu"
     if name == "auto":
         mps = getattr(torch.backends, "mps", None)
         return "other" if mps is not None and mps.is_available() else "cpu"
-    return "other"
+    return "cpu" if name == "cpu" else "other"
 
 
 def check_gpu(accelerator: object, experiment: str | None = None) -> None:
     """A GPU run where torch finds no GPU: one line with what to run instead (`experiment`: the recipe)."""
     if device_type(accelerator) != "cuda" or torch.cuda.is_available():
         return
-    cpu_recipe = (
-        f"{experiment.removesuffix('_gpu')}_cpu" if experiment and experiment.endswith("_gpu") else None
-    )
+    cpu_recipe = f"{experiment[:-4]}_cpu" if experiment and experiment.endswith("_gpu") else None
     if cpu_recipe and (CONF_DIR / "experiment" / f"{cpu_recipe}.yaml").is_file():
         raise MiniGPTError(
             f"experiment={experiment} is a GPU recipe (trainer.accelerator={accelerator}) and torch finds no "

@@ -50,8 +50,7 @@ def checkpoint_path(value: str | None) -> Path | None:
 
 def read_resume(value: str | None, init_from: str | None = None) -> Resume | None:
     """The checkpoint `ckpt_path=` names, read once; None for a fresh run."""
-    path = checkpoint_path(value)
-    if path is None:
+    if (path := checkpoint_path(value)) is None:
         return None
     if init_from:
         raise MiniGPTError(
@@ -152,8 +151,7 @@ def _config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list
 
 
 def steps_beat_budget(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
-    """`cfg` without its trainer.max_flops budget when `overrides` (the command lines that compose it) set
-    trainer.max_steps after any trainer.max_flops: a recipe's budget yields to the steps asked for."""
+    """`cfg` without trainer.max_flops when `overrides` set trainer.max_steps after it: the steps win."""
     keys = [k for k in _keys(overrides) if k in ("trainer.max_steps", "trainer.max_flops")]
     if keys[-1:] != ["trainer.max_steps"] or cfg.trainer.get("max_flops") is None:
         return cfg
@@ -178,11 +176,9 @@ def _record(cfg: DictConfig) -> None:
 def resumed_config(
     cfg: DictConfig, resume: Resume | None, overrides: Sequence[str] | None = None
 ) -> DictConfig:
-    """The config to run: a resumed run's own with `overrides` (default: Hydra's) on top, `cfg` itself for a
-    fresh run; a trainer.max_steps they give beats a budget (`steps_beat_budget`). Rank 0 prints the changes
-    and records a changed config in `.hydra/config.yaml`."""
-    in_hydra = HydraConfig.initialized()
-    if overrides is None and not in_hydra:
+    """A resumed run's own config with `overrides` (default: Hydra's) on top, else `cfg` (`steps_beat_budget`
+    applied); rank 0 prints the changes and records a changed config in `.hydra/config.yaml`."""
+    if overrides is None and not HydraConfig.initialized():
         return cfg
     new = _without(HydraConfig.get().overrides.task if overrides is None else overrides)
     announce = launcher_rank() == 0

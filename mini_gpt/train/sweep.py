@@ -1,5 +1,4 @@
-"""Hyperparameter sweeps: Optuna's (`mini-gpt sweep`, docs/sweeps.md) and Hydra's multirun (`SweepReport`),
-both ending with the table of trials in `<sweep dir>/trials.csv`."""
+"""Hyperparameter sweeps, Optuna's (`mini-gpt sweep`, docs/sweeps.md) and Hydra's multirun: trials.csv."""
 
 from __future__ import annotations
 
@@ -188,8 +187,7 @@ def training_overrides(fixed: Sequence[str]) -> list[str]:
 
 
 def open_study(settings: StudySettings, space: dict[str, Any], fixed: Sequence[str] = ()) -> optuna.Study:
-    """Create the study, or load it from its storage; a stored study of another search space, or whose
-    trials train with other fixed overrides (another recipe, another length), is refused."""
+    """Create or load the study; refuse a stored one of another search space or other fixed overrides."""
     import optuna
     from hydra.utils import instantiate
 
@@ -206,11 +204,10 @@ def open_study(settings: StudySettings, space: dict[str, Any], fixed: Sequence[s
             direction=settings.direction,
             load_if_exists=True,
         )
-        stored = study.user_attrs.get("search_space")
+        trains = training_overrides(fixed)
+        stored, stored_trains = (study.user_attrs.get(key) for key in ("search_space", "fixed_overrides"))
         if stored is None:
             study.set_user_attr("search_space", described)
-        trains = training_overrides(fixed)
-        stored_trains = study.user_attrs.get("fixed_overrides")
         if stored_trains is None:
             study.set_user_attr("fixed_overrides", trains)
     if stored is not None and stored != described:
@@ -287,8 +284,7 @@ def run_study(
     fixed: Sequence[str],
     train_trial: Callable[[DictConfig, Sequence[Callback]], dict[str, Any] | None],
 ) -> optuna.Study:
-    """Run trials until the study has `n_trials` (all workers together); `train_trial` returns a summary
-    (None: failed)."""
+    """Run trials until the study has `n_trials` (all workers); `train_trial`: a summary, None: failed."""
     import optuna
     from hydra.utils import instantiate
 
@@ -430,18 +426,11 @@ def trials_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
     if len(rows) > 1:
         keys = [k for k in keys if len({row["overrides"].get(k) for row in rows}) > 1]
     header = ["trial", *keys, "status", "best_val_loss", "wall_seconds", "steps", "error"]
-    body = [
-        [
-            str(row["trial"]),
-            *(row["overrides"].get(k, "-") for k in keys),
-            row["status"],
-            _fmt(row["best_val_loss"]),
-            _seconds(row["wall_seconds"]),
-            _fmt(row["steps"]),
-            row["error"],
-        ]
-        for row in rows
-    ]
+    body = []
+    for row in rows:
+        overrides = (row["overrides"].get(k, "-") for k in keys)
+        numbers = [_fmt(row["best_val_loss"]), _seconds(row["wall_seconds"]), _fmt(row["steps"])]
+        body.append([str(row["trial"]), *overrides, row["status"], *numbers, row["error"]])
     return header, body
 
 
@@ -449,23 +438,14 @@ def study_table(study: optuna.Study, sweep_dir: Path) -> tuple[list[str], list[l
     """(header, rows) of an Optuna study's trials: params with 4 significant digits, best marked."""
     trials = study.get_trials(deepcopy=False)
     keys = sorted({k for t in trials for k in t.params})
-    completed = [t for t in trials if t.state.name == "COMPLETE"]
-    best = study.best_trial.number if completed else None
+    best = study.best_trial.number if any(t.state.name == "COMPLETE" for t in trials) else None
     header = ["trial", *keys, "state", "best_val_loss", "steps", "wall_seconds", "best"]
     body = []
     for t in trials:
         summary = _summary(sweep_dir / str(t.number))
-        body.append(
-            [
-                str(t.number),
-                *(_param(t.params.get(k, "-")) for k in keys),
-                t.state.name.lower(),
-                _fmt(t.value),
-                _fmt(summary.get("steps")),
-                _seconds(summary.get("wall_seconds")),
-                "*" if t.number == best else "",
-            ]
-        )
+        params = (_param(t.params.get(k, "-")) for k in keys)
+        numbers = [_fmt(t.value), _fmt(summary.get("steps")), _seconds(summary.get("wall_seconds"))]
+        body.append([str(t.number), *params, t.state.name.lower(), *numbers, "*" if t.number == best else ""])
     return header, body
 
 

@@ -245,9 +245,8 @@ def window_title(tokenizer: Any, prompt: str, ids: list[int]) -> str:
     total = len(tokenizer.encode(prompt))
     text = "".join(_ESCAPES[ch] if ch in "\n\t\r" else ch for ch in tokenizer.decode(ids))
     quote = "“" + "…" * (total > len(ids)) + text[:60] + "…" * (len(text) > 60) + "”"
-    return (
-        f"{quote} (last {len(ids)} of {total} tokens)" if total > len(ids) else f"{quote} ({len(ids)} tokens)"
-    )
+    count = f"last {len(ids)} of {total}" if total > len(ids) else str(len(ids))
+    return f"{quote} ({count} tokens)"
 
 
 def summary_path(out: str | Path) -> Path:

@@ -61,10 +61,10 @@ def _read_run(folder: Path) -> Run:
         summary = json.loads((folder / "summary.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise MiniGPTError(f"{folder / 'summary.json'} is not readable JSON ({err})") from None
-    config_file = folder / ".hydra" / "config.yaml"
-    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
-    overrides_file = folder / ".hydra" / "overrides.yaml"
-    overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
+    config, overrides = (
+        yaml.safe_load(f.read_text()) if f.is_file() else None
+        for f in (folder / ".hydra" / "config.yaml", folder / ".hydra" / "overrides.yaml")
+    )
     pairs = dict(o.split("=", 1) for o in overrides or [] if "=" in o and not o.startswith(IGNORED_PREFIXES))
     return Run(folder, summary, _flatten(config or {}), pairs)
 
@@ -211,8 +211,7 @@ def curves_figure(runs: list[Run], keys: list[str]) -> Figure:
     for ax, x in zip(axes.flat, CURVE_AXES):
         ax.set(xlabel=x, ylabel="val loss")
         ax.grid(alpha=0.3)
-    # below the panels, where long names neither cover a curve nor run off the figure: as many columns as
-    # fit the figure's width (~160 characters in the small font)
+    # below the panels, where long names cover no curve: as many columns as fit (~160 small characters)
     columns = max(1, min(len(names), 160 // (max(map(len, names), default=1) + 8)))
     handles = axes.flat[0].get_legend_handles_labels()
     fig.legend(*handles, loc="outside lower center", ncols=columns, fontsize="small")
