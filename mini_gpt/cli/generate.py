@@ -20,7 +20,7 @@ from mini_gpt.conf.tools import GenerateConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.infer.device import autocast_context, open_on_device
 from mini_gpt.infer.packing import can_pack, prepare_for_inference
-from mini_gpt.infer.sampling import check_sampling_args, generate
+from mini_gpt.infer.sampling import check_sampling_args, compile_decoding, generate
 from mini_gpt.infer.stream import TextStream, encode_prompt, prompt_text, unescape
 
 
@@ -57,7 +57,7 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
     weights_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}
     weights_dtype = weights_dtype.get(cfg.dtype)
     if cfg.compile:
-        model = torch.compile(model, dynamic=True)
+        model = compile_decoding(model)
     elif weights_dtype is not None and can_pack(device, weights_dtype):
         # On a CPU: weights packed once (and cast, for bfloat16) instead of autocast (mini_gpt.infer.packing)
         model, amp = prepare_for_inference(model, weights_dtype), nullcontext()

@@ -90,6 +90,13 @@ def sample_next(
 
 @in_eval_mode
 @torch.no_grad()
+def compile_decoding(model: nn.Module) -> nn.Module:
+    """`torch.compile` what `generate` runs, the model's `last_logits` (the prefill and every decoding step),
+    in place: compiling the module would compile `forward`, which generation never calls."""
+    model.last_logits = torch.compile(model.last_logits, dynamic=True)
+    return model
+
+
 def generate(
     model: nn.Module,
     idx: Tensor,

@@ -371,3 +371,28 @@ def test_attention_mask_errors():
         generate(model, idx, 2, attention_mask=torch.ones(2, 3))
     with pytest.raises(MiniGPTError, match="at least one real"):
         generate(model, idx, 2, attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]]))
+
+
+def test_compile_decoding_compiles_the_step_generate_runs(monkeypatch) -> None:
+    """generate calls `last_logits`, not `forward`: compiling the module would compile nothing it runs."""
+    from mini_gpt.infer.sampling import compile_decoding, generate
+    from mini_gpt.model.gpt import GPT, GPTConfig
+
+    calls: list[int] = []
+
+    def fake_compile(fn, **kwargs):  # what torch.compile returns: a callable standing in for fn
+        assert kwargs == {"dynamic": True}
+
+        def compiled(*args, **kw):
+            calls.append(1)
+            return fn(*args, **kw)
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=1, n_head=2, n_embd=8)).eval()
+    plain = generate(model, torch.tensor([[1, 2, 3]]), 4, temperature=0)
+    assert compile_decoding(model) is model
+    assert torch.equal(generate(model, torch.tensor([[1, 2, 3]]), 4, temperature=0), plain)
+    assert len(calls) == 4  # the prefill and three decoding steps went through the compiled step
