@@ -88,8 +88,6 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@in_eval_mode
-@torch.no_grad()
 def compile_decoding(model: nn.Module) -> nn.Module:
     """`torch.compile` what `generate` runs, the model's `last_logits` (the prefill and every decoding step),
     in place: compiling the module would compile `forward`, which generation never calls."""
@@ -97,6 +95,8 @@ def compile_decoding(model: nn.Module) -> nn.Module:
     return model
 
 
+@in_eval_mode
+@torch.no_grad()
 def generate(
     model: nn.Module,
     idx: Tensor,
