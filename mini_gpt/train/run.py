@@ -72,6 +72,7 @@ class RunPlan:
     exist; `train()` builds from it and nothing below it sees the raw config."""
 
     cfg: DictConfig  # the run's config: a resumed run's own, with the command line's changes
+    run_config: dict[str, Any]  # the same, unresolved: what a checkpoint keeps to resume it
     options: TrainConfig  # the same, typed and range-checked
     run_dir: Path
     resume: Resume | None  # the checkpoint this run continues, read once
@@ -138,7 +139,8 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> RunPlan
         per_token = flops_per_token(model_config)
         max_steps = budget_steps(options.trainer.max_flops, per_token, layout.tokens_per_step)
     check_steps(max_steps, options.optim.warmup_steps, resume.step if resume else None)
-    recipe = recipe_key(OmegaConf.to_container(cfg, resolve=False), layout.tokens_per_step, max_steps)  # type: ignore[arg-type]
+    run_config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
+    recipe = recipe_key(run_config, layout.tokens_per_step, max_steps)
     precision = choose_precision(options.trainer.precision, options.trainer.accelerator, model_config.n_embd)
     threads = None
     if device_type(options.trainer.accelerator) == "cpu" and layout.world_size == 1:
@@ -147,6 +149,7 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> RunPlan
             threads = auto_threads(torch.get_num_threads(), load.stop().other_load)
     return RunPlan(
         cfg,
+        run_config,
         options,
         run_dir,
         resume,
@@ -191,7 +194,7 @@ def train(
         model=model,
         finetune=plan.finetune.record if plan.finetune else None,
         tokens_per_step=plan.layout.tokens_per_step,
-        run_config=OmegaConf.to_container(cfg, resolve=False),  # type: ignore[arg-type]
+        run_config=plan.run_config,
         run_overrides=run_overrides(cfg, resume),
     )
 

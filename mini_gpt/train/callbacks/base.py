@@ -10,7 +10,15 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from mini_gpt.train.module import is_log_step
+
 SIDE_SECONDS = "side_seconds/"  # logged prefix: a callback's seconds of work that is not training
+
+
+def logged_train_loss(trainer: L.Trainer) -> float | None:
+    """The `train/loss` the step just logged, at log steps (reading it waits for the device); else None."""
+    loss = trainer.callback_metrics.get("train/loss") if is_log_step(trainer, trainer.global_step) else None
+    return None if loss is None else float(loss)
 
 
 class StepCallback(Callback):

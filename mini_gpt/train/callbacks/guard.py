@@ -11,9 +11,8 @@ import torch
 from torch import Tensor
 
 from mini_gpt.errors import MiniGPTError, at_least
-from mini_gpt.train.callbacks.base import StepCallback
+from mini_gpt.train.callbacks.base import StepCallback, logged_train_loss
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path
-from mini_gpt.train.module import is_log_step
 from mini_gpt.train.stops import DivergedError, NonFiniteLossError
 
 
@@ -73,10 +72,9 @@ class LossGuard(StepCallback):
         every = self.check_every_n_steps or max(1, trainer.log_every_n_steps)
         if trainer.global_step % every == 0:
             self.check_finite(trainer, pl_module)
-        loss = trainer.callback_metrics.get("train/loss")
-        if loss is None or not is_log_step(trainer, trainer.global_step):
+        if (loss := logged_train_loss(trainer)) is None:
             return
-        self.logged.append((trainer.global_step, float(loss)))  # read at log steps only
+        self.logged.append((trainer.global_step, loss))
         recent = list(self.logged)
         if len(recent) == self.patience and all(loss > self.limit(pl_module) for _, loss in recent):
             losses = ", ".join(f"{loss:.4g}" for _, loss in recent)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from mini_gpt.data.windows import ValWindows
 from mini_gpt.errors import MiniGPTError, at_least
 from mini_gpt.model.gpt import GPT
-from mini_gpt.train.callbacks.base import StepCallback
+from mini_gpt.train.callbacks.base import StepCallback, logged_train_loss
 from mini_gpt.train.module import exact, is_log_step
 
 
@@ -194,8 +194,8 @@ class Health(StepCallback):
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: Any) -> None:
         step = trainer.global_step
-        if is_log_step(trainer, step) and (loss := trainer.callback_metrics.get("train/loss")) is not None:
-            self._judge(trainer, pl_module, step, float(loss))  # the logged loss: read at log steps only
+        if (loss := logged_train_loss(trainer)) is not None:
+            self._judge(trainer, pl_module, step, loss)
         if not self._before or self._norms is None or self._norms[0] != step:
             return
         ratios = [

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 
 import lightning as L
 
-from mini_gpt.train.callbacks.base import StepCallback
-from mini_gpt.train.module import is_log_step
+from mini_gpt.train.callbacks.base import StepCallback, logged_train_loss
 
 
 @dataclass
@@ -33,9 +32,8 @@ class Recorder(StepCallback):
         self.record.start_step = trainer.global_step
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        step = trainer.global_step
-        if is_log_step(trainer, step) and (loss := trainer.callback_metrics.get("train/loss")) is not None:
-            self.record.train_curve.append((step, float(loss)))
+        if (loss := logged_train_loss(trainer)) is not None:
+            self.record.train_curve.append((trainer.global_step, loss))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         metrics = trainer.callback_metrics
