@@ -32,17 +32,10 @@ class GPTDataModule(L.LightningDataModule):
     """Prepares (rank 0) and memory-maps a corpus; serves endless train batches and fixed val windows."""
 
     def __init__(
-        self,
-        data: AnyDataConfig | Mapping[str, Any],
-        block_size: int,
-        batch_size: int,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        seed: int = 1337,
-        val_windows: int | str | None = "auto",
-        align_to_documents: bool = False,
-        repeat_span: int = 0,
-    ) -> None:
+        self, data: AnyDataConfig | Mapping[str, Any], block_size: int, batch_size: int, num_workers: int = 0,
+        pin_memory: bool = False, seed: int = 1337, val_windows: int | str | None = "auto",
+        align_to_documents: bool = False, repeat_span: int = 0,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.cfg: AnyDataConfig = data_config(data)
         at_least(1, block_size=block_size, batch_size=batch_size)
@@ -122,11 +115,9 @@ class GPTDataModule(L.LightningDataModule):
     def _data_identity(self, corpus: ShardedCorpus) -> dict[str, Any]:
         """What the window order depends on: a checkpoint's data position holds only for the same."""
         return {
-            "seed": self.seed,
-            "block_size": self.block_size,
-            "align_to_documents": self.align_to_documents,
+            "seed": self.seed, "block_size": self.block_size, "align_to_documents": self.align_to_documents,
             "train_shards": [[s.path.name, s.n_tokens] for s in corpus.train],
-        }
+        }  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         """The data position in checkpoints (sharded corpora)."""
@@ -153,12 +144,9 @@ class GPTDataModule(L.LightningDataModule):
         return -(-int(pos["windows_consumed"]) // (self._world() * self.batch_size))  # ceil: repeat no window
 
     def _loader(self, dataset: IterableDataset) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=None,  # the datasets yield whole batches
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.num_workers > 0,
+        n = self.num_workers
+        return DataLoader(  # batch_size=None: the datasets yield whole batches
+            dataset, batch_size=None, num_workers=n, pin_memory=self.pin_memory, persistent_workers=n > 0
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -67,9 +67,7 @@ _WORKER: dict[str, Any] = {}  # this process's encoder, end-of-text array, confi
 
 def init_worker(tok: Tokenizer | dict[str, Any], cfg: HFDataConfig, dtype: str) -> None:
     tok = tok if isinstance(tok, Tokenizer) else tokenizer_from_dict(tok)
-    _WORKER.update(
-        encode=encoder(tok, dtype), eot=np.asarray([tok.eot_id], dtype=dtype), cfg=cfg, dtype=dtype
-    )
+    _WORKER.update(encode=encoder(tok, dtype), eot=np.asarray([tok.eot_id], dtype), cfg=cfg, dtype=dtype)
 
 
 def _join(docs: list[np.ndarray], eot: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -142,7 +140,7 @@ class CorpusWriter:
     ) -> None:
         assert tok.eot_id is not None
         self.out, self.dtype, self.eot, self.key = out, dtype, tok.eot_id, key
-        self.shard_tokens, self.max_tokens = cfg.shard_tokens, cfg.max_tokens
+        self.shard_tokens, self.max_tokens = cfg.shard_tokens, cfg.max_tokens or float("inf")
         self.chars = tok.chars if isinstance(tok, CharTokenizer) else None  # rebuilds it on resume
         self.train_shards: list[dict[str, Any]] = state.get("train_shards", [])
         self.next_doc: int = state.get("next_doc", 0)  # where reading starts (resumes)
@@ -159,31 +157,25 @@ class CorpusWriter:
         return self.written + (self.cur.n_tokens if self.cur is not None else 0)
 
     def write(self, enc: Encoded) -> None:
-        tokens, lens, lead = enc.train_tokens, enc.train_lens, 0
-        if self.skip:  # the first task after a resume: its first train document is partly written
+        tokens, lead = enc.train_tokens, self.skip
+        if lead:  # the first task after a resume: its first train document is partly written
             assert len(enc.train_idx) and enc.train_idx[0] == self.next_doc, "resume state out of step"
-            lead, tokens = self.skip, tokens[self.skip :]
-            lens = lens.copy()
-            lens[0] -= lead
-            self.skip = 0
-        ends = np.cumsum(lens)
+            tokens, self.skip = tokens[lead:], 0
+        ends = np.cumsum(enc.train_lens)  # where each train document ends, the `lead` tokens included
         pos, val_done = 0, 0
         while pos < len(tokens):
-            room = self.shard_tokens - (self.cur.n_tokens if self.cur is not None else 0)
-            if self.max_tokens is not None:
-                room = min(room, self.max_tokens - self.train_tokens)
-            take = min(room, len(tokens) - pos)
             if self.cur is None:
                 self.cur = ShardWriter(self.out / f"train_{len(self.train_shards):06d}.bin", self.dtype)
-            self.cur.write(tokens[pos : pos + take])
-            self.train_docs += int(np.count_nonzero(tokens[pos : pos + take] == self.eot))
-            pos += take
-            at_limit = self.max_tokens is not None and self.train_tokens >= self.max_tokens
+            room = min(self.shard_tokens - self.cur.n_tokens, self.max_tokens - self.train_tokens)
+            chunk = tokens[pos : pos + room]
+            self.cur.write(chunk)
+            self.train_docs += int(np.count_nonzero(chunk == self.eot))
+            pos += len(chunk)
+            at_limit = self.train_tokens >= self.max_tokens
             if self.cur.n_tokens == self.shard_tokens or at_limit:
-                j = int(np.searchsorted(ends, pos, side="right"))  # first train document not fully written
+                j = int(np.searchsorted(ends, lead + pos, side="right"))  # first document not fully written
                 if j < len(ends):
-                    next_doc = int(enc.train_idx[j])
-                    offset = pos - (int(ends[j - 1]) if j else 0) + (lead if j == 0 else 0)
+                    next_doc, offset = int(enc.train_idx[j]), lead + pos - (int(ends[j - 1]) if j else 0)
                 else:
                     next_doc, offset = int(enc.train_idx[-1]) + 1, 0
                 val_done = self._write_val(enc, val_done, below=next_doc)
@@ -213,19 +205,11 @@ class CorpusWriter:
 
     def _save_resume_state(self, next_doc: int, offset: int) -> None:
         self.val.flush()
-        write_json_atomic(
-            self.out / STATE,
-            {
-                "key": self.key,
-                "train_shards": self.train_shards,
-                "next_doc": next_doc,
-                "next_offset": offset,
-                "train_docs": self.train_docs,  # EOTs written (a document cut by the shard counts once)
-                "val_tokens": self.val.n_tokens,
-                "val_docs": self.val_docs,
-                "chars": self.chars,
-            },
-        )
+        write_json_atomic(self.out / STATE, {
+            "key": self.key, "train_shards": self.train_shards, "next_doc": next_doc, "next_offset": offset,
+            "train_docs": self.train_docs,  # EOTs written (a document cut by the shard counts once)
+            "val_tokens": self.val.n_tokens, "val_docs": self.val_docs, "chars": self.chars,
+        })  # fmt: skip
 
     def finish(self) -> None:
         if self.cur is not None and self.cur.n_tokens:
@@ -246,10 +230,8 @@ class CorpusWriter:
 def shard_dir(cfg: HFDataConfig) -> Path:
     """<data_dir>/hf/<readable name>-<hash of what changes the tokens>."""
     ident = _identity(cfg)
-    parts = [
-        p for p in re.split(r"[/\\]", ident["dataset"].rstrip("/")) if p and not any(c in p for c in "*?[")
-    ]
-    name = parts[-1] if parts else "corpus"
+    parts = re.split(r"[/\\]", ident["dataset"].rstrip("/"))
+    name = next((p for p in reversed(parts) if p and not any(c in p for c in "*?[")), "corpus")
     name = re.sub(r"\.(parquet|jsonl?|ndjson|arrow|csv)(\.(gz|zst|bz2|xz))?$", "", name)
     if cfg.subset:
         name += f"-{cfg.subset}"
@@ -291,12 +273,9 @@ def _clear(out: Path) -> None:
 
 
 def prepare_shards(
-    cfg: HFDataConfig,
-    *,
-    build: bool = True,
-    progress: bool | None = None,
+    cfg: HFDataConfig, *, build: bool = True, progress: bool | None = None,
     log: Callable[[str], None] | None = log_to_stderr,
-) -> ShardedCorpus:
+) -> ShardedCorpus:  # fmt: skip
     """The shards of `cfg`, prepared unless valid ones exist (`build=False`: raise if missing)."""
     say = log or (lambda _msg: None)
     out = shard_dir(cfg)
@@ -306,8 +285,7 @@ def prepare_shards(
     tok = None if cfg.tokenizer == "char" else build_tokenizer(cfg.tokenizer, bpe_file=cfg.bpe_file)
     fingerprint = None if hub or source is None else source.fingerprint
     key = {**_identity(cfg), "fingerprint": fingerprint, "tokenizer": tokenizer_key(tok)}
-    corpus = _finished(out, key, tok)
-    if corpus is not None:
+    if (corpus := _finished(out, key, tok)) is not None:
         return corpus
     if not build:
         raise MiniGPTError(
@@ -377,23 +355,15 @@ def _resume_state(out: Path, key: dict[str, Any], say: Callable[[str], None]) ->
         if path.name not in keep:
             path.unlink()
     (out / META).unlink(missing_ok=True)
-    say(
-        f"resuming {out.name} after {len(keep)} complete shard(s) "
-        f"({sum(s['tokens'] for s in state['train_shards']):,} train tokens, "
-        f"document {state['next_doc']:,})"
-    )
+    done, doc = sum(s["tokens"] for s in state["train_shards"]), state["next_doc"]
+    say(f"resuming {out.name} after {len(keep)} complete shard(s) ({done:,} train tokens, document {doc:,})")
     return state
 
 
 def _tokenize_into_shards(
-    cfg: HFDataConfig,
-    source: Source,
-    tok: Tokenizer | None,
-    out: Path,
-    key: dict[str, Any],
-    progress: bool | None,
-    say: Callable[[str], None],
-) -> None:
+    cfg: HFDataConfig, source: Source, tok: Tokenizer | None, out: Path, key: dict[str, Any],
+    progress: bool | None, say: Callable[[str], None],
+) -> None:  # fmt: skip
     """Tokenize `source` into `out` (resuming), then write meta.json; `tok` None: the char tokenizer."""
     t0 = time.perf_counter()
     state = _resume_state(out, key, say)
@@ -442,30 +412,21 @@ def _tokenize_into_shards(
             + ("raise data.val_fraction or use more documents" if train_tokens else "lower data.val_fraction")
         )
     meta = {
-        "format": FORMAT,
-        "key": key,
-        "tokenizer": tok.to_dict(),
-        "vocab_size": tok.vocab_size,
-        "eot_id": writer.eot,
-        "dtype": dtype,
+        "format": FORMAT, "key": key,
+        "tokenizer": tok.to_dict(), "vocab_size": tok.vocab_size, "eot_id": writer.eot, "dtype": dtype,
         "source": {
             **{k: getattr(cfg, k) for k in ("dataset", "subset", "split", "text_field")},
-            "files": list(source.files),
-            "fingerprint": source.fingerprint,
+            "files": list(source.files), "fingerprint": source.fingerprint,
         },
         "split": {
-            "rule": SPLIT_RULE,
-            "val_fraction": cfg.val_fraction,
-            "split_seed": cfg.split_seed,
+            "rule": SPLIT_RULE, "val_fraction": cfg.val_fraction, "split_seed": cfg.split_seed,
             "val_documents": writer.val_docs,
         },
         "documents": {"train": writer.train_docs, "val": len(writer.val_docs)},
-        "max_tokens": cfg.max_tokens,
-        "truncated": writer.truncated,
-        "train_tokens": train_tokens,
-        "val_tokens": val_tokens,
+        "max_tokens": cfg.max_tokens, "truncated": writer.truncated,
+        "train_tokens": train_tokens, "val_tokens": val_tokens,
         "shards": {"train": writer.train_shards, "val": [{"file": VAL_SHARD, "tokens": val_tokens}]},
-    }
+    }  # fmt: skip
     write_json_atomic(out / META, meta)  # last: only now are the shards valid
     (out / STATE).unlink(missing_ok=True)
     dt = time.perf_counter() - t0

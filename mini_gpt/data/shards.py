@@ -52,8 +52,7 @@ def header_bytes(n_tokens: int, dtype: str) -> bytes:
             "lower data.shard_tokens"
         )
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0], header[1] = FORMATS[dtype]
-    header[2] = n_tokens
+    header[:3] = (*FORMATS[dtype], n_tokens)
     return header.tobytes()
 
 
@@ -71,8 +70,7 @@ def read_header(path: str | Path) -> ShardInfo:
             f"{path} is {size:,} bytes, shorter than the {HEADER_BYTES}-byte header of a token shard; "
             "it is not an llm.c .bin shard, or its download/preparation was cut short"
         )
-    header = np.frombuffer(raw, dtype="<i4")
-    magic, version, n_tokens = int(header[0]), int(header[1]), int(header[2])
+    magic, version, n_tokens = (int(v) for v in np.frombuffer(raw, dtype="<i4")[:3])
     if magic not in _BY_MAGIC:
         raise MiniGPTError(
             f"{path} has magic number {magic}, not a token shard's ({FORMATS['uint16'][0]} for uint16, "
@@ -110,18 +108,15 @@ class ShardWriter:
     final name is complete. `resume_tokens` reopens the temporary file, cut back to that many tokens."""
 
     def __init__(self, path: str | Path, dtype: str, resume_tokens: int | None = None) -> None:
-        self.path = Path(path)
-        self.dtype = dtype
+        self.path, self.dtype, self.n_tokens = Path(path), dtype, resume_tokens or 0
         self.tmp = self.temporary(self.path)
+        mode = "wb" if resume_tokens is None else "r+b"
+        self._fh = open(self.tmp, mode)  # noqa: SIM115 (closed by close/abort)
         if resume_tokens is None:
-            self._fh = open(self.tmp, "wb")  # noqa: SIM115 (closed by close/abort)
             self._fh.write(header_bytes(0, dtype))
-            self.n_tokens = 0
         else:
-            self._fh = open(self.tmp, "r+b")  # noqa: SIM115
             self._fh.truncate(HEADER_BYTES + resume_tokens * np.dtype(dtype).itemsize)
             self._fh.seek(0, os.SEEK_END)
-            self.n_tokens = resume_tokens
 
     @staticmethod
     def temporary(path: Path) -> Path:
@@ -182,33 +177,26 @@ class ShardedCorpus:
 def find_shards(cfg: ShardsDataConfig) -> ShardedCorpus:
     """Existing shards (`data=shards`); the tokenizer: `cfg.tokenizer`, else meta.json's, else GPT-2."""
     assert cfg.path is not None
-    files = glob_files(cfg.path)
+    files, given = glob_files(cfg.path), f"data.path={cfg.path}"
     if not files:
-        raise MiniGPTError(f"data.path={cfg.path} matches no files; pass a glob of .bin token shards")
+        raise MiniGPTError(f"{given} matches no files; pass a glob of .bin token shards")
     val = glob_files(cfg.val_path) if cfg.val_path else [p for p in files if "val" in p.name]
     train = [p for p in files if p not in val]
     if not train:
-        raise MiniGPTError(
-            f"data.path={cfg.path} holds no train shards (only files named *val*); fix the glob"
-        )
+        raise MiniGPTError(f"{given} holds no train shards (only files named *val*); fix the glob")
     if not val:
         raise MiniGPTError(
-            f"no validation shard among data.path={cfg.path} (none is named *val*); "
+            f"no validation shard among {given} (none is named *val*); "
             "name one with data.val_path='DIR/*val*.bin'"
         )
     train_info, val_info = [read_header(p) for p in train], [read_header(p) for p in val]
-    dtypes = {i.dtype for i in train_info + val_info}
-    if len(dtypes) > 1:
-        raise MiniGPTError(
-            f"data.path={cfg.path} mixes uint16 and uint32 shards; use shards of one tokenizer"
-        )
+    if len({i.dtype for i in train_info + val_info}) > 1:
+        raise MiniGPTError(f"{given} mixes uint16 and uint32 shards; use shards of one tokenizer")
     where = train[0].parent
     meta = read_json(where / META) or {}
     theirs = tokenizer_from_dict(meta["tokenizer"]) if "tokenizer" in meta else None
-    if cfg.tokenizer is None and theirs is not None:
-        tok = theirs
-    else:
-        tok = build_tokenizer(cfg.tokenizer or "gpt2", bpe_file=cfg.bpe_file)
+    use_theirs = cfg.tokenizer is None and theirs is not None
+    tok = theirs if use_theirs else build_tokenizer(cfg.tokenizer or "gpt2", bpe_file=cfg.bpe_file)
     # gpt2 and r50k_base: one vocabulary under two names
     if theirs is not None and {**theirs.to_dict(), "name": None} != {**tok.to_dict(), "name": None}:
         raise MiniGPTError(

@@ -18,19 +18,14 @@ from typing import Any
 
 from mini_gpt.data.config import CORPORA, TEXT_CORPUS, DataConfig, HFDataConfig
 from mini_gpt.data.preparation import byte_progress
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, import_extra
 from mini_gpt.files import atomic_write, sha256_file
 
 DOWNLOAD_TIMEOUT_S = 15.0  # per socket operation; an offline machine fails in well under this
-# file suffix -> `datasets` builder
-BUILDERS = {
-    ".parquet": "parquet",
-    ".jsonl": "json",
-    ".json": "json",
-    ".ndjson": "json",
-    ".arrow": "arrow",
-    ".csv": "csv",
-}
+BUILDERS = {  # file suffix -> `datasets` builder
+    ".parquet": "parquet", ".jsonl": "json", ".json": "json", ".ndjson": "json",
+    ".arrow": "arrow", ".csv": "csv",
+}  # fmt: skip
 COMPRESSIONS = (".gz", ".zst", ".bz2", ".xz")
 SAVE_TO_DISK_METADATA = ("state.json", "dataset_info.json")  # beside the .arrow files of save_to_disk
 HUB_TIMEOUT_S = 3.0  # to decide that the Hub is unreachable
@@ -41,12 +36,9 @@ def _urlopen(url: str, timeout: float) -> Any:
 
 
 def download(
-    url: str,
-    dest: Path,
-    sha256: str | None,
-    progress: bool | None = None,
+    url: str, dest: Path, sha256: str | None, progress: bool | None = None,
     verify: Callable[[Path], None] | None = None,
-) -> Path:
+) -> Path:  # fmt: skip
     """Download `url` to `dest` via a temporary file checked by `sha256` or `verify(file)`, then renamed."""
     digest = hashlib.sha256()
     with atomic_write(dest, "wb") as out, _urlopen(url, DOWNLOAD_TIMEOUT_S) as resp:
@@ -68,9 +60,8 @@ def download(
 
 
 def glob_files(pattern: str) -> list[Path]:
-    return sorted(
-        Path(p).resolve() for p in glob.glob(os.path.expanduser(pattern), recursive=True) if Path(p).is_file()
-    )
+    found = glob.glob(os.path.expanduser(pattern), recursive=True)
+    return sorted(Path(p).resolve() for p in found if Path(p).is_file())
 
 
 def find_files(value: str, key: str, in_dir: Callable[[Path], list[Path]], kinds: str) -> list[Path]:
@@ -107,8 +98,7 @@ def corpus_files(cfg: DataConfig, progress: bool | None = None) -> list[Path]:
         path = Path(cfg.path).expanduser().resolve()
         if not path.is_file():
             raise MiniGPTError(f"data.path={cfg.path} does not exist (looked for {path}); fix the path")
-        digest = sha256_file(path)
-        if digest != corpus.sha256:
+        if (digest := sha256_file(path)) != corpus.sha256:
             raise MiniGPTError(
                 f"data.path={path} has sha256 {digest}, not the {cfg.name} corpus ({corpus.sha256}); "
                 f"for your own text use data=text data.path={path}"
@@ -164,12 +154,9 @@ def _suffix_builder(path: str) -> str | None:
 
 
 def is_local(dataset: str) -> bool:
-    return (
-        any(ch in dataset for ch in "*?[")
-        or os.path.exists(os.path.expanduser(dataset))
-        or dataset.startswith((".", "/", "~"))
-        or _suffix_builder(dataset) is not None
-    )
+    if any(ch in dataset for ch in "*?[") or dataset.startswith((".", "/", "~")):
+        return True
+    return os.path.exists(os.path.expanduser(dataset)) or _suffix_builder(dataset) is not None
 
 
 def _data_files(directory: Path) -> list[Path]:
@@ -219,9 +206,8 @@ def _switched_on(var: str) -> bool:
 
 def hub_offline_reason(switches: tuple[str, ...] = OFFLINE_SWITCHES) -> str | None:
     """Why the Hugging Face Hub cannot be used now (an offline switch, no answer), or None."""
-    for var in switches:
-        if _switched_on(var):
-            return f"{var} is set"
+    if on := [var for var in switches if _switched_on(var)]:
+        return f"{on[0]} is set"
     endpoint = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     host = endpoint.hostname or "huggingface.co"
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
@@ -242,12 +228,8 @@ def offline_if_hub_unreachable() -> str | None:
 
 
 def _import_datasets() -> Any:
-    try:
-        import datasets
-    except ImportError:
-        raise MiniGPTError(
-            'data=hf needs the Hugging Face `datasets` library: pip install -e ".[datasets]"'
-        ) from None
+    missing = 'data=hf needs the Hugging Face `datasets` library: pip install -e ".[datasets]"'
+    datasets = import_extra("datasets", missing)
     datasets.logging.set_verbosity_error()
     datasets.disable_progress_bars()
     return datasets
@@ -305,13 +287,8 @@ def _missing_column(source: Source, columns: list[str]) -> MiniGPTError:
 
 def _parquet_batches(source: Source, batch_size: int) -> Iterator[list[Any]]:
     """Local parquet's text column by pyarrow, unbuffered (`datasets`' memory grows with the file)."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise MiniGPTError(
-            'reading parquet files needs pyarrow: pip install -e ".[datasets]" (or pip install pyarrow)'
-        ) from None
-
+    missing = 'reading parquet files needs pyarrow: pip install -e ".[datasets]" (or pip install pyarrow)'
+    pq = import_extra("pyarrow.parquet", missing)
     for path in source.files:
         file = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
         if source.text_field not in file.schema_arrow.names:
@@ -350,12 +327,9 @@ def iter_texts(source: Source, skip: int = 0, batch_size: int = 1000) -> Iterato
     read = _parquet_batches if source.builder == "parquet" else _dataset_batches
     try:
         for texts in read(source, batch_size):
-            if skip >= len(texts):
-                skip -= len(texts)
-                continue
-            if skip:
-                texts, skip = texts[skip:], 0
-            yield texts
+            texts, skip = texts[skip:], max(0, skip - len(texts))
+            if texts:
+                yield texts
     except MiniGPTError:
         raise
     except Exception as err:

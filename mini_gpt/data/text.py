@@ -29,7 +29,7 @@ from mini_gpt.data.preparation import (
 from mini_gpt.data.shards import ShardInfo, token_file
 from mini_gpt.data.sources import corpus_files
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.files import read_json, sha256_file, write_json_atomic
+from mini_gpt.files import atomic_write, read_json, sha256_file, write_json_atomic
 from mini_gpt.tokenizer import (
     CharTokenizer,
     TiktokenTokenizer,
@@ -250,13 +250,9 @@ def check_split_length(
 
 
 def prepare_data(
-    cfg: DataConfig,
-    *,
-    block_size: int | None = None,
-    build: bool = True,
-    progress: bool | None = None,
+    cfg: DataConfig, *, block_size: int | None = None, build: bool = True, progress: bool | None = None,
     piece_chars: int = PIECE_CHARS,
-) -> PreparedData:
+) -> PreparedData:  # fmt: skip
     """`cfg`'s token files, built unless valid (`build=False`: raise); `block_size` checks both splits."""
     files = corpus_files(cfg, progress)
     total_bytes = sum(f.stat().st_size for f in files)
@@ -268,13 +264,10 @@ def prepare_data(
     tok = None if tok_name == "char" else build_tokenizer(tok_name, bpe_file=cfg.bpe_file)
     out_dir = cache_dir(cfg)
     key = {
-        "format_version": FORMAT_VERSION,
-        "source_sha256": _sources_sha256(files),
-        "tokenizer": tokenizer_key(tok),
-        "val_fraction": cfg.val_fraction,
-        "dtype_requested": cfg.dtype,
+        "format_version": FORMAT_VERSION, "source_sha256": _sources_sha256(files),
+        "tokenizer": tokenizer_key(tok), "val_fraction": cfg.val_fraction, "dtype_requested": cfg.dtype,
         "split": "chars",
-    }
+    }  # fmt: skip
     meta = _valid_cache(out_dir, key)  # a valid cache needs no lock (it may be on read-only storage)
     if meta is None:
         if not build:
@@ -297,13 +290,9 @@ def prepare_data(
 
 
 def _write_token_files(
-    pieces: Iterable[tuple[int, int, str, int]],
-    encode: Callable[[str], np.ndarray],
-    eot: int | None,
-    outs: tuple[BinaryIO, BinaryIO],
-    threads: int,
-    advance: Callable[[int], None],
-) -> list[int]:
+    pieces: Iterable[tuple[int, int, str, int]], encode: Callable[[str], np.ndarray], eot: int | None,
+    outs: tuple[BinaryIO, BinaryIO], threads: int, advance: Callable[[int], None],
+) -> list[int]:  # fmt: skip
     """The pieces encoded on a thread pool and written in order, `eot` between documents; tokens per file."""
     counts, last_doc = [0, 0], -1
     with ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool:
@@ -319,15 +308,9 @@ def _write_token_files(
 
 
 def _tokenize_corpus(
-    cfg: DataConfig,
-    files: list[Path],
-    total_bytes: int,
-    key: dict[str, Any],
-    tok: Tokenizer | None,
-    out_dir: Path,
-    progress: bool | None,
-    piece_chars: int,
-) -> dict[str, Any]:
+    cfg: DataConfig, files: list[Path], total_bytes: int, key: dict[str, Any], tok: Tokenizer | None,
+    out_dir: Path, progress: bool | None, piece_chars: int,
+) -> dict[str, Any]:  # fmt: skip
     """Tokenize `files` into `out_dir`, then write meta.json; `tok` None: the char tokenizer."""
     where = f"data.path={cfg.path or files[0]}"
     for path in files:  # no UTF-8 text file has a NUL byte
@@ -353,52 +336,30 @@ def _tokenize_corpus(
         tok = CharTokenizer(chars)
     dtype = token_dtype(tok.vocab_size, cfg.dtype)
     split_at = int(n_chars * (1.0 - cfg.val_fraction))
-    tmp = {s: out_dir / f".{s}.bin.{os.getpid()}.tmp" for s in ("train", "val")}
     try:
         (out_dir / "meta.json").unlink(missing_ok=True)  # from now on the cache is invalid until the end
         # A killed preparation's leftovers: we hold the lock, so they belong to no live process.
         for stale in out_dir.glob(".*.bin.*.tmp"):
             stale.unlink(missing_ok=True)
         pieces = text_pieces(files, split_at, piece_chars, exact_cuts=not isinstance(tok, CharTokenizer))
-        with (
-            open(tmp["train"], "wb") as f_train,
-            open(tmp["val"], "wb") as f_val,
+        with (  # each file renamed into place, complete, once all are written
+            atomic_write(out_dir / "train.bin", "wb") as f_train,
+            atomic_write(out_dir / "val.bin", "wb") as f_val,
             byte_progress(f"tokenize {cfg.name}", total_bytes, progress) as advance,
         ):
-            threads = cfg.num_threads or os.cpu_count() or 1
-            counts = _write_token_files(
-                pieces, encoder(tok, dtype), tok.eot_id, (f_train, f_val), threads, advance
-            )
-            for fh in (f_train, f_val):
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp["train"], out_dir / "train.bin")
-        os.replace(tmp["val"], out_dir / "val.bin")
+            threads, encode = cfg.num_threads or os.cpu_count() or 1, encoder(tok, dtype)
+            counts = _write_token_files(pieces, encode, tok.eot_id, (f_train, f_val), threads, advance)
         meta = {
-            "key": key,
-            "corpus": cfg.name,
-            "sources": [str(f) for f in files],
-            "source_bytes": total_bytes,
-            "source_sha256": key["source_sha256"],
-            "documents": len(files),
-            "tokenizer": tok.to_dict(),
-            "vocab_size": tok.vocab_size,
-            "eot_id": tok.eot_id,
-            "dtype": dtype,
-            "val_fraction": cfg.val_fraction,
-            "split": "chars",
-            "train_chars": split_at,
-            "val_chars": n_chars - split_at,
-            "train_tokens": counts[0],
-            "val_tokens": counts[1],
+            "key": key, "corpus": cfg.name, "sources": [str(f) for f in files], "source_bytes": total_bytes,
+            "source_sha256": key["source_sha256"], "documents": len(files),
+            "tokenizer": tok.to_dict(), "vocab_size": tok.vocab_size, "eot_id": tok.eot_id, "dtype": dtype,
+            "val_fraction": cfg.val_fraction, "split": "chars", "train_chars": split_at,
+            "val_chars": n_chars - split_at, "train_tokens": counts[0], "val_tokens": counts[1],
             "replaced_bytes": bad,
-        }
+        }  # fmt: skip
         write_json_atomic(out_dir / "meta.json", meta)  # last: only now is the cache valid
     except OSError as err:  # disk full, read-only, permissions; at most a token per byte of text
         if err.errno in WRITE_ERRNOS and err.filename not in {str(f) for f in files}:
             raise unwritable(out_dir, err, total_bytes * np.dtype(dtype).itemsize) from None
         raise
-    finally:
-        for path in tmp.values():
-            path.unlink(missing_ok=True)
     return meta

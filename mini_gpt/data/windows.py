@@ -25,9 +25,7 @@ def feistel_permute(index: np.ndarray, n: int, key: Sequence[int], rounds: int =
     """A seeded permutation of range(n) at `index`: a Feistel network, cycle-walked back below n."""
     if n <= 1:
         return np.zeros_like(index)
-    bits = max(2, int(n - 1).bit_length())
-    bits += bits % 2
-    half = bits // 2
+    half = (max(2, int(n - 1).bit_length()) + 1) // 2  # half of the bits, their count rounded up to even
     mask = np.uint64((1 << half) - 1)
     keys = []
     with np.errstate(over="ignore"):
@@ -77,10 +75,20 @@ class _Mapped:
 class _Stream(_Mapped, IterableDataset):
     """An endless stream of whole batches (`DataLoader(batch_size=None)`) from `start_batch` on."""
 
-    start_batch: int
+    def __init__(
+        self, files: list[ShardInfo], block_size: int, batch_size: int, seed: int, rank: int,
+        start_batch: int, repeat_span: int,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.repeat_span = check_repeat_span(repeat_span, block_size)
+        self.files, self.block_size, self.batch_size = files, block_size, batch_size
+        self.seed, self.rank, self.start_batch = seed, rank, start_batch
 
     def batch(self, index: int) -> Batch:
         raise NotImplementedError
+
+    def _to_batch(self, rows: np.ndarray, index: int) -> Batch:  # spans repeated when repeat_span > 0
+        return _xy(repeat_spans(rows, self.repeat_span, [self.seed, self.rank, index, 1]))
 
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
@@ -115,53 +123,29 @@ class TrainBatches(_Stream):
     """Random training batches of a flat token file (each a repeated span with `repeat_span` > 0)."""
 
     def __init__(
-        self,
-        path: str | Path,
-        dtype: str,
-        block_size: int,
-        batch_size: int,
-        seed: int = 1337,
-        rank: int = 0,
-        start_batch: int = 0,
-        repeat_span: int = 0,
-    ) -> None:
-        super().__init__()
-        self.repeat_span = check_repeat_span(repeat_span, block_size)
-        self.files = [token_file(path, dtype)]
-        self.n_tokens = self.files[0].n_tokens
+        self, path: str | Path, dtype: str, block_size: int, batch_size: int, seed: int = 1337, rank: int = 0,
+        start_batch: int = 0, repeat_span: int = 0,
+    ) -> None:  # fmt: skip
+        self.n_tokens = (file := token_file(path, dtype)).n_tokens
+        super().__init__([file], block_size, batch_size, seed, rank, start_batch, repeat_span)
         check_split_length("train", self.n_tokens, block_size)
-        self.block_size, self.batch_size = block_size, batch_size
-        self.seed, self.rank, self.start_batch = seed, rank, start_batch
 
     def batch(self, index: int) -> Batch:
         rng = np.random.default_rng([self.seed, self.rank, index])
         starts = rng.integers(0, self.n_tokens - self.block_size, size=self.batch_size)
-        rows = _rows(self._map(0), starts, self.block_size)
-        return _xy(repeat_spans(rows, self.repeat_span, [self.seed, self.rank, index, 1]))
+        return self._to_batch(_rows(self._map(0), starts, self.block_size), index)
 
 
 class ShardTrainBatches(_Stream):
     """Training batches over shards in one seeded order; rank `r` takes every world-th batch of it."""
 
     def __init__(
-        self,
-        shards: list[ShardInfo],
-        block_size: int,
-        batch_size: int,
-        seed: int = 1337,
-        rank: int = 0,
-        world: int = 1,
-        start_batch: int = 0,
-        align_to_documents: bool = False,
-        eot_id: int | None = None,
+        self, shards: list[ShardInfo], block_size: int, batch_size: int, seed: int = 1337, rank: int = 0,
+        world: int = 1, start_batch: int = 0, align_to_documents: bool = False, eot_id: int | None = None,
         repeat_span: int = 0,
-    ) -> None:
-        super().__init__()
-        self.repeat_span = check_repeat_span(repeat_span, block_size)
-        self.files = list(shards)
-        self.block_size, self.batch_size = block_size, batch_size
-        self.seed, self.rank, self.world, self.start_batch = seed, rank, world, start_batch
-        self.align = align_to_documents
+    ) -> None:  # fmt: skip
+        super().__init__(list(shards), block_size, batch_size, seed, rank, start_batch, repeat_span)
+        self.world, self.align = world, align_to_documents
         self.sizes = np.array([s.n_tokens for s in self.files], dtype=np.int64)
         self._doc_starts: list[np.ndarray] | None = None
         if align_to_documents:
@@ -197,12 +181,11 @@ class ShardTrainBatches(_Stream):
 
     def _locate(self, g: int) -> tuple[int, int, int]:
         """Global window number -> (epoch, its first window number, its windows)."""
-        while not self._epochs or self._epochs[-1][0] + self._epochs[-1][1] <= g:
-            first = self._epochs[-1][0] + self._epochs[-1][1] if self._epochs else 0
+        while (end := sum(self._epochs[-1]) if self._epochs else 0) <= g:  # the epochs seen end before g
             n = int(self._counts(len(self._epochs)).sum())
             if n == 0:
                 raise MiniGPTError("the train shards hold no complete window; lower the block size")
-            self._epochs.append((first, n))
+            self._epochs.append((end, n))
         epoch = bisect.bisect_right([f + n for f, n in self._epochs], g)
         return epoch, self._epochs[epoch][0], self._epochs[epoch][1]
 
@@ -236,7 +219,7 @@ class ShardTrainBatches(_Stream):
         for s in np.unique(shard_ids).tolist():
             sel = shard_ids == s
             rows[sel] = _rows(self._map(s), starts[sel], self.block_size)
-        return _xy(repeat_spans(rows, self.repeat_span, [self.seed, self.rank, index, 1]))
+        return self._to_batch(rows, index)
 
 
 def _evenly(n: int, most: int | None) -> np.ndarray:
