@@ -56,8 +56,7 @@ def read_documents(path: str | Path) -> list[str]:
 
 
 def split_documents(prepared: Any, split: str) -> list[str]:
-    shards = getattr(prepared, split)
-    if not shards:
+    if not (shards := getattr(prepared, split)):
         raise MiniGPTError(f"the prepared corpus has no {split} shards")
     ids = np.concatenate([np.asarray(open_shard(info)) for info in shards])
     return prepared_split_documents(ids.tolist(), prepared.tokenizer)
@@ -85,12 +84,9 @@ class BpbWindows:
 
 
 def bpb_windows(
-    tokenizer: Tokenizer,
-    documents: Sequence[str],
-    block_size: int,
-    stride: int | None = None,
+    tokenizer: Tokenizer, documents: Sequence[str], block_size: int, stride: int | None = None,
     source: str = "",
-) -> BpbWindows:
+) -> BpbWindows:  # fmt: skip
     """Sliding windows of `block_size` moving `stride` (None = block_size // 2) over every document; with an
     end-of-text id before each, every document token is predicted (as lm-evaluation-harness does)."""
     stride = stride or max(1, block_size // 2)
@@ -119,10 +115,7 @@ def score_bpb(model: nn.Module, cut: BpbWindows, batch_size: int = 16) -> BpbRes
 
 
 def bits_per_byte(
-    model: nn.Module,
-    tokenizer: Tokenizer,
-    documents: Sequence[str],
-    stride: int | None = None,
+    model: nn.Module, tokenizer: Tokenizer, documents: Sequence[str], stride: int | None = None,
     batch_size: int = 16,
-) -> BpbResult:
+) -> BpbResult:  # fmt: skip
     return score_bpb(model, bpb_windows(tokenizer, documents, model.config.block_size, stride), batch_size)

@@ -44,19 +44,10 @@ class MiniGPTLM(TemplateLM):
     """Over `ckpt=` / `init_from=` (as the tools), or `model=` and `tokenizer=` from Python."""
 
     def __init__(
-        self,
-        ckpt: str | None = None,
-        init_from: str | None = None,
-        bpe_file: str | None = None,
-        model: GPT | None = None,
-        tokenizer: Tokenizer | None = None,
-        device: str | None = None,
-        batch_size: Any = 16,
-        stride: Any = None,
-        max_gen_toks: Any = 256,
-        seed: Any = 1234,
-        **kwargs: Any,
-    ) -> None:
+        self, ckpt: str | None = None, init_from: str | None = None, bpe_file: str | None = None,
+        model: GPT | None = None, tokenizer: Tokenizer | None = None, device: str | None = None,
+        batch_size: Any = 16, stride: Any = None, max_gen_toks: Any = 256, seed: Any = 1234, **kwargs: Any,
+    ) -> None:  # fmt: skip
         super().__init__()
         if device in ("cuda", "cuda:0") and not torch.cuda.is_available():  # the lm_eval CLI's default
             print("warning: device=cuda but torch sees no CUDA GPU; running on the CPU", file=sys.stderr)
@@ -90,11 +81,9 @@ class MiniGPTLM(TemplateLM):
         return self.tok.decode(list(tokens))
 
     def _loglikelihood_tokens(
-        self,
-        requests: list[tuple[tuple[str, str], list[int], list[int]]],
-        disable_tqdm: bool = False,
+        self, requests: list[tuple[tuple[str, str], list[int], list[int]]], disable_tqdm: bool = False,
         **kw: Any,
-    ) -> list[tuple[float, bool]]:
+    ) -> list[tuple[float, bool]]:  # fmt: skip
         # Longest first: similar lengths share a batch, and an out-of-memory error shows up at once.
         order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))
         results: list[tuple[float, bool]] = [(0.0, True)] * len(requests)
@@ -161,16 +150,10 @@ def _metrics(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_harness(
-    model: GPT,
-    tokenizer: Tokenizer,
-    tasks: Sequence[str],
-    limit: float | None = None,
-    num_fewshot: int | None = None,
-    batch_size: int = 16,
-    include_path: str | None = None,
-    seed: int = 1234,
+    model: GPT, tokenizer: Tokenizer, tasks: Sequence[str], limit: float | None = None,
+    num_fewshot: int | None = None, batch_size: int = 16, include_path: str | None = None, seed: int = 1234,
     builtin_tasks: bool = True,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, dict[str, Any]]:  # fmt: skip
     """{task: {metric: value}} of lm-eval's tasks on our model."""
     include = str(Path(include_path).expanduser()) if include_path else None
     if include is not None and not Path(include).exists():

@@ -92,8 +92,7 @@ def resolve_hellaswag_path(
         raise MiniGPTError(f"HellaSwag is not cached and HF_DATASETS_OFFLINE is set; {hint}")
 
     def verify(file: Path) -> None:  # a truncated or foreign file fails here, before it is cached
-        n_items = len(read_hellaswag(file))
-        if n_items != HELLASWAG_VAL_ITEMS:
+        if (n_items := len(read_hellaswag(file))) != HELLASWAG_VAL_ITEMS:
             raise MiniGPTError(f"download of {url} has {n_items} items, not {HELLASWAG_VAL_ITEMS}")
 
     print(f"downloading {url} -> {dest}", file=sys.stderr)
@@ -128,12 +127,9 @@ def item_scores(
 
 
 def evaluate_hellaswag(
-    model: nn.Module,
-    tokenizer: Tokenizer,
-    items: Sequence[HellaSwagItem],
-    batch_items: int = 4,
+    model: nn.Module, tokenizer: Tokenizer, items: Sequence[HellaSwagItem], batch_items: int = 4,
     progress: bool | None = None,
-) -> HellaSwagResult:
+) -> HellaSwagResult:  # fmt: skip
     result = HellaSwagResult()
     shown = sys.stderr.isatty() if progress is None else progress
     with Progress(

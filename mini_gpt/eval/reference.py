@@ -1,16 +1,13 @@
-"""Reference bands: is this run's val loss normal for its recipe?
+"""Reference bands: is this run's val loss normal for its recipe? (docs/training.md)
 
-Each shipped recipe has a reference file (mini_gpt/eval/references/<name>.json): its val loss against
-tokens seen, from 3 seeds, as a mean and a spread. A run matches a reference when what makes curves
-comparable is the same: the model's shape, the corpus and tokenizer, the tokens per optimizer step and the
-step count (the schedule's length). The optimizer's settings and the seed may differ: those are what the
-band judges. At the run's last evaluation the band is the seeds' mean +- max(2 standard deviations,
-MIN_HALF_WIDTH), taken at the same token count (linear between the reference's evaluations):
+Each shipped recipe has a file in references/: its val loss against tokens seen, over 3 seeds, as a mean
+and a spread. A run matches when what makes curves comparable is equal (model shape, corpus, tokenizer,
+tokens per step, step count); the optimizer's settings and the seed may differ: the band judges those. At
+the last evaluation the band is the mean +- max(2 standard deviations, MIN_HALF_WIDTH) at the same token
+count (linear in between): within it, above (worse) or below (better than every seed spread).
 
-    within: inside the band    above: worse (higher loss)    below: better than every seed spread
-
-Refresh a file from new runs (their folders, each with summary.json and .hydra/config.yaml):
-    python -m mini_gpt.eval.reference NAME RUN_DIR [RUN_DIR ...]
+Refresh a file from completed runs (folders with summary.json and .hydra/config.yaml), as in
+docs/development.md: python -m mini_gpt.eval.reference NAME 'COMMAND' RUN_DIR RUN_DIR [...]
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ import yaml
 
 REFERENCE_DIR = Path(__file__).with_name("references")
 MIN_HALF_WIDTH = 0.02  # nats: 3 seeds estimate a spread poorly; never call a smaller gap abnormal
-VERDICTS = ("within", "above", "below")
 _MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "norm", "pos_embedding", "mlp")
 _MODEL_KEYS += ("tie_weights",)
 _DATA_KEYS = ("name", "path", "tokenizer", "bpe_file", "val_fraction")
@@ -66,8 +62,7 @@ class Reference:
 
     def judge(self, tokens: float, val_loss: float) -> tuple[str, float] | None:
         """(verdict, gap = val_loss - band mean) at `tokens`; None where the band does not reach."""
-        band = self.band(tokens)
-        if band is None:
+        if (band := self.band(tokens)) is None:
             return None
         mean, half = band
         gap = val_loss - mean
@@ -75,12 +70,9 @@ class Reference:
 
 
 def load_references(directory: Path | None = None) -> list[Reference]:
-    refs = []
-    for path in sorted((directory or REFERENCE_DIR).glob("*.json")):
-        raw = json.loads(path.read_text())
-        fields = (raw["key"], raw["tokens"], raw["mean"], raw["std"], raw["command"], raw["seeds"])
-        refs.append(Reference(path.stem, *fields))
-    return refs
+    raws = {path.stem: json.loads(path.read_text()) for path in (directory or REFERENCE_DIR).glob("*.json")}
+    fields = ("key", "tokens", "mean", "std", "command", "seeds")  # not per_seed: the runs' own curves
+    return [Reference(name, **{field: raw[field] for field in fields}) for name, raw in sorted(raws.items())]
 
 
 def find_reference(key: Mapping[str, Any], directory: Path | None = None) -> Reference | None:
@@ -92,11 +84,8 @@ def compare_to_reference(key: Mapping[str, Any], val_curve: list[list[float]], t
     and `vs_reference_gap` (nats, the last evaluation's val loss minus the band's mean)."""
     ref = find_reference(key)
     judged = ref.judge(val_curve[-1][0] * tokens_per_step, val_curve[-1][-1]) if ref and val_curve else None
-    return {
-        "reference": ref.name if ref else None,
-        "vs_reference": judged[0] if judged else None,
-        "vs_reference_gap": judged[1] if judged else None,
-    }
+    verdict, gap = judged or (None, None)
+    return {"reference": ref.name if ref else None, "vs_reference": verdict, "vs_reference_gap": gap}
 
 
 # ---- building a reference from runs ------------------------------------------------------------------
@@ -136,14 +125,10 @@ def build_reference(run_dirs: list[Path], command: str) -> dict[str, Any]:
     per_run = [dict(curve) for _, curve in runs]
     vals = [[run[t] for run in per_run] for t in tokens]
     return {
-        "key": runs[0][0],
-        "command": command,
-        "seeds": len(runs),
-        "tokens": tokens,
-        "mean": [statistics.fmean(v) for v in vals],
-        "std": [statistics.stdev(v) for v in vals],
+        "key": runs[0][0], "command": command, "seeds": len(runs), "tokens": tokens,
+        "mean": [statistics.fmean(v) for v in vals], "std": [statistics.stdev(v) for v in vals],
         "per_seed": [[run[t] for t in tokens] for run in per_run],
-    }
+    }  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

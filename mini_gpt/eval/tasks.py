@@ -28,17 +28,11 @@ class TaskInputs:
 
 
 def read_inputs(
-    tasks: Sequence[str],
-    tokenizer: Tokenizer,
-    block_size: int,
-    documents: Callable[[], tuple[list[str], str]],
-    *,
-    stride: int | None = None,
-    hellaswag_path: str | None = None,
-    hellaswag_limit: int | None = None,
-    hellaswag_key: str = "hellaswag.path",
-    data_dir: str | None = None,
-) -> TaskInputs:
+    tasks: Sequence[str], tokenizer: Tokenizer, block_size: int,
+    documents: Callable[[], tuple[list[str], str]], *, stride: int | None = None,
+    hellaswag_path: str | None = None, hellaswag_limit: int | None = None,
+    hellaswag_key: str = "hellaswag.path", data_dir: str | None = None,
+) -> TaskInputs:  # fmt: skip
     """The inputs of `tasks`; `documents()` gives bpb's documents and where they came from; `hellaswag_key`
     names the HellaSwag path's setting in error lines."""
     inputs = TaskInputs()
@@ -89,13 +83,9 @@ class TaskScores:
 
 
 def score_tasks(
-    model: nn.Module,
-    tokenizer: Tokenizer,
-    inputs: TaskInputs,
-    bpb_batch_size: int = 16,
-    hellaswag_batch_size: int = 4,
-    progress: bool | None = None,
-) -> TaskScores:
+    model: nn.Module, tokenizer: Tokenizer, inputs: TaskInputs, bpb_batch_size: int = 16,
+    hellaswag_batch_size: int = 4, progress: bool | None = None,
+) -> TaskScores:  # fmt: skip
     """Score `inputs` in eval mode (the model's mode is put back); `progress` None: a bar on a terminal."""
     scores = TaskScores(source="" if inputs.bpb is None else inputs.bpb.source)
     was_training = model.training

@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 from mini_gpt.conf import checked_config
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.interop.hf import ARCHITECTURES, HUB_MODELS, check_hub_available, gpt_from_hf, load_hf_dir
+from mini_gpt.interop.hf import ARCHITECTURES, HUB_MODELS, check_hub_available, gpt_from_hf
+from mini_gpt.interop.hf_tokenizer import load_hf_tokenizer
 from mini_gpt.interop.lora import LoraSpec, has_lora_weights, merge_lora
 from mini_gpt.interop.nanogpt import is_nanogpt, nanogpt_parts
 from mini_gpt.model.gpt import GPT, GPTConfig
@@ -25,11 +26,8 @@ CONFIG_FILE = "config.json"
 
 def metadata(model: GPT, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """The `mini_gpt` entry of a checkpoint / export config: primitives only (weights_only loading)."""
-    return {
-        "format_version": FORMAT_VERSION,
-        "model_config": model.config.to_dict(),
-        "tokenizer": tokenizer.to_dict() if tokenizer is not None else None,
-    }
+    tok = tokenizer.to_dict() if tokenizer is not None else None
+    return {"format_version": FORMAT_VERSION, "model_config": model.config.to_dict(), "tokenizer": tok}
 
 
 def unreadable_checkpoint(path: str | Path, err: BaseException) -> MiniGPTError:
@@ -86,8 +84,7 @@ def _tokenizer_difference(saved: dict[str, Any], current: dict[str, Any]) -> str
         return f"tokenizer is {kinds[0]} in the checkpoint but {kinds[1]} in this run"
     if saved.get("type") == "char":
         old, new = saved.get("chars", ""), current.get("chars", "")
-        only_old = "".join(sorted(set(old) - set(new)))
-        only_new = "".join(sorted(set(new) - set(old)))
+        only_old, only_new = ("".join(sorted(set(a) - set(b))) for a, b in ((old, new), (new, old)))
         detail = (
             f"only in the checkpoint: {only_old!r}; only in this corpus: {only_new!r}"
             if only_old or only_new
@@ -116,15 +113,13 @@ def check_resume(meta: Any, model_config: dict[str, Any], tokenizer: Tokenizer, 
     a same-size character vocabulary with other characters would silently train on ids of a new meaning."""
     meta = _check_meta(meta, Path(source))
     # The tokenizer first: a different vocabulary is the cause of a different model.vocab_size.
-    why = _tokenizer_difference(meta["tokenizer"], tokenizer.to_dict())
-    if why:
+    if why := _tokenizer_difference(meta["tokenizer"], tokenizer.to_dict()):
         raise MiniGPTError(
             f"cannot resume {source}: {why}; resume on the corpus and data.tokenizer it was trained with, "
             "or drop ckpt_path to start a new run"
         )
     saved = dict(meta["model_config"])
-    differ = _differences(saved, model_config)
-    if differ:
+    if differ := _differences(saved, model_config):
         theirs = " ".join(f"model.{k}={saved.get(k)}" for k in differ)
         ours = " ".join(f"model.{k}={model_config.get(k)}" for k in differ)
         raise MiniGPTError(
@@ -208,7 +203,8 @@ def _load_dir(directory: Path, safetensors: bool) -> tuple[GPT, Tokenizer]:
             f"mini-gpt reads ({readable}); pass a .ckpt file, a `mini-gpt export` directory or a "
             "transformers directory"
         )
-    return load_hf_dir(directory)
+    tokenizer = load_hf_tokenizer(directory)  # first: a directory without one fails before the weights load
+    return gpt_from_hf(directory), tokenizer
 
 
 def load_model(
@@ -229,8 +225,7 @@ def load_model(
         model, tok = _assemble(config, weights, tok, path)
     else:
         meta = _check_meta(ckpt.get("mini_gpt"), path)
-        state = ckpt.get("state_dict")
-        if not isinstance(state, dict):
+        if not isinstance(state := ckpt.get("state_dict"), dict):
             raise MiniGPTError(f"checkpoint {path} has no state_dict")
         state = {k.replace("_orig_mod.", ""): v for k, v in state.items()}  # wherever torch.compile put it
         weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
@@ -254,12 +249,9 @@ def load_source(
 
 
 def open_model(
-    ckpt: str | None,
-    init_from: str | None,
-    bpe_file: str | None,
-    device: str | torch.device,
+    ckpt: str | None, init_from: str | None, bpe_file: str | None, device: str | torch.device,
     tokenizer: str | None = None,
-) -> tuple[GPT, Tokenizer]:
+) -> tuple[GPT, Tokenizer]:  # fmt: skip
     if bool(ckpt) == bool(init_from):
         raise MiniGPTError(
             "set exactly one of ckpt=PATH (checkpoint or export directory) or init_from=gpt2|HF_DIR"

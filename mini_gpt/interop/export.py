@@ -49,11 +49,8 @@ def export_model(
     if fmt == "gguf":
         if out.is_dir():
             raise MiniGPTError(f"{out} is a directory; format=gguf writes one file: pass out=PATH/model.gguf")
-        for path in () if overwrite else (out, modelfile_path(out)):
-            if path.exists():
-                raise MiniGPTError(
-                    f"{path} already exists; choose another out=FILE.gguf or pass overwrite=true"
-                )
+        if not overwrite and (taken := next((p for p in (out, modelfile_path(out)) if p.exists()), None)):
+            raise MiniGPTError(f"{taken} already exists; choose another out=FILE.gguf or pass overwrite=true")
         write_gguf(model, tokenizer, out, outtype)
         with atomic_write(modelfile_path(out)) as fh:
             fh.write(modelfile_text(model, tokenizer, out.name))

@@ -41,8 +41,7 @@ _FEATURE = {  # how each option value is named in a refusal
 
 
 def gguf_architecture(config: GPTConfig) -> str:
-    name = find_architecture(config)
-    if name is not None:
+    if (name := find_architecture(config)) is not None:
         return ARCHITECTURES[name].llama_cpp
     features = " + ".join(_FEATURE[getattr(config, k)] for k in OPTIONS)
     raise MiniGPTError(
@@ -67,8 +66,7 @@ def gguf_vocab(tokenizer: Tokenizer, n_vocab: int) -> GGUFVocab:
     padded rows beyond the tokenizer, and gaps in the ranks, are unused tokens."""
     types = require_gguf().TokenType
     if isinstance(tokenizer, TiktokenTokenizer):
-        pre = PRE_TOKENIZERS.get(tokenizer.pat_str)
-        if pre is None:
+        if (pre := PRE_TOKENIZERS.get(tokenizer.pat_str)) is None:
             raise MiniGPTError(
                 f"tokenizer {tokenizer.name!r} splits text with a regex llama.cpp has no pre-tokenizer for "
                 f"({tokenizer.pat_str[:60]!r}...); llama.cpp knows those of GPT-2, cl100k_base and "
@@ -158,10 +156,7 @@ def _add_metadata(writer: Any, gguf: Any, model: GPT, arch: str, vocab: GGUFVoca
     writer.add_head_count(c.n_head)
     writer.add_head_count_kv(c.n_head)
     writer.add_vocab_size(c.vocab_size)
-    if arch == "llama":
-        writer.add_layer_norm_rms_eps(NORM_EPS)
-    else:
-        writer.add_layer_norm_eps(NORM_EPS)
+    (writer.add_layer_norm_rms_eps if arch == "llama" else writer.add_layer_norm_eps)(NORM_EPS)
     if c.pos_embedding == "rope":
         writer.add_rope_dimension_count(c.head_size)
         writer.add_rope_freq_base(ROPE_BASE)

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from mini_gpt.conf import checked_config
 from mini_gpt.errors import MiniGPTError
-from mini_gpt.interop.hf_tokenizer import load_hf_tokenizer, require_transformers, save_hf_tokenizer
+from mini_gpt.interop.hf_tokenizer import require_transformers, save_hf_tokenizer
 from mini_gpt.model.gpt import GPT, MLP, GPTConfig
 from mini_gpt.tokenizer import Tokenizer
 
@@ -42,8 +42,7 @@ class Architecture:
 _BLOCK = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
 ARCHITECTURES: dict[str, Architecture] = {  # keyed by transformers' model_type
     "gpt2": Architecture(
-        label="GPT-2",
-        llama_cpp="gpt2",
+        label="GPT-2", llama_cpp="gpt2",
         options=dict(norm=("layernorm",), pos_embedding=("learned",), mlp=("gelu", "gelu_exact")),
         top={name: name for name in ("transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head")},
         layer_prefix="transformer.h.{i}.",
@@ -51,41 +50,34 @@ ARCHITECTURES: dict[str, Architecture] = {  # keyed by transformers' model_type
         transposed=("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"),
     ),
     "gpt_neox": Architecture(
-        label="GPT-NeoX",
-        llama_cpp="gptneox",
+        label="GPT-NeoX", llama_cpp="gptneox",
         options=dict(norm=("layernorm",), pos_embedding=("rope",), mlp=("gelu", "gelu_exact")),
         top={
-            "transformer.wte": "gpt_neox.embed_in",
-            "transformer.ln_f": "gpt_neox.final_layer_norm",
+            "transformer.wte": "gpt_neox.embed_in", "transformer.ln_f": "gpt_neox.final_layer_norm",
             "lm_head": "lm_head",
         },
         layer_prefix="gpt_neox.layers.{i}.",
         layer={
-            "ln_1": "input_layernorm",
-            "attn.c_attn": "attention.query_key_value",
-            "attn.c_proj": "attention.dense",
-            "ln_2": "post_attention_layernorm",
-            "mlp.c_fc": "mlp.dense_h_to_4h",
-            "mlp.c_proj": "mlp.dense_4h_to_h",
+            "ln_1": "input_layernorm", "attn.c_attn": "attention.query_key_value",
+            "attn.c_proj": "attention.dense", "ln_2": "post_attention_layernorm",
+            "mlp.c_fc": "mlp.dense_h_to_4h", "mlp.c_proj": "mlp.dense_4h_to_h",
         },
         per_head_qkv=True,
     ),
     "llama": Architecture(
-        label="Llama",
-        llama_cpp="llama",
+        label="Llama", llama_cpp="llama",
         options=dict(norm=("rmsnorm",), pos_embedding=("rope",), mlp=("swiglu",)),
         top={"transformer.wte": "model.embed_tokens", "transformer.ln_f": "model.norm", "lm_head": "lm_head"},
         layer_prefix="model.layers.{i}.",
         layer={
             "ln_1": "input_layernorm",
             "attn.c_attn": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-            "attn.c_proj": "self_attn.o_proj",
-            "ln_2": "post_attention_layernorm",
+            "attn.c_proj": "self_attn.o_proj", "ln_2": "post_attention_layernorm",
             "mlp.c_fc": ("mlp.gate_proj", "mlp.up_proj"),  # our c_fc output is [gate; up]
             "mlp.c_proj": "mlp.down_proj",
         },
     ),
-}
+}  # fmt: skip
 
 
 def find_architecture(config: GPTConfig) -> str | None:
@@ -105,9 +97,8 @@ def hf_architecture(config: GPTConfig) -> str:
     fewest = min(len(c) for c in changes.values())
     fixes = " or ".join(
         " ".join(f"model.{k}={v}" for k, v in c.items()) + f" ({label})"
-        for label, c in changes.items()
-        if len(c) == fewest
-    )
+        for label, c in changes.items() if len(c) == fewest
+    )  # fmt: skip
     described = ", ".join(f"{k}={getattr(config, k)}" for k in OPTIONS)
     raise MiniGPTError(
         f"no transformers architecture has {described}: train with {fixes} to export format=hf, "
@@ -202,9 +193,8 @@ def to_hf(model: GPT) -> Any:
 
 
 def gpt_to_hf(model: GPT) -> Any:
-    gpt2 = ARCHITECTURES["gpt2"]
-    fix = " ".join(f"model.{k}={v[0]}" for k, v in gpt2.options.items() if getattr(model.config, k) not in v)
-    if fix:
+    options = ARCHITECTURES["gpt2"].options
+    if fix := " ".join(f"model.{k}={v[0]}" for k, v in options.items() if getattr(model.config, k) not in v):
         raise MiniGPTError(f"this model cannot be expressed as GPT-2; that needs {fix}")
     return to_hf(model)
 
@@ -236,8 +226,7 @@ def check_hub_available(name: str) -> None:
     # Here, not at the top: `mini_gpt.data` brings the data pipeline, and only this check needs it.
     from mini_gpt.data.sources import hub_offline_reason
 
-    reason = hub_offline_reason(("HF_HUB_OFFLINE",))
-    if reason is None:
+    if (reason := hub_offline_reason(("HF_HUB_OFFLINE",))) is None:
         return
     raise MiniGPTError(
         f"init_from={name}: the weights are not cached and {reason}; download them where there is "
@@ -255,17 +244,13 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
     eps_key = {"gpt2": "layer_norm_epsilon", "gpt_neox": "layer_norm_eps", "llama": "rms_norm_eps"}[kind]
     act, eps = getattr(hf_config, act_key), getattr(hf_config, eps_key)
     shape = dict(
-        vocab_size=hf_config.vocab_size,
-        block_size=hf_config.max_position_embeddings,
-        n_layer=hf_config.num_hidden_layers,
-        n_head=hf_config.num_attention_heads,
-        n_embd=hf_config.hidden_size,
-        bias=gpt2 or bool(hf_config.attention_bias),
+        vocab_size=hf_config.vocab_size, block_size=hf_config.max_position_embeddings,
+        n_layer=hf_config.num_hidden_layers, n_head=hf_config.num_attention_heads,
+        n_embd=hf_config.hidden_size, bias=gpt2 or bool(hf_config.attention_bias),
         tie_weights=bool(getattr(hf_config, "tie_word_embeddings", True)),
-        norm=arch.options["norm"][0],
-        pos_embedding=arch.options["pos_embedding"][0],
+        norm=arch.options["norm"][0], pos_embedding=arch.options["pos_embedding"][0],
         mlp="swiglu" if kind == "llama" else MLP_OF_ACTIVATION.get(act, "gelu"),
-    )
+    )  # fmt: skip
     config = checked_config(GPTConfig, shape, f"{arch.label} config")
     checks = [
         (act in (("silu",) if kind == "llama" else MLP_OF_ACTIVATION), f"{act_key}={act!r}"),
@@ -307,8 +292,7 @@ def gpt_from_hf(source: Any) -> GPT:
     arch = ARCHITECTURES[hf_model.config.model_type]
     theirs = hf_model.state_dict()
     model = GPT(config)
-    missing = _copy_into(model.state_dict(), _convert(arch, theirs, config, to_hf=False), "ours")
-    if missing:
+    if missing := _copy_into(model.state_dict(), _convert(arch, theirs, config, to_hf=False), "ours"):
         raise MiniGPTError(f"{arch.label} checkpoint has no weight for {missing[0]!r}")
     used = set(_convert(arch, model.state_dict(), config, to_hf=True))
     for key, tensor in theirs.items():  # with bias=false, their biases must be zero to be dropped
@@ -328,8 +312,3 @@ def write_hf(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
         cfg.bos_token_id = cfg.eos_token_id = tokenizer.eot_id
     hf_model.save_pretrained(str(directory), safe_serialization=True)
     save_hf_tokenizer(tokenizer, directory, model.config.block_size)
-
-
-def load_hf_dir(directory: Path) -> tuple[GPT, Tokenizer]:
-    tokenizer = load_hf_tokenizer(directory)  # first: a directory without one fails before the weights load
-    return gpt_from_hf(directory), tokenizer

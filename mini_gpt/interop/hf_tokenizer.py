@@ -45,8 +45,7 @@ def byte_level_bpe(tokenizer: TiktokenTokenizer) -> tuple[dict[str, int], list[t
     ranks, merges = tokenizer.ranks, []
     for tok in sorted(ranks, key=ranks.__getitem__):
         if len(tok) > 1:
-            parts = merge_parts(tok, ranks)
-            if parts is None:
+            if (parts := merge_parts(tok, ranks)) is None:
                 raise MiniGPTError(
                     f"tokenizer {tokenizer.name!r}: token {tok!r} is not one BPE merge of earlier tokens, "
                     "so it cannot be rebuilt outside mini-gpt; export with format=safetensors"
@@ -60,13 +59,9 @@ def gpt2_tokenizer_files(tokenizer: TiktokenTokenizer, model_max_length: int) ->
     vocab.update(tokenizer.special_tokens)
     eot = "<|endoftext|>" if "<|endoftext|>" in tokenizer.special_tokens else None
     config = {
-        "tokenizer_class": "GPT2Tokenizer",
-        "model_max_length": model_max_length,
-        "add_prefix_space": False,
-        "bos_token": eot,
-        "eos_token": eot,
-        "unk_token": eot,
-    }
+        "tokenizer_class": "GPT2Tokenizer", "model_max_length": model_max_length, "add_prefix_space": False,
+        "bos_token": eot, "eos_token": eot, "unk_token": eot,
+    }  # fmt: skip
     return {
         "vocab.json": json.dumps(vocab, ensure_ascii=False),
         "merges.txt": "#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges) + "\n",

@@ -37,19 +37,15 @@ def _peft() -> Any:
 
 def _peft_config(spec: LoraSpec) -> Any:
     return _peft().LoraConfig(
-        r=spec.rank,
-        lora_alpha=spec.alpha,
-        lora_dropout=spec.dropout,
+        r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, bias="none",
         target_modules=list(spec.target_modules),
-        bias="none",
-    )
+    )  # fmt: skip
 
 
 def add_lora(model: GPT, spec: LoraSpec) -> GPT:
     """Inject adapters into `model` in place (everything else frozen)."""
     names = {name for name, _ in model.named_modules()}
-    unknown = sorted(set(spec.target_modules) - names)
-    if unknown:
+    if unknown := sorted(set(spec.target_modules) - names):
         raise MiniGPTError(f"LoRA target module(s) {unknown[:3]} do not exist in this model")
     return _peft().inject_adapter_in_model(_peft_config(spec), model)
 

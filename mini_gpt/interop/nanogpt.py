@@ -56,8 +56,7 @@ def nanogpt_parts(
     path: Path, ckpt: dict[str, Any], tokenizer_file: str | None = None
 ) -> tuple[GPTConfig, dict[str, torch.Tensor], Tokenizer]:
     model_args = ckpt["model_args"]
-    missing = [k for k in MODEL_ARGS if k not in model_args]
-    if missing:
+    if missing := [k for k in MODEL_ARGS if k not in model_args]:
         raise MiniGPTError(
             f"{path}: nanoGPT model_args lack {', '.join(missing)}; is this a nanoGPT ckpt.pt?"
         )
