@@ -153,10 +153,9 @@ def config_error(err: BaseException, config_name: str, schema: Any = None, prefi
         options = group_options(group)
         why = f"{group}={option}: there is no conf/{group}/{option}.yaml; the options are {options}"
     elif isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
-        key = str(cause.full_key)
+        key, node = str(cause.full_key), cause.parent_node
         parent = key.rpartition(".")[0]
-        node = cause.parent_node if isinstance(cause.parent_node, DictConfig) else None
-        keys = ", ".join(str(k) for k in node if k != "hydra") if node is not None else ""
+        keys = ", ".join(str(k) for k in node if k != "hydra") if isinstance(node, DictConfig) else ""
         where = f" of {parent}" if parent else ""
         why = f"unknown key {key!r}" + (f"; the keys{where} are {keys}" if keys else "")
     elif isinstance(cause, ValidationError) and cause.full_key:
@@ -207,11 +206,8 @@ def typed_config(cfg: Any, config_name: str) -> Any:
 
 
 def command(config_name: str) -> str:
-    if config_name == "train":
-        return "python train.py"
-    if config_name.startswith("tokenizer_"):  # one verb, two configs: tokenizer train|eval
-        return f"mini-gpt {config_name.replace('_', ' ')}"
-    return f"mini-gpt {config_name.replace('_', '-')}"
+    sep = " " if config_name.startswith("tokenizer_") else "-"  # one verb, two configs: tokenizer train|eval
+    return "python train.py" if config_name == "train" else f"mini-gpt {config_name.replace('_', sep)}"
 
 
 def field_comments(cls: type) -> dict[str, str]:
@@ -245,8 +241,7 @@ def tool_help(config_name: str) -> str:
 
     cfg = compose((), config_name)
     walk(cfg, OmegaConf.to_container(cfg, resolve=False), "")  # type: ignore[arg-type]
-    groups = config_groups(config_name)
-    if groups:
+    if groups := config_groups(config_name):
         lines += ["", "Options of each group (conf/<group>/<option>.yaml), picked with group=option:"]
         lines += [f"  {group}: {group_options(group)}" for group in groups]
     if config_name == "train":  # the one Hydra app (hydra.main): Hydra's flags work

@@ -106,8 +106,7 @@ class EvaluateConfig(ModelSource):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        unknown = [t for t in self.tasks if t not in TASKS]
-        if unknown:
+        if unknown := [t for t in self.tasks if t not in TASKS]:
             raise MiniGPTError(
                 f"unknown task(s) {unknown} in tasks=; choose from {list(TASKS)} "
                 "(lm-evaluation-harness tasks go in harness_tasks=[...])"
@@ -192,9 +191,6 @@ class PatchingConfig:
     wrong: str | None = None  # one token: the corrupted prompt's next token
 
 
-ABLATIONS = ("zero", "mean", "both")
-
-
 @dataclass
 class InspectConfig(ModelSource):
     """Each analysis runs when its key is given; several may be given at once."""
@@ -215,7 +211,7 @@ class InspectConfig(ModelSource):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.ablation is not None:
-            one_of(ABLATIONS, ablation=self.ablation)
+            one_of(("zero", "mean", "both"), ablation=self.ablation)
         at_least(1, top_k=self.top_k, sequences=self.sequences, windows=self.windows, dpi=self.dpi)
         at_least(2, half=self.half)
 

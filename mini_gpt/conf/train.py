@@ -8,7 +8,6 @@ from typing import Any
 from mini_gpt.errors import MiniGPTError, at_least, one_of, threads_setting
 from mini_gpt.model.gpt import GPTConfig
 
-SCHEDULES = ("cosine", "linear", "constant")
 LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
 
 
@@ -36,7 +35,7 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         one_of(("adamw", "muon"), **{"optim.name": self.name})
-        one_of(SCHEDULES, **{"optim.schedule": self.schedule})
+        one_of(("cosine", "linear", "constant"), **{"optim.schedule": self.schedule})
         one_of(("auto", "bfloat16", "float32"), **{"optim.muon_ns_dtype": self.muon_ns_dtype})
         for key in ("lr", "muon_lr"):
             if not getattr(self, key) > 0:

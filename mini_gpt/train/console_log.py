@@ -35,8 +35,7 @@ class Screen:
         for match in _TOKEN.finditer(text):
             token = match.group(0)
             if token == "\n":
-                self.row += 1
-                self.col = 0
+                self.row, self.col = self.row + 1, 0
                 if self.row == len(self.lines):
                     self.lines.append("")
             elif token == "\r":
@@ -47,7 +46,11 @@ class Screen:
                 line = self.lines[self.row].ljust(self.col)
                 self.lines[self.row] = line[: self.col] + token + line[self.col + len(token) :]
                 self.col += len(token)
-        self._scroll()
+        if (gone := self.row - self.keep) > 0:  # lines scrolled out of a live display's reach
+            self.out.write("".join(line.rstrip() + "\n" for line in self.lines[:gone]))
+            del self.lines[:gone]
+            self.row -= gone
+            self.out.flush()
 
     def _escape(self, params: str | None, final: str | None) -> None:
         line = self.lines[self.row]
@@ -60,19 +63,9 @@ class Screen:
         elif final == "K":  # erase to the end
             self.lines[self.row] = line[: self.col]
 
-    def _scroll(self) -> None:
-        gone = self.row - self.keep
-        if gone > 0:
-            self.out.write("".join(line.rstrip() + "\n" for line in self.lines[:gone]))
-            del self.lines[:gone]
-            self.row -= gone
-            self.out.flush()
-
     def close(self) -> None:
-        lines = [line.rstrip() for line in self.lines]
-        while lines and not lines[-1]:
-            lines.pop()
-        self.out.write("".join(line + "\n" for line in lines))
+        text = "\n".join(line.rstrip() for line in self.lines).rstrip("\n")  # trailing blank lines dropped
+        self.out.write(text + "\n" if text else "")
         self.out.flush()
         self.lines, self.row, self.col = [""], 0, 0
 
@@ -85,10 +78,7 @@ class _Tee:
         self._screen.write(text)
         return self._console.write(text)
 
-    def flush(self) -> None:
-        self._console.flush()
-
-    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ...: the console's
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding, ...: the console's
         return getattr(self._console, name)
 
 

@@ -21,10 +21,7 @@ def _counts(**values: Any) -> None:
 
 
 def _env_rank(keys: Sequence[str]) -> int:
-    for key in keys:
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
-    return 0
+    return next((int(os.environ[key]) for key in keys if os.environ.get(key, "").isdigit()), 0)
 
 
 def launcher_rank() -> int:
@@ -37,13 +34,8 @@ def local_rank() -> int:
 
 
 # What a collective raises on a surviving rank when a peer process died (gloo, NCCL, the TCP store).
-_PEER_GONE = (
-    "connection reset by peer",
-    "connection closed by peer",
-    "broken pipe",
-    "nccl",
-    "socket timeout",
-)
+_PEER_GONE = ("connection reset by peer", "connection closed by peer", "broken pipe", "nccl",
+              "socket timeout")  # fmt: skip
 
 
 def dead_ranks(trainer: Any, err: BaseException) -> str | None:
@@ -135,15 +127,12 @@ def refuse_multirun_devices(world_size: int, external: bool, devices: Any) -> No
         )
 
 
-# Lightning 2.6 (pinned in .ci/constraints.txt) starts ranks 1..N-1 of `trainer=ddp` with this launcher, by
-# running the process's command again: `python <argv[0]> <argv[1:]>`, or `python -m <__main__'s module> ...`.
-RERUNS_THE_COMMAND = "_SubprocessScriptLauncher"
-
-
 def check_relaunch(launcher: Any) -> None:
     """One line instead of Lightning's `can't open file '.../mini-gpt train'` in every other rank: the
     `mini-gpt` command and `python -m mini_gpt.cli` have no command line a rank could run again."""
-    if type(launcher).__name__ != RERUNS_THE_COMMAND:
+    # Lightning 2.6 starts ranks 1..N-1 of `trainer=ddp` with this launcher, by running the process's command
+    # again: `python <argv[0]> <argv[1:]>`, or `python -m <__main__'s module> ...`.
+    if type(launcher).__name__ != "_SubprocessScriptLauncher":
         return
     import __main__
 
@@ -184,13 +173,10 @@ def accumulation_for(global_batch_tokens: int, micro_batch: int, block_size: int
 
 
 def fsdp_strategy(
-    wrap: Sequence[str] = ("mini_gpt.model.gpt.Block",),
-    activation_checkpointing: bool = False,
-    sharding_strategy: str = "FULL_SHARD",
-    cpu_offload: bool = False,
-    state_dict_type: str = "full",
+    wrap: Sequence[str] = ("mini_gpt.model.gpt.Block",), activation_checkpointing: bool = False,
+    sharding_strategy: str = "FULL_SHARD", cpu_offload: bool = False, state_dict_type: str = "full",
     **kwargs: Any,
-) -> Any:
+) -> Any:  # fmt: skip
     """Lightning's FSDPStrategy with each module of a `wrap` class one FSDP unit."""
     from lightning.pytorch.strategies import FSDPStrategy  # here: this module is imported before Lightning
 
@@ -205,11 +191,8 @@ def fsdp_strategy(
         raise MiniGPTError(
             "trainer.strategy.wrap is empty; list at least one module class (mini_gpt.model.gpt.Block)"
         )
+    checkpointed = set(classes) if activation_checkpointing else None
     return FSDPStrategy(
-        auto_wrap_policy=classes,
-        activation_checkpointing_policy=set(classes) if activation_checkpointing else None,
-        sharding_strategy=sharding_strategy,
-        cpu_offload=cpu_offload,
-        state_dict_type=state_dict_type,
-        **kwargs,
-    )
+        auto_wrap_policy=classes, activation_checkpointing_policy=checkpointed, cpu_offload=cpu_offload,
+        sharding_strategy=sharding_strategy, state_dict_type=state_dict_type, **kwargs,
+    )  # fmt: skip

@@ -114,10 +114,8 @@ def prepare_model(model: GPT, cfg: FinetuneConfig) -> GPT:
 
 
 def finetune_meta(init_from: str, config: GPTConfig, cfg: FinetuneConfig) -> dict[str, Any]:
-    meta: dict[str, Any] = {"init_from": str(init_from), "config": cfg.to_dict()}
-    if cfg.method == "lora":
-        meta["lora"] = _lora_spec(config, cfg).to_dict()
-    return meta
+    lora = {"lora": _lora_spec(config, cfg).to_dict()} if cfg.method == "lora" else {}
+    return {"init_from": str(init_from), "config": cfg.to_dict(), **lora}
 
 
 @dataclass
@@ -134,7 +132,6 @@ class FinetunePlan:
     def build(self, data_tokenizer: Tokenizer) -> GPT:
         if self.source is None:  # resuming: weights come from the checkpoint
             return prepare_model(GPT(self.config), self.finetune)
-        assert self.tokenizer is not None
         check_tokenizer(self.tokenizer, data_tokenizer, self.record["init_from"])
         model = prepare_model(build_model(self.source, self.config), self.finetune)
         self.source = None  # the pretrained copy is no longer needed
@@ -142,19 +139,15 @@ class FinetunePlan:
 
 
 def plan_finetune(
-    init_from: str | None,
-    cfg: FinetuneConfig,
-    requested: Mapping[str, Any],
-    resume: Resume | None = None,
+    init_from: str | None, cfg: FinetuneConfig, requested: Mapping[str, Any], resume: Resume | None = None,
     bpe_file: str | Path | None = None,
-) -> FinetunePlan | None:
+) -> FinetunePlan | None:  # fmt: skip
     """The plan from `init_from` or a resumed fine-tuning checkpoint; None for a run from scratch."""
     if init_from:
         source, tokenizer = load_source(str(init_from), bpe_file)
         config = finetune_model_config(source.config, requested, str(init_from))
         return FinetunePlan(config, finetune_meta(str(init_from), config, cfg), cfg, source, tokenizer)
-    record = resume.meta.get("finetune") if resume else None
-    if resume and isinstance(record, dict):
+    if resume and isinstance(record := resume.meta.get("finetune"), dict):
         recorded = checked_config(FinetuneConfig, record["config"], "finetune")
         if recorded != cfg:
             theirs, ours = recorded.to_dict(), cfg.to_dict()

@@ -71,17 +71,11 @@ def build_loggers(logger_cfgs: Mapping[str, Any], trial: tuple[str, int] | None)
                 lcfg["name"] = f"trial-{trial[1]}"
             Path(lcfg["save_dir"]).mkdir(parents=True, exist_ok=True)
         logger = instantiate(lcfg, _convert_="all")
-        if isinstance(logger, WandbLogger):
-            _drop_anonymous(logger)
+        # A WandbLogger private (Lightning 2.6.6): it always passes `anonymous`, which wandb >= 0.19 warns of.
+        if isinstance(logger, WandbLogger) and isinstance(getattr(logger, "_wandb_init", None), dict):
+            logger._wandb_init.pop("anonymous", None)
         loggers.append(logger)
     return loggers, log_model
-
-
-def _drop_anonymous(logger: WandbLogger) -> None:
-    """A WandbLogger private (Lightning 2.6.6): it always passes `anonymous`, which wandb >= 0.19 warns of."""
-    init_args = getattr(logger, "_wandb_init", None)
-    if isinstance(init_args, dict):
-        init_args.pop("anonymous", None)
 
 
 def finish_wandb(loggers: list[Any], log_model: bool, ckpt_path: str | None, announce: bool = True) -> None:

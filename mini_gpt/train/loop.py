@@ -1,17 +1,7 @@
 """One plain training loop, nanoGPT's train.py in shape: batch, forward, backward, clip, step, schedule, log.
-
-It takes the step the Lightning run takes (`train(cfg)`: a Trainer over `GPTLitModule`), one line each:
-
-- `_, loss = model(x, y)`: `GPTLitModule.training_step`, the mean next-token cross-entropy;
-- `loss / accumulate`, `backward()`: Lightning's automatic optimization (`accumulate_grad_batches`);
-- `clip_grad_norm_`: Lightning's `gradient_clip_val` (clipping by the total norm of all gradients);
-- the optimizer and the lr schedule, stepped once per optimizer step: `GPTLitModule.configure_optimizers`
-  (`build_optimizer` and `build_scheduler` of `train/optim.py`);
-- `zero_grad` after the step: Lightning zeroes before a step's first micro-batch, the same thing.
-
-In float32 on one device its losses are Lightning's (tests/integration/test_train_loop.py). `amp_dtype`
-adds the autocast (and float16's gradient scaler) of Lightning's bf16-mixed and 16-mixed, for benchmarks.
-"""
+It takes the Lightning run's step line for line (docs/architecture.md, "The step, two ways"): in float32 on
+one device its losses are Lightning's (tests/integration/test_train_loop.py). `amp_dtype` adds the autocast
+(and float16's gradient scaler) of Lightning's bf16-mixed and 16-mixed, for benchmarks."""
 
 from __future__ import annotations
 
@@ -26,14 +16,10 @@ from mini_gpt.train.optim import build_optimizer, build_scheduler
 
 
 def train_steps(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
-    batches: Iterator[tuple[Tensor, Tensor]],
-    grad_clip: float | None = 1.0,
-    accumulate: int = 1,
-    amp_dtype: torch.dtype | None = None,
-) -> Iterator[Tensor]:
+    model: nn.Module, optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None, batches: Iterator[tuple[Tensor, Tensor]],
+    grad_clip: float | None = 1.0, accumulate: int = 1, amp_dtype: torch.dtype | None = None,
+) -> Iterator[Tensor]:  # fmt: skip
     """Optimizer steps, one per `next()`, for as long as `batches` lasts. Each yields its loss (the mean
     over its `accumulate` micro-batches) still on the device: the loop syncs only when the caller reads it.
     `scheduler` None keeps the lr."""
@@ -63,7 +49,7 @@ def train_steps(
         scaler.update()
         if scheduler is not None:
             scheduler.step()  # the lr of the next step
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)  # Lightning zeroes before a step's first micro-batch: the same
         yield step_loss
 
 
@@ -72,15 +58,10 @@ def print_step(step: int, loss: float) -> None:
 
 
 def train_loop(
-    model: nn.Module,
-    optim_config: OptimConfig,
-    batches: Iterable[tuple[Tensor, Tensor]],
-    max_steps: int,
-    grad_clip: float | None = 1.0,
-    accumulate: int = 1,
-    log_every: int = 1,
+    model: nn.Module, optim_config: OptimConfig, batches: Iterable[tuple[Tensor, Tensor]], max_steps: int,
+    grad_clip: float | None = 1.0, accumulate: int = 1, log_every: int = 1,
     on_log: Callable[[int, float], None] | None = print_step,
-) -> list[float]:
+) -> list[float]:  # fmt: skip
     """Trains `model` (on its device, float32) for `max_steps` optimizer steps of `accumulate` batches
     each, with the run's optimizer and lr schedule; calls `on_log(step, loss)` every `log_every` steps
     and at the last. Returns every step's loss."""

@@ -1,12 +1,11 @@
 """The LightningModule: next-token cross-entropy on `self.model` (checkpoint keys `model.<...>`).
-`training_step` is the loss and `self.log`; the other hooks add what a run needs around it (the lr and
-gradient norm at log steps, validation's exact mean, what a checkpoint holds). Nothing here reads the
-device on a step that does not log: Lightning reads the logged values at log steps."""
+`training_step` is the loss and `self.log`; the other hooks add the lr and gradient norm at log steps,
+validation's exact mean and what a checkpoint holds. Nothing reads the device on a step that does not log."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
+from dataclasses import asdict
 from typing import Any
 
 import lightning as L
@@ -33,18 +32,11 @@ def is_log_step(trainer: L.Trainer, step: int) -> bool:
 
 class GPTLitModule(L.LightningModule):
     def __init__(
-        self,
-        model_config: GPTConfig,
-        optim: OptimConfig,
-        tokenizer: Any = None,
-        max_steps: int | None = None,
-        compile: bool = False,
-        model: GPT | None = None,
-        finetune: dict[str, Any] | None = None,
-        tokens_per_step: int = 0,
-        run_config: dict[str, Any] | None = None,
-        run_overrides: list[str] | None = None,
-    ) -> None:
+        self, model_config: GPTConfig, optim: OptimConfig, tokenizer: Any = None,
+        max_steps: int | None = None, compile: bool = False, model: GPT | None = None,
+        finetune: dict[str, Any] | None = None, tokens_per_step: int = 0,
+        run_config: dict[str, Any] | None = None, run_overrides: list[str] | None = None,
+    ) -> None:  # fmt: skip
         """`model`, `finetune`: from train.finetune. `tokens_per_step`: all devices (0 = unknown)."""
         super().__init__()
         self.model_config = model_config
@@ -59,8 +51,7 @@ class GPTLitModule(L.LightningModule):
         self.run_config = run_config
         self.run_overrides = run_overrides
         self._prebuilt_optimizer: torch.optim.Optimizer | None = None  # FSDP: see setup()
-        self._val_sum: Tensor | None = None
-        self._val_count: Tensor | None = None
+        self._val: Tensor | None = None  # validation's (loss x tokens, tokens) sums
         self._resume_rng: dict[str, Tensor] | None = None  # applied at the first batch after a resume
 
     @property
@@ -97,11 +88,9 @@ class GPTLitModule(L.LightningModule):
             self.log("grad_norm", torch.nn.utils.get_total_norm(grads).double())  # before clipping
 
     def configure_gradient_clipping(
-        self,
-        optimizer: torch.optim.Optimizer,
-        gradient_clip_val: float | None = None,
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         strategy = self.trainer.strategy
         if isinstance(strategy, FSDPStrategy) and gradient_clip_val and gradient_clip_algorithm != "value":
             # Lightning refuses norm clipping under FSDP; the root FSDP module clips over all shards.
@@ -111,9 +100,8 @@ class GPTLitModule(L.LightningModule):
             return
         plugin = self.trainer.precision_plugin
         if gradient_clip_val and isinstance(plugin, MixedPrecision) and optimizer.defaults.get("fused"):
-            # Lightning refuses to clip a fused optimizer's gradients under mixed precision (it would have
-            # to unscale fp16 ones): bf16 has no scale and fp16's is undone here, so fused AdamW (the
-            # GPU's fast one, built for CUDA parameters) still clips.
+            # Lightning refuses to clip a fused optimizer's gradients under mixed precision (fp16's need
+            # unscaling): bf16 has no scale and fp16's is undone here, so fused AdamW (the GPU's) clips.
             if plugin.scaler is not None:
                 plugin.scaler.unscale_(optimizer)
             params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -129,19 +117,16 @@ class GPTLitModule(L.LightningModule):
             self.trainer.should_stop = True  # it, even when max_steps is not a multiple of the interval
 
     def on_validation_epoch_start(self) -> None:
-        self._val_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        self._val_count = torch.zeros((), device=self.device, dtype=torch.float64)
+        self._val = torch.zeros(2, device=self.device, dtype=torch.float64)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
         _logits, loss = self.net(x, y)
-        self._val_sum += loss.double() * y.numel()  # the windows' token mean, weighted: one mean at the end
-        self._val_count += y.numel()
+        self._val[0] += loss.double() * y.numel()  # the windows' token mean, weighted: one mean at the end
+        self._val[1] += y.numel()
 
     def on_validation_epoch_end(self) -> None:
-        assert self._val_sum is not None and self._val_count is not None
-        total = self.trainer.strategy.reduce(self._val_sum, reduce_op="sum")
-        count = self.trainer.strategy.reduce(self._val_count, reduce_op="sum")
+        total, count = self.trainer.strategy.reduce(self._val, reduce_op="sum")
         val_loss = (total / count.clamp(min=1)).item()  # mean over every token of every window (all ranks)
         if self.trainer.sanity_checking:
             return
@@ -163,18 +148,13 @@ class GPTLitModule(L.LightningModule):
         max_steps = self.max_steps if self.max_steps is not None else self.trainer.max_steps
         optimizer = self._prebuilt_optimizer or build_optimizer(self.model, self.optim_config)
         scheduler = build_scheduler(optimizer, self.optim_config, max_steps or -1)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
-        }
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        optim = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.optim_config).items()}
         checkpoint["mini_gpt"] = {
             **metadata(self.model, self.tokenizer),  # what mini_gpt.interop.checkpoint.load_model reads
-            "optim_config": {
-                k: list(v) if isinstance(v, tuple) else v
-                for k, v in dataclasses.asdict(self.optim_config).items()
-            },
+            "optim_config": optim,
             "tokens": self.global_step * self.tokens_per_step if self.tokens_per_step else None,
         }
         if self.run_config is not None:

@@ -15,6 +15,9 @@ from mini_gpt.conf.train import OptimConfig
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.train.muon import Muon
 
+# Muon's keyword arguments, each set by OptimConfig's `muon_<key>`
+MUON_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "ns_steps", "adjust_lr_fn", "ns_dtype")
+
 
 def lr_at(
     step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int, schedule: str = "cosine"
@@ -27,10 +30,7 @@ def lr_at(
     if step >= decay_steps:
         return min_lr
     progress = (step - warmup_steps) / max(1, decay_steps - warmup_steps)  # 0 -> 1
-    if schedule == "cosine":
-        coeff = 0.5 * (1.0 + math.cos(math.pi * progress))  # 1 -> 0
-    else:  # linear
-        coeff = 1.0 - progress
+    coeff = 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress  # 1 -> 0
     return min_lr + coeff * (lr - min_lr)
 
 
@@ -121,21 +121,9 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
         return _adamw(adam_groups, cfg, device_type)
     optimizers = [_adamw(adam_groups, cfg, device_type)] if adam_groups else []
     if named["muon"]:
-        optimizers.append(_muon(named["muon"], cfg))
+        muon_args = {key: getattr(cfg, f"muon_{key}") for key in MUON_KEYS}
+        optimizers.append(Muon([{"params": [p for _, p in named["muon"]], "group": "muon"}], **muon_args))
     return CombinedOptimizer(optimizers)
-
-
-def _muon(named: list[tuple[str, nn.Parameter]], cfg: OptimConfig) -> Muon:
-    return Muon(
-        [{"params": [p for _, p in named], "group": "muon"}],
-        ns_dtype=cfg.muon_ns_dtype,
-        lr=cfg.muon_lr,
-        weight_decay=cfg.muon_weight_decay,
-        momentum=cfg.muon_momentum,
-        nesterov=cfg.muon_nesterov,
-        ns_steps=cfg.muon_ns_steps,
-        adjust_lr_fn=cfg.muon_adjust_lr_fn,
-    )
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> Any:

@@ -39,8 +39,7 @@ def device_type(accelerator: object) -> str:
     if name in ("gpu", "cuda") or (name == "auto" and torch.cuda.is_available()):
         return "cuda"
     if name == "auto":
-        mps = getattr(torch.backends, "mps", None)
-        return "other" if mps is not None and mps.is_available() else "cpu"
+        return "other" if torch.backends.mps.is_available() else "cpu"
     return "cpu" if name == "cpu" else "other"
 
 
@@ -77,7 +76,6 @@ def choose_precision(
     if not native:
         return PrecisionChoice("32-true", "this CPU has no native bfloat16 (AVX512-BF16 or AMX)")
     if n_embd < CPU_BF16_MIN_WIDTH:
-        return PrecisionChoice(
-            "32-true", f"n_embd={n_embd} < {CPU_BF16_MIN_WIDTH}: too narrow for bfloat16 to pay on a CPU"
-        )
+        why = f"n_embd={n_embd} < {CPU_BF16_MIN_WIDTH}: too narrow for bfloat16 to pay on a CPU"
+        return PrecisionChoice("32-true", why)
     return PrecisionChoice("bf16-mixed", f"this CPU has native bfloat16 and n_embd={n_embd}")

@@ -64,13 +64,10 @@ def read_resume(value: str | None, init_from: str | None = None) -> Resume | Non
     if not isinstance(saved, dict) and path.parent.name == "checkpoints" and beside.is_file():
         saved, source = OmegaConf.to_container(OmegaConf.load(beside), resolve=False), str(beside)
     return Resume(
-        path=path,
-        step=int(ckpt.get("global_step", 0)),
+        path=path, step=int(ckpt.get("global_step", 0)), run_overrides=ckpt.get("run_overrides"),
         meta=meta if isinstance(meta := ckpt.get("mini_gpt"), dict) else {},
-        run_config=saved if isinstance(saved, dict) else None,
-        run_overrides=ckpt.get("run_overrides"),
-        config_source=source,
-    )
+        run_config=saved if isinstance(saved, dict) else None, config_source=source,
+    )  # fmt: skip
 
 
 def _compose_run(
@@ -93,11 +90,8 @@ def _keys(overrides: Sequence[str]) -> list[str]:
 
 def _without(overrides: Sequence[str], keys: Sequence[str] = ()) -> list[str]:
     """`overrides` less the hydra.* ones and those that set one of `keys`."""
-    return [
-        o
-        for o, key in zip(overrides, _keys(overrides))
-        if not (key == "hydra" or key.startswith(("hydra.", "hydra/")) or key in keys)
-    ]
+    pairs = zip(overrides, _keys(overrides))  # hydra's own: hydra, hydra.run.dir, hydra/launcher
+    return [o for o, key in pairs if key.split(".")[0].split("/")[0] != "hydra" and key not in keys]
 
 
 def run_overrides(cfg: DictConfig, resume: Resume | None) -> list[str] | None:
@@ -115,13 +109,10 @@ def explicit_model_keys(cfg: DictConfig) -> dict[str, Any]:
     model config is chosen (`model=NAME`, an experiment), else those named or differing from the default."""
     if not HydraConfig.initialized() or not cfg.get("init_from"):
         return {}
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    assert isinstance(model, dict)
-    default = _compose_run((), hydra_node=True)
-    if HydraConfig.get().runtime.choices.get("model") != default.hydra.runtime.choices.get("model"):
-        return model
-    keys = set(_keys(HydraConfig.get().overrides.task))
-    if "model" in keys:
+    model: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[assignment]
+    default, job = _compose_run((), hydra_node=True), HydraConfig.get()
+    keys = set(_keys(job.overrides.task))
+    if "model" in keys or job.runtime.choices.get("model") != default.hydra.runtime.choices.get("model"):
         return model
     return {k: v for k, v in model.items() if f"model.{k}" in keys or v != default.model.get(k, _MISSING)}
 
@@ -137,16 +128,15 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 def _config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """`key: old -> new` per differing leaf; a key added since the run with a null value is no change."""
     old, new = dict(_leaves(before)), dict(_leaves(after))
+    pairs = {key: (old.get(key, _MISSING), new.get(key, _MISSING)) for key in {**old, **new}}
 
     def show(value: Any) -> str:
         return "(unset)" if value is _MISSING else repr(value) if isinstance(value, str) else str(value)
 
     return [
-        f"{key}: {show(old.get(key, _MISSING))} -> {show(new.get(key, _MISSING))}"
-        for key in [*old, *(k for k in new if k not in old)]
-        if key not in _NEVER_RESTORED
-        and old.get(key, _MISSING) != new.get(key, _MISSING)
-        and (key in old or new[key] is not None)
+        f"{key}: {show(a)} -> {show(b)}"
+        for key, (a, b) in pairs.items()
+        if key not in _NEVER_RESTORED and a != b and (a is not _MISSING or b is not None)
     ]
 
 
@@ -156,11 +146,8 @@ def steps_beat_budget(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     if keys[-1:] != ["trainer.max_steps"] or cfg.trainer.get("max_flops") is None:
         return cfg
     if launcher_rank() == 0:
-        print(
-            f"trainer.max_steps={cfg.trainer.max_steps} given: it replaces trainer.max_flops="
-            f"{cfg.trainer.max_flops:.3g} (the budget, now null)",
-            flush=True,
-        )
+        print(f"trainer.max_steps={cfg.trainer.max_steps} given: it replaces trainer.max_flops="
+              f"{cfg.trainer.max_flops:.3g} (the budget, now null)", flush=True)  # fmt: skip
     cfg = copy.deepcopy(cfg)
     OmegaConf.update(cfg, "trainer.max_flops", None, merge=False)
     return cfg
@@ -206,8 +193,7 @@ def resumed_config(
                 f"resuming {resume.path}: it carries no run config; training with the command line's config"
             )
         return steps_beat_budget(cfg, new)
-    now = OmegaConf.to_container(cfg, resolve=False)
-    assert isinstance(now, dict)
+    now: dict[str, Any] = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
     for key in _NEVER_RESTORED:  # this process's, whatever the saved run had
         section, _, leaf = key.rpartition(".")
         OmegaConf.update(restored, key, (now.get(section, {}) if section else now).get(leaf), merge=False)

@@ -1,7 +1,6 @@
 """One training run: `plan_run(cfg) -> RunPlan` resolves every setting once, then `train(cfg) -> RunResult`
-builds the model, the module and the Trainer from the plan and fits. `cfg` is composed from
-conf/train.yaml. Lightning re-runs the entry point per extra device, so everything before `fit` runs on
-every rank."""
+builds the model, the module and the Trainer from the plan and fits. `cfg` is composed from conf/train.yaml.
+Lightning re-runs the entry point per extra device, so everything before `fit` runs on every rank."""
 
 from __future__ import annotations
 
@@ -135,9 +134,8 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> RunPlan
     # The steps: tokens per step over devices and accumulation, max_steps, precision, threads.
     layout = batch_layout(options.trainer, datamodule.batch_size, block_size, options.global_batch_tokens)
     max_steps = options.trainer.max_steps
-    if options.trainer.max_flops is not None:
-        per_token = flops_per_token(model_config)
-        max_steps = budget_steps(options.trainer.max_flops, per_token, layout.tokens_per_step)
+    if (max_flops := options.trainer.max_flops) is not None:
+        max_steps = budget_steps(max_flops, flops_per_token(model_config), layout.tokens_per_step)
     check_steps(max_steps, options.optim.warmup_steps, resume.step if resume else None)
     run_config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
     recipe = recipe_key(run_config, layout.tokens_per_step, max_steps)
@@ -148,21 +146,9 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> RunPlan
         if options.threads == "auto":  # a busy CPU at start: fewer threads than torch's one per core
             threads = auto_threads(torch.get_num_threads(), load.stop().other_load)
     return RunPlan(
-        cfg,
-        run_config,
-        options,
-        run_dir,
-        resume,
-        finetune,
-        datamodule,
-        tokenizer,
-        model_config,
-        layout,
-        max_steps,
-        precision,
-        threads,
-        recipe,
-    )
+        cfg, run_config, options, run_dir, resume, finetune, datamodule, tokenizer, model_config, layout,
+        max_steps, precision, threads, recipe
+    )  # fmt: skip
 
 
 def train(
@@ -186,31 +172,21 @@ def train(
         lines = plan.describe() + ([describe(model, plan.finetune.record)] if plan.finetune else [])
         print("\n".join(lines), flush=True)
     module = GPTLitModule(
-        plan.model_config,
-        options.optim,
-        tokenizer=plan.tokenizer,
-        max_steps=plan.max_steps,
-        compile=options.compile,
-        model=model,
-        finetune=plan.finetune.record if plan.finetune else None,
-        tokens_per_step=plan.layout.tokens_per_step,
-        run_config=plan.run_config,
+        plan.model_config, options.optim, tokenizer=plan.tokenizer, max_steps=plan.max_steps, model=model,
+        compile=options.compile, finetune=plan.finetune.record if plan.finetune else None,
+        tokens_per_step=plan.layout.tokens_per_step, run_config=plan.run_config,
         run_overrides=run_overrides(cfg, resume),
-    )
+    )  # fmt: skip
 
-    # 3. The Trainer, built once with its final arguments. The callbacks: conf/callbacks/default.yaml
-    #    (Throughput, EvalCheckpoint, SampleText, LossGuard, Health, ProgressBar, StopOnSignal; AttentionMaps,
-    #    EvaluateCallback and HeadRoles when switched on), after the Recorder of the run's curves.
+    # 3. The Trainer, built once with its final arguments; the callbacks of conf/callbacks/default.yaml come
+    #    after the Recorder of the run's curves.
     recorder = Recorder()
     trial = hydra_trial()
     loggers, log_model = build_loggers(OmegaConf.to_container(cfg.logger, resolve=True), trial)  # type: ignore[arg-type]
     trainer: L.Trainer = _instantiate(
-        trainer_arguments(cfg.trainer, plan.layout, plan.max_steps, plan.precision.precision),
-        "trainer",
-        callbacks=[recorder, *_callbacks(cfg, options), *callbacks],
-        logger=loggers or False,
-        _convert_="all",
-    )
+        trainer_arguments(cfg.trainer, plan.layout, plan.max_steps, plan.precision.precision), "trainer",
+        callbacks=[recorder, *_callbacks(cfg, options), *callbacks], logger=loggers or False, _convert_="all",
+    )  # fmt: skip
     check_world(trainer, plan.layout.world_size, multirun=trial is not None)
     # trainer.loggers, not `loggers`: fast_dev_run swaps them for a DummyLogger (no W&B run is started)
     for logger in trainer.loggers:  # rank 0 only (Lightning's loggers are rank-zero guarded)
@@ -228,13 +204,11 @@ def train(
             raise MiniGPTError(_dead_rank_line(dead, trainer)) from None
         raise
     finally:
-        checkpoint = trainer.checkpoint_callback
         status = run_status(error, trainer.global_step, recorder.record.start_step)
         # status None: refused before the first step, the folder goes (no W&B run to sync)
-        best = getattr(checkpoint, "best_model_path", None) or None
+        best = getattr(trainer.checkpoint_callback, "best_model_path", None) or None
         finish_wandb(loggers, log_model, best, announce=status is not None)
-        summary = None
-        path = plan.run_dir / "summary.json"
+        summary, path = None, plan.run_dir / "summary.json"
         if status is not None and trainer.is_global_zero:
             summary = write_summary(path, status, started, trainer, module, recorder.record, plan.recipe)
             if status == "interrupted":  # Ctrl-C: Lightning exits (status 1) without returning here
@@ -268,16 +242,11 @@ def trainer_arguments(
     trainer: DictConfig, layout: BatchLayout, max_steps: int, precision: str
 ) -> dict[str, Any]:
     """conf/trainer as the Trainer's final arguments (val_check_interval in micro-batches)."""
-    arguments = OmegaConf.to_container(trainer, resolve=True)
-    assert isinstance(arguments, dict)
+    arguments: dict[str, Any] = OmegaConf.to_container(trainer, resolve=True)  # type: ignore[assignment]
     del arguments["max_flops"]
-    return {
-        **arguments,
-        "max_steps": max_steps,
-        "precision": precision,
-        "accumulate_grad_batches": layout.accumulate,
-        "val_check_interval": arguments["val_check_interval"] * layout.accumulate,
-    }
+    arguments.update(max_steps=max_steps, precision=precision, accumulate_grad_batches=layout.accumulate)
+    arguments["val_check_interval"] *= layout.accumulate
+    return arguments
 
 
 def _model_config(model: GPTConfig, vocab_size: int) -> GPTConfig:
@@ -318,11 +287,8 @@ def check_steps(max_steps: int, warmup_steps: int, resumed_step: int | None) -> 
             f"train; raise trainer.max_steps above {resumed_step}"
         )
     if launcher_rank() == 0 and 0 < max_steps <= warmup_steps:
-        print(
-            f"note: trainer.max_steps={max_steps} <= optim.warmup_steps={warmup_steps}: the learning "
-            "rate is still warming up when the run ends; lower optim.warmup_steps",
-            flush=True,
-        )
+        print(f"note: trainer.max_steps={max_steps} <= optim.warmup_steps={warmup_steps}: the learning "
+              "rate is still warming up when the run ends; lower optim.warmup_steps", flush=True)  # fmt: skip
 
 
 def _instantiate(node: Any, key: str, **kwargs: Any) -> Any:
@@ -364,9 +330,9 @@ def check_world(trainer: L.Trainer, world_size: int, multirun: bool) -> None:
         )
     if world_size > 1:
         check_relaunch(getattr(trainer.strategy, "launcher", None))
-    if multirun and world_size > 1:  # (a single-device strategy has no cluster environment)
-        external = trainer.strategy.cluster_environment.creates_processes_externally
-        refuse_multirun_devices(world_size, external, trainer.num_devices)
+        if multirun:  # (a single-device strategy has no cluster environment)
+            external = trainer.strategy.cluster_environment.creates_processes_externally
+            refuse_multirun_devices(world_size, external, trainer.num_devices)
 
 
 def _dead_rank_line(dead: str, trainer: L.Trainer) -> str:

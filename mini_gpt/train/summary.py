@@ -36,23 +36,14 @@ def run_status(error: BaseException | None, step: int, start_step: int) -> str |
     if isinstance(error, KeyboardInterrupt | SystemExit):  # Lightning exits with status 1 on Ctrl-C
         return "interrupted"
     kinds = {Preempted: "preempted", NonFiniteLossError: "nonfinite", DivergedError: "diverged"}
-    for kind, status in kinds.items():
-        if isinstance(error, kind):
-            return status
-    if isinstance(error, MiniGPTError) and step == start_step:
-        return None
-    return "failed"
+    other = None if isinstance(error, MiniGPTError) and step == start_step else "failed"
+    return next((status for kind, status in kinds.items() if isinstance(error, kind)), other)
 
 
 def write_summary(
-    path: Path,
-    status: str,
-    start: float,
-    trainer: L.Trainer,
-    module: GPTLitModule,
-    record: RunRecord,
+    path: Path, status: str, start: float, trainer: L.Trainer, module: GPTLitModule, record: RunRecord,
     recipe: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # fmt: skip
     """`record`: the fit's curves; `recipe`: the run's recipe key, to judge them against its band."""
     checkpoint, metrics = trainer.checkpoint_callback, dict(trainer.callback_metrics)
     vals = record.val_curve

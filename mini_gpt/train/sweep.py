@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import math
 import sys
 import time
@@ -21,8 +20,8 @@ from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from mini_gpt.conf import checked_config
-from mini_gpt.errors import MiniGPTError, at_least
-from mini_gpt.files import write_json_atomic
+from mini_gpt.errors import MiniGPTError, at_least, import_extra
+from mini_gpt.files import read_json, write_json_atomic
 from mini_gpt.train.distributed import devices_per_node, refuse_multirun_devices
 
 if TYPE_CHECKING:
@@ -33,12 +32,8 @@ TABLE_FILE = "trials.csv"
 
 
 def require_optuna() -> None:
-    try:
-        import optuna  # noqa: F401
-    except ImportError:
-        raise MiniGPTError(
-            'mini-gpt sweep needs Optuna, which is not installed; run pip install -e ".[sweep]"'
-        ) from None
+    missing = 'mini-gpt sweep needs Optuna, which is not installed; run pip install -e ".[sweep]"'
+    import_extra("optuna", missing)
 
 
 @dataclass
@@ -113,11 +108,9 @@ def searched_params(settings: StudySettings, cfg: DictConfig) -> dict[str, Any]:
     for key, spec in settings.params.items():
         if OmegaConf.select(cfg, key, default="<missing>") == "<missing>":
             raise MiniGPTError(f"hparams_search.params.{key}: the train config has no key {key}")
-        condition = settings.when.get(key)
-        if condition is not None:
-            other, _, want = condition.partition("=")
-            if str(OmegaConf.select(cfg, other, default=None)) != want:
-                continue
+        other, _, want = settings.when.get(key, "").partition("=")
+        if other and str(OmegaConf.select(cfg, other, default=None)) != want:
+            continue
         space[key] = distribution(key, spec)
     return space
 
@@ -144,11 +137,10 @@ def _storage(settings: StudySettings) -> Any:
             Path(settings.storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         with _experimental():
             return optuna.storages.RDBStorage(
-                settings.storage,
-                heartbeat_interval=settings.heartbeat_interval,
+                settings.storage, heartbeat_interval=settings.heartbeat_interval,
                 grace_period=settings.grace_period,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
-            )
+            )  # fmt: skip
     path = Path(settings.storage)
     path.parent.mkdir(parents=True, exist_ok=True)
     backend = JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path)))
@@ -171,19 +163,8 @@ def make_pruner(node: dict[str, Any]) -> optuna.pruners.BasePruner:
 
 
 # Fixed overrides that do not change what a trial trains: a study continues across them.
-NOT_TRAINING = (
-    "hparams_search",
-    "paths.",
-    "logger",
-    "hydra.",
-    "trainer.enable_progress_bar",
-    "data.data_dir",
-)
-
-
-def training_overrides(fixed: Sequence[str]) -> list[str]:
-    """The fixed overrides that decide what every trial trains (sorted; `+key=` as `key=`)."""
-    return sorted(o.lstrip("+") for o in fixed if not o.lstrip("+").startswith(NOT_TRAINING))
+NOT_TRAINING = ("hparams_search", "paths.", "logger", "hydra.", "trainer.enable_progress_bar",
+                "data.data_dir")  # fmt: skip
 
 
 def open_study(settings: StudySettings, space: dict[str, Any], fixed: Sequence[str] = ()) -> optuna.Study:
@@ -197,14 +178,12 @@ def open_study(settings: StudySettings, space: dict[str, Any], fixed: Sequence[s
     # Workers starting at once would each create the database's tables (and fail): one at a time.
     with FileLock(str(Path(settings.dir) / ".study.lock")):
         study = optuna.create_study(
-            study_name=settings.study_name,
-            storage=_storage(settings),
+            study_name=settings.study_name, storage=_storage(settings), direction=settings.direction,
             sampler=instantiate(settings.sampler) if settings.sampler else None,
-            pruner=make_pruner(settings.pruner),
-            direction=settings.direction,
-            load_if_exists=True,
-        )
-        trains = training_overrides(fixed)
+            pruner=make_pruner(settings.pruner), load_if_exists=True,
+        )  # fmt: skip
+        # the fixed overrides that decide what every trial trains (sorted; `+key=` as `key=`)
+        trains = sorted(o.lstrip("+") for o in fixed if not o.lstrip("+").startswith(NOT_TRAINING))
         stored, stored_trains = (study.user_attrs.get(key) for key in ("search_space", "fixed_overrides"))
         if stored is None:
             study.set_user_attr("search_space", described)
@@ -270,20 +249,16 @@ def _finished(study: optuna.Study) -> int:
 
 def wandb_trial_names(cfg: DictConfig, number: int) -> list[str]:
     """W&B: one run per trial (`trial-<n>`), grouped per study, unless the user named them."""
-    wandb = OmegaConf.select(cfg, "logger.wandb")
-    if wandb is None:
+    if (wandb := OmegaConf.select(cfg, "logger.wandb")) is None:
         return []
-    names = [] if wandb.get("name") is not None else [f"logger.wandb.name=trial-{number}"]
-    study = cfg.hparams_search.study_name
-    return names + ([] if wandb.get("group") is not None else [f"logger.wandb.group=sweep-{study}"])
+    ours = {"name": f"trial-{number}", "group": f"sweep-{cfg.hparams_search.study_name}"}
+    return [f"logger.wandb.{key}={value}" for key, value in ours.items() if wandb.get(key) is None]
 
 
 def run_study(
-    settings: StudySettings,
-    compose: Callable[[Sequence[str]], DictConfig],
-    fixed: Sequence[str],
+    settings: StudySettings, compose: Callable[[Sequence[str]], DictConfig], fixed: Sequence[str],
     train_trial: Callable[[DictConfig, Sequence[Callback]], dict[str, Any] | None],
-) -> optuna.Study:
+) -> optuna.Study:  # fmt: skip
     """Run trials until the study has `n_trials` (all workers); `train_trial`: a summary, None: failed."""
     import optuna
     from hydra.utils import instantiate
@@ -368,17 +343,11 @@ class SweepReport(HydraCallback):
         sweep_dir = Path(config.hydra.sweep.dir)
         if "trainer" not in config or not sweep_dir.is_dir():
             return
-        rows = read_trials(sweep_dir)
-        if rows:
+        if rows := read_trials(sweep_dir):
             report_table(sweep_dir, *trials_table(rows), title=str(sweep_dir))
 
 
 # ---- the table of trials ----------------------------------------------------------------------------
-def _summary(trial_dir: Path) -> dict[str, Any]:
-    path = trial_dir / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def _error_line(trial_dir: Path) -> str:
     """The reason a trial failed, from its train.log: the `error:` line, else the last line."""
     log = trial_dir / "train.log"
@@ -394,17 +363,12 @@ def read_trials(sweep_dir: str | Path) -> list[dict[str, Any]]:
     for trial_dir in sorted(trial_dirs, key=lambda d: int(d.name)):
         overrides_file = trial_dir / ".hydra" / "overrides.yaml"
         overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
-        summary = _summary(trial_dir)
+        summary = read_json(trial_dir / "summary.json") or {}
         status = summary.get("status", "failed")
-        rows.append(
-            {
-                "trial": int(trial_dir.name),
-                "overrides": dict(o.split("=", 1) for o in overrides or [] if "=" in o),
-                "status": status,
-                **{k: summary.get(k) for k in ("best_val_loss", "wall_seconds", "steps")},
-                "error": "" if status == "completed" else _error_line(trial_dir),
-            }
-        )
+        pairs = dict(o.split("=", 1) for o in overrides or [] if "=" in o)
+        row = {"trial": int(trial_dir.name), "overrides": pairs, "status": status}
+        row |= {k: summary.get(k) for k in ("best_val_loss", "wall_seconds", "steps")}
+        rows.append({**row, "error": "" if status == "completed" else _error_line(trial_dir)})
     return rows
 
 
@@ -442,7 +406,7 @@ def study_table(study: optuna.Study, sweep_dir: Path) -> tuple[list[str], list[l
     header = ["trial", *keys, "state", "best_val_loss", "steps", "wall_seconds", "best"]
     body = []
     for t in trials:
-        summary = _summary(sweep_dir / str(t.number))
+        summary = read_json(sweep_dir / str(t.number) / "summary.json") or {}
         params = (_param(t.params.get(k, "-")) for k in keys)
         numbers = [_fmt(t.value), _fmt(summary.get("steps")), _seconds(summary.get("wall_seconds"))]
         body.append([str(t.number), *params, t.state.name.lower(), *numbers, "*" if t.number == best else ""])
