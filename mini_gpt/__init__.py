@@ -8,13 +8,8 @@ from typing import Any
 
 __all__ = ["GPT", "CausalSelfAttention", "GPTConfig", "KVCache", "MiniGPTError"]
 __version__ = "0.1.0"
-_HOMES = {
-    "GPT": "model.gpt",
-    "GPTConfig": "model.gpt",
-    "CausalSelfAttention": "model.attention",
-    "KVCache": "model.attention",
-    "MiniGPTError": "errors",
-}
+_HOMES = {"GPT": "model.gpt", "GPTConfig": "model.gpt", "CausalSelfAttention": "model.attention",
+          "KVCache": "model.attention", "MiniGPTError": "errors"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

@@ -29,16 +29,13 @@ def run(cfg: AttentionMapsConfig) -> list[Path]:
         fig, data = figures["maps"]
         written.append(viz.save_figure(fig, out, cfg.dpi))
         if data["shrunk"]:
-            zoom = (
-                "zoom in on one head with head=M"  # one layer already: only its heads are left to pick
-                if len(data["layers"]) == 1
-                else "zoom in on one layer with layer=N (one row, e.g. layer=0) or on one head with "
-                "layer=N head=M"
-            )
             n_layers, n_heads = len(data["layers"]), len(data["heads"])
+            zoom = "one layer with layer=N (one row, e.g. layer=0) or on one head with layer=N head=M"
+            if n_layers == 1:  # one layer already: only its heads are left to pick
+                zoom = "one head with head=M"
             notes.append(
                 f"note: {n_layers} layer{'s' * (n_layers != 1)} x {n_heads} head{'s' * (n_heads != 1)} were "
-                f"shrunk to fit {viz.MAX_FIGURE_INCHES:g} in a side; {zoom}"
+                f"shrunk to fit {viz.MAX_FIGURE_INCHES:g} in a side; zoom in on {zoom}"
             )
     if "summary" in figures:
         target = out if cfg.view == "summary" else Path(cfg.summary_out or viz.summary_path(out))

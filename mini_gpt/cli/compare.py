@@ -14,16 +14,9 @@ from mini_gpt.errors import MiniGPTError
 from mini_gpt.viz import compare as viz
 
 
-def _expand(paths: list[str]) -> list[str]:
-    """Quoted globs expand here; a pattern matching nothing stays (and is refused)."""
-    out: list[str] = []
-    for path in paths:
-        out += sorted(glob.glob(path)) if glob.has_magic(path) and glob.glob(path) else [path]
-    return out
-
-
 def compare(cfg: CompareConfig) -> None:
-    paths = _expand(cfg.runs)
+    # Quoted globs expand here; a pattern matching nothing stays (and is refused).
+    paths = [path for run in cfg.runs for path in sorted(glob.glob(run)) or [run]]
     if not paths:
         raise MiniGPTError("name the runs: mini-gpt compare DIR... or runs=[DIR,...] (globs work)")
     header, rows, ordered, keys = viz.compare_table(viz.find_runs(paths))
@@ -31,8 +24,7 @@ def compare(cfg: CompareConfig) -> None:
     files = viz.write_report(header, rows, ordered, keys, out)
     print(viz.markdown(header, rows))
     print(f"\n{len(rows)} runs; table: {files['csv']}, report: {files['html']}, curves: {files['png']}")
-    groups = viz.seed_groups(ordered, keys)
-    if groups:
+    if groups := viz.seed_groups(ordered, keys):
         print("\nover seeds (completed runs; std: the sample standard deviation):")
         print(viz.markdown(*viz.seeds_table(groups)))
     if cfg.scaling:
@@ -40,10 +32,8 @@ def compare(cfg: CompareConfig) -> None:
         viz.plot_scaling(ordered, fit, out / "scaling.png")
         print(f"\nisoFLOP optima ({fit.params_key}):")
         for budget, n_opt, loss in fit.minima:
-            print(
-                f"  C={budget:.3g} FLOPs: N_opt={n_opt:,.0f}, loss {loss:.4f}, "
-                f"D_opt={budget / (6 * n_opt):,.0f} tokens"
-            )
+            print(f"  C={budget:.3g} FLOPs: N_opt={n_opt:,.0f}, loss {loss:.4f}, "
+                  f"D_opt={budget / (6 * n_opt):,.0f} tokens")  # fmt: skip
         if fit.exponent is not None:
             print(f"power law: N_opt = {fit.coefficient:.4g} * C^{fit.exponent:.3f}")
         print(f"plot: {out / 'scaling.png'}")

@@ -30,7 +30,6 @@ def checkpoint_info(path: str | None) -> dict[str, Any]:
 
 
 def markdown_table(results: dict[str, Any]) -> str:
-    """The metrics as a markdown table: task | metric | value."""
     lines = ["| task | metric | value |", "| --- | --- | ---: |"]
     for task, metrics in results.items():
         for name, value in metrics.items() if isinstance(metrics, dict) else ():

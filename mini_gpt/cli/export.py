@@ -25,10 +25,9 @@ def _run(cfg: ExportConfig) -> Path:
         print(f"Ollama: ollama create NAME -f {modelfile_path(out)}")
     if fmt == "hf" and tokenizer.eot_id is None:
         # A newline BOS/EOS in the export would make `decode(skip_special_tokens=True)` drop every newline.
-        print(
-            "note: this vocabulary has no end-of-text token; with lm-eval's own hf model add prefix_token_id="
-            f"{tokenizer.start_id} (the newline, what mini-gpt's harness model starts from) to --model_args"
-        )
+        print("note: this vocabulary has no end-of-text token; with lm-eval's own hf model add "
+              f"prefix_token_id={tokenizer.start_id} (the newline, what mini-gpt's harness model starts "
+              "from) to --model_args")  # fmt: skip
     return out
 
 

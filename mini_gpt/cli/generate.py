@@ -43,19 +43,15 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
     ids = encode_prompt(tokenizer, prompt)
     block_size = model.config.block_size
     if len(ids) > block_size:
-        print(
-            f"warning: the prompt has {len(ids)} tokens, more than block_size={block_size}; "
-            f"the model sees only its last {block_size}",
-            file=err,
-        )
+        print(f"warning: the prompt has {len(ids)} tokens, more than block_size={block_size}; "
+              f"the model sees only its last {block_size}", file=err)  # fmt: skip
     seed = cfg.seed if cfg.seed is not None else secrets.randbelow(2**31)
     if cfg.seed is None:
         print(f"seed={seed}", file=err)
     torch.manual_seed(seed)
     generator = torch.Generator(device=device).manual_seed(seed)
     amp = autocast_context(device, cfg.dtype)
-    weights_dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}
-    weights_dtype = weights_dtype.get(cfg.dtype)
+    weights_dtype = dict(auto=torch.float32, float32=torch.float32, bfloat16=torch.bfloat16).get(cfg.dtype)
     if cfg.compile:
         model = compile_decoding(model)
     elif weights_dtype is not None and can_pack(device, weights_dtype):
@@ -72,8 +68,7 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
 
     def on_token(token: torch.Tensor) -> bool:  # (n,) new tokens; True (every sample stopped) ends it
         for stream, t in zip(streams, token.tolist(), strict=True):
-            piece = stream.push(t)
-            if streaming and piece:
+            if (piece := stream.push(t)) and streaming:
                 out.write(piece)
                 out.flush()
         return all(s.stopped for s in streams)
@@ -81,49 +76,29 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
     t0 = time.perf_counter()
     with amp:
         result = generate(
-            model,
-            idx,
-            cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_k=cfg.top_k,
-            top_p=cfg.top_p,
-            use_cache=cfg.use_cache,
-            generator=generator,
-            repetition_penalty=cfg.repetition_penalty,
-            num_samples=n,
-            window=cfg.window,
-            stream=on_token,
-        )
+            model, idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+            use_cache=cfg.use_cache, generator=generator, repetition_penalty=cfg.repetition_penalty,
+            num_samples=n, window=cfg.window, stream=on_token,
+        )  # fmt: skip
     seconds = time.perf_counter() - t0
     generated = (result.shape[1] - idx.shape[1]) * n
-    for stream in streams:
-        piece = stream.flush()
-        if streaming:
-            out.write(piece + "\n")
-    if not streaming:
+    tails = [stream.flush() for stream in streams]
+    if streaming:
+        out.write(tails[0] + "\n")
+    else:
         for i, stream in enumerate(streams):
-            if n > 1:
-                out.write(f"--- sample {i + 1}/{n} ---\n")
-            out.write(prompt + stream.text + "\n")
-        if n > 1:
-            out.write("---\n")
+            out.write(f"--- sample {i + 1}/{n} ---\n" * (n > 1) + prompt + stream.text + "\n")
+        out.write("---\n" * (n > 1))
     out.flush()
     tokens_per_sec = generated / seconds if seconds > 0 else float("inf")
     print(f"[{generated} tokens in {seconds:.2f} s, {tokens_per_sec:.1f} tokens/s on {device}]", file=err)
 
     records = [
-        {
-            "prompt": prompt,
-            "sample": stream.text,
-            "tokens": stream.tokens,
-            "tokens_per_sec": round(tokens_per_sec, 2),
-            "seconds": round(seconds, 4),
-            "sample_index": i,
-            "stopped": stream.stopped,
-            "seed": seed,
-        }
+        {"prompt": prompt, "sample": stream.text, "tokens": stream.tokens,
+         "tokens_per_sec": round(tokens_per_sec, 2), "seconds": round(seconds, 4), "sample_index": i,
+         "stopped": stream.stopped, "seed": seed}
         for i, stream in enumerate(streams)
-    ]
+    ]  # fmt: skip
     if cfg.output:
         path = Path(cfg.output).expanduser()
         try:

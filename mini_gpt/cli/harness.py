@@ -12,17 +12,6 @@ from mini_gpt.errors import MiniGPTError, exit_on_user_error
 OLD_HOOK_FILE = "mini_gpt_lm_eval.pth"  # what an older version's `install-hook` wrote into site-packages
 
 
-def remove_old_hook(site_dirs: list[str] | None = None) -> list[Path]:
-    dirs = site_dirs if site_dirs is not None else [*site.getsitepackages(), site.getusersitepackages()]
-    removed = []
-    for directory in dirs:
-        path = Path(directory) / OLD_HOOK_FILE
-        if path.is_file():
-            path.unlink()
-            removed.append(path)
-    return removed
-
-
 def with_default_device(args: list[str]) -> list[str]:
     """`--device auto` for `--model mini-gpt`: lm-eval's default cuda:0 makes a GPU-less machine warn."""
     ours = "--model=mini-gpt" in args or ("--model", "mini-gpt") in itertools.pairwise(args)
@@ -39,7 +28,11 @@ def main(argv: list[str] | None = None) -> None:
             "and the plain lm_eval command cannot load plugins"
         )
     if args[:1] == ["uninstall-hook"]:
-        removed = remove_old_hook()
+        removed = []
+        for directory in [*site.getsitepackages(), site.getusersitepackages()]:
+            if (path := Path(directory) / OLD_HOOK_FILE).is_file():
+                path.unlink()
+                removed.append(path)
         print(f"removed {', '.join(map(str, removed))}" if removed else f"no {OLD_HOOK_FILE} to remove")
         return
     hub = None

@@ -133,9 +133,8 @@ def lens_report(model: GPT, tokenizer: Tokenizer, ids: list[int], k: int) -> Rep
     lens = logit_lens(model, ids, k)
     text = [token_text(tokenizer, i) for i in ids]
     top = [[[token_text(tokenizer, i) for i in pos] for pos in depth] for depth in lens.top_ids.tolist()]
-    fig, _ = viz.logit_lens_figure(
-        text, [[pos[0] for pos in depth] for depth in top], lens.next_token_prob.numpy()
-    )
+    likeliest = [[pos[0] for pos in depth] for depth in top]
+    fig, _ = viz.logit_lens_figure(text, likeliest, lens.next_token_prob.numpy())
     depths = viz.depth_labels(len(top))
     numbers = {
         "tokens": text, "ids": ids, "depths": depths, "top_k": k, "top_tokens": top,
@@ -149,9 +148,8 @@ def lens_report(model: GPT, tokenizer: Tokenizer, ids: list[int], k: int) -> Rep
     ]
     for d, depth in enumerate(depths):
         mean = f"{lens.next_token_prob[d].mean():.3f}" if len(ids) > 1 else "-"
-        guesses = "  ".join(
-            f"{viz.token_label(t)!r} {p:.2f}" for t, p in zip(top[d][-1][:3], lens.top_probs[d, -1].tolist())
-        )
+        likely = zip(top[d][-1][:3], lens.top_probs[d, -1].tolist())
+        guesses = "  ".join(f"{viz.token_label(t)!r} {p:.2f}" for t, p in likely)
         table.append(f"  {depth:<{width}}  p {mean}  {guesses}")
     return Report("logit_lens", fig, numbers, table)
 
@@ -164,10 +162,8 @@ def roles_report(model: GPT, cfg: InspectConfig) -> Report:
     numbers = {"half": half, "sequences": cfg.sequences, "seed": cfg.seed, **roles.as_dict()}
     table = [f"head roles on {cfg.sequences} sequences of {half} random tokens repeated: the top heads"]
     for role, values in scores.items():
-        order = values.flatten().argsort()[::-1][:3]
-        best = "   ".join(
-            f"L{i // values.shape[1]}H{i % values.shape[1]} {values.flat[i]:.2f}" for i in order
-        )
+        top = values.flatten().argsort()[::-1][:3]
+        best = "   ".join(f"L{i // values.shape[1]}H{i % values.shape[1]} {values.flat[i]:.2f}" for i in top)
         table.append(f"  {role:<15}  {best}")
     return Report("head_roles", fig, numbers, table)
 
@@ -183,11 +179,9 @@ def ablation_report(model: GPT, cfg: InspectConfig, windows: Tensor, source: str
         "the change with one head (L<layer>H<head>) or one MLP removed, largest first:"
     ]
     for mode, result in results.items():
-        order = result.heads.flatten().argsort(descending=True)[:5].tolist()
-        top = [
-            {"layer": i // n_head, "head": i % n_head, "delta": float(result.heads.flatten()[i])}
-            for i in order
-        ]
+        flat = result.heads.flatten()
+        order = flat.argsort(descending=True)[:5].tolist()
+        top = [{"layer": i // n_head, "head": i % n_head, "delta": float(flat[i])} for i in order]
         numbers[mode] = {"heads": result.heads.tolist(), "mlps": result.mlps.tolist(), "top_heads": top}
         heads = "  ".join(f"L{t['layer']}H{t['head']} {t['delta']:+.3f}" for t in top)
         mlps = sorted(enumerate(result.mlps.tolist()), key=lambda m: -m[1])
@@ -230,18 +224,14 @@ def plan(cfg: InspectConfig, model: GPT, tokenizer: Tokenizer) -> list[Callable[
         if cfg.half is not None and 2 * cfg.half > block_size:
             raise MiniGPTError(f"half={cfg.half}: two copies must fit block_size={block_size}")
         jobs.append(lambda: roles_report(model, cfg))
-    patching = {key: getattr(cfg.patching, key) for key in PATCHING_KEYS}
-    given = [key for key, value in patching.items() if value is not None]
-    if given and len(given) < len(PATCHING_KEYS):
-        missing = " ".join(f"patching.{key}=..." for key in PATCHING_KEYS if key not in given)
+    patching = {key: text for key in PATCHING_KEYS if (text := getattr(cfg.patching, key)) is not None}
+    if patching and len(patching) < len(PATCHING_KEYS):
+        missing = " ".join(f"patching.{key}=..." for key in PATCHING_KEYS if key not in patching)
         raise MiniGPTError(
             f"activation patching needs all four of clean, corrupted, answer, wrong: add {missing}"
         )
-    if given:
-        ids = {
-            key: prompt_ids(tokenizer, patching[key], f"patching.{key}", block_size)
-            for key in PATCHING_KEYS[:2]
-        }
+    if patching:
+        ids = {k: prompt_ids(tokenizer, patching[k], f"patching.{k}", block_size) for k in PATCHING_KEYS[:2]}
         if len(ids["clean"]) != len(ids["corrupted"]):
             raise MiniGPTError(
                 f"patching.clean is {len(ids['clean'])} tokens and patching.corrupted "
@@ -256,7 +246,7 @@ def plan(cfg: InspectConfig, model: GPT, tokenizer: Tokenizer) -> list[Callable[
     if cfg.ablation is not None:
         windows, source = val_windows(cfg, tokenizer, block_size)
         jobs.append(lambda: ablation_report(model, cfg, windows, source))
-    if given:
+    if patching:
         jobs.append(lambda: patching_report(model, tokenizer, cfg, ids))
     return jobs
 

@@ -32,7 +32,6 @@ def _run(cfg: PlotConfig) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     # Paths, taken verbatim: a Hydra sweep directory may be named like `lr=0.1` or hold commas.
-    overrides, paths = split_free_text(
-        overrides_of(sys.argv[1:] if argv is None else argv), ("run_dir", "out")
-    )
+    args = sys.argv[1:] if argv is None else argv
+    overrides, paths = split_free_text(overrides_of(args), ("run_dir", "out"))
     run_tool("plot", lambda cfg: _run(replace(cfg, **paths)), overrides)

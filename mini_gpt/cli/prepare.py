@@ -11,14 +11,10 @@ from mini_gpt.data import ShardedCorpus, data_config, prepare
 
 def _run(data: dict[str, Any]) -> None:
     c = prepare(data_config(data))
-    train, val = (
-        (f" in {len(c.train)} shard(s)", f" in {len(c.val)}") if isinstance(c, ShardedCorpus) else ("", "")
-    )
-    print(
-        f"ready: {c.dir}: {c.train_tokens:,} train tokens{train}, {c.val_tokens:,} val tokens{val} "
-        f"({c.dtype}, {c.tokenizer!r})",
-        flush=True,
-    )
+    sharded = isinstance(c, ShardedCorpus)
+    train, val = (f" in {len(c.train)} shard(s)", f" in {len(c.val)}") if sharded else ("", "")
+    print(f"ready: {c.dir}: {c.train_tokens:,} train tokens{train}, {c.val_tokens:,} val tokens{val} "
+          f"({c.dtype}, {c.tokenizer!r})", flush=True)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:

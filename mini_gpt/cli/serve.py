@@ -8,7 +8,7 @@ from typing import Any
 
 from mini_gpt.conf import run_tool
 from mini_gpt.conf.tools import ServeConfig, is_loopback
-from mini_gpt.errors import MiniGPTError
+from mini_gpt.errors import MiniGPTError, import_extra
 from mini_gpt.infer.device import open_on_device
 
 
@@ -27,11 +27,8 @@ def default_name(cfg: ServeConfig) -> str:
 
 def build(cfg: ServeConfig) -> Any:
     """The FastAPI app for `cfg` (the model loaded); raises MiniGPTError without the serve extra."""
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError:
-        raise MiniGPTError('mini-gpt serve needs FastAPI and uvicorn: pip install -e ".[serve]"') from None
+    for extra in ("fastapi", "uvicorn"):
+        import_extra(extra, 'mini-gpt serve needs FastAPI and uvicorn: pip install -e ".[serve]"')
     from mini_gpt.serve.app import create_app
     from mini_gpt.serve.engine import Engine
 
@@ -43,23 +40,16 @@ def build(cfg: ServeConfig) -> Any:
 
 
 def run(cfg: ServeConfig) -> None:
-    """Load the model and serve until Ctrl-C."""
     import uvicorn
 
     app = build(cfg)
     engine = app.state.engine
-    if is_loopback(cfg.host):
-        where = "only this machine can connect; host=0.0.0.0 opens it to the network"
-    else:
-        where = "other machines can connect" + (
-            " with the API key" if cfg.api_key else ": there is no authentication"
-        )
-    print(
-        f"mini-gpt serve: {default_name(cfg)} on {engine.device}; page http://{cfg.host}:{cfg.port}/ , "
-        f"API http://{cfg.host}:{cfg.port}/v1 (bound to {cfg.host}: {where}); Ctrl-C stops it",
-        file=sys.stderr,
-        flush=True,
-    )
+    auth = " with the API key" if cfg.api_key else ": there is no authentication"
+    local = "only this machine can connect; host=0.0.0.0 opens it to the network"
+    where = local if is_loopback(cfg.host) else f"other machines can connect{auth}"
+    print(f"mini-gpt serve: {default_name(cfg)} on {engine.device}; page http://{cfg.host}:{cfg.port}/ , "
+          f"API http://{cfg.host}:{cfg.port}/v1 (bound to {cfg.host}: {where}); Ctrl-C stops it",
+          file=sys.stderr, flush=True)  # fmt: skip
     config = uvicorn.Config(
         app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=2,
         access_log=cfg.log_level in ("info", "debug"),

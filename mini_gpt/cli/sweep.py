@@ -35,8 +35,7 @@ def _train_trial(cfg: Any, callbacks: Sequence[Any]) -> dict[str, Any] | None:
             return None
 
 
-def sweep(argv: Sequence[str]) -> Any:
-    overrides = list(argv)
+def sweep(overrides: list[str]) -> Any:
     cfg = compose_command_line("train", overrides)  # a mistyped key is reported before a missing extra
     require_optuna()
     settings = StudySettings.from_config(cfg)

@@ -38,7 +38,6 @@ def train(cfg: TokenizerTrainConfig) -> Path:
     if out.exists() and not cfg.overwrite:  # before the work, not after it
         raise MiniGPTError(f"out={out} exists; choose another directory or pass overwrite=true to replace it")
     check_vocab_size(cfg.vocab_size, cfg.special_tokens)
-    data = data_config(cfg.data)
     t0 = time.perf_counter()
     chars = 0
 
@@ -48,21 +47,17 @@ def train(cfg: TokenizerTrainConfig) -> Path:
             chars += len(text)
             yield text
 
-    texts = cropped(_texts(data, "train", cfg.progress), cfg.max_chars, cfg.doc_max_chars)
-    name = cfg.name or out.name
-    tok = train_bpe(
-        counted(texts), cfg.vocab_size, name=name, pattern=cfg.pattern, special_tokens=cfg.special_tokens
-    )
+    texts = cropped(_texts(data_config(cfg.data), "train", cfg.progress), cfg.max_chars, cfg.doc_max_chars)
+    tok = train_bpe(counted(texts), cfg.vocab_size, name=cfg.name or out.name, pattern=cfg.pattern,
+                    special_tokens=cfg.special_tokens)  # fmt: skip
     seconds = time.perf_counter() - t0
     info = {"data": cfg.data, "pattern": cfg.pattern, "train_chars": chars, "trainer": "rustbpe",
             "max_chars": cfg.max_chars, "doc_max_chars": cfg.doc_max_chars}  # fmt: skip
     write_tokenizer_dir(tok, out, cfg.overwrite, info)
-    print(
-        f"wrote {out}: {tok.vocab_size:,} tokens ({tok.vocab_size - 256 - len(tok.special_tokens):,} merges, "
-        f"{len(tok.special_tokens)} special) learned from {chars:,} characters in {seconds:.1f} s; "
-        f"train with data.tokenizer={out}",
-        flush=True,
-    )
+    merges = tok.vocab_size - 256 - len(tok.special_tokens)
+    print(f"wrote {out}: {tok.vocab_size:,} tokens ({merges:,} merges, {len(tok.special_tokens)} special) "
+          f"learned from {chars:,} characters in {seconds:.1f} s; train with data.tokenizer={out}",
+          flush=True)  # fmt: skip
     return out
 
 
@@ -88,18 +83,13 @@ def evaluate(cfg: TokenizerEvalConfig) -> list[dict[str, Any]]:
     tokenizers |= {name: None if name == "char" else build_tokenizer(name) for name in others}
     totals = dict.fromkeys(tokenizers, 0)
     counts = np.zeros(ours.vocab_size, dtype=np.int64)
-    n_bytes, batch = 0, []
-    pieces = cropped(_texts(data_config(cfg.data), cfg.split, None), cfg.max_chars, None)
-    for text in [*pieces, None]:
-        if text is not None:
-            batch.append(text)
-            n_bytes += len(text.encode("utf-8"))
-        if batch and (text is None or len(batch) >= 256):
-            for name, tok in tokenizers.items():
-                totals[name] += _count_tokens(tok, batch, counts if tok is ours else None)
-            batch = []
+    texts = list(cropped(_texts(data_config(cfg.data), cfg.split, None), cfg.max_chars, None))
+    n_bytes = sum(len(text.encode("utf-8")) for text in texts)
     if n_bytes == 0:
         raise MiniGPTError(f"the {cfg.split} split of this data config is empty; nothing to judge")
+    for start in range(0, len(texts), 256):  # batches: tiktoken encodes a batch on several threads
+        for name, tok in tokenizers.items():
+            totals[name] += _count_tokens(tok, texts[start : start + 256], counts if tok is ours else None)
     rows = [
         {"tokenizer": name, "vocab_size": tok.vocab_size if tok else None, "tokens": totals[name],
          "bytes_per_token": n_bytes / totals[name], "vs_ours": totals[ours.name] / totals[name]}
@@ -115,10 +105,8 @@ def _print_table(rows: list[dict[str, Any]], n_bytes: int, split: str) -> None:
     print(f"{'tokenizer':<24} {'vocab':>8} {'tokens':>12} {'bytes/token':>12} {'tokens vs first':>16}")
     for r in rows:
         vocab = f"{r['vocab_size']:,}" if r["vocab_size"] else "(chars)"
-        print(
-            f"{r['tokenizer'][:24]:<24} {vocab:>8} {r['tokens']:>12,} {r['bytes_per_token']:>12.3f} "
-            f"{1 / r['vs_ours']:>15.2f}x"
-        )
+        print(f"{r['tokenizer'][:24]:<24} {vocab:>8} {r['tokens']:>12,} {r['bytes_per_token']:>12.3f} "
+              f"{1 / r['vs_ours']:>15.2f}x")  # fmt: skip
 
 
 def _print_top(tok: TiktokenTokenizer, counts: np.ndarray, top: int) -> None:

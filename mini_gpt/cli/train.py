@@ -32,11 +32,8 @@ def train_app(cfg: DictConfig) -> float | None:
 
             result = train(cfg)
         except KeyboardInterrupt:  # Ctrl-C before fit (during fit, StopOnSignal saves, Lightning exits)
-            print(
-                "interrupted (Ctrl-C) before training started; nothing half-written was kept, "
-                "run again to continue",
-                file=sys.stderr,
-            )
+            print("interrupted (Ctrl-C) before training started; nothing half-written was kept, run again to "
+                  "continue", file=sys.stderr)  # fmt: skip
             sys.exit(130)
         except Preempted as stop:  # SIGTERM / SIGUSR1: last.ckpt saved, summary.json says preempted
             if launcher_rank() == 0:  # every rank stops; one says so
@@ -63,18 +60,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     register()
     exit_with_help_if_asked("train")
     if any(arg.startswith("hparams_search=") for arg in sys.argv[1:]):  # the Optuna plugin's old spelling
-        print(
-            "error: Optuna searches run with `mini-gpt sweep hparams_search=NAME ...` (the same overrides, "
-            "without -m; docs/sweeps.md); `python train.py -m key=a,b` grid sweeps work as before",
-            file=sys.stderr,
-        )
+        print("error: Optuna searches run with `mini-gpt sweep hparams_search=NAME ...` (the same overrides, "
+              "without -m; docs/sweeps.md); `python train.py -m key=a,b` grid sweeps work as before",
+              file=sys.stderr)  # fmt: skip
         sys.exit(2)
     if "hydra/launcher=slurm" in sys.argv[1:] and shutil.which("srun") is None:  # else submitit's traceback
-        print(
-            "error: hydra/launcher=slurm submits the runs as SLURM jobs, and this machine has no srun; run "
-            "the command on the cluster's login node (docs/training.md#slurm)",
-            file=sys.stderr,
-        )
+        print("error: hydra/launcher=slurm submits the runs as SLURM jobs, and this machine has no srun; run "
+              "the command on the cluster's login node (docs/training.md#slurm)",
+              file=sys.stderr)  # fmt: skip
         sys.exit(2)
     # A typo is one line, not Hydra's report; Hydra's own flags (-m: sweep syntax) leave it to Hydra.
     if not any(arg.startswith("-") for arg in sys.argv[1:]):

@@ -46,14 +46,13 @@ def cpu_threads(device: torch.device, threads: Any, err: TextIO | None) -> Itera
     processes' load meanwhile and runs on the cores they leave free (`auto_threads`), said on `err`."""
     if threads != "auto":
         torch.set_num_threads(threads)
+    if threads != "auto" or device.type != "cpu":
         yield
         return
-    watching = device.type == "cpu"
-    with LoadMeter(MIN_WINDOW_S if watching else 0.0) as load:
+    with LoadMeter(MIN_WINDOW_S) as load:
         yield
-    default = torch.get_num_threads()
-    count, why = auto_threads(default, load.other_load) if watching else (default, "")
-    if count != default:
+    count, why = auto_threads(torch.get_num_threads(), load.other_load)
+    if count != torch.get_num_threads():
         torch.set_num_threads(count)
         if err is not None:
             print(f"threads: {count} ({why}; threads=N forces N)", file=err)

@@ -16,17 +16,19 @@ from mini_gpt.infer.padding import padded_last_logits
 Analysis = TypeVar("Analysis", bound=Callable[..., Any])
 
 
-def in_eval_mode(analysis: Analysis) -> Analysis:
-    """Runs analysis(model, ...) in eval mode (no dropout); the model goes back to the mode it came in."""
+def eval_no_grad(analysis: Analysis) -> Analysis:
+    """Runs analysis(model, ...) in eval mode (no dropout) without autograd; each module's mode restored."""
 
     @functools.wraps(analysis)
+    @torch.no_grad()
     def run(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        was_training = model.training
+        modes = [(module, module.training) for module in model.modules()]
         model.eval()
         try:
             return analysis(model, *args, **kwargs)
         finally:
-            model.train(was_training)
+            for module, training in modes:
+                module.training = training
 
     return run  # type: ignore[return-value]
 
@@ -75,12 +77,9 @@ def next_token_probs(
 
 
 def sample_next(
-    logits: Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
     generator: torch.Generator | None = None,
-) -> Tensor:
+) -> Tensor:  # fmt: skip
     """One token id per row from last-position logits (B, V) -> (B,). temperature 0 = argmax."""
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -95,23 +94,13 @@ def compile_decoding(model: nn.Module) -> nn.Module:
     return model
 
 
-@in_eval_mode
-@torch.no_grad()
+@eval_no_grad
 def generate(
-    model: nn.Module,
-    idx: Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    use_cache: bool = True,
-    generator: torch.Generator | None = None,
-    repetition_penalty: float | None = None,
-    num_samples: int | None = None,
-    window: int | None = None,
-    attention_mask: Tensor | None = None,
-    stream: Callable[[Tensor], bool | None] | None = None,
-) -> Tensor:
+    model: nn.Module, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+    top_p: float | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
+    repetition_penalty: float | None = None, num_samples: int | None = None, window: int | None = None,
+    attention_mask: Tensor | None = None, stream: Callable[[Tensor], bool | None] | None = None,
+) -> Tensor:  # fmt: skip
     """Prompts idx (B, T) -> (B', T + max_new_tokens); B' = num_samples (one prefill) for a single row.
     attention_mask (B, T) is 0 at left padding; `stream` gets each step's tokens (B',), True stops early."""
     check_sampling_args(temperature, top_k, top_p, repetition_penalty)

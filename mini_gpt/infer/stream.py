@@ -26,24 +26,18 @@ def prompt_text(prompt: str | None, prompt_file: str | None = None) -> str:
     try:
         return Path(path).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise MiniGPTError(
-            f"cannot read prompt file {path} ({type(err).__name__}: {err.strerror or err})"
-        ) from None
+        why = getattr(err, "strerror", None) or err  # a UnicodeDecodeError has no strerror
+        raise MiniGPTError(f"cannot read prompt file {path} ({type(err).__name__}: {why})") from None
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
     """An empty prompt starts from end-of-text (BPE) or a newline (characters)."""
-    if text:
-        ids = tokenizer.encode(text)  # a char tokenizer names unknown characters (MiniGPTError)
-        if ids:
-            return ids
-    return [tokenizer.start_id]
+    return (tokenizer.encode(text) if text else []) or [tokenizer.start_id]
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     """One token's own text; part of a UTF-8 character shows as \\xNN bytes (not `decode`'s U+FFFD)."""
-    encoding = getattr(tokenizer, "encoding", None)  # tiktoken's
-    if encoding is not None:
+    if (encoding := getattr(tokenizer, "encoding", None)) is not None:  # tiktoken's
         return encoding.decode_single_token_bytes(token_id).decode("utf-8", errors="backslashreplace")
     return tokenizer.decode([token_id])
 
@@ -55,8 +49,7 @@ class TextStream:
     MAX_PENDING = 8
 
     def __init__(self, tokenizer: Tokenizer, stops: list[str]) -> None:
-        self.tokenizer = tokenizer
-        self.stops = stops
+        self.tokenizer, self.stops = tokenizer, stops
         self.text = ""  # the sample so far (without the prompt), cut at a stop string
         self.emitted = 0  # characters of text already handed out
         self.tokens = 0  # tokens consumed
@@ -83,8 +76,7 @@ class TextStream:
         longest = max((len(s) for s in self.stops), default=0)
         search_from = max(0, len(self.text) - longest + 1)
         self.text += piece
-        hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
-        if hits:
+        if hits := [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]:
             self.text = self.text[: min(hits)]
             self.stopped = True
         end = len(self.text)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mini_gpt.infer.sampling import in_eval_mode
-from mini_gpt.inspect.hooks import head_outputs, mlp_outputs, replace_heads, replace_mlp
+from mini_gpt.infer.sampling import eval_no_grad
+from mini_gpt.inspect.hooks import head_outputs, mlp_outputs, replace_head, replace_mlp
 from mini_gpt.model.gpt import GPT
 
 MODES = ("zero", "mean")
@@ -23,7 +23,6 @@ class Ablation:
     mlps: Tensor  # (n_layer,): the same for each block's MLP
 
 
-@torch.no_grad()
 def window_loss(model: GPT, windows: Tensor, batch_size: int = 32) -> float:
     """The mean next-token loss over windows (N, T + 1) of token ids."""
     total = 0.0
@@ -33,7 +32,6 @@ def window_loss(model: GPT, windows: Tensor, batch_size: int = 32) -> float:
     return total / (windows.shape[0] * (windows.shape[1] - 1))
 
 
-@torch.no_grad()
 def component_means(model: GPT, windows: Tensor, batch_size: int = 32) -> tuple[Tensor, Tensor]:
     """Each head's mean output (n_layer, n_head, head_size) and each MLP's (n_layer, C) over windows."""
     c = model.config
@@ -49,7 +47,7 @@ def component_means(model: GPT, windows: Tensor, batch_size: int = 32) -> tuple[
     return head_sum / n_positions, mlp_sum / n_positions
 
 
-@in_eval_mode
+@eval_no_grad
 def ablate(model: GPT, windows: Tensor, mode: str = "zero", batch_size: int = 32) -> Ablation:
     """The loss change when each head, then each MLP, is removed alone (1 + n_layer * (n_head + 1)
     passes over the windows, two more for the means)."""
@@ -64,11 +62,10 @@ def ablate(model: GPT, windows: Tensor, mode: str = "zero", batch_size: int = 32
 
     base = window_loss(model, windows, batch_size)
     c = model.config
-    heads = torch.zeros(c.n_layer, c.n_head)
-    mlps = torch.zeros(c.n_layer)
+    heads, mlps = torch.zeros(c.n_layer, c.n_head), torch.zeros(c.n_layer)
     for layer in range(c.n_layer):
         for head in range(c.n_head):
-            with replace_heads(model, {(layer, head): value(head_means, layer, head)}):
+            with replace_head(model, layer, head, value(head_means, layer, head)):
                 heads[layer, head] = window_loss(model, windows, batch_size) - base
         with replace_mlp(model, layer, value(mlp_means, layer)):
             mlps[layer] = window_loss(model, windows, batch_size) - base

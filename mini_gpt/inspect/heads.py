@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mini_gpt.infer.sampling import in_eval_mode
+from mini_gpt.infer.sampling import eval_no_grad
 from mini_gpt.model.gpt import GPT
 
 ROLES = ("previous_token", "induction", "duplicate_token")
@@ -33,26 +33,7 @@ def repeated_tokens(vocab_size: int, half: int, batch: int = 8, seed: int = 0) -
     return torch.cat([first, first], dim=1)
 
 
-def score_heads(attention: list[Tensor], half: int) -> HeadRoles:
-    """The scores from per-layer weights (B, n_head, 2 * half, 2 * half) of a repeated sequence."""
-    att = torch.stack(attention).float()  # (n_layer, B, nh, T, T)
-    T = att.shape[-1]
-    if 2 * half != T:
-        raise ValueError(f"the weights cover {T} positions; a repeated sequence of {half} has {2 * half}")
-
-    def mean_on_diagonal(offset: int, first_query: int) -> Tensor:
-        queries = torch.arange(first_query, T)
-        return att[..., queries, queries - offset].mean(dim=(1, 3))  # (n_layer, nh)
-
-    return HeadRoles(
-        previous_token=mean_on_diagonal(1, 1),
-        induction=mean_on_diagonal(half - 1, half),
-        duplicate_token=mean_on_diagonal(half, half),
-    )
-
-
-@in_eval_mode
-@torch.no_grad()
+@eval_no_grad
 def head_roles(model: GPT, half: int | None = None, batch: int = 8, seed: int = 0) -> HeadRoles:
     """Every head's scores, on `batch` repeated sequences of `half` random tokens (default: as long as
     the context allows, at most 100 each half)."""
@@ -60,4 +41,11 @@ def head_roles(model: GPT, half: int | None = None, batch: int = 8, seed: int = 
     if not 2 <= half <= model.config.block_size // 2:
         raise ValueError(f"half={half}: two copies must fit block_size={model.config.block_size}")
     idx = repeated_tokens(model.config.vocab_size, half, batch, seed).to(next(model.parameters()).device)
-    return score_heads(model.attention_weights(idx), half)
+    att = torch.stack(model.attention_weights(idx)).float()  # (n_layer, B, nh, T, T)
+
+    def mean_on_diagonal(offset: int, first_query: int) -> Tensor:
+        queries = torch.arange(first_query, 2 * half)
+        return att[..., queries, queries - offset].mean(dim=(1, 3))  # (n_layer, nh)
+
+    return HeadRoles(previous_token=mean_on_diagonal(1, 1), induction=mean_on_diagonal(half - 1, half),
+                     duplicate_token=mean_on_diagonal(half, half))  # fmt: skip

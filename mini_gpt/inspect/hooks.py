@@ -5,8 +5,8 @@ head h's output is columns h*hs:(h+1)*hs of the input of `h[l].attn.c_proj`; an 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from torch import Tensor, nn
@@ -15,27 +15,23 @@ from mini_gpt.model.gpt import GPT
 
 
 @contextmanager
-def _hooked(modules: Iterable[nn.Module], hook: Any, pre: bool = True) -> Iterator[None]:
+def _hooked(modules: list[nn.Module], hook: Any, pre: bool = True) -> Iterator[None]:
     """`hook` on each of `modules` (a forward pre-hook, else a forward hook) for the length of the block."""
-    handles = [m.register_forward_pre_hook(hook) if pre else m.register_forward_hook(hook) for m in modules]
-    try:
+    with ExitStack() as stack:
+        for m in modules:
+            stack.enter_context(m.register_forward_pre_hook(hook) if pre else m.register_forward_hook(hook))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
-def _replace_input(fn: Any) -> Any:
-    """A forward pre-hook that replaces a module's first argument by fn(first argument)."""
-    return lambda module, args: (fn(args[0]), *args[1:])
+def _on_input(modules: list[nn.Module], fn: Callable[[Tensor], Tensor]) -> Any:
+    return _hooked(modules, lambda module, args: (fn(args[0]), *args[1:]))
 
 
 @contextmanager
 def residual_stream(model: GPT) -> Iterator[list[Tensor]]:
     """Records the stream entering block 0..n_layer-1, then the final norm: (B, T, C) each, per forward."""
     stream: list[Tensor] = []
-    record = _replace_input(lambda x: stream.append(x) or x)
-    with _hooked([*model.transformer.h, model.transformer.ln_f], record):
+    with _on_input([*model.transformer.h, model.transformer.ln_f], lambda x: stream.append(x) or x):
         yield stream
 
 
@@ -44,12 +40,8 @@ def head_outputs(model: GPT) -> Iterator[list[Tensor]]:
     """Records every layer's per-head outputs, one (B, T, n_head, head_size) per layer."""
     outputs: list[Tensor] = []
     n_head = model.config.n_head
-
-    def record(y: Tensor) -> Tensor:
-        outputs.append(y.unflatten(-1, (n_head, -1)))
-        return y
-
-    with _hooked([b.attn.c_proj for b in model.transformer.h], _replace_input(record)):
+    projections = [block.attn.c_proj for block in model.transformer.h]
+    with _on_input(projections, lambda y: outputs.append(y.unflatten(-1, (n_head, -1))) or y):
         yield outputs
 
 
@@ -62,20 +54,16 @@ def mlp_outputs(model: GPT) -> Iterator[list[Tensor]]:
 
 
 @contextmanager
-def replace_heads(model: GPT, heads: Mapping[tuple[int, int], Tensor | None]) -> Iterator[None]:
-    """Replaces head outputs: {(layer, head): None (zero it) or a (head_size,) tensor (e.g. its mean)}."""
+def replace_head(model: GPT, layer: int, head: int, value: Tensor | None = None) -> Iterator[None]:
+    """Replaces a head's output by zeros (value None) or by `value` (head_size,), e.g. its mean."""
     hs = model.config.head_size
-    chosen: dict[nn.Module, dict[int, Tensor | None]] = {}  # each c_proj: its heads' new outputs
-    for (layer, head), value in heads.items():
-        chosen.setdefault(model.transformer.h[layer].attn.c_proj, {})[head] = value
 
-    def replace(module: nn.Module, args: Any) -> Any:
-        y = args[0].clone()  # (B, T, C), heads side by side
-        for head, value in chosen[module].items():
-            y[..., head * hs : (head + 1) * hs] = 0.0 if value is None else value
-        return (y, *args[1:])
+    def replace(y: Tensor) -> Tensor:  # (B, T, C), heads side by side
+        y = y.clone()
+        y[..., head * hs : (head + 1) * hs] = 0.0 if value is None else value
+        return y
 
-    with _hooked(chosen, replace):
+    with _on_input([model.transformer.h[layer].attn.c_proj], replace):
         yield
 
 
@@ -100,5 +88,5 @@ def patch_stream(model: GPT, layer: int, rows: Tensor, positions: Tensor, values
         x[rows, positions] = values.to(x.dtype)
         return x
 
-    with _hooked([[*model.transformer.h, model.transformer.ln_f][layer]], _replace_input(patch)):
+    with _on_input([[*model.transformer.h, model.transformer.ln_f][layer]], patch):
         yield

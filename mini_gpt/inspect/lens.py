@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mini_gpt.infer.sampling import in_eval_mode
+from mini_gpt.infer.sampling import eval_no_grad
 from mini_gpt.inspect.hooks import residual_stream
 from mini_gpt.model.gpt import GPT
 
@@ -23,18 +23,12 @@ class LogitLens:
     next_token_prob: Tensor  # (L, T - 1): the probability given to the token that actually comes next
 
 
-@torch.no_grad()
-def layer_logits(model: GPT, idx: Tensor) -> Tensor:
-    """(n_layer + 1, B, T, vocab): the logits read from each depth of the residual stream for idx (B, T)."""
-    with residual_stream(model) as stream:
-        model(idx)
-    return torch.stack([model.lm_head(model.transformer.ln_f(x)) for x in stream]).float()
-
-
-@in_eval_mode
+@eval_no_grad
 def logit_lens(model: GPT, ids: list[int], k: int = 5) -> LogitLens:
-    idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
-    probs = layer_logits(model, idx)[:, 0].softmax(-1).cpu()  # (L, T, vocab)
+    with residual_stream(model) as stream:
+        model(torch.tensor([ids], device=next(model.parameters()).device))  # (1, T)
+    logits = torch.stack([model.lm_head(model.transformer.ln_f(x[0])) for x in stream])  # (L, T, vocab)
+    probs = logits.float().softmax(-1).cpu()
     top_probs, top_ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
     following = torch.tensor(ids[1:]).expand(probs.shape[0], -1)  # (L, T - 1)
     next_prob = probs[:, :-1].gather(-1, following.unsqueeze(-1)).squeeze(-1)

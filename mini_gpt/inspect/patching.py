@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mini_gpt.infer.sampling import in_eval_mode
+from mini_gpt.infer.sampling import eval_no_grad
 from mini_gpt.inspect.hooks import patch_stream, residual_stream
 from mini_gpt.model.gpt import GPT
 
@@ -28,8 +28,7 @@ def logit_diff(logits: Tensor, answer: int, wrong: int) -> Tensor:
     return last[:, answer] - last[:, wrong]
 
 
-@in_eval_mode
-@torch.no_grad()
+@eval_no_grad
 def activation_patching(
     model: GPT, clean: list[int], corrupted: list[int], answer: int, wrong: int
 ) -> Patching:
@@ -38,9 +37,8 @@ def activation_patching(
             f"clean and corrupted prompts must have the same token length ({len(clean)} != {len(corrupted)})"
         )
     device = next(model.parameters()).device
-    clean_idx = torch.tensor([clean], device=device)
     with residual_stream(model) as stream:
-        clean_logits, _ = model(clean_idx)
+        clean_logits, _ = model(torch.tensor([clean], device=device))
     clean_diff = float(logit_diff(clean_logits, answer, wrong)[0])
     corrupted_diff = float(logit_diff(model(torch.tensor([corrupted], device=device))[0], answer, wrong)[0])
     if clean_diff == corrupted_diff:

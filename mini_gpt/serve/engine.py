@@ -77,9 +77,7 @@ class Engine:
     def __init__(
         self, model: nn.Module, tokenizer: Tokenizer, device: torch.device, dtype: str = "auto"
     ) -> None:
-        self.tokenizer = tokenizer
-        self.device = device
-        self.config = model.config
+        self.tokenizer, self.device, self.config = tokenizer, device, model.config
         self.amp: Any = autocast_context(device, dtype)
         weights = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
         if weights is not None and can_pack(device, weights):
@@ -162,9 +160,7 @@ class Engine:
                 logprobs = torch.log_softmax(last[-1].float(), dim=-1).expand(job.n, -1)  # (n, V)
                 chosen = logprobs.gather(1, token[:, None])[:, 0].tolist()
                 best, best_ids = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)
-                alternatives = [
-                    list(zip(i, lp, strict=True)) for i, lp in zip(best_ids.tolist(), best.tolist())
-                ]
+                alternatives = [list(zip(i, lp)) for i, lp in zip(best_ids.tolist(), best.tolist())]
             for row, (t, stream) in enumerate(zip(token.tolist(), job.streams, strict=True)):
                 if stream.stopped:
                     continue
@@ -235,23 +231,23 @@ class Engine:
                 for x in stream:  # one depth at a time, so only (P, vocab) probabilities exist at once
                     probs = self.model.lm_head(self.model.transformer.ln_f(x[0, rows])).float().softmax(-1)
                     best, best_ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
-                    depths.append((best.cpu(), best_ids.cpu(), probs.gather(1, known[:, None])[:, 0].cpu()))
+                    following_p = probs.gather(1, known[:, None])[:, 0]
+                    depths.append((best.tolist(), best_ids.tolist(), following_p.tolist()))
+
+        def token(t: int, **more: Any) -> dict[str, Any]:
+            return {"id": t, "text": token_text(self.tokenizer, t), **more}
 
         def entry(i: int, p: int) -> dict[str, Any]:
             nxt = following[i]
             layers = [
                 {
-                    "top": [
-                        {"id": t, "text": token_text(self.tokenizer, t), "prob": round(q, 5)}
-                        for t, q in zip(best_ids[i].tolist(), best[i].tolist(), strict=True)
-                    ],
-                    "next_prob": None if nxt is None else round(float(next_probs[i]), 5),
+                    "top": [token(t, prob=round(q, 5)) for t, q in zip(top_id[i], top_p[i])],
+                    "next_prob": None if nxt is None else round(next_p[i], 5),
                 }
-                for best, best_ids, next_probs in depths
+                for top_p, top_id, next_p in depths
             ]
-            text = token_text(self.tokenizer, ids[p])
-            after = None if nxt is None else {"id": nxt, "text": token_text(self.tokenizer, nxt)}
-            return {"position": p, "id": ids[p], "text": text, "next": after, "layers": layers}
+            after = None if nxt is None else token(nxt)
+            return {"position": p, **token(ids[p]), "next": after, "layers": layers}
 
         names = ["embedding", *(f"block {layer}" for layer in range(self.config.n_layer))]
         return {"start": start, "depths": names, "positions": [entry(i, p) for i, p in enumerate(positions)]}
@@ -260,14 +256,11 @@ class Engine:
         """Every head's role scores (mini_gpt.inspect.heads) on 8 repeated random sequences (seed 0), kept."""
         if self._head_roles is not None:
             return self._head_roles
+        if (half := min(self.config.block_size // 2, 100)) < 2:
+            block = self.config.block_size
+            raise MiniGPTError(f"head roles need a context of at least 4 tokens; this model's is {block}")
         with self._busy:
             if self._head_roles is None:  # (another request may have computed them while this one waited)
-                half = min(self.config.block_size // 2, 100)
-                if half < 2:
-                    raise MiniGPTError(
-                        f"head roles need a context of at least 4 tokens; this model's is "
-                        f"{self.config.block_size}"
-                    )
                 with self.amp:
                     roles = head_roles(self.model, half, batch=8, seed=0).as_dict()
                 rounded = {role: [[round(v, 5) for v in row] for row in rows] for role, rows in roles.items()}

@@ -172,8 +172,7 @@ class CharTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         chars, n = self.chars, len(self.chars)
         ids = [int(i) for i in ids]
-        bad = sorted({i for i in ids if not 0 <= i < n})
-        if bad:
+        if bad := sorted({i for i in ids if not 0 <= i < n}):
             raise MiniGPTError(f"token ids {bad[:10]} are outside the character vocabulary (0..{n - 1})")
         return "".join([chars[i] for i in ids])
 
@@ -201,15 +200,11 @@ class TiktokenTokenizer(Tokenizer):
 
     @classmethod
     def from_encoding(cls, enc: Any) -> TiktokenTokenizer:
-        """Wrap an encoding from `tiktoken.get_encoding`."""
         specials = {token: enc.encode_single_token(token) for token in enc.special_tokens_set}
-        special_ids = set(specials.values())
         ranks = {}
-        for i in range(enc.n_vocab):
-            if i not in special_ids:
-                # KeyError: an unused id (cl100k_base and o200k_base have gaps before their specials)
-                with contextlib.suppress(KeyError):
-                    ranks[enc.decode_single_token_bytes(i)] = i
+        for i in sorted(set(range(enc.n_vocab)) - set(specials.values())):
+            with contextlib.suppress(KeyError):  # an unused id (cl100k_base and o200k_base have gaps)
+                ranks[enc.decode_single_token_bytes(i)] = i
         return cls(enc.name, encoding_spec(enc.name).pat_str, ranks, specials)
 
     @property
@@ -244,14 +239,9 @@ class TiktokenTokenizer(Tokenizer):
         return hashlib.sha256(self.ranks_text.encode()).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": "tiktoken",
-            "name": self.name,
-            "pat_str": self.pat_str,
-            "special_tokens": dict(self.special_tokens),
-            "ranks_sha256": self.ranks_sha256,
-            "ranks": self.ranks_text,
-        }
+        return {"type": "tiktoken", "name": self.name, "pat_str": self.pat_str,
+                "special_tokens": dict(self.special_tokens), "ranks_sha256": self.ranks_sha256,
+                "ranks": self.ranks_text}  # fmt: skip
 
     def __repr__(self) -> str:
         return f"TiktokenTokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
@@ -279,8 +269,7 @@ def parse_tiktoken_ranks(data: bytes | str, source: str = "ranks") -> dict[bytes
 
 
 def encoding_spec(name: str) -> EncodingSpec:
-    spec = ENCODINGS.get(name)
-    if spec is None:
+    if (spec := ENCODINGS.get(name)) is None:
         raise MiniGPTError(f"unknown tiktoken encoding {name!r}; use char or one of: {', '.join(ENCODINGS)}")
     return spec
 
@@ -288,8 +277,7 @@ def encoding_spec(name: str) -> EncodingSpec:
 def _from_bpe_file(name: str, bpe_file: str | Path) -> TiktokenTokenizer:
     path = Path(bpe_file).expanduser().resolve()
     if not path.is_file():
-        shipped = BUNDLED_BPE_FILES.get(name)
-        if shipped is not None and shipped.is_file():
+        if (shipped := BUNDLED_BPE_FILES.get(name)) is not None and shipped.is_file():
             raise MiniGPTError(
                 f"BPE ranks file {path} does not exist; {name}'s ranks ship in {shipped} and are used when "
                 "data.bpe_file is unset: drop the bpe_file override (or fix its path)"
@@ -324,11 +312,9 @@ def _get_encoding(name: str) -> Any:
     thread.join(NETWORK_TIMEOUT_S)
     if "enc" in result:
         return result["enc"]
-    reason = result.get("err")
-    host = re.search(r"host='([^']+)'", str(reason))  # requests' long retry message names the server
-    if reason is None:
-        why = f"no answer within {NETWORK_TIMEOUT_S:.0f} s"
-    else:
+    why = f"no answer within {NETWORK_TIMEOUT_S:.0f} s"
+    if (reason := result.get("err")) is not None:
+        host = re.search(r"host='([^']+)'", str(reason))  # requests' long retry message names the server
         why = f"{host.group(1)} does not answer" if host else f"{type(reason).__name__}: {str(reason)[:120]}"
     raise MiniGPTError(
         f"cannot load the {name} tokenizer offline ({why}); "
@@ -347,8 +333,7 @@ def load_tokenizer_dir(directory: str | Path) -> TiktokenTokenizer:
     hint = "train one with: mini-gpt tokenizer train data=... vocab_size=4096 out=DIR"
     if not path.is_dir():
         raise MiniGPTError(f"tokenizer directory {path} does not exist; {hint}")
-    missing = [f for f in (RANKS_FILE, ENCODING_FILE) if not (path / f).is_file()]
-    if missing:
+    if missing := [f for f in (RANKS_FILE, ENCODING_FILE) if not (path / f).is_file()]:
         raise MiniGPTError(f"tokenizer directory {path} lacks {' and '.join(missing)}; {hint}")
     try:
         spec = json.loads((path / ENCODING_FILE).read_text(encoding="utf-8"))
@@ -368,9 +353,8 @@ def load_tokenizer_dir(directory: str | Path) -> TiktokenTokenizer:
 
 def is_tokenizer_dir(name: str) -> bool:
     """Whether `name` is a trained tokenizer's directory: it looks like a path, or is one and no built-in."""
-    if "/" in name or "\\" in name or name.startswith((".", "~")):
-        return True
-    return name != "char" and name not in ENCODINGS and Path(name).is_dir()
+    looks_like_path = "/" in name or "\\" in name or name.startswith((".", "~"))
+    return looks_like_path or (name != "char" and name not in ENCODINGS and Path(name).is_dir())
 
 
 def build_tokenizer(name: str, bpe_file: str | Path | None = None, text: str | None = None) -> Tokenizer:
@@ -398,13 +382,11 @@ def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:
     if kind == "char":
         return CharTokenizer(d["chars"])
     if kind == "tiktoken":
-        ranks_text = d["ranks"]
+        ranks_text, source = d["ranks"], f"tokenizer {d.get('name')!r}"
         digest = hashlib.sha256(ranks_text.encode()).hexdigest()
         if d.get("ranks_sha256", digest) != digest:
-            raise MiniGPTError(
-                f"tokenizer {d.get('name')!r}: embedded BPE ranks are corrupted (sha256 mismatch)"
-            )
-        ranks = parse_tiktoken_ranks(ranks_text, source=f"tokenizer {d.get('name')!r}")
+            raise MiniGPTError(f"{source}: embedded BPE ranks are corrupted (sha256 mismatch)")
+        ranks = parse_tiktoken_ranks(ranks_text, source=source)
         tok = TiktokenTokenizer(d["name"], d["pat_str"], ranks, d["special_tokens"])
         tok.ranks_text = ranks_text  # as given: no need to rebuild it
         return tok

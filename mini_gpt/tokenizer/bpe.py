@@ -42,15 +42,6 @@ In mini-gpt: `data.tokenizer=<this directory>`.
 """
 
 
-def pattern_regex(pattern: str) -> str:
-    """A named pattern's regex (PATTERNS), or `pattern` itself when it is a regex (it contains `\\`)."""
-    if pattern in PATTERNS:
-        return PATTERNS[pattern]
-    if "\\" not in pattern:
-        raise MiniGPTError(f"unknown pattern={pattern!r}; use one of {', '.join(PATTERNS)} or a regex")
-    return pattern
-
-
 def merge_parts(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes] | None:
     """The two tokens whose merge made `token`: BPE on its bytes with the earlier merges only (tiktoken keeps
     ranks, not merges). None: a merges list (transformers, llama.cpp) could not rebuild this token."""
@@ -83,8 +74,7 @@ def check_vocab_size(vocab_size: int, special_tokens: Iterable[str]) -> int:
 def cropped(texts: Iterable[str], max_chars: int | None, doc_max_chars: int | None) -> Iterator[str]:
     given = 0
     for text in texts:
-        if doc_max_chars is not None:
-            text = text[:doc_max_chars]
+        text = text[:doc_max_chars]  # None: all of it
         if max_chars is not None:
             text = text[: max_chars - given]
         if text:
@@ -95,19 +85,17 @@ def cropped(texts: Iterable[str], max_chars: int | None, doc_max_chars: int | No
 
 
 def train_bpe(
-    texts: Iterable[str],
-    vocab_size: int,
-    *,
-    name: str = "bpe",
-    pattern: str = DEFAULT_PATTERN,
+    texts: Iterable[str], vocab_size: int, *, name: str = "bpe", pattern: str = DEFAULT_PATTERN,
     special_tokens: Iterable[str] = (EOT,),
-) -> TiktokenTokenizer:
+) -> TiktokenTokenizer:  # fmt: skip
     """A byte-level BPE of `vocab_size` tokens (bytes, merges, then `special_tokens`) learned on `texts`,
     streamed; the same texts give the same ranks."""
     rustbpe = import_extra("rustbpe", 'training a tokenizer needs rustbpe: pip install -e ".[tokenizer]"')
     specials = list(dict.fromkeys(special_tokens))
     n_merges = check_vocab_size(vocab_size, specials)
-    regex = pattern_regex(pattern)
+    regex = PATTERNS.get(pattern, pattern)  # a named pattern, or a regex (it contains `\`)
+    if "\\" not in regex:
+        raise MiniGPTError(f"unknown pattern={pattern!r}; use one of {', '.join(PATTERNS)} or a regex")
     trainer = rustbpe.Tokenizer()
     try:  # on no text: the regex's own error, apart from those the texts raise (a missing data.path)
         trainer.train_from_iterator(iter(()), N_BYTES, pattern=regex)

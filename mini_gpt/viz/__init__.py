@@ -25,9 +25,8 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 120, close: bool = Tru
         with atomic_write(path, "wb") as fh:
             fig.savefig(fh, format=kind, dpi=dpi)
     except ValueError as err:  # e.g. a figure too large to rasterise
-        raise MiniGPTError(
-            f"cannot draw {path}: {err}; pick fewer layers/heads or a shorter prompt"
-        ) from None
+        message = f"cannot draw {path}: {err}; pick fewer layers/heads or a shorter prompt"
+        raise MiniGPTError(message) from None
     finally:
         if close:
             plt.close(fig)

@@ -14,6 +14,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from mini_gpt.errors import MiniGPTError
+from mini_gpt.infer.sampling import eval_no_grad
 from mini_gpt.infer.stream import token_text
 from mini_gpt.viz import save_figure as save_figure  # the CLI draws through this module: viz.save_figure
 
@@ -55,7 +56,7 @@ def parse_selection(value: Any, n: int, name: str) -> list[int]:
     return list(dict.fromkeys(picked))  # each once, in the order asked
 
 
-@torch.no_grad()
+@eval_no_grad
 def compute_attention(model: GPT, tokenizer: Any, prompt: str, max_tokens: int | None = None) -> Attention:
     """(ids, tick labels, per-layer float64 weights (n_head, T, T)) of the prompt's last `max_tokens`."""
     ids = tokenizer.encode(prompt)  # CharTokenizer raises MiniGPTError naming unknown characters
@@ -63,12 +64,7 @@ def compute_attention(model: GPT, tokenizer: Any, prompt: str, max_tokens: int |
         raise MiniGPTError(f"prompt {prompt!r} encodes to no tokens; pass some text to look at")
     block_size = model.config.block_size
     ids = ids[-min(max_tokens or block_size, block_size) :]
-    was_training = model.training
-    model.eval()
-    try:
-        atts = model.attention_weights(torch.tensor([ids], device=next(model.parameters()).device))
-    finally:
-        model.train(was_training)
+    atts = model.attention_weights(torch.tensor([ids], device=next(model.parameters()).device))
     weights = [a[0].detach().to("cpu", torch.float64).numpy() for a in atts]  # (n_head, T, T) each
     labels = [token_label(token_text(tokenizer, i)) for i in ids]
     return ids, labels, weights
@@ -92,15 +88,9 @@ def uniform_reference(T: int) -> tuple[float, float]:
 
 
 def attention_maps(
-    model: GPT,
-    tokenizer: Any,
-    prompt: str,
-    layers: Any = "all",
-    heads: Any = "all",
-    max_tokens: int | None = None,
-    attention: Attention | None = None,
-    max_inches: float | None = None,
-) -> tuple[Figure, dict[str, Any]]:
+    model: GPT, tokenizer: Any, prompt: str, layers: Any = "all", heads: Any = "all",
+    max_tokens: int | None = None, attention: Attention | None = None, max_inches: float | None = None,
+) -> tuple[Figure, dict[str, Any]]:  # fmt: skip
     """A grid of heatmaps, a row per layer and a column per head; `attention`: `compute_attention`'s, if run.
     data["weights"|"axes"|"images"][(layer, head)]: the (T, T) array, Axes and image of that panel."""
     ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
@@ -149,13 +139,9 @@ def _layer_stats(weights: list[np.ndarray], layers: list[int]) -> tuple[np.ndarr
 
 
 def attention_summary(
-    model: GPT,
-    tokenizer: Any,
-    prompt: str,
-    layers: Any = "all",
-    max_tokens: int | None = None,
+    model: GPT, tokenizer: Any, prompt: str, layers: Any = "all", max_tokens: int | None = None,
     attention: Attention | None = None,
-) -> tuple[Figure, dict[str, Any]]:
+) -> tuple[Figure, dict[str, Any]]:  # fmt: skip
     """Per layer, a bar per head: mean entropy (left) and distance (right); data["entropy"|"distance"] are
     (layers, n_head), data["bars"][name] a BarContainer per head."""
     ids, labels, weights = attention or compute_attention(model, tokenizer, prompt, max_tokens)
@@ -163,21 +149,20 @@ def attention_summary(
     n_head = model.config.n_head
     entropy, distance = _layer_stats(weights, layer_idx)
     u_ent, u_dist = uniform_reference(len(ids))
-    fig, axes = plt.subplots(
-        1, 2, figsize=(max(8.0, 1.0 + 0.35 * len(layer_idx) * n_head * 2), 3.8), layout="constrained"
-    )
+    width_in = max(8.0, 1.0 + 0.35 * len(layer_idx) * n_head * 2)
+    fig, axes = plt.subplots(1, 2, figsize=(width_in, 3.8), layout="constrained")
     x, width = np.arange(len(layer_idx)), 0.8 / n_head
-    bars: dict[str, list[Any]] = {"entropy": [], "distance": []}
+    offsets = (np.arange(n_head) - (n_head - 1) / 2) * width
+    bars: dict[str, list[Any]] = {}
     cmap = plt.get_cmap("tab10" if n_head <= 10 else "tab20")
     for ax, name, values, uniform, title, unit in (
         (axes[0], "entropy", entropy, u_ent, "attention entropy", "nats (0 = one token)"),
         (axes[1], "distance", distance, u_dist, "mean attention distance", "tokens back"),
     ):
-        for h in range(n_head):
-            offset = (h - (n_head - 1) / 2) * width
-            bars[name].append(
-                ax.bar(x + offset, values[:, h], width, color=cmap(h % cmap.N), label=f"head {h}")
-            )
+        bars[name] = [
+            ax.bar(x + offsets[h], values[:, h], width, color=cmap(h % cmap.N), label=f"head {h}")
+            for h in range(n_head)
+        ]
         ax.axhline(uniform, ls="--", c="gray", lw=1, label="uniform")
         ax.set_xticks(x, [f"layer {i}" for i in layer_idx])
         ax.set_title(title, fontsize=10)

@@ -179,16 +179,10 @@ def _seed_order(seed: Any) -> tuple[int, int, str]:
 def seeds_table(groups: list[SeedGroup]) -> tuple[list[str], list[list[str]]]:
     header = ["setting", "seeds", "mean final_val_loss", "std", "per seed", "max wall_seconds"]
     rows = [
-        [
-            g.setting or "-",
-            ",".join(map(str, g.seeds)),
-            f"{g.mean:.4f}",
-            f"{g.std:.4f}",
-            ", ".join(f"{v:.4f}" for v in g.final),
-            f"{max(g.wall):.1f}",
-        ]
+        [g.setting or "-", ",".join(map(str, g.seeds)), f"{g.mean:.4f}", f"{g.std:.4f}",
+         ", ".join(f"{v:.4f}" for v in g.final), f"{max(g.wall):.1f}"]
         for g in groups
-    ]
+    ]  # fmt: skip
     return header, rows
 
 
@@ -294,13 +288,11 @@ def plot_scaling(runs: list[Run], fit: ScalingFit, path: Path) -> None:
         xs = np.linspace(math.log10(pts[0][0]), math.log10(pts[-1][0]), 50)
         ax.plot(10**xs, np.polyval(fit.parabolas[budget], xs), color=color, alpha=0.6)
         ax.scatter([n_opt], [loss_opt], color=color, marker="*", s=200, edgecolor="black")
-    ax.set_xscale("log")
-    ax.set_xlabel("non-embedding parameters" if fit.params_key == "non_embedding_params" else "parameters")
-    ax.set_ylabel("final val loss")
     title = "isoFLOP curves (star: fitted optimum per budget)"
     if fit.exponent is not None:
         title += f"\nN_opt = {fit.coefficient:.3g} * C^{fit.exponent:.3f}"
-    ax.set_title(title)
+    xlabel = "non-embedding parameters" if fit.params_key == "non_embedding_params" else "parameters"
+    ax.set(xscale="log", xlabel=xlabel, ylabel="final val loss", title=title)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
     fig.tight_layout()

@@ -51,10 +51,30 @@ def _annotate(ax: Any, values: np.ndarray, texts: np.ndarray, cell_inches: float
 
 def _layer_by_head(ax: Axes, n_layer: int, n_head: int) -> None:
     """A layer x head heatmap's axes: a tick per head and per layer."""
-    ax.set_xticks(range(n_head))
-    ax.set_yticks(range(n_layer))
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
+    ax.set(xticks=range(n_head), yticks=range(n_layer), xlabel="head", ylabel="layer")
+
+
+def _depth_by_position(
+    values: np.ndarray, texts: np.ndarray, margin: float, below: tuple[list[str], str],
+    above: tuple[Sequence[int], list[str], str], colorbar: str, title: str, **style: Any,
+) -> Figure:  # fmt: skip
+    """A depths x positions heatmap with each cell's text; `below`: the (tokens, axis label) under it,
+    `above`: the (positions, tokens, axis label) over it; `style`: imshow's colours."""
+    depths, T = values.shape
+    width = min(MAX_INCHES, margin + 0.42 * T)
+    fig, ax = plt.subplots(figsize=(width, 1.6 + 0.42 * depths), layout="constrained")
+    image = ax.imshow(values, aspect="auto", interpolation="nearest", **style)
+    _annotate(ax, values, texts, (width - margin) / T)
+    font, rotation = _cell_font(T, width - margin), _rotation(below[0] + above[1])
+    ax.set_xticks(range(T), below[0], fontsize=font, rotation=rotation)
+    ax.set_xlabel(below[1])
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(above[0], above[1], fontsize=font, rotation=rotation)
+    top.set_xlabel(above[2])
+    ax.set_yticks(range(depths), depth_labels(depths), fontsize=8)
+    fig.colorbar(image, ax=ax, shrink=0.8, label=colorbar)
+    fig.suptitle(title)
+    return fig
 
 
 def logit_lens_figure(
@@ -66,22 +86,14 @@ def logit_lens_figure(
     depths, T = len(top_tokens), len(tokens)
     colour = np.full((depths, T), np.nan)
     colour[:, : T - 1] = next_prob
-    width = min(MAX_INCHES, 2.2 + 0.42 * T)
-    fig, ax = plt.subplots(figsize=(width, 1.6 + 0.42 * depths), layout="constrained")
-    cmap = plt.get_cmap("viridis").with_extremes(bad=(0.8, 0.8, 0.8))
-    image = ax.imshow(colour, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
     labels = [token_label(t) for t in tokens]
-    font = _cell_font(T, width - 2.2)
-    _annotate(ax, colour, np.array([[token_label(t) for t in row] for row in top_tokens]), (width - 2.2) / T)
-    rotation = _rotation(labels)
-    ax.set_xticks(range(T), labels, fontsize=font, rotation=rotation)
-    ax.set_xlabel("input token at the position")
-    top = ax.secondary_xaxis("top")
-    top.set_xticks(range(T - 1), labels[1:], fontsize=font, rotation=rotation)
-    top.set_xlabel("actual next token")
-    ax.set_yticks(range(depths), depth_labels(depths), fontsize=8)
-    fig.colorbar(image, ax=ax, shrink=0.8, label="p(actual next token)")
-    fig.suptitle("logit lens: each depth's stream through the final norm and head (text: its top token)")
+    fig = _depth_by_position(
+        colour, np.array([[token_label(t) for t in row] for row in top_tokens]), 2.2,
+        (labels, "input token at the position"), (range(T - 1), labels[1:], "actual next token"),
+        "p(actual next token)",
+        "logit lens: each depth's stream through the final norm and head (text: its top token)",
+        cmap=plt.get_cmap("viridis").with_extremes(bad=(0.8, 0.8, 0.8)), vmin=0.0, vmax=1.0,
+    )  # fmt: skip
     return fig, {"colour": colour, "tokens": labels}
 
 
@@ -89,13 +101,8 @@ def head_roles_figure(scores: Mapping[str, np.ndarray]) -> Drawn:
     """A layer x head heatmap per role (mean attention on the role's key, 0..1)."""
     n_layer, n_head = next(iter(scores.values())).shape
     panel = min(6.0, max(2.6, 0.45 * n_head + 1.0))
-    fig, axes = plt.subplots(
-        1,
-        len(scores),
-        figsize=(panel * len(scores), 1.2 + 0.4 * n_layer),
-        layout="constrained",
-        squeeze=False,
-    )
+    fig, axes = plt.subplots(1, len(scores), figsize=(panel * len(scores), 1.2 + 0.4 * n_layer),
+                             layout="constrained", squeeze=False)  # fmt: skip
     for ax, (role, values) in zip(axes[0], scores.items(), strict=True):
         image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
         _annotate(ax, values, _numbers(values), (panel - 0.8) / n_head)
@@ -121,12 +128,10 @@ def ablation_figure(results: Mapping[str, tuple[np.ndarray, np.ndarray]], base_l
         _layer_by_head(left, n_layer, n_head)
         fig.colorbar(image, ax=left, shrink=0.8, label="loss change (nats)")
         right.barh(range(n_layer), mlps, color=["tab:red" if v > 0 else "tab:blue" for v in mlps])
-        right.set_yticks(range(n_layer))
+        right.set(yticks=range(n_layer), ylabel="MLP of layer", xlabel="loss change (nats)")
         right.invert_yaxis()  # layer 0 on top, as in the heatmap
         right.axvline(0.0, color="gray", lw=0.8)
         right.set_title(f"{mode} ablation: per MLP", fontsize=10)
-        right.set_ylabel("MLP of layer")
-        right.set_xlabel("loss change (nats)")
     fig.suptitle(f"ablation: val loss {base_loss:.4f} with nothing removed", fontsize=10)
     return fig, {"results": dict(results), "base_loss": base_loss}
 
@@ -134,21 +139,12 @@ def ablation_figure(results: Mapping[str, tuple[np.ndarray, np.ndarray]], base_l
 def patching_figure(recovered: np.ndarray, clean: Sequence[str], corrupted: Sequence[str]) -> Drawn:
     """Depths x positions: the fraction of the clean-vs-corrupted logit difference recovered by copying
     the clean stream into the corrupted run there (1 = all of it, 0 = none)."""
-    depths, T = recovered.shape
-    width = min(MAX_INCHES, 2.4 + 0.42 * T)
-    fig, ax = plt.subplots(figsize=(width, 1.6 + 0.42 * depths), layout="constrained")
-    norm = CenteredNorm(0.0, max(1.0, float(np.abs(recovered).max())))
-    image = ax.imshow(recovered, cmap="RdBu_r", norm=norm, aspect="auto", interpolation="nearest")
-    font = _cell_font(T, width - 2.4)
-    _annotate(ax, recovered, _numbers(recovered), (width - 2.4) / T)
-    labels, changed = [token_label(t) for t in clean], [t for t in range(T) if clean[t] != corrupted[t]]
-    rotation = _rotation(labels + [token_label(corrupted[t]) for t in changed])
-    ax.set_xticks(range(T), labels, fontsize=font, rotation=rotation)
-    ax.set_xlabel("clean token at the position")
-    top = ax.secondary_xaxis("top")
-    top.set_xticks(changed, [token_label(corrupted[t]) for t in changed], fontsize=font, rotation=rotation)
-    top.set_xlabel("corrupted token where it differs")
-    ax.set_yticks(range(depths), depth_labels(depths), fontsize=8)
-    fig.colorbar(image, ax=ax, shrink=0.8, label="logit difference recovered")
-    fig.suptitle("activation patching: the clean stream copied into the corrupted run at one place")
+    changed = [t for t in range(recovered.shape[1]) if clean[t] != corrupted[t]]
+    fig = _depth_by_position(
+        recovered, _numbers(recovered), 2.4, ([token_label(t) for t in clean], "clean token at the position"),
+        (changed, [token_label(corrupted[t]) for t in changed], "corrupted token where it differs"),
+        "logit difference recovered",
+        "activation patching: the clean stream copied into the corrupted run at one place",
+        cmap="RdBu_r", norm=CenteredNorm(0.0, max(1.0, float(np.abs(recovered).max()))),
+    )  # fmt: skip
     return fig, {"recovered": recovered}

@@ -9,6 +9,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import yaml
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
@@ -79,10 +80,8 @@ def resumed_from(run_dir: Path) -> Path | None:
 def run_segments(run_dir: Path) -> list[Path]:
     """The run directories a run resumed (perhaps several times) is made of, oldest first."""
     segments = [run_dir]
-    seen = {run_dir.resolve()}
-    while (previous := resumed_from(segments[0])) is not None and previous.resolve() not in seen:
-        segments.insert(0, previous)
-        seen.add(previous.resolve())
+    while (prev := resumed_from(segments[0])) and prev.resolve() not in [s.resolve() for s in segments]:
+        segments.insert(0, prev)
     return segments
 
 
@@ -142,6 +141,15 @@ def _sorted(series: Series) -> tuple[list[int], list[float]]:
     return steps, [series[s] for s in steps]
 
 
+def _losses(ax: Axes, curves: dict[str, Series], data: dict[str, Any], **styles: dict[str, Any]) -> None:
+    """The train and val loss curves there are, drawn in styles[name] and kept in data[name]."""
+    for name, label in (("train_loss", "train"), ("val_loss", "val")):
+        if curves.get(name):
+            data[name] = _sorted(curves[name])
+            ax.plot(*data[name], label=label, **styles[name])
+    ax.set_ylabel("loss (nats/token)")
+
+
 def reference_band(run_dir: Path) -> Band | None:
     """The reference band of the run's recipe, in the run's optimizer steps, when one matches its config."""
     found = run_reference(run_dir)
@@ -166,17 +174,12 @@ def plot_curves(
     axes = list(axes[:, 0])
     ax_loss = axes[0]
     data: dict[str, Any] = {}
-    styles = {"train_loss": dict(lw=1, alpha=0.8), "val_loss": dict(marker="o", ms=3, lw=1.5)}
-    for name, label in (("train_loss", "train"), ("val_loss", "val")):
-        if curves.get(name):
-            data[name] = _sorted(curves[name])
-            ax_loss.plot(*data[name], label=label, **styles[name])
+    _losses(ax_loss, curves, data, train_loss=dict(lw=1, alpha=0.8), val_loss=dict(marker="o", ms=3, lw=1.5))
     if band is not None:
         steps, mean, half, label = band
         lower, upper = [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)]
         ax_loss.fill_between(steps, lower, upper, color="tab:orange", alpha=0.2, lw=0, label=label)
         ax_loss.plot(steps, mean, color="tab:orange", lw=1, ls="--")
-    ax_loss.set_ylabel("loss (nats/token)")
     values = [v for _, vals in data.values() for v in vals]
     if values and min(values) > 0 and max(values) / min(values) > 4:
         ax_loss.set_yscale("log")  # early loss is much larger than late loss
@@ -298,11 +301,7 @@ def plot_head_roles(
     shows as a jump in the induction score where the loss bends. data = {name: (steps, values)} as drawn."""
     fig, (ax_loss, ax_roles) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, layout="constrained")
     data: dict[str, Any] = {}
-    for name, label in (("train_loss", "train"), ("val_loss", "val")):
-        if curves.get(name):
-            data[name] = _sorted(curves[name])
-            ax_loss.plot(*data[name], label=label, marker="o" if name == "val_loss" else None, ms=3, lw=1)
-    ax_loss.set_ylabel("loss (nats/token)")
+    _losses(ax_loss, curves, data, train_loss=dict(ms=3, lw=1), val_loss=dict(marker="o", ms=3, lw=1))
     ax_loss.legend()
     ax_loss.grid(alpha=0.3)
     if title:
@@ -310,10 +309,8 @@ def plot_head_roles(
     for role, series in roles.items():
         data[role] = _sorted(series)
         ax_roles.plot(*data[role], marker=".", lw=1.5, label=role.replace("_", "-"))
-    ax_roles.set_ylabel("best head's score")
-    ax_roles.set_ylim(0, 1)
+    ax_roles.set(ylabel="best head's score", ylim=(0, 1), xlabel="optimizer step")
     ax_roles.legend()
     ax_roles.grid(alpha=0.3)
-    ax_roles.set_xlabel("optimizer step")
     data["axes"] = [ax_loss, ax_roles]
     return fig, data

@@ -14,5 +14,4 @@ from mini_gpt.train.callbacks.throughput import Throughput, measure_cpu_matmul_f
 
 __all__ = ["AtomicCheckpointIO", "AttentionMaps", "EvalCheckpoint", "EvaluateCallback", "HeadRoles", "Health"]
 __all__ += ["LossGuard", "ProgressBar", "Recorder", "RunRecord", "SampleText", "StopOnSignal", "Throughput"]
-__all__ += ["resume_command"]
-__all__ += ["measure_cpu_matmul_flops", "peak_flops"]
+__all__ += ["measure_cpu_matmul_flops", "peak_flops", "resume_command"]

@@ -24,11 +24,8 @@ def _wandb_loggers(trainer: L.Trainer) -> list[Any]:
     """WandbLoggers whose run really records something (WANDB_MODE=disabled counts as W&B off)."""
     if os.environ.get("WANDB_MODE", "").lower() == "disabled":
         return []
-    return [
-        logger
-        for logger in trainer.loggers
-        if isinstance(logger, WandbLogger) and not getattr(logger.experiment, "disabled", False)
-    ]
+    wandb = [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
+    return [logger for logger in wandb if not getattr(logger.experiment, "disabled", False)]
 
 
 class AttentionMaps(StepCallback):
@@ -36,17 +33,10 @@ class AttentionMaps(StepCallback):
     line less the characters the tokenizer lacks)."""
 
     def __init__(
-        self,
-        every_n_steps: int = 0,
-        prompt: str | None = None,
-        layers: Any = "all",
-        heads: Any = "all",
-        summary: bool = True,
-        max_tokens: int | None = 64,
-        out_dir: str | None = None,
-        dpi: int = 100,
+        self, every_n_steps: int = 0, prompt: str | None = None, layers: Any = "all", heads: Any = "all",
+        summary: bool = True, max_tokens: int | None = 64, out_dir: str | None = None, dpi: int = 100,
         max_inches: float = 12.0,
-    ) -> None:
+    ) -> None:  # fmt: skip
         at_least(0, **{"callbacks.attention_maps.every_n_steps": every_n_steps})
         self.every_n_steps, self.prompt, self.layers, self.heads = every_n_steps, prompt, layers, heads
         self.out_dir, self.dpi = out_dir, dpi
@@ -72,9 +62,7 @@ class AttentionMaps(StepCallback):
             return
         if self.prompt:
             pl_module.tokenizer.encode(self.prompt)  # a prompt the vocabulary cannot spell: MiniGPTError now
-            self._prompt_text = self.prompt
-            return
-        self._prompt_text = pl_module.tokenizer.known_text(DEFAULT_PROMPT)  # another corpus's chars lack some
+        self._prompt_text = self.prompt or pl_module.tokenizer.known_text(DEFAULT_PROMPT)
         if not self._prompt_text:
             raise MiniGPTError(
                 "callbacks.attention_maps: the tokenizer can encode none of the default prompt; "
@@ -91,8 +79,7 @@ class AttentionMaps(StepCallback):
             step = trainer.global_step
             drawn = self.figures.draw(pl_module.model, pl_module.tokenizer, self._prompt_text, step)
             figures = {name: fig for name, (fig, _) in drawn.items()}
-            loggers = _wandb_loggers(trainer)
-            if loggers:
+            if loggers := _wandb_loggers(trainer):
                 import wandb  # only when a W&B run records: heavy, and optional
                 from PIL import Image
 

@@ -42,10 +42,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         path = Path(path)
         try:
-            _remove_stale_temporaries(path.parent)
+            for tmp in path.parent.glob(".*.tmp"):  # `.<name>.<pid>.tmp` of a save killed mid-write
+                pid = tmp.name.removesuffix(".tmp").rpartition(".")[2]
+                if pid.isdigit() and not psutil.pid_exists(int(pid)):
+                    tmp.unlink(missing_ok=True)
             with atomic_write(path, "wb") as fh:
                 torch.save(checkpoint, fh)
-            _fsync_dir(path.parent)
+            with contextlib.suppress(OSError):  # the rename made durable (POSIX; where folders open)
+                fd = os.open(path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         except (OSError, RuntimeError) as err:
             # torch's zip writer reports a full disk as a RuntimeError (_ZIP_WRITE_FAILURES)
             if isinstance(err, RuntimeError) and not any(m in str(err) for m in _ZIP_WRITE_FAILURES):
@@ -78,29 +86,8 @@ _ZIP_WRITE_FAILURES = ("unexpected pos", "file write failed")
 def _state_bytes(obj: Any) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_state_bytes(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return sum(_state_bytes(v) for v in obj)
-    return 0
-
-
-def _remove_stale_temporaries(directory: Path) -> None:
-    """Delete the `.<name>.<pid>.tmp` files of saves whose process no longer runs (killed mid-write)."""
-    for tmp in directory.glob(".*.tmp"):
-        pid = tmp.name.removesuffix(".tmp").rpartition(".")[2]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            tmp.unlink(missing_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in `directory` durable (POSIX); a no-op where folders cannot be opened."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list | tuple) else ()
+    return sum(_state_bytes(v) for v in values)
 
 
 class EvalCheckpoint(ModelCheckpoint):
@@ -138,26 +125,19 @@ def resume_command(ckpt: Path) -> str:
     return shlex.join([*program, f"ckpt_path={Path(ckpt).resolve()}"])
 
 
-def all_finite(module: torch.nn.Module) -> bool:
-    """Whether every weight is finite (one device read): a NaN/inf loss leaves NaN weights after its step."""
-    return bool(torch.stack([p.detach().isfinite().all() for p in module.parameters()]).all())
-
-
 def save_last_now(trainer: L.Trainer, pl_module: L.LightningModule, why: str) -> Path | None:
     """Write last.ckpt now (between two optimizer steps, so resuming is exact) and say how to resume; None
     (nothing written) without a checkpoint callback or with NaN/inf weights. Every rank calls it."""
     path = last_checkpoint_path(trainer)
-    if path is None or not all_finite(pl_module):
+    # A NaN/inf loss leaves NaN weights after its step: never save them (one device read).
+    if path is None or not torch.stack([p.detach().isfinite().all() for p in pl_module.parameters()]).all():
         return None
     # Private: trainer.save_checkpoint ends at a barrier, where a rank interrupted alone would wait.
     checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
     trainer.strategy.save_checkpoint(checkpoint, path)
     if trainer.is_global_zero:
-        print(
-            f"{why} at step {trainer.global_step}: saved {path}\nresume with: {resume_command(path)}",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"{why} at step {trainer.global_step}: saved {path}\nresume with: {resume_command(path)}",
+              file=sys.stderr, flush=True)  # fmt: skip
     return path
 
 

@@ -19,24 +19,15 @@ class EvaluateCallback(StepCallback):
     """Every `every_n_steps` optimizer steps (0 = off) and after the last, log `eval/<task>/<metric>`."""
 
     def __init__(
-        self,
-        every_n_steps: int = 0,
-        tasks: Any = ("bpb",),
-        stride: int | None = None,
-        batch_size: int = 16,
-        hellaswag_path: str | None = None,
-        hellaswag_limit: int | None = 1000,
-    ) -> None:
+        self, every_n_steps: int = 0, tasks: Any = ("bpb",), stride: int | None = None, batch_size: int = 16,
+        hellaswag_path: str | None = None, hellaswag_limit: int | None = 1000,
+    ) -> None:  # fmt: skip
         at_least(0, **{"callbacks.evaluate.every_n_steps": every_n_steps})
         self.tasks = [tasks] if isinstance(tasks, str) else list(tasks)
-        unknown = [t for t in self.tasks if t not in TASKS]
-        if unknown:
+        if unknown := [t for t in self.tasks if t not in TASKS]:
             raise MiniGPTError(f"callbacks.evaluate.tasks has unknown {unknown}; choose from {list(TASKS)}")
-        self.every_n_steps = every_n_steps
-        self.stride = stride
-        self.batch_size = batch_size
-        self.hellaswag_path = hellaswag_path
-        self.hellaswag_limit = hellaswag_limit
+        self.every_n_steps, self.stride, self.batch_size = every_n_steps, stride, batch_size
+        self.hellaswag_path, self.hellaswag_limit = hellaswag_path, hellaswag_limit
         self.history: list[tuple[int, dict[str, float]]] = []  # (step, metrics) as logged
         self._inputs = TaskInputs()
         self._tokenizer: Any = None

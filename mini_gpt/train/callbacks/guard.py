@@ -61,12 +61,8 @@ class LossGuard(StepCallback):
             self._stop(NonFiniteLossError, trainer, what, *tip)
 
     def _diverged(self, trainer: L.Trainer, pl_module: Any, what: str) -> None:
-        limit = (
-            f"{self.factor:g} x ln(vocab) = {self.limit(pl_module):.2f} (a uniform guess scores ln(vocab))"
-        )
-        self._stop(
-            DivergedError, trainer, f"training diverged by step {trainer.global_step}: {what} > {limit}"
-        )
+        cap = f"{self.factor:g} x ln(vocab) = {self.limit(pl_module):.2f} (a uniform guess scores ln(vocab))"
+        self._stop(DivergedError, trainer, f"training diverged by step {trainer.global_step}: {what} > {cap}")
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: Any) -> None:
         every = self.check_every_n_steps or max(1, trainer.log_every_n_steps)
@@ -75,9 +71,8 @@ class LossGuard(StepCallback):
         if (loss := logged_train_loss(trainer)) is None:
             return
         self.logged.append((trainer.global_step, loss))
-        recent = list(self.logged)
-        if len(recent) == self.patience and all(loss > self.limit(pl_module) for _, loss in recent):
-            losses = ", ".join(f"{loss:.4g}" for _, loss in recent)
+        if len(self.logged) == self.patience and all(loss > self.limit(pl_module) for _, loss in self.logged):
+            losses = ", ".join(f"{loss:.4g}" for _, loss in self.logged)
             self._diverged(trainer, pl_module, f"train loss {losses} at {self.patience} log steps in a row")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: Any) -> None:

@@ -1,6 +1,5 @@
-"""Is the run healthy? Per-layer signals under `health/` and a one-line diagnosis of each loss spike
-(what they mean: docs/training.md#reading-a-run). Nothing here reads the device on a step that does not
-log."""
+"""Is the run healthy? Per-layer signals under `health/` and a one-line diagnosis of each loss spike (what
+they mean: docs/training.md#reading-a-run). Nothing here reads the device on a step that does not log."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ from torch import Tensor, nn
 
 from mini_gpt.data.windows import ValWindows
 from mini_gpt.errors import MiniGPTError, at_least
+from mini_gpt.infer.sampling import eval_no_grad
 from mini_gpt.model.gpt import GPT
 from mini_gpt.train.callbacks.base import StepCallback, logged_train_loss
 from mini_gpt.train.module import exact, is_log_step
@@ -29,12 +29,9 @@ def model_parts(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     for name, p in model.named_parameters():  # a tied tensor is listed once, as transformer.wte.weight
         if not p.requires_grad:
             continue
+        part = "embedding" if name.startswith(("transformer.wte.", "transformer.wpe.")) else "head"
         if name.startswith("transformer.h."):
             part = f"block_{name.split('.')[2]}"
-        elif name.startswith(("transformer.wte.", "transformer.wpe.")):
-            part = "embedding"
-        else:
-            part = "head"
         parts.setdefault(part, []).append(p)
     return parts
 
@@ -44,21 +41,15 @@ def _flat(params: list[Tensor]) -> Tensor:
     return torch.cat([p.detach().reshape(-1).float() for p in params])
 
 
-@torch.no_grad()
+@eval_no_grad
 def probe(model: GPT, idx: Tensor) -> tuple[Tensor, Tensor]:
     """One forward of idx (B, T) on the exact path, in eval mode: each block's output RMS (the residual
     stream's size) and each layer's attention entropy in nats (-sum p ln p of a query's weights, averaged
     over windows, heads and positions)."""
-    modes = [(module, module.training) for module in model.modules()]  # restored as they were, one by one
-    model.eval()
-    try:
-        rms, entropy = [], []
-        for x, att in model.exact_layers(idx):  # (B, T, C), (B, nh, T, T)
-            rms.append(x.float().pow(2).mean().sqrt())
-            entropy.append(-torch.special.xlogy(att, att).sum(-1).mean())
-    finally:
-        for module, training in modes:
-            module.training = training
+    rms, entropy = [], []
+    for x, att in model.exact_layers(idx):  # (B, T, C), (B, nh, T, T)
+        rms.append(x.float().pow(2).mean().sqrt())
+        entropy.append(-torch.special.xlogy(att, att).sum(-1).mean())
     return torch.stack(rms), torch.stack(entropy)
 
 
@@ -113,10 +104,9 @@ class SpikeRule:
         """The part whose norm is the most times its median over the window's steps."""
         growth = {}
         for part, now in norms.items():
-            past = [n[part] for n in self._norms if part in n]
-            if past and statistics.median(past) > 0:
-                growth[part] = now / statistics.median(past)
-        part = max(growth, key=growth.__getitem__) if growth else None
+            if (median := statistics.median([n[part] for n in self._norms if part in n] or [0])) > 0:
+                growth[part] = now / median
+        part = max(growth, key=growth.__getitem__, default=None)
         return part, growth.get(part, 0.0)
 
 
@@ -128,12 +118,9 @@ class Health(StepCallback):
     `spike:` line and counts in `run/spikes` (summary.json's `spikes`); the run goes on."""
 
     def __init__(
-        self,
-        every_n_steps: int | None = None,
-        spike_mads: float = 6.0,
-        spike_window: int = 20,
+        self, every_n_steps: int | None = None, spike_mads: float = 6.0, spike_window: int = 20,
         entropy_windows: int = 2,
-    ) -> None:
+    ) -> None:  # fmt: skip
         at_least(0, **{"callbacks.health.every_n_steps": every_n_steps})
         at_least(4, **{"callbacks.health.spike_window": spike_window})
         at_least(1, **{"callbacks.health.entropy_windows": entropy_windows})
@@ -187,10 +174,9 @@ class Health(StepCallback):
         norms = [torch.nn.utils.get_total_norm(g).to(pl_module.device) for g in grads]
         self._norms = (step, torch.stack(norms))
         if step % self._every == 0:  # the weights before the step, for ||dw|| / ||w|| after it
-            groups = [
-                (g.get("group", f"group_{i}"), g["params"]) for i, g in enumerate(optimizer.param_groups)
-            ]
-            self._before = [(name, params, _flat(params)) for name, params in groups]
+            groups = optimizer.param_groups
+            named = [(group.get("group", f"group_{i}"), group["params"]) for i, group in enumerate(groups)]
+            self._before = [(name, params, _flat(params)) for name, params in named]
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: Any) -> None:
         step = trainer.global_step

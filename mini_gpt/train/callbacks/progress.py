@@ -100,9 +100,8 @@ class ProgressBar(RichProgressBar):
     @property
     def total_train_batches(self) -> int | float:
         # The bar counts micro-batches from step 0, also after a resume: its total is the whole run.
-        trainer = self.trainer
-        if trainer.max_steps > 0:
-            return trainer.max_steps * trainer.accumulate_grad_batches
+        if self.trainer.max_steps > 0:
+            return self.trainer.max_steps * self.trainer.accumulate_grad_batches
         return super().total_train_batches
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from mini_gpt.errors import at_least
 from mini_gpt.infer.sampling import generate
+from mini_gpt.infer.stream import encode_prompt
 from mini_gpt.train.callbacks.base import StepCallback
 
 
@@ -19,17 +20,10 @@ class SampleText(StepCallback):
     private seeded generator leaves the global RNG (dropout), and so training, untouched."""
 
     def __init__(
-        self,
-        every_n_steps: int = 500,
-        prompt: str = "\n",
-        max_new_tokens: int = 200,
-        temperature: float = 0.8,
-        top_k: int | None = 40,
-        top_p: float | None = None,
-        seed: int = 0,
-        at_end: bool = True,
-        print_samples: bool = True,
-    ) -> None:
+        self, every_n_steps: int = 500, prompt: str = "\n", max_new_tokens: int = 200,
+        temperature: float = 0.8, top_k: int | None = 40, top_p: float | None = None, seed: int = 0,
+        at_end: bool = True, print_samples: bool = True,
+    ) -> None:  # fmt: skip
         at_least(0, **{"callbacks.sample_text.every_n_steps": every_n_steps})
         at_least(1, **{"callbacks.sample_text.max_new_tokens": max_new_tokens})
         self.every_n_steps = every_n_steps  # 0 = only at the end
@@ -39,10 +33,8 @@ class SampleText(StepCallback):
         self.rows: list[list[Any]] = []  # (step, text) for the W&B table
 
     def sample(self, pl_module: L.LightningModule) -> str:
-        tok = pl_module.tokenizer
-        ids = (tok.encode(self.prompt) if self.prompt else []) or [tok.start_id]  # "": end-of-text or "\n"
-        device = pl_module.device
-        idx = torch.tensor([ids], dtype=torch.long, device=device)
+        tok, device = pl_module.tokenizer, pl_module.device
+        idx = torch.tensor([encode_prompt(tok, self.prompt)], dtype=torch.long, device=device)
         gen = torch.Generator(device=device).manual_seed(self.seed + pl_module.global_step)
         sampling = dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, generator=gen)
         return tok.decode(generate(pl_module.model, idx, self.max_new_tokens, **sampling)[0].tolist())

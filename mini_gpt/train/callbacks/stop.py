@@ -62,10 +62,9 @@ class StopOnSignal(StepCallback):
             for signum in (signal.SIGTERM, signal.SIGUSR1):
                 self._previous[signum] = signal.signal(signum, self._on_preemption)
 
-    def _restore(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            for signum, handler in self._previous.items():
-                signal.signal(signum, handler)
+    def _restore(self) -> None:  # handlers were set (and so are put back) in the main thread only
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
         self._previous = {}
 
     def _preempt_now(self, trainer: L.Trainer) -> bool:
@@ -82,7 +81,7 @@ class StopOnSignal(StepCallback):
             raise KeyboardInterrupt  # Lightning shuts down gracefully and exits with status 1
         if not self._preempt_now(trainer):
             return
-        signum = self.preempted_by if self.preempted_by is not None else signal.SIGTERM  # another rank's
+        signum = self.preempted_by or signal.SIGTERM  # None: another rank's
         name = signal.Signals(signum).name
         path = save_last_now(trainer, pl_module, f"preempted ({name})")
         requeued = ""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
+import timeit
 from typing import Any
 
 import lightning as L
@@ -25,16 +27,10 @@ def measure_cpu_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 512, r
     """Best-of-`repeats` FLOP/s of an n x n matmul on this CPU with torch's current threads (~0.1 s)."""
     try:
         gen = torch.Generator().manual_seed(0)  # not the global generator: dropout masks must not shift
-        a = torch.randn(n, n, dtype=dtype, generator=gen)
-        b = torch.randn(n, n, dtype=dtype, generator=gen)
+        a, b = (torch.randn(n, n, dtype=dtype, generator=gen) for _ in range(2))
         reps = 4
         torch.mm(a, b)  # warm up (thread pool, kernel choice)
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                torch.mm(a, b)
-            best = min(best, time.perf_counter() - t0)
+        best = min(timeit.repeat(lambda: torch.mm(a, b), number=reps, repeat=repeats))
         return 2 * n**3 * reps / best
     except (RuntimeError, TypeError):
         return _DEFAULT_CPU_PEAK_FLOPS
@@ -51,11 +47,8 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
     with LoadMeter() as load:
         peak = measure_cpu_matmul_flops(dtype)
     if peak != _DEFAULT_CPU_PEAK_FLOPS and load.other_load is not None and load.other_load < 0.5:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, {**(read_json(path) or {}), key: peak}, indent=1)
-        except OSError:
-            pass  # a read-only home: measure again next time
+        with contextlib.suppress(OSError):  # a read-only home: measure again next time
+            write_json_atomic(path, {**(read_json(path) or {}), key: peak}, indent=1)  # makes the folder
     return peak
 
 
@@ -66,9 +59,7 @@ def peak_flops(device: torch.device, precision: str = "32-true", override: float
     dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(str(precision).split("-")[0], torch.float32)
     if device.type == "cuda":
         return float(get_available_flops(device, dtype) or 0.0)  # 0: MFU is not logged
-    if device.type == "cpu":
-        return cpu_peak_flops(dtype)
-    return 0.0
+    return cpu_peak_flops(dtype) if device.type == "cpu" else 0.0
 
 
 def side_seconds(trainer: L.Trainer) -> float:
@@ -93,13 +84,9 @@ class Throughput(StepCallback):
         self.peak: float | None = None
         self.total_tokens = 0  # trained tokens in this run (all ranks)
         self.total_seconds = 0.0  # training seconds in this run
-        self._tokens = 0
-        self._t0 = 0.0
+        self._tokens, self._seq_len, self._flops_per_token = 0, 0, 0.0
+        self._t0 = self._val_t0 = self._val_seconds = 0.0
         self._side_t0 = 0.0  # the logged side-work seconds at the start of the interval
-        self._val_t0 = 0.0
-        self._val_seconds = 0.0
-        self._flops_per_token = 0.0
-        self._seq_len = 0
 
     def _sync(self, pl_module: L.LightningModule) -> None:
         if pl_module.device.type == "cuda":
