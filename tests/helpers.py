@@ -3,12 +3,17 @@ tests/ on the path). Fixtures live in conftest.py."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import pickle
 import random
 import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -343,3 +348,16 @@ def help_keys(text: str) -> dict[str, str]:
             path = [*path[: len(match.group(1)) // 2], match.group(2)]
             keys[".".join(path)] = line
     return keys
+
+
+@contextlib.contextmanager
+def busy_processes(n: int) -> Iterator[None]:
+    """`n` other processes, each keeping a CPU core busy (a shared machine's neighbours), during the block."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(0.5 if n else 0)  # running before a load meter looks
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()

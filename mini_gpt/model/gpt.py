@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -103,10 +104,26 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(h))  # (B, T, C)
 
 
+class LayerNorm(nn.Module):
+    """nn.LayerNorm's math and parameters, with the scale and shift applied after F.layer_norm: their
+    gradients are then plain sums over positions, the same bits with any number of CPU threads. (The
+    fused CPU backward splits those sums across threads, so threads=1 and 2 trained apart.)"""
+
+    def __init__(self, n_embd: int, bias: bool = True, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(n_embd))
+        self.bias = nn.Parameter(torch.zeros(n_embd)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.layer_norm(x, self.weight.shape, eps=self.eps)  # (B, T, C): mean 0, variance 1 per position
+        return x * self.weight if self.bias is None else torch.addcmul(self.bias, x, self.weight)  # b + x*w
+
+
 def make_norm(config: GPTConfig) -> nn.Module:
     if config.norm == "rmsnorm":
         return nn.RMSNorm(config.n_embd, eps=1e-5)
-    return nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
+    return LayerNorm(config.n_embd, bias=config.bias)
 
 
 class Block(nn.Module):

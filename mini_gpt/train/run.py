@@ -210,7 +210,8 @@ def train(
         finish_wandb(loggers, log_model, best, announce=status is not None)
         summary, path = None, plan.run_dir / "summary.json"
         if status is not None and trainer.is_global_zero:
-            summary = write_summary(path, status, started, trainer, module, recorder.record, plan.recipe)
+            why = plan.threads[1] if plan.threads else None
+            summary = write_summary(path, status, started, trainer, module, recorder.record, plan.recipe, why)
             if status == "interrupted":  # Ctrl-C: Lightning exits (status 1) without returning here
                 print_summary(path, summary)
         torch.set_num_threads(torch_threads)

@@ -42,9 +42,10 @@ def run_status(error: BaseException | None, step: int, start_step: int) -> str |
 
 def write_summary(
     path: Path, status: str, start: float, trainer: L.Trainer, module: GPTLitModule, record: RunRecord,
-    recipe: Mapping[str, Any] | None = None,
+    recipe: Mapping[str, Any] | None = None, threads_reason: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """`record`: the fit's curves; `recipe`: the run's recipe key, to judge them against its band."""
+    """`record`: the fit's curves; `recipe`: the run's recipe key, to judge them against its band;
+    `threads_reason`: why the run took its CPU threads (the start line's)."""
     checkpoint, metrics = trainer.checkpoint_callback, dict(trainer.callback_metrics)
     vals = record.val_curve
     best = getattr(checkpoint, "best_model_path", "")
@@ -67,6 +68,7 @@ def write_summary(
         "non_embedding_params": module.model.num_params(non_embedding=True),
         "precision": str(trainer.precision),  # what trainer.precision=auto chose
         "threads": torch.get_num_threads(),  # what threads=auto chose
+        "threads_reason": threads_reason,
         "wall_seconds": time.time() - start,
         "tokens_per_sec": None if rate is None else float(rate),
         "spikes": None if spikes is None else int(spikes),

@@ -37,9 +37,11 @@ SUMMARY_KEYS = {
 }
 
 
-def _overrides(run_dir: Path, data_dir: Path, shakespeare: Path, *extra: str) -> list[str]:
+def _overrides(
+    run_dir: Path, data_dir: Path, shakespeare: Path, *extra: str, model: str = "tiny"
+) -> list[str]:
     return [
-        "model=tiny",
+        f"model={model}",
         "logger=none",
         f"paths.run_dir={run_dir}",
         f"data.path={shakespeare}",
@@ -52,7 +54,6 @@ def _overrides(run_dir: Path, data_dir: Path, shakespeare: Path, *extra: str) ->
         "trainer.log_every_n_steps=1",
         "callbacks.sample_text.every_n_steps=0",
         "callbacks.sample_text.max_new_tokens=16",
-        f"threads={torch.get_num_threads()}",  # runs compared bit for bit: the same count, whatever the load
         *extra,
     ]
 
@@ -217,6 +218,66 @@ def test_preemption_at_a_random_step_saves_and_resumes_exactly(
     )
     assert resumed["status"] == "completed" and resumed["start_step"] == step
     assert resumed["final_val_loss"] == whole["final_val_loss"], f"signal at step {step}"
+
+
+@pytest.mark.parametrize("model", ["tiny", "char"])
+def test_the_same_seed_gives_the_same_numbers_whatever_the_load(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, model: str
+) -> None:
+    """One command three times: on two threads, on one, and with threads=auto beside a busy process (auto
+    takes fewer threads on a busy CPU): the same val curve, bit for bit (the tiny model and the default)."""
+    from helpers import busy_processes
+
+    common = ("trainer.max_steps=12", "trainer.val_check_interval=4", "seed=7", "optim.warmup_steps=2")
+    summaries = {}
+    for name, threads, busy in (("two", "2", 0), ("one", "1", 0), ("busy", "auto", 1)):
+        with busy_processes(busy):
+            overrides = _overrides(tmp_path / name, char_data_dir, shakespeare_path, *common, model=model)
+            summaries[name], _ = _fit(compose, [*overrides, f"threads={threads}"])
+    assert (summaries["two"]["threads"], summaries["one"]["threads"]) == (2, 1)
+    assert summaries["busy"]["threads_reason"].startswith("auto: ")
+    curves = {name: [(step, val) for step, _, val in s["val_curve"]] for name, s in summaries.items()}
+    assert len(curves["two"]) == 3
+    assert curves["one"] == curves["two"] == curves["busy"], summaries["busy"]["threads_reason"]
+
+
+def test_killed_again_and_again_under_changing_load_resumes_exactly(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+) -> None:
+    """`kill -9` three times, each restart on another thread count beside another number of busy
+    processes (what threads=auto does when the load changes): the last resumed run ends on the
+    uninterrupted run's val loss, bit for bit."""
+    from helpers import busy_processes
+
+    common = ("trainer.max_steps=12", "trainer.val_check_interval=2", "optim.warmup_steps=2", "optim.lr=3e-3")
+    whole, _ = _fit(compose, _overrides(tmp_path / "whole", char_data_dir, shakespeare_path, *common))
+    env = _env(tmp_path)
+    env["PYTHONPATH"] += os.pathsep + str(REPO / "tests")  # helpers.signal_at_step in the child
+    last: Path | None = None
+    # (the step at whose start the run kills itself, its threads, busy processes beside it); a last.ckpt
+    # every 2 steps, so each restart redoes the steps the kill lost.
+    for i, (kill_at, threads, busy) in enumerate(((4, "2", 0), (7, "1", 1), (10, "auto", 2), (None, "2", 1))):
+        run_dir = tmp_path / f"part{i}"
+        args = _overrides(run_dir, char_data_dir, shakespeare_path, *common, f"threads={threads}")
+        args += ["callbacks.sample_text.at_end=false", f"hydra.run.dir={run_dir}"]
+        args += [f"ckpt_path={last}"] if last else []
+        # `++`: a resumed run restores its config, this callback included; step 0 never comes
+        args += ["++callbacks.kill._target_=helpers.signal_at_step", f"++callbacks.kill.step={kill_at or 0}"]
+        args += [f"++callbacks.kill.signum={int(signal.SIGKILL)}"]
+        with busy_processes(busy):
+            proc = subprocess.run(
+                [sys.executable, str(REPO / "train.py"), *args],
+                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+        if kill_at:
+            assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+            last = run_dir / "checkpoints" / "last.ckpt"
+            saved = kill_at - 1 - (kill_at - 1) % 2  # the last evaluation before the kill
+            assert torch.load(last, weights_only=True)["global_step"] == saved
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert (resumed["status"], resumed["start_step"], resumed["steps"]) == ("completed", 8, 12)
+    assert resumed["final_val_loss"] == whole["final_val_loss"]
 
 
 def test_ctrl_c_prints_the_summary_last(

@@ -166,6 +166,15 @@ def test_trained_model_greedy_tokens_at_each_outtype(tmp_path, trained, outtype)
     err = relative_error(their_logits, my_logits)
     print(f"trained char model {outtype}: max |logit difference| / max |logit| = {err:.2e}")
     assert err < {"f32": 1e-3, "f16": 1e-2, "q8_0": 3e-2}[outtype]
+    if outtype == "q8_0" and their_ids != my_ids:  # 8-bit weights may flip a near-tie, and only that
+        at = next(i for i, (a, b) in enumerate(zip(their_ids, my_ids)) if a != b)
+        with torch.no_grad():
+            step = model(torch.tensor([prompt + my_ids[:at]]))[0][0, -1]  # our logits where they part
+        best, second = step.topk(2).values.tolist()
+        near_tie = 2 * err * np.abs(my_logits).max()  # both sides within err of the true logits
+        assert best - second < near_tie, (at, best - second, tokenizer.decode(their_ids))
+        assert at >= 16, tokenizer.decode(their_ids)
+        their_ids, my_ids = their_ids[:at], my_ids[:at]
     assert their_ids == my_ids, (tokenizer.decode(their_ids), tokenizer.decode(my_ids))
 
 
