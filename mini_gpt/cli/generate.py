@@ -87,8 +87,11 @@ def run(cfg: GenerateConfig, out: TextIO | None = None, err: TextIO | None = Non
         out.write(tails[0] + "\n")
     else:
         for i, stream in enumerate(streams):
-            out.write(f"--- sample {i + 1}/{n} ---\n" * (n > 1) + prompt + stream.text + "\n")
-        out.write("---\n" * (n > 1))
+            if n > 1:
+                out.write(f"--- sample {i + 1}/{n} ---\n")
+            out.write(prompt + stream.text + "\n")
+        if n > 1:
+            out.write("---\n")
     out.flush()
     tokens_per_sec = generated / seconds if seconds > 0 else float("inf")
     print(f"[{generated} tokens in {seconds:.2f} s, {tokens_per_sec:.1f} tokens/s on {device}]", file=err)

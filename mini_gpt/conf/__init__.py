@@ -206,8 +206,11 @@ def typed_config(cfg: Any, config_name: str) -> Any:
 
 
 def command(config_name: str) -> str:
-    sep = " " if config_name.startswith("tokenizer_") else "-"  # one verb, two configs: tokenizer train|eval
-    return "python train.py" if config_name == "train" else f"mini-gpt {config_name.replace('_', sep)}"
+    if config_name == "train":
+        return "python train.py"
+    if config_name.startswith("tokenizer_"):  # one verb, two configs: tokenizer train|eval
+        return f"mini-gpt {config_name.replace('_', ' ')}"
+    return f"mini-gpt {config_name.replace('_', '-')}"
 
 
 def field_comments(cls: type) -> dict[str, str]:

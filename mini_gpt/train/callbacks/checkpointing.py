@@ -42,18 +42,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         path = Path(path)
         try:
-            for tmp in path.parent.glob(".*.tmp"):  # `.<name>.<pid>.tmp` of a save killed mid-write
-                pid = tmp.name.removesuffix(".tmp").rpartition(".")[2]
-                if pid.isdigit() and not psutil.pid_exists(int(pid)):
-                    tmp.unlink(missing_ok=True)
+            _remove_stale_temporaries(path.parent)
             with atomic_write(path, "wb") as fh:
                 torch.save(checkpoint, fh)
-            with contextlib.suppress(OSError):  # the rename made durable (POSIX; where folders open)
-                fd = os.open(path.parent, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+            _fsync_dir(path.parent)
         except (OSError, RuntimeError) as err:
             # torch's zip writer reports a full disk as a RuntimeError (_ZIP_WRITE_FAILURES)
             if isinstance(err, RuntimeError) and not any(m in str(err) for m in _ZIP_WRITE_FAILURES):
@@ -86,8 +78,29 @@ _ZIP_WRITE_FAILURES = ("unexpected pos", "file write failed")
 def _state_bytes(obj: Any) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
-    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list | tuple) else ()
-    return sum(_state_bytes(v) for v in values)
+    if isinstance(obj, dict):
+        return sum(_state_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_state_bytes(v) for v in obj)
+    return 0
+
+
+def _remove_stale_temporaries(directory: Path) -> None:
+    """Delete the `.<name>.<pid>.tmp` files of saves whose process no longer runs (killed mid-write)."""
+    for tmp in directory.glob(".*.tmp"):
+        pid = tmp.name.removesuffix(".tmp").rpartition(".")[2]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in `directory` durable (POSIX); a no-op where folders cannot be opened."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class EvalCheckpoint(ModelCheckpoint):

@@ -104,8 +104,9 @@ class SpikeRule:
         """The part whose norm is the most times its median over the window's steps."""
         growth = {}
         for part, now in norms.items():
-            if (median := statistics.median([n[part] for n in self._norms if part in n] or [0])) > 0:
-                growth[part] = now / median
+            past = [n[part] for n in self._norms if part in n]
+            if past and statistics.median(past) > 0:
+                growth[part] = now / statistics.median(past)
         part = max(growth, key=growth.__getitem__, default=None)
         return part, growth.get(part, 0.0)
 
