@@ -93,5 +93,4 @@ def auto_threads(default: int, other_load: float | None, cores: int | None = Non
 def cache_dir() -> Path:
     if os.environ.get("MINI_GPT_CACHE_DIR"):
         return Path(os.environ["MINI_GPT_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "mini-gpt"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "mini-gpt"

@@ -28,11 +28,10 @@ def main(argv: list[str] | None = None) -> None:
             "and the plain lm_eval command cannot load plugins"
         )
     if args[:1] == ["uninstall-hook"]:
-        removed = []
-        for directory in [*site.getsitepackages(), site.getusersitepackages()]:
-            if (path := Path(directory) / OLD_HOOK_FILE).is_file():
-                path.unlink()
-                removed.append(path)
+        folders = [*site.getsitepackages(), site.getusersitepackages()]
+        removed = [path for d in folders if (path := Path(d) / OLD_HOOK_FILE).is_file()]
+        for path in removed:
+            path.unlink()
         print(f"removed {', '.join(map(str, removed))}" if removed else f"no {OLD_HOOK_FILE} to remove")
         return
     hub = None

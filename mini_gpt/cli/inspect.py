@@ -98,8 +98,7 @@ def training_data(cfg: InspectConfig) -> dict[str, Any]:
             "a nanoGPT or a GPT-2 model); pass text=FILE, a text file to score"
         )
     register()  # the ${project_root:} resolver that data paths may use
-    data = OmegaConf.to_container(OmegaConf.create(saved).data, resolve=True)
-    return dict(data)  # type: ignore[arg-type]
+    return dict(OmegaConf.to_container(OmegaConf.create(saved).data, resolve=True))  # type: ignore[arg-type]
 
 
 def val_windows(cfg: InspectConfig, tokenizer: Tokenizer, block_size: int) -> tuple[Tensor, str]:
@@ -257,9 +256,8 @@ def run(cfg: InspectConfig, out: TextIO | None = None, err: TextIO | None = None
     if cfg.logit_lens is None and not cfg.head_roles and cfg.ablation is None and not patching:
         raise MiniGPTError(f"nothing to inspect: give one or more of {ANALYSES}")
     model, tokenizer, device = open_on_device(cfg, err or sys.stderr)
-    jobs = plan(cfg, model, tokenizer)
     folder, written = Path(cfg.out).expanduser(), []
-    for job in jobs:
+    for job in plan(cfg, model, tokenizer):
         try:
             with autocast_context(device, cfg.dtype):
                 report = job()
@@ -273,7 +271,7 @@ def run(cfg: InspectConfig, out: TextIO | None = None, err: TextIO | None = None
         except OSError as error:
             raise MiniGPTError(f"cannot write into out={folder} ({error.strerror or error})") from None
         written += files
-        out.write("".join(f"wrote {path}\n" for path in written[-2:]))
+        out.write("".join(f"wrote {path}\n" for path in files))
         out.flush()
     return written
 

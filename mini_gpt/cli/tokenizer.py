@@ -77,10 +77,9 @@ def evaluate(cfg: TokenizerEvalConfig) -> list[dict[str, Any]]:
     if not cfg.tokenizer:
         raise MiniGPTError("tokenizer eval needs tokenizer=DIR (a directory from mini-gpt tokenizer train)")
     ours = load_tokenizer_dir(cfg.tokenizer)
-    others = [name for name in cfg.compare if name != cfg.tokenizer]
     # char counts characters: its vocabulary would be the text's own, so every character is one token.
     tokenizers: dict[str, Any] = {ours.name: ours}
-    tokenizers |= {name: None if name == "char" else build_tokenizer(name) for name in others}
+    tokenizers |= {n: None if n == "char" else build_tokenizer(n) for n in cfg.compare if n != cfg.tokenizer}
     totals = dict.fromkeys(tokenizers, 0)
     counts = np.zeros(ours.vocab_size, dtype=np.int64)
     texts = list(cropped(_texts(data_config(cfg.data), cfg.split, None), cfg.max_chars, None))
@@ -133,5 +132,4 @@ def main(argv: Sequence[str] | None = None) -> Any:
     if args[0] not in ACTIONS:
         print(f"error: unknown action {args[0]!r}; {USAGE.removeprefix('usage: ')}", file=sys.stderr)
         return 2
-    config_name, task = ACTIONS[args[0]]
-    return run_tool(config_name, task, args[1:])
+    return run_tool(*ACTIONS[args[0]], args[1:])  # (config name, task)

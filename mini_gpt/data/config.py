@@ -187,7 +187,7 @@ AnyDataConfig = DataConfig | HFDataConfig | ShardsDataConfig
 
 def data_config(d: AnyDataConfig | Mapping[str, Any]) -> AnyDataConfig:
     """The validated config of `data=...`, its class chosen by `name`."""
-    if isinstance(d, DataConfig | HFDataConfig | ShardsDataConfig):
+    if isinstance(d, AnyDataConfig):
         return d
     kind = {"hf": HFDataConfig, "shards": ShardsDataConfig}.get(d.get("name", ""), DataConfig)
     try:

@@ -69,18 +69,16 @@ def find_files(value: str, key: str, in_dir: Callable[[Path], list[Path]], kinds
     raw = os.path.expanduser(value)
     path = Path(raw).resolve()
     if any(ch in raw for ch in "*?["):
-        files = glob_files(raw)
-        if not files:
-            raise MiniGPTError(f"{key}={value} matches no files; fix the glob pattern")
-    elif path.is_file():
-        files = [path]
-    elif path.is_dir():
-        files = in_dir(path)
-        if not files:
-            raise MiniGPTError(f"{key}={value} is a directory with no {kinds}; add some or fix the path")
-    else:
+        if files := glob_files(raw):
+            return files
+        raise MiniGPTError(f"{key}={value} matches no files; fix the glob pattern")
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
         raise MiniGPTError(f"{key}={value} does not exist (looked for {path}); fix the path")
-    return files
+    if files := in_dir(path):
+        return files
+    raise MiniGPTError(f"{key}={value} is a directory with no {kinds}; add some or fix the path")
 
 
 def text_files(value: str, key: str) -> list[Path]:

@@ -27,13 +27,11 @@ def feistel_permute(index: np.ndarray, n: int, key: Sequence[int], rounds: int =
         return np.zeros_like(index)
     half = (max(2, int(n - 1).bit_length()) + 1) // 2  # half of the bits, their count rounded up to even
     mask = np.uint64((1 << half) - 1)
-    keys = []
     with np.errstate(over="ignore"):
         k = np.uint64(0)
         for part in key:
-            k = splitmix64(np.asarray(k + np.uint64(part) + GOLDEN_GAMMA, dtype=np.uint64))
-        for r in range(rounds):
-            keys.append(splitmix64(np.asarray(k + np.uint64(r + 1) * GOLDEN_GAMMA, dtype=np.uint64)))
+            k = splitmix64(k + np.uint64(part) + GOLDEN_GAMMA)
+        keys = [splitmix64(k + np.uint64(r + 1) * GOLDEN_GAMMA) for r in range(rounds)]
     x = index.astype(np.uint64)
     todo = np.ones(len(x), dtype=bool)
     while todo.any():

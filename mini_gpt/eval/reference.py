@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 REFERENCE_DIR = Path(__file__).with_name("references")
@@ -51,13 +51,7 @@ class Reference:
         """(mean, half width) at `tokens`, linear between evaluations; None outside the reference's range."""
         if not self.tokens or not self.tokens[0] <= tokens <= self.tokens[-1]:
             return None
-        i = bisect_left(self.tokens, tokens)
-        if self.tokens[i] == tokens:
-            mean, std = self.mean[i], self.std[i]
-        else:
-            w = (tokens - self.tokens[i - 1]) / (self.tokens[i] - self.tokens[i - 1])
-            mean = self.mean[i - 1] + w * (self.mean[i] - self.mean[i - 1])
-            std = self.std[i - 1] + w * (self.std[i] - self.std[i - 1])
+        mean, std = (float(np.interp(tokens, self.tokens, values)) for values in (self.mean, self.std))
         return mean, max(2 * std, MIN_HALF_WIDTH)
 
     def judge(self, tokens: float, val_loss: float) -> tuple[str, float] | None:

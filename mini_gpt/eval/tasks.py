@@ -13,6 +13,7 @@ from torch import nn
 from mini_gpt.data.config import data_root
 from mini_gpt.eval.bpb import BpbResult, BpbWindows, bpb_windows, score_bpb
 from mini_gpt.eval.hellaswag import HellaSwagItem, HellaSwagResult, evaluate_hellaswag, load_hellaswag
+from mini_gpt.infer.sampling import eval_no_grad
 from mini_gpt.tokenizer import Tokenizer
 
 
@@ -82,25 +83,21 @@ class TaskScores:
         return {task: {**metrics, "seconds": round(self.seconds[task], 2)} for task, metrics in out.items()}
 
 
+@eval_no_grad
 def score_tasks(
     model: nn.Module, tokenizer: Tokenizer, inputs: TaskInputs, bpb_batch_size: int = 16,
     hellaswag_batch_size: int = 4, progress: bool | None = None,
 ) -> TaskScores:  # fmt: skip
-    """Score `inputs` in eval mode (the model's mode is put back); `progress` None: a bar on a terminal."""
+    """Score `inputs` in eval mode (the model's modes are put back); `progress` None: a bar on a terminal."""
     scores = TaskScores(source="" if inputs.bpb is None else inputs.bpb.source)
-    was_training = model.training
-    model.eval()
-    try:
-        if inputs.bpb is not None:
-            t0 = time.perf_counter()
-            scores.bpb = score_bpb(model, inputs.bpb, bpb_batch_size)
-            scores.seconds["bpb"] = time.perf_counter() - t0
-        if inputs.hellaswag is not None:
-            t0 = time.perf_counter()
-            scores.hellaswag = evaluate_hellaswag(
-                model, tokenizer, inputs.hellaswag, hellaswag_batch_size, progress
-            )
-            scores.seconds["hellaswag"] = time.perf_counter() - t0
-    finally:
-        model.train(was_training)
+    if inputs.bpb is not None:
+        t0 = time.perf_counter()
+        scores.bpb = score_bpb(model, inputs.bpb, bpb_batch_size)
+        scores.seconds["bpb"] = time.perf_counter() - t0
+    if inputs.hellaswag is not None:
+        t0 = time.perf_counter()
+        scores.hellaswag = evaluate_hellaswag(
+            model, tokenizer, inputs.hellaswag, hellaswag_batch_size, progress
+        )
+        scores.seconds["hellaswag"] = time.perf_counter() - t0
     return scores

@@ -3,6 +3,7 @@ the head, as if it were the last (docs/inspect.md#logit-lens)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -23,12 +24,19 @@ class LogitLens:
     next_token_prob: Tensor  # (L, T - 1): the probability given to the token that actually comes next
 
 
+def depth_probs(model: GPT, idx: Tensor, rows: Tensor | slice = slice(None)) -> Iterator[Tensor]:
+    """The next-token probabilities (P, vocab) at positions `rows` of idx (1, T), depth by depth: only one
+    depth's exist at once. The caller holds eval mode and no_grad (`eval_no_grad`)."""
+    with residual_stream(model) as stream:
+        model(idx)
+    for x in stream:  # (1, T, C)
+        yield model.lm_head(model.transformer.ln_f(x[0, rows])).float().softmax(-1)
+
+
 @eval_no_grad
 def logit_lens(model: GPT, ids: list[int], k: int = 5) -> LogitLens:
-    with residual_stream(model) as stream:
-        model(torch.tensor([ids], device=next(model.parameters()).device))  # (1, T)
-    logits = torch.stack([model.lm_head(model.transformer.ln_f(x[0])) for x in stream])  # (L, T, vocab)
-    probs = logits.float().softmax(-1).cpu()
+    idx = torch.tensor([ids], device=next(model.parameters()).device)  # (1, T)
+    probs = torch.stack(list(depth_probs(model, idx))).cpu()  # (L, T, vocab)
     top_probs, top_ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
     following = torch.tensor(ids[1:]).expand(probs.shape[0], -1)  # (L, T - 1)
     next_prob = probs[:, :-1].gather(-1, following.unsqueeze(-1)).squeeze(-1)

@@ -221,8 +221,7 @@ def load_model(
     if ckpt is None:
         model, tok = _load_dir(path if path.is_dir() else path.parent, safetensors=not path.is_dir())
     elif is_nanogpt(ckpt):  # shape from model_args, tokenizer from meta.pkl or GPT-2
-        config, weights, tok = nanogpt_parts(path, ckpt, tokenizer)
-        model, tok = _assemble(config, weights, tok, path)
+        model, tok = _assemble(*nanogpt_parts(path, ckpt, tokenizer), path)
     else:
         meta = _check_meta(ckpt.get("mini_gpt"), path)
         if not isinstance(state := ckpt.get("state_dict"), dict):

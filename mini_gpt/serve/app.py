@@ -102,9 +102,11 @@ class CompletionRequest(BaseModel):
     best_of: int | None = None
 
 
-class PageRequest(BaseModel):
+class PlaygroundRequest(BaseModel):  # the page's requests: an unknown key is refused
     model_config = ConfigDict(extra="forbid", strict=True)
 
+
+class PageRequest(PlaygroundRequest):
     prompt: str = ""
     max_tokens: int = 64
     temperature: float = 0.8
@@ -113,16 +115,12 @@ class PageRequest(BaseModel):
     seed: int | None = 1337
 
 
-class AttentionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class AttentionRequest(PlaygroundRequest):
     ids: list[int]
     position: int
 
 
-class LensRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class LensRequest(PlaygroundRequest):
     text: str | None = None
     ids: list[int] | None = None  # the text's token ids instead
     position: int | None = None  # None: every position (the whole text must fit the context)

@@ -20,7 +20,7 @@ from mini_gpt.infer.packing import can_pack, prepare_for_inference
 from mini_gpt.infer.sampling import check_sampling_args, generate
 from mini_gpt.infer.stream import TextStream, encode_prompt, token_text
 from mini_gpt.inspect.heads import head_roles
-from mini_gpt.inspect.hooks import residual_stream
+from mini_gpt.inspect.lens import depth_probs
 from mini_gpt.tokenizer import Tokenizer
 
 
@@ -83,7 +83,7 @@ class Engine:
         if weights is not None and can_pack(device, weights):
             # As `mini-gpt generate` does on a CPU: weights packed once (in place) instead of autocast.
             model, self.amp = prepare_for_inference(model, weights), nullcontext()
-        self.model = model
+        self.model = model.eval()  # never trained here: `attention` and `lens` read it without dropout
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._busy = threading.Lock()  # held while a job runs (also by `attention`, `lens`, `heads`)
         self._head_roles: dict[str, Any] | None = None  # computed once: the model never changes
@@ -148,7 +148,6 @@ class Engine:
         seed = job.seed if job.seed is not None else secrets.randbelow(2**31)
         generator = torch.Generator(device=self.device).manual_seed(seed)
         job.streams = [TextStream(self.tokenizer, job.stops) for _ in range(job.n)]
-        top = max(1, job.top_logprobs)
         last: list[Tensor] = []  # the logits of the latest model call's last position, as generate got them
 
         def keep_last(_module: nn.Module, _args: Any, out: Tensor) -> None:  # the output head's (B, T, V)
@@ -159,7 +158,7 @@ class Engine:
             if job.logprobs:
                 logprobs = torch.log_softmax(last[-1].float(), dim=-1).expand(job.n, -1)  # (n, V)
                 chosen = logprobs.gather(1, token[:, None])[:, 0].tolist()
-                best, best_ids = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)
+                best, best_ids = logprobs.topk(min(max(1, job.top_logprobs), logprobs.shape[-1]), dim=-1)
                 alternatives = [list(zip(i, lp)) for i, lp in zip(best_ids.tolist(), best.tolist())]
             for row, (t, stream) in enumerate(zip(token.tolist(), job.streams, strict=True)):
                 if stream.stopped:
@@ -186,18 +185,20 @@ class Engine:
             if rest := stream.flush():
                 job.emit(Step(row, -1, 0.0, [], rest))  # held-back bytes at the end: text only
 
+    def _window(self, ids: list[int], position: int) -> tuple[int, Tensor]:
+        """(start, ids[start : position + 1] as (1, S)): the last block_size tokens up to `position`."""
+        if not 0 <= position < len(ids):
+            raise MiniGPTError(f"position={position} is outside the {len(ids)} tokens")
+        start = max(0, position + 1 - self.config.block_size)
+        return start, torch.tensor([ids[start : position + 1]], dtype=torch.long, device=self.device)
+
     @torch.no_grad()
     def attention(self, ids: list[int], position: int) -> dict[str, Any]:
         """What token `position` of `ids` attended to: weights[layer][head][j] over the keys `start + j`."""
-        if not 0 <= position < len(ids):
-            raise MiniGPTError(f"position={position} is outside the {len(ids)} tokens")
+        start, idx = self._window(ids, position)
         self.encode(ids)  # range check
-        start = max(0, position + 1 - self.config.block_size)
-        idx = torch.tensor([ids[start : position + 1]], dtype=torch.long, device=self.device)
-        with self._busy:
-            self.model.eval()
-            with self.amp:
-                attentions = self.model.attention_weights(idx)
+        with self._busy, self.amp:
+            attentions = self.model.attention_weights(idx)
         weights = [att[0, :, -1, :].float().cpu().tolist() for att in attentions]  # (nh, S) per layer
         return {"start": start, "position": position, "weights": weights}
 
@@ -206,33 +207,22 @@ class Engine:
         """The logit lens (docs/serve.md) at `position` (its last block_size tokens, as `attention`), or at
         every position of `ids`, which must then fit the context."""
         self.encode(ids)  # range check
-        block = self.config.block_size
-        if position is None:
-            if len(ids) > block:
-                raise MiniGPTError(
-                    f"The text has {len(ids)} tokens, more than the model's context of {block}; "
-                    "send a position to read one token of a longer text"
-                )
-            start, positions = 0, list(range(len(ids)))
-        elif not 0 <= position < len(ids):
-            raise MiniGPTError(f"position={position} is outside the {len(ids)} tokens")
-        else:
-            start, positions = max(0, position + 1 - block), [position]
-        idx = torch.tensor([ids[start : positions[-1] + 1]], dtype=torch.long, device=self.device)
+        if position is None and len(ids) > self.config.block_size:
+            raise MiniGPTError(
+                f"The text has {len(ids)} tokens, more than the model's context of {self.config.block_size}; "
+                "send a position to read one token of a longer text"
+            )
+        positions = list(range(len(ids))) if position is None else [position]
+        start, idx = self._window(ids, positions[-1])  # a whole text that fits: start 0
         rows = torch.tensor(positions, device=self.device) - start
         following = [ids[p + 1] if p + 1 < len(ids) else None for p in positions]
-        with self._busy:
-            self.model.eval()
-            with self.amp:
-                with residual_stream(self.model) as stream:  # n_layer + 1 of (1, T, C)
-                    self.model(idx)
-                depths = []  # per depth: (top probs, top ids, next-token probs), each (P, k) or (P,)
-                known = torch.tensor([t or 0 for t in following], device=self.device)
-                for x in stream:  # one depth at a time, so only (P, vocab) probabilities exist at once
-                    probs = self.model.lm_head(self.model.transformer.ln_f(x[0, rows])).float().softmax(-1)
-                    best, best_ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
-                    following_p = probs.gather(1, known[:, None])[:, 0]
-                    depths.append((best.tolist(), best_ids.tolist(), following_p.tolist()))
+        with self._busy, self.amp:
+            depths = []  # per depth: (top probs, top ids, next-token probs), each (P, k) or (P,)
+            known = torch.tensor([t or 0 for t in following], device=self.device)
+            for probs in depth_probs(self.model, idx, rows):  # (P, vocab)
+                best, best_ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
+                following_p = probs.gather(1, known[:, None])[:, 0]
+                depths.append((best.tolist(), best_ids.tolist(), following_p.tolist()))
 
         def token(t: int, **more: Any) -> dict[str, Any]:
             return {"id": t, "text": token_text(self.tokenizer, t), **more}
@@ -259,10 +249,9 @@ class Engine:
         if (half := min(self.config.block_size // 2, 100)) < 2:
             block = self.config.block_size
             raise MiniGPTError(f"head roles need a context of at least 4 tokens; this model's is {block}")
-        with self._busy:
+        with self._busy, self.amp:
             if self._head_roles is None:  # (another request may have computed them while this one waited)
-                with self.amp:
-                    roles = head_roles(self.model, half, batch=8, seed=0).as_dict()
+                roles = head_roles(self.model, half, batch=8, seed=0).as_dict()
                 rounded = {role: [[round(v, 5) for v in row] for row in rows] for role, rows in roles.items()}
                 self._head_roles = {"half": half, "sequences": 8, "seed": 0, "roles": rounded}
             return self._head_roles

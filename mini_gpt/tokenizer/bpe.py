@@ -3,6 +3,7 @@ possessive quantifiers (`++`), which `tokenizers`' Oniguruma (a transformers exp
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -72,15 +73,12 @@ def check_vocab_size(vocab_size: int, special_tokens: Iterable[str]) -> int:
 
 
 def cropped(texts: Iterable[str], max_chars: int | None, doc_max_chars: int | None) -> Iterator[str]:
-    given = 0
+    left = sys.maxsize if max_chars is None else max_chars
     for text in texts:
-        text = text[:doc_max_chars]  # None: all of it
-        if max_chars is not None:
-            text = text[: max_chars - given]
-        if text:
-            given += len(text)
+        if text := text[:doc_max_chars][:left]:  # doc_max_chars None: all of it
+            left -= len(text)
             yield text
-        if max_chars is not None and given >= max_chars:
+        if left <= 0:
             return
 
 

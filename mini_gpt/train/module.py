@@ -104,11 +104,10 @@ class GPTLitModule(L.LightningModule):
             # unscaling): bf16 has no scale and fp16's is undone here, so fused AdamW (the GPU's) clips.
             if plugin.scaler is not None:
                 plugin.scaler.unscale_(optimizer)
-            params = [p for group in optimizer.param_groups for p in group["params"]]
             if gradient_clip_algorithm == "value":
-                torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+                plugin.clip_grad_by_value(optimizer, gradient_clip_val)
             else:
-                torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+                plugin.clip_grad_by_norm(optimizer, gradient_clip_val)
             return
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 

@@ -68,17 +68,14 @@ class CombinedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         self.optimizers = list(optimizers)
-        groups = [g for opt in self.optimizers for g in opt.param_groups]
-        self._sizes = [len(opt.param_groups) for opt in self.optimizers]
-        super().__init__(groups, defaults={})
+        super().__init__([g for opt in self.optimizers for g in opt.param_groups], defaults={})
         self._link()
 
     def _link(self) -> None:
-        i = 0
-        for opt, n in zip(self.optimizers, self._sizes):
-            opt.param_groups = self.param_groups[i : i + n]
+        groups = iter(self.param_groups)
+        for opt in self.optimizers:
+            opt.param_groups = [next(groups) for _ in opt.param_groups]  # as many shared dicts as it had
             opt.state = self.state
-            i += n
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)  # replaces self.state and the group dicts

@@ -60,10 +60,6 @@ class RunResult:
         """The run's objective (what a sweep minimises); None without an evaluation or on rank > 0."""
         return self.summary["best_val_loss"] if self.summary else None
 
-    @property
-    def last_ckpt(self) -> Path | None:
-        return Path(self.summary["last_ckpt"]) if self.summary and self.summary["last_ckpt"] else None
-
 
 @dataclass(frozen=True)
 class RunPlan:

@@ -23,14 +23,6 @@ def depth_labels(n_depths: int) -> list[str]:
     return ["embedding", *(f"after block {d}" for d in range(n_depths - 1))]
 
 
-def _cell_font(cells_across: int, inches: float) -> float:
-    return float(np.clip(inches / max(cells_across, 1) * 72 * 0.45, 4.0, 9.0))
-
-
-def _rotation(labels: Sequence[str]) -> int:
-    return 90 if max(map(len, labels), default=0) > 2 else 0  # characters stand upright, words turn
-
-
 def _numbers(values: np.ndarray, form: str = ".2f") -> np.ndarray:
     return np.vectorize(lambda v: f"{v:{form}}".replace("-0.00", "0.00").replace("+0.000", "0.000"))(values)
 
@@ -64,8 +56,10 @@ def _depth_by_position(
     width = min(MAX_INCHES, margin + 0.42 * T)
     fig, ax = plt.subplots(figsize=(width, 1.6 + 0.42 * depths), layout="constrained")
     image = ax.imshow(values, aspect="auto", interpolation="nearest", **style)
-    _annotate(ax, values, texts, (width - margin) / T)
-    font, rotation = _cell_font(T, width - margin), _rotation(below[0] + above[1])
+    cell = (width - margin) / T  # inches per position
+    _annotate(ax, values, texts, cell)
+    font = float(np.clip(cell * 72 * 0.45, 4.0, 9.0))
+    rotation = 90 if max(map(len, below[0] + above[1]), default=0) > 2 else 0  # characters stand, words turn
     ax.set_xticks(range(T), below[0], fontsize=font, rotation=rotation)
     ax.set_xlabel(below[1])
     top = ax.secondary_xaxis("top")
