@@ -270,16 +270,19 @@ def write_meta(path: Path, chars: str = NANOGPT_CHARS) -> Path:
     return path
 
 
-def signal_at_step(step: int, signum: int = 15) -> Any:
+def signal_at_step(step: int, signum: int = 15, micro_batch: int = 1, rank: int | None = None) -> Any:
     """A Lightning callback (for `+callbacks.x._target_=helpers.signal_at_step`) that sends this process
-    `signum` as optimizer step `step` (counted from 1) begins, once: a preemption at a chosen moment."""
+    `signum` as micro-batch `micro_batch` of optimizer step `step` (both counted from 1) begins, once: a
+    preemption at a chosen moment (`rank`: on that rank only)."""
     import os
 
     import lightning as L
 
     class SignalAtStep(L.Callback):
-        def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
-            if trainer.global_step == step - 1:
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+            at = batch_idx % trainer.accumulate_grad_batches + 1  # the micro-batch of this step, from 1
+            here = rank is None or trainer.global_rank == rank
+            if trainer.global_step == step - 1 and at == micro_batch and here:
                 os.kill(os.getpid(), signum)
 
     return SignalAtStep()

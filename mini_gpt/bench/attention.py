@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mini_gpt.bench.common import alternate, pick_device, shared_flags
+from mini_gpt.bench.common import alternate, comma_ints, int_at_least, pick_device, shared_flags
+from mini_gpt.errors import MiniGPTError
 from mini_gpt.machine import LoadMeter
 from mini_gpt.model.attention import CausalSelfAttention
 
@@ -80,11 +81,13 @@ class NaiveMultiHead(nn.Module):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seq-lens", default=None, help="comma-separated lengths (default 64..2048)")
-    parser.add_argument("--n-embd", type=int, default=384)
-    parser.add_argument("--n-head", type=int, default=6)
     parser.add_argument(
-        "--batch", type=int, default=None, help="fixed batch size (default 4 -> 1 as T grows)"
+        "--seq-lens", type=comma_ints, default=None, help="comma-separated lengths (default 64..2048)"
+    )
+    parser.add_argument("--n-embd", type=int_at_least(1), default=384)
+    parser.add_argument("--n-head", type=int_at_least(1), default=6)
+    parser.add_argument(
+        "--batch", type=int_at_least(1), default=None, help="fixed batch size (default 4 -> 1 as T grows)"
     )
     shared_flags(parser, "repeats", "device", "threads", "quick")
     parser.set_defaults(repeats=None)  # 5, 3 for T >= 1024 (module docstring)
@@ -137,6 +140,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     else:
         seq_lens = [32, 64] if quick else list(DEFAULT_SEQ_LENS)
     n_embd, n_head = (64, 2) if quick else (args.n_embd, args.n_head)
+    if n_embd % n_head:
+        raise MiniGPTError(f"--n-embd {n_embd} is not divisible by --n-head {n_head}; give a multiple of it")
     # on a busy shared machine, more threads than free cores make tiny ops crawl (the dispatcher applies
     # --threads, and restores torch's count after the section)
     if quick and not args.threads:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from mini_gpt.bench.common import alternate, shared_flags
+from mini_gpt.bench.common import alternate, int_at_least, shared_flags
 
 UNCAPPED = 1000.0  # inches: no cap, as before max_inches existed
 MODEL_SIZES = {"char": dict(n_layer=4, n_head=4, n_embd=128), "tiny": dict(n_layer=2, n_head=2, n_embd=32)}
@@ -29,7 +29,9 @@ MODEL_SIZES = {"char": dict(n_layer=4, n_head=4, n_embd=128), "tiny": dict(n_lay
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(MODEL_SIZES), default="char", help="conf/model sizes")
-    parser.add_argument("--dpi", type=int, default=100, help="PNG resolution (the callback's default)")
+    parser.add_argument(
+        "--dpi", type=int_at_least(1), default=100, help="PNG resolution (the callback's default)"
+    )
     shared_flags(parser, "repeats", "threads")
     parser.set_defaults(repeats=5)
 

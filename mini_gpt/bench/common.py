@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from mini_gpt.conf import CONF_DIR
 from mini_gpt.machine import LoadMeter, cpu_name
 
 
@@ -25,16 +26,58 @@ class BenchParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}; run `{self.prog} --help` for the options\n")
 
 
+# A flag's value is checked by its argparse `type` (or `choices`), so a wrong one is BenchParser's one line
+# before any work starts, never a traceback minutes into the run.
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse `type`: an integer >= low."""
+
+    def check(text: str) -> int:
+        value = int(text)  # not an integer: argparse says "invalid int value: 'x'"
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is too small; give an integer >= {low}")
+        return value
+
+    check.__name__ = "int"  # the name argparse's message gives the type
+    return check
+
+
+def comma_ints(text: str) -> str:
+    """An argparse `type`: comma-separated positive integers (kept as the string given)."""
+    if not all(part.strip().isdigit() and int(part) > 0 for part in text.split(",")):
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers separated by commas, e.g. 64,128")
+    return text
+
+
+def existing_path(text: str) -> str:
+    """An argparse `type`: a file or folder that exists."""
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(f"{text} does not exist; fix the path")
+    return text
+
+
+def conf_options(group: str) -> list[str]:
+    """The options of conf/<group>/, for a flag's `choices`."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
 # The flags several sections take, each defined here once. A section adds those it uses with
 # `shared_flags(parser, ...)` and gives one another default with `parser.set_defaults` (the help quotes it).
 SHARED_FLAGS: dict[str, dict[str, Any]] = {
-    "repeats": dict(type=int, default=3, help="timed runs per contender, alternated (default %(default)s)"),
+    "repeats": dict(
+        type=int_at_least(1), default=3, help="timed runs per contender, alternated (default %(default)s)"
+    ),
     "threads": dict(
-        type=int, default=None, help="CPU threads (default %(default)s; None: one per core, as torch picks)"
+        type=int_at_least(1),
+        default=None,
+        help="CPU threads (default %(default)s; None: one per core, as torch picks)",
     ),
     "device": dict(default="auto", help="auto (cuda where there is a GPU, else cpu) | cpu | cuda"),
-    "quick": dict(action="store_true", help="tiny sizes, for tests (seconds)"),
-    "workdir": dict(default=None, help="folder for the temporary files (default: the system's temp folder)"),
+    "quick": dict(action="store_true", help="tiny sizes, for tests"),
+    "workdir": dict(
+        type=existing_path,
+        default=None,
+        help="folder for the temporary files (default: the system's temp folder)",
+    ),
 }
 
 

@@ -30,13 +30,20 @@ from mini_gpt.tokenizer import TiktokenTokenizer, build_tokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from mini_gpt.bench.common import shared_flags  # (it imports torch: the jobs spawned import this module)
+    # (common imports torch: the jobs spawned import this module)
+    from mini_gpt.bench.common import comma_ints, existing_path, int_at_least, shared_flags
 
     parser.add_argument("--kind", choices=("shards", "text"), default="shards", help="what to prepare")
-    parser.add_argument("--procs", default="1,2", help="shards: num_proc values, comma-separated")
-    parser.add_argument("--text", default=None, help="shards: source of the documents' lines")
-    parser.add_argument("--size-mb", type=int, default=200, help="size of the generated corpus in MB")
-    parser.add_argument("--bpe-file", default=None, help="gpt2.tiktoken (default: the repository's copy)")
+    parser.add_argument(
+        "--procs", type=comma_ints, default="1,2", help="shards: num_proc values, comma-separated"
+    )
+    parser.add_argument("--text", type=existing_path, help="shards: source of the documents' lines")
+    parser.add_argument(
+        "--size-mb", type=int_at_least(1), default=200, help="size of the generated corpus in MB"
+    )
+    parser.add_argument(
+        "--bpe-file", type=existing_path, help="gpt2.tiktoken (default: the repository's copy)"
+    )
     shared_flags(parser, "repeats", "threads", "workdir", "quick")  # repeats: shards; threads: the encoder's
     parser.set_defaults(repeats=1)
 

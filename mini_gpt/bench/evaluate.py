@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mini_gpt.bench.common import alternate, shared_flags
+from mini_gpt.bench.common import alternate, conf_options, int_at_least, shared_flags
 from mini_gpt.conf import model_preset
 from mini_gpt.eval.scoring import continuation_logprobs
 from mini_gpt.machine import LoadMeter
@@ -63,10 +63,17 @@ def transformers_naive(hf: Any, items: list[Any]) -> list[list[float]]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--items", type=int, default=32, help="HellaSwag-shaped items per timed run")
-    parser.add_argument("--batch-items", type=int, default=4, help="items per forward pass (ours-batched)")
     parser.add_argument(
-        "--model", default="gpt2", help="a conf/model preset's shape, GPT-2 vocabulary (random weights)"
+        "--items", type=int_at_least(1), default=32, help="HellaSwag-shaped items per timed run"
+    )
+    parser.add_argument(
+        "--batch-items", type=int_at_least(1), default=4, help="items per forward pass (ours-batched)"
+    )
+    parser.add_argument(
+        "--model",
+        choices=conf_options("model"),
+        default="gpt2",
+        help="a conf/model preset's shape, GPT-2 vocabulary (random weights)",
     )
     shared_flags(parser, "repeats", "threads")
 

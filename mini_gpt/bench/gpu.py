@@ -1,4 +1,4 @@
-"""The GPU check: every GPU path of mini-gpt measured by one command, in at most 8 minutes on one H100.
+"""The GPU check: every GPU path of mini-gpt measured by one command, time-boxed to 8 minutes in all.
 
     mini-gpt bench gpu [--device cuda|cpu] [--quick] [--out DIR]
 

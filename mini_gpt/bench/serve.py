@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from mini_gpt.bench.common import alternate, shared_flags
+from mini_gpt.bench.common import alternate, existing_path, int_at_least, shared_flags
 
 PROMPT = "ROMEO:"
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # tiny Shakespeare's 65
@@ -42,9 +42,9 @@ CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--ckpt", default=None, help="a checkpoint or export to serve (default: the char model)"
+        "--ckpt", type=existing_path, help="a checkpoint or export to serve (default: the char model)"
     )
-    parser.add_argument("--tokens", type=int, default=64, help="new tokens per completion")
+    parser.add_argument("--tokens", type=int_at_least(1), default=64, help="new tokens per completion")
     shared_flags(parser, "repeats", "threads")
     parser.set_defaults(repeats=5, threads=1)  # threads: of generate and of the server each
 

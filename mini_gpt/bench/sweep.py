@@ -19,20 +19,29 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mini_gpt.train.sweep import TABLE_FILE
+from mini_gpt.bench.common import comma_choices, conf_options, int_at_least
+
+PRUNERS = ("none", "median", "successive_halving")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pruners", default="none,median,successive_halving", help="first = baseline")
-    parser.add_argument("--trials", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=50, help="trainer.max_steps of each trial")
-    parser.add_argument("--val-every", type=int, default=10, help="trainer.val_check_interval")
+    parser.add_argument(
+        "--pruners",
+        type=comma_choices(*PRUNERS),
+        default=",".join(PRUNERS),
+        help="comma list; the first is the baseline",
+    )
+    parser.add_argument("--trials", type=int_at_least(1), default=8)
+    parser.add_argument("--steps", type=int_at_least(1), default=50, help="trainer.max_steps of each trial")
+    parser.add_argument("--val-every", type=int_at_least(1), default=10, help="trainer.val_check_interval")
     parser.add_argument("--seed", type=int, default=1234, help="the sampler's seed")
-    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--model", choices=conf_options("model"), default="tiny")
     parser.add_argument("--out", default=None, help="folder for the studies (default: a temporary one)")
 
 
 def _sweep(args: argparse.Namespace, pruner: str, folder: Path) -> list[dict[str, Any]]:
+    from mini_gpt.train.sweep import TABLE_FILE  # (it imports Lightning: not for --help)
+
     command = [
         sys.executable, "-m", "mini_gpt.cli", "sweep", "hparams_search=lr_search", f"model={args.model}",
         f"hparams_search.dir={folder}", f"hparams_search.n_trials={args.trials}",

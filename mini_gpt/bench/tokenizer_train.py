@@ -28,11 +28,16 @@ PIECE = 1 << 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from mini_gpt.bench.common import shared_flags  # (imports torch; the timed children import this module)
+    # (common imports torch; the timed children import this module)
+    from mini_gpt.bench.common import existing_path, int_at_least, shared_flags
 
-    parser.add_argument("--text", help="UTF-8 file to train on (default: built from Python sources)")
-    parser.add_argument("--mb", type=int, default=100, help="megabytes of text to build (without --text)")
-    parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument(
+        "--text", type=existing_path, help="UTF-8 file to train on (default: built from Python sources)"
+    )
+    parser.add_argument(
+        "--mb", type=int_at_least(1), default=100, help="megabytes of text to build (without --text)"
+    )
+    parser.add_argument("--vocab-size", type=int_at_least(257), default=8192, help="> 256 (the byte tokens)")
     parser.add_argument("--cache", default="/tmp/mini_gpt_bench_tokenizer.txt", help="the built text")
     shared_flags(parser, "repeats")
     parser.set_defaults(repeats=2)

@@ -31,22 +31,40 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from mini_gpt.bench.common import alternate, comma_choices, pick_device, print_part, shared_flags
+from mini_gpt.bench.common import (
+    alternate,
+    comma_choices,
+    conf_options,
+    existing_path,
+    int_at_least,
+    pick_device,
+    print_part,
+    shared_flags,
+)
 from mini_gpt.conf import compose
 from mini_gpt.machine import LoadMeter
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="char", help="conf/model/<name>.yaml (default: char)")
-    parser.add_argument("--batch-size", type=int, default=None, help="default: conf/train.yaml loader")
-    parser.add_argument("--steps", type=int, default=10, help="optimizer steps per timed chunk")
+    parser.add_argument(
+        "--model",
+        choices=conf_options("model"),
+        default="char",
+        help="conf/model/<name>.yaml (default: char)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int_at_least(1), default=None, help="default: conf/train.yaml loader"
+    )
+    parser.add_argument("--steps", type=int_at_least(1), default=10, help="optimizer steps per timed chunk")
     shared_flags(parser, "repeats", "device", "threads")
     parser.set_defaults(repeats=7)  # chunks of --steps steps, of the lightning comparison
-    parser.add_argument("--optim", default="adamw", help="conf/optim/<name>.yaml")
+    parser.add_argument(
+        "--optim", choices=conf_options("optim"), default="adamw", help="conf/optim/<name>.yaml"
+    )
     parser.add_argument(
         "--precision", default="32-true", choices=["auto", "32-true", "bf16-mixed", "16-mixed"]
     )
-    parser.add_argument("--corpus", default=None, help="tiny Shakespeare's input.txt (default: data/)")
+    parser.add_argument("--corpus", type=existing_path, help="tiny Shakespeare's input.txt (default: data/)")
     parser.add_argument("--data-dir", default=None, help="token cache (default: the data default)")
     parser.add_argument(
         "--compare",
@@ -61,9 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=comma_choices(*NANO_CONFIGS),
         help=f"any of {', '.join(NANO_CONFIGS)}",
     )
-    parser.add_argument("--nanogpt-batch-size", type=int, default=None, help="default: each shape's own")
-    parser.add_argument("--nanogpt-steps", type=int, default=5, help="steps per alternated chunk")
-    parser.add_argument("--nanogpt-repeats", type=int, default=5, help="chunks per contender (median)")
+    parser.add_argument(
+        "--nanogpt-batch-size", type=int_at_least(1), default=None, help="default: each shape's own"
+    )
+    parser.add_argument("--nanogpt-steps", type=int_at_least(1), default=5, help="steps per alternated chunk")
+    parser.add_argument(
+        "--nanogpt-repeats", type=int_at_least(1), default=5, help="chunks per contender (median)"
+    )
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:

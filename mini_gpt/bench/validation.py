@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mini_gpt.bench.common import alternate, shared_flags
+from mini_gpt.bench.common import alternate, conf_options, int_at_least, shared_flags
 from mini_gpt.conf import model_preset
 from mini_gpt.data.shards import token_file
 from mini_gpt.data.windows import ValBatches, ValWindows, val_window_count
@@ -55,10 +55,21 @@ def validate(model: GPT, windows: ValWindows, batch_size: int) -> tuple[float, i
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--val-tokens", type=int, default=100_000_000, help="tokens in the val split")
-    parser.add_argument("--all-tokens", type=int, default=1_000_000, help="prefix `all-prefix` reads")
-    parser.add_argument("--model", default="char", help="a conf/model/ config (char: the default run's)")
-    parser.add_argument("--batch-size", type=int, default=12, help="windows per batch (loader.batch_size)")
+    parser.add_argument(
+        "--val-tokens", type=int_at_least(1), default=100_000_000, help="tokens in the val split"
+    )
+    parser.add_argument(
+        "--all-tokens", type=int_at_least(1), default=1_000_000, help="prefix `all-prefix` reads"
+    )
+    parser.add_argument(
+        "--model",
+        choices=conf_options("model"),
+        default="char",
+        help="a conf/model/ config (char: the default run's)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int_at_least(1), default=12, help="windows per batch (loader.batch_size)"
+    )
     shared_flags(parser, "repeats", "threads", "workdir")
 
 

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mini_gpt.conf import compose_command_line, exit_with_help_if_asked
+from mini_gpt.conf import compose_command_line, exit_with_help_if_asked, group_options, node_help
+from mini_gpt.conf.train import StudySettings
 from mini_gpt.errors import MiniGPTError, exit_on_user_error
-from mini_gpt.train.sweep import StudySettings, report_table, require_optuna, run_study, study_table
 
 
 def _train_trial(cfg: Any, callbacks: Sequence[Any]) -> dict[str, Any] | None:
@@ -36,9 +36,12 @@ def _train_trial(cfg: Any, callbacks: Sequence[Any]) -> dict[str, Any] | None:
 
 
 def sweep(overrides: list[str]) -> Any:
+    # Lightning (seconds to import) comes with the study, not with --help or a mistyped key
+    from mini_gpt.train.sweep import report_table, require_optuna, run_study, study_settings, study_table
+
     cfg = compose_command_line("train", overrides)  # a mistyped key is reported before a missing extra
     require_optuna()
-    settings = StudySettings.from_config(cfg)
+    settings = study_settings(cfg)
     study = run_study(settings, lambda o: compose_command_line("train", o), overrides, _train_trial)
     sweep_dir = Path(settings.dir)
     report_table(sweep_dir, *study_table(study, sweep_dir), title=f"study {settings.study_name}")
@@ -47,7 +50,9 @@ def sweep(overrides: list[str]) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if {"--help", "-h"} & set(args):
+    if {"--help", "-h"} & set(args):  # what sweep adds first, then train's keys (fixed for all trials)
+        about = f"sweep's keys: conf/hparams_search/NAME.yaml ({group_options('hparams_search')})"
+        print(node_help(StudySettings, "hparams_search", about))
         print(__doc__)
     exit_with_help_if_asked("train", args)
     exit_on_user_error(sweep)(args)

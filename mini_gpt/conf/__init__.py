@@ -253,6 +253,18 @@ def tool_help(config_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def node_help(cls: type, node: str, about: str) -> str:
+    """`node:  # about`, then each key of the dataclass `cls` with its default, type and source comment."""
+    hints, comments = typing.get_type_hints(cls), field_comments(cls)
+    lines = [f"{node}:  # {about}"]
+    for f in dataclasses.fields(cls):
+        default = "" if f.default is dataclasses.MISSING else f"{f.default} "
+        what = "a mapping" if typing.get_origin(hints[f.name]) is dict else _what(hints[f.name])
+        comment = f"  # {comments[f.name]}" if f.name in comments else ""
+        lines.append(f"  {f.name}: {default}({what}){comment}")
+    return "\n".join(lines) + "\n"
+
+
 def exit_with_help_if_asked(config_name: str, argv: Sequence[str] | None = None) -> None:
     """Hydra's own help would list every config group in CONF_DIR (the training groups in every tool's)."""
     if {"--help", "-h"} & set(sys.argv[1:] if argv is None else argv):

@@ -155,6 +155,34 @@ class PathsConfig:
 
 
 @dataclass
+class StudySettings:
+    """`hparams_search`: the Optuna study of `mini-gpt sweep` (e.g. conf/hparams_search/lr_search.yaml)."""
+
+    study_name: str  # the study's name in its storage
+    dir: str  # the trials' folders, the storage and trials.csv
+    storage: str | None  # sqlite:///PATH (killed trials are retried), a journal file path, null: in memory
+    n_trials: int  # finished trials the study stops at, all workers together
+    direction: str = "minimize"  # minimize | maximize the trials' best val/loss
+    sampler: dict[str, Any] = field(default_factory=dict)  # _target_: an optuna.samplers class, its arguments
+    pruner: dict[str, Any] = field(default_factory=dict)  # name: median | successive_halving | none
+    params: dict[str, str] = field(default_factory=dict)  # the searched keys: interval, range, choice, ...
+    when: dict[str, str] = field(default_factory=dict)  # key: key=value, search key only where it holds
+    heartbeat_interval: int = 10  # seconds between a running trial's heartbeats (database storage)
+    grace_period: int = 30  # a running trial without a heartbeat for this long was killed: retry it
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("minimize", "maximize"):
+            raise MiniGPTError(f"hparams_search.direction={self.direction!r} must be minimize or maximize")
+        counts = ("n_trials", "heartbeat_interval", "grace_period")
+        at_least(1, **{f"hparams_search.{key}": getattr(self, key) for key in counts})
+        if not self.params:
+            raise MiniGPTError("hparams_search.params is empty: name at least one key to search")
+        for key in self.when:
+            if key not in self.params:
+                raise MiniGPTError(f"hparams_search.when.{key}: {key} is not one of hparams_search.params")
+
+
+@dataclass
 class TrainConfig:
     model: GPTConfig = field(default_factory=GPTConfig)  # conf/model/: char | tiny | baby | gpt2
     data: Any = None  # conf/data/: shakespeare_char | shakespeare | text | hf | shards | ...

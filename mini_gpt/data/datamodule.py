@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -145,8 +146,16 @@ class GPTDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: IterableDataset) -> DataLoader:
         n = self.num_workers
+        # Each iterator (every evaluation builds one) draws its workers' seed from its own generator, not
+        # the global one dropout draws from: a run stopped just before an evaluation, which its resumed run
+        # skips, then draws the same dropout masks as the uninterrupted run.
         return DataLoader(  # batch_size=None: the datasets yield whole batches
-            dataset, batch_size=None, num_workers=n, pin_memory=self.pin_memory, persistent_workers=n > 0
+            dataset,
+            batch_size=None,
+            num_workers=n,
+            pin_memory=self.pin_memory,
+            persistent_workers=n > 0,
+            generator=torch.Generator(),
         )
 
     def train_dataloader(self) -> DataLoader:

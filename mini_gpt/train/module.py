@@ -53,6 +53,7 @@ class GPTLitModule(L.LightningModule):
         self._prebuilt_optimizer: torch.optim.Optimizer | None = None  # FSDP: see setup()
         self._val: Tensor | None = None  # validation's (loss x tokens, tokens) sums
         self._resume_rng: dict[str, Tensor] | None = None  # applied at the first batch after a resume
+        self._step_start: dict[str, Any] = {}  # gradient accumulation: see _note_step_start
 
     @property
     def net(self) -> torch.nn.Module:
@@ -77,6 +78,8 @@ class GPTLitModule(L.LightningModule):
             torch.set_rng_state(rng["torch"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
+        if self._step_start.get("global_step") != self.global_step:  # a step's first micro-batch
+            self._note_step_start()
         step = self.global_step + 1  # the optimizer step this micro-batch contributes to
         if is_log_step(self.trainer, step):  # the lr this step uses; step: the loggers' x-axis
             self.log_dict(exact({"lr": self.optimizers().param_groups[0]["lr"], "step": step}))
@@ -162,11 +165,34 @@ class GPTLitModule(L.LightningModule):
         if self.finetune is not None:
             checkpoint["mini_gpt"]["finetune"] = self.finetune
         # Dropout draws from the global generator; saving it makes resumed runs match exactly.
-        checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
+        checkpoint["rng_state"] = self._rng_state()
+        if self._step_start.get("global_step") == self.global_step:  # saved between two micro-batches
+            checkpoint["loops"] = {**checkpoint["loops"], "fit_loop": self._step_start["fit_loop"]}
+            checkpoint["rng_state"] = self._step_start["rng_state"]
+
+    def _note_step_start(self) -> None:
+        """What a checkpoint written before this optimizer step completes holds (a stop between micro-
+        batches): the weights and optimizer are as the step began, and so must the loop counters and random
+        state be; the resumed run redoes the step from its first micro-batch (the data position is
+        global_step x accumulate_grad_batches)."""
+        if self.trainer.accumulate_grad_batches == 1:  # every batch completes a step: no stop comes mid-step
+            return
+        loop = self.trainer.fit_loop.state_dict()
+        # Lightning has counted this micro-batch `ready` already; a resume would count it done (its total
+        # batch count, which places evaluations, is never rewound).
+        for count in ("total", "current"):
+            progress = loop["epoch_loop.batch_progress"][count]
+            progress["ready"] = progress["completed"]
+        self._step_start = {"global_step": self.global_step, "fit_loop": loop, "rng_state": self._rng_state()}
+
+    def _rng_state(self) -> dict[str, Tensor]:
+        """The generators dropout draws from (reading them does not wait for the device)."""
+        state = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available() and self.device.type == "cuda":
-            checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state(self.device)
+            state["cuda"] = torch.cuda.get_rng_state(self.device)
+        return state
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Restored at the first training batch: the DataLoader iterators built before it draw their seeds
-        # from the global generator, which the uninterrupted run did not do here.
+        # Restored at the first training batch: nothing the resumed fit does before it (which the
+        # uninterrupted run did not do there) can shift it.
         self._resume_rng = checkpoint.get("rng_state") or None

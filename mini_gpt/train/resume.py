@@ -140,12 +140,13 @@ def _config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list
     ]
 
 
-def steps_beat_budget(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
-    """`cfg` without trainer.max_flops when `overrides` set trainer.max_steps after it: the steps win."""
+def steps_beat_budget(cfg: DictConfig, overrides: Sequence[str], announce: bool = True) -> DictConfig:
+    """`cfg` without trainer.max_flops when `overrides` set trainer.max_steps after it: the steps win
+    (`announce`: rank 0 says so)."""
     keys = [k for k in _keys(overrides) if k in ("trainer.max_steps", "trainer.max_flops")]
     if keys[-1:] != ["trainer.max_steps"] or cfg.trainer.get("max_flops") is None:
         return cfg
-    if launcher_rank() == 0:
+    if announce and launcher_rank() == 0:
         print(f"trainer.max_steps={cfg.trainer.max_steps} given: it replaces trainer.max_flops="
               f"{cfg.trainer.max_flops:.3g} (the budget, now null)", flush=True)  # fmt: skip
     cfg = copy.deepcopy(cfg)
@@ -174,9 +175,12 @@ def resumed_config(
         if run is not cfg and announce:
             _record(run)
         return run
+    # A budget the run's own config had already given up (said at its start) is no news on resume.
+    trainer = (resume.run_config or {}).get("trainer") or {}
+    budget = resume.run_config is None or trainer.get("max_flops") is not None
     if resume.run_overrides is not None:
         saved = _without(resume.run_overrides, _NEVER_RESTORED)
-        restored = steps_beat_budget(_compose_run([*saved, *new]), [*saved, *new])
+        restored = steps_beat_budget(_compose_run([*saved, *new]), [*saved, *new], announce=budget)
         how = "its run's overrides and the command line's"
     elif resume.run_config is not None:  # Hydra applies `new` to the saved config itself
         ConfigStore.instance().store(name=_SAVED_CONFIG, node=dict(resume.run_config))

@@ -60,6 +60,10 @@ class RunResult:
         """The run's objective (what a sweep minimises); None without an evaluation or on rank > 0."""
         return self.summary["best_val_loss"] if self.summary else None
 
+    @property
+    def last_ckpt(self) -> Path | None:
+        return Path(self.summary["last_ckpt"]) if self.summary and self.summary["last_ckpt"] else None
+
 
 @dataclass(frozen=True)
 class RunPlan:
@@ -217,7 +221,9 @@ def train(
 
 
 def _quiet_lightning() -> None:
-    # Lightning has its own console handler; Hydra's root handler would print every line twice.
+    # Lightning has its own console handler; Hydra's root handler would print every line twice (each rank's
+    # "Initializing distributed" line, lightning.fabric's). lightning.pytorch's start-up lines stay unprinted.
+    logging.getLogger("lightning").propagate = False
     logging.getLogger("lightning.pytorch").propagate = False
     warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec.*")
     # val/loss is reduced over all ranks by the module itself; Lightning cannot tell and suggests sync_dist.

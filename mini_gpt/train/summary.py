@@ -23,7 +23,8 @@ _runs_in_process = 0  # train() calls so far: the first run's clock starts at pr
 
 
 def run_start() -> float:
-    """When this run's clock starts: process start for the first run (start-up counts), else now."""
+    """When this run's clock starts: process start for the first run (start-up counts), else now (a later
+    job of a `-m` multirun: its wall_seconds leave out the imports; summary.json's `wall_from` says so)."""
     global _runs_in_process
     _runs_in_process += 1
     return psutil.Process().create_time() if _runs_in_process == 1 else time.time()
@@ -70,6 +71,7 @@ def write_summary(
         "threads": torch.get_num_threads(),  # what threads=auto chose
         "threads_reason": threads_reason,
         "wall_seconds": time.time() - start,
+        "wall_from": "process start" if _runs_in_process == 1 else "run start",  # run start: no start-up
         "tokens_per_sec": None if rate is None else float(rate),
         "spikes": None if spikes is None else int(spikes),
         "val_curve": [[s, t - start, v] for s, t, v in vals],
@@ -89,10 +91,13 @@ def _loss(value: float | None) -> str:
 
 
 def print_summary(path: Path, summary: dict[str, Any]) -> None:
+    wall = f"wall={summary['wall_seconds']:.1f}s"
+    if summary.get("wall_from") == "run start":
+        wall += " from this run's start (start-up not counted: an earlier run in this process paid it)"
     print(
         f"summary: {path}\n  steps={summary['steps']} best_val_loss={_loss(summary['best_val_loss'])} "
         f"final_val_loss={_loss(summary['final_val_loss'])} tokens/s={summary['tokens_per_sec'] or 0:,.0f} "
-        f"wall={summary['wall_seconds']:.1f}s\n  last_ckpt={summary['last_ckpt']}"
+        f"{wall}\n  last_ckpt={summary['last_ckpt']}"
     )
     if summary.get("vs_reference"):
         print(

@@ -9,7 +9,6 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +19,8 @@ from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from mini_gpt.conf import checked_config
-from mini_gpt.errors import MiniGPTError, at_least, import_extra
+from mini_gpt.conf.train import StudySettings
+from mini_gpt.errors import MiniGPTError, import_extra
 from mini_gpt.files import read_json, write_json_atomic
 from mini_gpt.train.distributed import devices_per_node, refuse_multirun_devices
 
@@ -36,41 +36,14 @@ def require_optuna() -> None:
     import_extra("optuna", missing)
 
 
-@dataclass
-class StudySettings:
-    """The `hparams_search` node (conf/hparams_search/lr_search.yaml documents each key)."""
-
-    study_name: str
-    dir: str
-    storage: str | None
-    n_trials: int
-    direction: str = "minimize"
-    sampler: dict[str, Any] = field(default_factory=dict)
-    pruner: dict[str, Any] = field(default_factory=dict)
-    params: dict[str, str] = field(default_factory=dict)
-    when: dict[str, str] = field(default_factory=dict)
-    heartbeat_interval: int = 10  # seconds between a running trial's heartbeats (database storage)
-    grace_period: int = 30  # a running trial without a heartbeat for this long was killed: retry it
-
-    def __post_init__(self) -> None:
-        if self.direction not in ("minimize", "maximize"):
-            raise MiniGPTError(f"hparams_search.direction={self.direction!r} must be minimize or maximize")
-        counts = ("n_trials", "heartbeat_interval", "grace_period")
-        at_least(1, **{f"hparams_search.{key}": getattr(self, key) for key in counts})
-        if not self.params:
-            raise MiniGPTError("hparams_search.params is empty: name at least one key to search")
-        for key in self.when:
-            if key not in self.params:
-                raise MiniGPTError(f"hparams_search.when.{key}: {key} is not one of hparams_search.params")
-
-    @classmethod
-    def from_config(cls, cfg: DictConfig) -> StudySettings:
-        if (node := cfg.get("hparams_search")) is None:
-            raise MiniGPTError(
-                "mini-gpt sweep needs a search space: add hparams_search=lr_search (or your own "
-                "conf/hparams_search/NAME.yaml)"
-            )
-        return checked_config(cls, OmegaConf.to_container(node, resolve=True), "hparams_search")  # type: ignore[arg-type]
+def study_settings(cfg: DictConfig) -> StudySettings:
+    """The composed config's `hparams_search` node, checked."""
+    if (node := cfg.get("hparams_search")) is None:
+        raise MiniGPTError(
+            "mini-gpt sweep needs a search space: add hparams_search=lr_search (or your own "
+            "conf/hparams_search/NAME.yaml)"
+        )
+    return checked_config(StudySettings, OmegaConf.to_container(node, resolve=True), "hparams_search")  # type: ignore[arg-type]
 
 
 def distribution(key: str, spec: str) -> optuna.distributions.BaseDistribution:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import html
 import json
 import math
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,13 +18,27 @@ import matplotlib.pyplot as plt
 import numpy as np
 import yaml
 from matplotlib.figure import Figure
+from omegaconf import OmegaConf
 
+from mini_gpt.conf import register
 from mini_gpt.errors import MiniGPTError
 from mini_gpt.files import atomic_write
 from mini_gpt.viz import save_figure
 
 # Config keys that say where a run lives or how it was launched, not what it trained.
 IGNORED_PREFIXES = ("paths.", "hparams_search.", "trainer.default_root_dir", "hydra.", "ckpt_path", "tags")
+# The config's top-level keys that change what a run trains: the table's columns when their values differ.
+TRAINED = {
+    "model",
+    "optim",
+    "finetune",
+    "trainer",
+    "loader",
+    "data",
+    "seed",
+    "init_from",
+    "global_batch_tokens",
+}
 # Keys whose difference makes val losses incomparable (another corpus or tokenizer).
 DATA_KEYS = ("data.name", "data.path", "data.tokenizer", "data.bpe_file")
 NUMBERS = ["best_val_loss", "final_val_loss", "bits_per_byte", "steps", "tokens", "flops", "wall_seconds",
@@ -56,6 +72,18 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {k: v for key, value in node.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
 
 
+def _resolved(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` flattened, each `${...}` resolved as the run did; one that cannot resolve here (`${hydra:...}`
+    outside Hydra, a key the config lacks) stays as written."""
+    register()  # the resolvers training has: ${project_root:}
+    node, flat = OmegaConf.create(config), _flatten(config)
+    for key in [k for k, v in flat.items() if "${" in str(v)]:
+        with contextlib.suppress(Exception):  # any resolution error: the value stays as written
+            value = OmegaConf.select(node, key, throw_on_resolution_failure=True)
+            flat[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    return flat
+
+
 def _read_run(folder: Path) -> Run:
     try:
         summary = json.loads((folder / "summary.json").read_text())
@@ -66,7 +94,7 @@ def _read_run(folder: Path) -> Run:
         for f in (folder / ".hydra" / "config.yaml", folder / ".hydra" / "overrides.yaml")
     )
     pairs = dict(o.split("=", 1) for o in overrides or [] if "=" in o and not o.startswith(IGNORED_PREFIXES))
-    return Run(folder, summary, _flatten(config or {}), pairs)
+    return Run(folder, summary, _resolved(config or {}), pairs)
 
 
 def find_runs(paths: list[str]) -> list[Run]:
@@ -84,11 +112,23 @@ def find_runs(paths: list[str]) -> list[Run]:
             f"no runs in {', '.join(paths)}: a run folder has a summary.json (written when a training "
             "run ends); pass run folders, multirun folders or sweep folders"
         )
-    return [_read_run(f) for f in folders]
+    runs = [_read_run(f) for f in folders]
+    # A trial killed before Hydra wrote .hydra/ has numbers but nothing that says what it trained.
+    kept = [run for run in runs if run.config]
+    missing = ", ".join(str(run.path) for run in runs if not run.config)
+    if not kept:
+        raise MiniGPTError(
+            f"{missing}: no .hydra/config.yaml (killed before Hydra wrote it), so nothing says what was "
+            "trained; pass folders of runs that started"
+        )
+    if missing:
+        print(f"skipped {missing}: no .hydra/config.yaml (killed before Hydra wrote it)", file=sys.stderr)
+    return kept
 
 
 def _differing(runs: list[Run]) -> list[str]:
-    keys = dict.fromkeys(k for run in runs for k in run.config if not k.startswith(IGNORED_PREFIXES))
+    trained = (k for run in runs for k in run.config if k.split(".")[0] in TRAINED)
+    keys = dict.fromkeys(k for k in trained if not k.startswith(IGNORED_PREFIXES))
     return [k for k in keys if len({repr(run.config.get(k)) for run in runs}) > 1]
 
 

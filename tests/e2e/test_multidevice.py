@@ -228,6 +228,8 @@ def test_ddp_two_cpu_processes_match_one_process(
     assert ddp_out.count("tokens per optimizer step") == 1
     assert "8 micro-batch x 1 accumulate x 2 devices x 1 nodes x 64 block_size = 1,024" in ddp_out
     assert "8 micro-batch x 2 accumulate x 1 devices x 1 nodes x 64 block_size = 1,024" in single_out
+    for rank in (0, 1):  # Lightning's line of each rank, once (Hydra's root handler does not repeat it)
+        assert ddp_out.count(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2") == 1
 
     # One output dir for both ranks, rank 0's console as its train.log (rank 1 records none), one W&B run.
     assert sorted(p.name for p in ddp_dir.glob("*.log")) == ["train.log"]
@@ -377,4 +379,41 @@ def test_sigterm_to_rank_0_stops_both_ranks_after_the_same_step(
     assert stderr.strip().splitlines()[-1] == (
         f"preempted by SIGTERM: stopped after step {step}, last.ckpt saved (summary.json status preempted, "
         "exit status 75)"
+    )
+
+
+def test_sigterm_to_rank_0_mid_accumulation_stops_both_ranks_at_the_same_micro_batch(
+    tmp_path: Path, shakespeare_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """DDP with 2 micro-batches a step: rank 0 alone gets SIGTERM as micro-batch 7 (step 4's first) begins;
+    the ranks agree every 3 micro-batches (log_every_n_steps), so both stop after micro-batch 9, step 5's
+    first, mid-step; rank 0 writes last.ckpt at step 4 for both, status 75, one line says so."""
+    import torch
+
+    from mini_gpt.data import DataConfig, prepare_data
+
+    data_dir = tmp_path_factory.getbasetemp() / "mini_gpt_char_cache"
+    prepare_data(DataConfig(name="shakespeare_char", path=str(shakespeare_path), data_dir=str(data_dir)))
+    run_dir = tmp_path / "ddp"
+    args = [*_common(data_dir, shakespeare_path), "global_batch_tokens=2048", "trainer.log_every_n_steps=3"]
+    args += ["+callbacks.preempt._target_=helpers.signal_at_step", "+callbacks.preempt.step=4"]
+    args += ["+callbacks.preempt.micro_batch=1", "+callbacks.preempt.rank=0"]
+    env = _env(tmp_path, WANDB_MODE="disabled")
+    env["PYTHONPATH"] += os.pathsep + str(REPO / "tests")  # helpers.signal_at_step in the ranks
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args, "trainer=ddp", "trainer.devices=2", "logger=none",
+         f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Error executing job" not in proc.stderr
+    assert "2 accumulate x 2 devices" in proc.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["steps"]) == ("preempted", 4)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 4
+    assert proc.stderr.count("preempted by SIGTERM") == 1  # rank 0 alone says so
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "preempted by SIGTERM: stopped mid-step (micro-batch 1 of 2 of step 5, which a resume redoes), "
+        "last.ckpt saved at step 4 (summary.json status preempted, exit status 75)"
     )

@@ -9,6 +9,7 @@ import csv
 import json
 import os
 import random
+import re
 import shlex
 import signal
 import subprocess
@@ -220,6 +221,43 @@ def test_preemption_at_a_random_step_saves_and_resumes_exactly(
     assert resumed["final_val_loss"] == whole["final_val_loss"], f"signal at step {step}"
 
 
+def test_preemption_with_gradient_accumulation_stops_at_a_micro_batch_and_resumes_exactly(
+    compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+) -> None:
+    """4 micro-batches a step, dropout on. SIGTERM as micro-batch 2 of step 3 begins: the run stops after
+    that micro-batch, not after the step; last.ckpt holds step 2 and the resumed run redoes step 3. SIGTERM
+    in step 2's last micro-batch (an evaluation step): the run stops after step 2, before its evaluation.
+    Each resumed run ends on the uninterrupted run's val loss, bit for bit."""
+    from mini_gpt.train.stops import Preempted
+
+    common = ("trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.accumulate_grad_batches=4")
+    common = (*common, "model.dropout=0.1", "optim.warmup_steps=1", "optim.lr=3e-3")
+    whole, _ = _fit(compose, _overrides(tmp_path / "whole", char_data_dir, shakespeare_path, *common))
+    mid_step = "mid-step (micro-batch 2 of 4 of step 3, which a resume redoes), last.ckpt saved at step 2"
+    for name, step, micro_batch, stopped in (
+        ("mid-step", 3, 2, mid_step), ("after an evaluation step", 2, 4, "after step 2, last.ckpt saved")
+    ):  # fmt: skip
+        hit = ("+callbacks.preempt._target_=helpers.signal_at_step", f"+callbacks.preempt.step={step}")
+        hit = (*hit, f"+callbacks.preempt.micro_batch={micro_batch}")
+        hit_dir = tmp_path / name
+        with pytest.raises(
+            Preempted, match=re.escape(f"preempted by SIGTERM: stopped {stopped} (summary.json")
+        ):
+            _fit(compose, _overrides(hit_dir, char_data_dir, shakespeare_path, *common, *hit))
+        summary = json.loads((hit_dir / "summary.json").read_text())
+        assert (summary["status"], summary["steps"]) == ("preempted", 2)
+        last = hit_dir / "checkpoints" / "last.ckpt"
+        assert torch.load(last, weights_only=True)["global_step"] == 2
+        resumed, _ = _fit(
+            compose,
+            _overrides(
+                tmp_path / f"{name} resumed", char_data_dir, shakespeare_path, *common, f"ckpt_path={last}"
+            ),
+        )
+        assert (resumed["status"], resumed["start_step"], resumed["steps"]) == ("completed", 2, 4), name
+        assert resumed["final_val_loss"] == whole["final_val_loss"], name
+
+
 @pytest.mark.parametrize("model", ["tiny", "char"])
 def test_the_same_seed_gives_the_same_numbers_whatever_the_load(
     compose: Any, tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, model: str
@@ -385,6 +423,38 @@ def test_a_recipes_budget_yields_to_max_steps_and_a_stopped_run_resumes_as_print
     assert (resumed["status"], resumed["start_step"], resumed["steps"]) == ("completed", 4, 6)
 
 
+def test_a_budget_given_up_is_said_once_over_the_runs_resumes(
+    compose: Any,
+    tmp_path: Path,
+    char_data_dir: Path,
+    shakespeare_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A run on the recipe's budget stopped at step 2 and resumed with trainer.max_steps=4 says the budget
+    yields (news: the run had it); resumed again with trainer.max_steps=6 (the saved overrides set
+    trainer.max_steps after the recipe too), it does not say it again: the run gave the budget up already."""
+    from mini_gpt.train.stops import Preempted
+
+    line = "given: it replaces trainer.max_flops=2.45e+13 (the budget, now null)"
+    small = ("model.block_size=64", "trainer.val_check_interval=2", "optim.warmup_steps=1")
+    stop = ("+callbacks.preempt._target_=helpers.signal_at_step", "+callbacks.preempt.step=2")
+    first = [
+        "experiment=shakespeare_char_10min",
+        *_overrides(tmp_path / "first", char_data_dir, shakespeare_path, *small, *stop),
+    ]
+    with pytest.raises(Preempted):
+        _fit(compose, first, hydra_dir=tmp_path / "first")
+    assert line not in capsys.readouterr().out  # the budget's ~165k steps: nothing yields
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    again = [f"ckpt_path={last}", f"paths.run_dir={tmp_path / 'second'}", "trainer.max_steps=4"]
+    _fit(compose, again, resume=True, hydra_dir=tmp_path / "second")
+    assert capsys.readouterr().out.count(f"trainer.max_steps=4 {line}") == 1
+    last = tmp_path / "second" / "checkpoints" / "last.ckpt"
+    third = [f"ckpt_path={last}", f"paths.run_dir={tmp_path / 'third'}", "trainer.max_steps=6"]
+    resumed, _ = _fit(compose, third, resume=True, hydra_dir=tmp_path / "third")
+    assert resumed["steps"] == 6 and line not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("threads", "chosen", "line"),
     [
@@ -545,6 +615,30 @@ def test_every_trial_of_a_multirun_is_quiet_on_wandb_offline(
     assert [line for line in console if line.startswith("wandb:")] == []
     hints = [line for line in console if line.startswith("W&B run saved offline in ")]
     assert len(hints) == 2 and all(f"{sweep / str(n) / 'wandb'}" in hint for n, hint in enumerate(hints))
+
+
+def test_a_multiruns_later_jobs_say_their_clock_leaves_out_the_start_up(
+    tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
+) -> None:
+    """`-m seed=1,2` runs both jobs in one process: the first job's wall_seconds count from the process's
+    start (imports included, as docs/records.md's rules want), the second's from its own start; summary.json
+    (`wall_from`) and the printed summary say which."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "-m", "model=tiny", "seed=1,2", "logger=none",
+         "trainer.max_steps=2", "trainer.val_check_interval=2", "optim.warmup_steps=1",
+         "loader.val_windows=4", "trainer.enable_checkpointing=false", "callbacks.sample_text=null",
+         f"data.path={shakespeare_path}", f"data.data_dir={char_data_dir}", f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = (json.loads((sweep / job / "summary.json").read_text()) for job in ("0", "1"))
+    assert (first["wall_from"], second["wall_from"]) == ("process start", "run start")
+    walls = [line for line in proc.stdout.splitlines() if " wall=" in line]
+    later = "s from this run's start (start-up not counted: an earlier run in this process paid it)"
+    assert len(walls) == 2 and walls[0].endswith("s") and walls[1].endswith(later), walls
+    assert later not in walls[0]
 
 
 def test_run_directory_records_the_console_and_drops_runs_that_never_started(

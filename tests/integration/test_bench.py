@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import types
@@ -114,6 +115,51 @@ def test_a_mistake_is_one_error_line_and_status_2(
     assert wrong in err and err.endswith(f"; run `mini-gpt bench{help_of} --help` for the options\n")
 
 
+# A wrong value of a section's own flag, and the flag the one line must name. Each ended in a traceback (some
+# after minutes of work: bench train ran the nanoGPT comparison before it read --model).
+BAD_VALUES = [
+    (["attention", "--quick", "--seq-lens", "64,x"], "--seq-lens"),
+    (["attention", "--quick", "--seq-lens", "0"], "--seq-lens"),
+    (["attention", "--n-embd", "10", "--n-head", "3", "--seq-lens", "32", "--repeats", "1"], "--n-head 3"),
+    (["data", "--quick", "--procs", "one"], "--procs"),
+    (["data", "--quick", "--text", "no/such/lines.txt"], "--text"),
+    (["train", "--compare", "lightning", "--model", "huge", "--steps", "1", "--repeats", "1"], "--model"),
+    (["generate", "--repeats", "0", "--decode-tokens", "0", "--tokens", "2", "--gpt2-tokens", "0"],
+     "--repeats"),
+    (["serve", "--ckpt", "no/such.ckpt", "--repeats", "1"], "--ckpt"),
+    (["sweep", "--model", "huge", "--trials", "1", "--steps", "1"], "--model"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "flag"), BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
+def test_a_wrong_flag_value_is_one_error_line_and_status_2(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:  # any other exception: the traceback users saw
+        raise SystemExit(bench_main.main(argv))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and flag in err, err
+    assert "Traceback" not in err
+
+
+# A duration a help text gives: a number with a unit, or "(seconds)" as --quick once promised.
+DURATION = re.compile(r"\d[\d.]*\s?(?:ms|s|seconds?|min|minutes?|hours?)\b|\((?:seconds|minutes)\)")
+MACHINES = ("EPYC", "Xeon", "Ryzen", "Core i", "Apple M", "A100", "H100", "H200")
+
+
+@pytest.mark.parametrize("section", bench_main.SECTIONS)
+def test_a_time_the_help_gives_names_the_machine_it_was_measured_on(section: str) -> None:
+    """--compiled promised ~30 s of compiling and took 146 s on a loaded 2-core machine: a time in a
+    section's help is a measurement on a named machine, or a time box the code enforces, or not there."""
+    help_text = " ".join(
+        bench_main.section_parser(section, bench_main.load_section(section)).format_help().split()
+    )
+    for sentence in re.split(r"(?<=[.;)])\s", help_text):
+        if DURATION.search(sentence):
+            assert "time-boxed" in sentence or any(m in sentence for m in MACHINES), sentence
+
+
 # The sections that take each shared flag, and their defaults where a section changes the shared one.
 SHARED_FLAG_USERS = {
     "repeats": {"attention": None, "attention_maps": 5, "data": 1, "evaluate": 3, "generate": 1, "serve": 5,
@@ -126,7 +172,8 @@ SHARED_FLAG_USERS = {
 }  # fmt: skip
 
 
-SAMPLE_VALUES = {"repeats": ("2", 2), "threads": ("2", 2), "device": ("cpu", "cpu"), "workdir": ("w", "w")}
+# A value of each shared flag, as typed and as parsed (--workdir's: a folder that exists).
+SAMPLE_VALUES = {"repeats": ("2", 2), "threads": ("2", 2), "device": ("cpu", "cpu"), "workdir": (".", ".")}
 
 
 @pytest.mark.parametrize("section", bench_main.SECTIONS)
@@ -203,8 +250,10 @@ def test_dispatcher_applies_threads_and_restores_them(
     assert table[:2] == ["threads", str(wanted).rjust(7)]
 
 
-def test_data_section_wraps_bench_prepare(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_data_section_wraps_bench_prepare(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     seen: dict[str, Any] = {}
+    text = tmp_path / "t.txt"  # --text must exist
+    text.write_text("a line\n")
 
     def fake_bench_prepare(**kwargs: Any) -> dict[str, Any]:
         seen.update(kwargs)
@@ -214,9 +263,9 @@ def test_data_section_wraps_bench_prepare(monkeypatch: pytest.MonkeyPatch) -> No
     parser = argparse.ArgumentParser()
     bench_data.add_arguments(parser)
     rows, extra = bench_data.run(
-        parser.parse_args(["--kind", "text", "--quick", "--threads", "1", "--text", "t.txt"])
+        parser.parse_args(["--kind", "text", "--quick", "--threads", "1", "--text", str(text)])
     )
-    assert seen == {"size_mb": 2, "text": "t.txt", "bpe_file": None, "num_threads": 1, "workdir": None}
+    assert seen == {"size_mb": 2, "text": str(text), "bpe_file": None, "num_threads": 1, "workdir": None}
     assert rows[0]["prepare_mb_s"] == 10.0 and rows[0]["other_load"] >= 0
     assert "other_load" in extra
 

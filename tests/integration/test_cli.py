@@ -17,6 +17,7 @@ import yaml
 from helpers import REPO, help_keys, schema_keys
 from omegaconf import OmegaConf
 
+import mini_gpt.bench.__main__ as bench_main
 from mini_gpt.cli import main
 from mini_gpt.conf import CONF_DIR
 
@@ -175,6 +176,44 @@ def test_passthrough_verbs_help(tmp_path: Path) -> None:
     assert "--quick" in section.stdout
     harness = cli("harness", "--help", cwd=tmp_path)  # lm_eval's own command line
     assert harness.returncode == 0 and "Language Model Evaluation Harness" in harness.stdout, harness.stderr
+
+
+def test_sweep_help_starts_with_the_keys_sweep_adds(monkeypatch, capsys) -> None:
+    """The hparams_search keys (those of the shipped search, read with a plain YAML parser), each on its
+    own line, before train's keys: sweep's help once was train's, the search space nowhere."""
+    assert run_main(["sweep", "--help"], monkeypatch) == 0
+    out = capsys.readouterr().out
+    ours, train = out.split("usage: python train.py", 1)
+    assert ours.startswith("hparams_search:") and "model:" in train
+    keys = yaml.safe_load((CONF_DIR / "hparams_search" / "lr_search.yaml").read_text())
+    listed = [line.split(":")[0].strip() for line in ours.splitlines() if line.startswith("  ")]
+    assert set(keys) <= set(listed), (sorted(keys), listed)
+
+
+def test_no_help_imports_lightning_or_transformers(tmp_path: Path) -> None:
+    """`--help` of every verb and bench section in one fresh process: none imports Lightning or transformers
+    (seconds each; sweep's help imported both), so a help costs torch's and Hydra's imports only."""
+    helps = [[*verb.split(), "--help"] for verb in [*VERBS, "tokenizer train", "tokenizer eval"]]
+    helps += [["bench", section, "--help"] for section in bench_main.SECTIONS]
+    code = f"""
+import contextlib, io, sys
+import mini_gpt.bench.__main__ as bench_main
+from mini_gpt.cli import main
+for argv in {helps!r}:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            main(argv)
+        except SystemExit:
+            pass
+    heavy = [name for name in ("lightning", "transformers") if name in sys.modules]
+    print(" ".join(argv), *heavy, sep=" | ")
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == [" ".join(argv) for argv in helps]
 
 
 def test_a_refused_override_names_the_verb(monkeypatch, capsys) -> None:

@@ -159,3 +159,69 @@ def test_seeds_print_their_mean_and_spread(tmp_path: Path, capsys: pytest.Captur
 def test_no_seed_table_when_seeds_do_not_differ(multirun: Path, capsys: pytest.CaptureFixture) -> None:
     assert main([str(multirun)]) == 0
     assert "over seeds" not in capsys.readouterr().out
+
+
+def test_a_run_without_config_is_skipped_in_one_line(
+    multirun: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A multirun trial killed before Hydra wrote `.hydra/` has a summary.json and nothing that says what it
+    trained: the others compare, one stderr line names it; with no config anywhere, one `error:` line."""
+    killed = multirun / "3"
+    killed.mkdir()
+    (killed / "summary.json").write_text(json.dumps({"status": "interrupted", "steps": 1}))
+    assert main([str(multirun)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"skipped {killed}: no .hydra/config.yaml (killed before Hydra wrote it)"
+    ]
+    assert captured.out.splitlines()[0].startswith("| best | optim.lr | status |")
+    assert len((multirun / "compare.csv").read_text().splitlines()) == 4  # the header and runs 0, 1, 2
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(killed), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {killed}: no .hydra/config.yaml (killed before Hydra wrote it), so nothing says what was "
+        "trained; pass folders of runs that started"
+    ]
+
+
+def test_columns_are_the_resolved_keys_that_change_training(tmp_path: Path) -> None:
+    """Columns: the differing keys under model, optim, trainer, loader, data and seed, with `${...}` resolved
+    as the run did (`${project_root:}` is the checkout); loggers and callbacks are no columns; an
+    interpolation that cannot resolve here shows as written."""
+
+    def config(steps: int, tokenizer: str, muon_lr: Any, logger: dict[str, Any]) -> dict[str, Any]:
+        tokenizer = "${paths.root_dir}/data/tokenizers/" + tokenizer
+        return {"seed": 1, "model": {"n_embd": 32}, "trainer": {"max_steps": steps},
+                "optim": {"name": "muon", "decay_steps": "${trainer.max_steps}", "muon_lr": muon_lr},
+                "data": {"name": "shakespeare", "tokenizer": tokenizer},
+                "paths": {"root_dir": "${project_root:}", "run_dir": "${hydra:runtime.output_dir}"},
+                "logger": logger,
+                "callbacks": {"sample_text": None if steps == 100 else {"every": 5}}}  # fmt: skip
+
+    bpb = {"eval": {"eval/bpb/bits_per_byte": 1.2}}  # on different tokenizers: compared by bits per byte
+    wandb = {"wandb": {"project": "mini-gpt", "save_dir": "${paths.run_dir}"}}
+    csv_log = {"csv": {"name": "csv", "save_dir": "${paths.run_dir}"}}
+    _run(tmp_path / "a", [], config(100, "bpe_2k", "${nope.lr}", wandb), best_val_loss=2.0, **bpb)
+    _run(tmp_path / "b", [], config(200, "bpe_4k", 0.02, csv_log), best_val_loss=2.5, **bpb)
+    header, rows, _, _ = compare_table(find_runs([str(tmp_path)]))
+    keys = header[1 : header.index("status")]
+    assert keys == ["data.tokenizer", "optim.decay_steps", "optim.muon_lr", "trainer.max_steps"]
+    root = Path(__file__).resolve().parents[2]  # the checkout: project_root's value in a source checkout
+    assert [row[1:5] for row in rows] == [
+        [f"{root}/data/tokenizers/bpe_2k", "100", "${nope.lr}", "100"],
+        [f"{root}/data/tokenizers/bpe_4k", "200", "0.02", "200"],
+    ]
+
+
+def test_seeds_group_across_logger_settings(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Two seeds of one recipe, logged differently (W&B in one, CSV in the other): one recipe, one row."""
+    for seed, final, logger in ((1, 1.50, {"wandb": {"project": "x"}}), (2, 1.52, {"csv": {"name": "csv"}})):
+        config = {**_config(0.01), "seed": seed, "logger": logger}
+        _run(tmp_path / str(seed), [f"seed={seed}"], config, best_val_loss=final, final_val_loss=final)
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "over seeds" in out
+    assert [line for line in out.split("over seeds")[1].splitlines() if line.startswith("| -")] == [
+        "| - | 1,2 | 1.5100 | 0.0141 | 1.5000, 1.5200 | 5.0 |"
+    ]

@@ -31,7 +31,7 @@ def _help(*argv: str, cwd: Path) -> str:
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=60,  # a hang guard: a help imports torch and Hydra, never Lightning (test_cli), ~2 s idle
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr == ""

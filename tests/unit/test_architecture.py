@@ -212,9 +212,17 @@ def _trainer_chain(node: ast.AST) -> bool:
 
 def test_nothing_changes_a_built_trainer():
     """The Trainer is built once with its final arguments: no code writes its attributes or loops (the one
-    write allowed is `should_stop`, Lightning's public way for a module or callback to end the fit)."""
+    write allowed is `should_stop`, Lightning's public way for a module or callback to end the fit; the one
+    loop read allowed is `fit_loop.state_dict()`, a copy)."""
     offences = []
     for name, tree in MODULES.items():
+        copies = {
+            id(node.func.value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "state_dict"
+        }
         for node in ast.walk(tree):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
                 node, ast.AugAssign | ast.AnnAssign) else []  # fmt: skip
@@ -225,7 +233,7 @@ def test_nothing_changes_a_built_trainer():
                     and target.attr != "should_stop"
                 ):
                     offences.append(f"{name}: {ast.unparse(target)} (line {node.lineno})")
-            if isinstance(node, ast.Attribute) and node.attr == "fit_loop":
+            if isinstance(node, ast.Attribute) and node.attr == "fit_loop" and id(node) not in copies:
                 offences.append(f"{name}: {ast.unparse(node)} (line {node.lineno})")
     assert offences == []
 

@@ -22,6 +22,7 @@ from mini_gpt.train.sweep import (
     make_pruner,
     open_study,
     searched_params,
+    study_settings,
 )
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -49,7 +50,7 @@ def test_a_value_that_is_not_a_search_range_is_one_line(spec: str) -> None:
 
 def _settings(compose: Any, *overrides: str) -> tuple[StudySettings, Any]:
     cfg = compose(["hparams_search=lr_search", *overrides])
-    return StudySettings.from_config(cfg), cfg
+    return study_settings(cfg), cfg
 
 
 def test_lr_search_searches_the_learning_rates_the_optimizer_uses(compose: Any) -> None:
@@ -71,7 +72,7 @@ def test_search_space_errors_are_one_line(compose: Any) -> None:
     with pytest.raises(MiniGPTError, match=r"hparams_search.n_trials=0 must be >= 1"):
         _settings(compose, "hparams_search.n_trials=0")
     with pytest.raises(MiniGPTError, match=r"needs a search space: add hparams_search=lr_search"):
-        StudySettings.from_config(compose([]))
+        study_settings(compose([]))
 
 
 def test_a_storage_of_another_search_space_is_refused(tmp_path: Path) -> None:

@@ -139,8 +139,9 @@ def resume_command(ckpt: Path) -> str:
 
 
 def save_last_now(trainer: L.Trainer, pl_module: L.LightningModule, why: str) -> Path | None:
-    """Write last.ckpt now (between two optimizer steps, so resuming is exact) and say how to resume; None
-    (nothing written) without a checkpoint callback or with NaN/inf weights. Every rank calls it."""
+    """Write last.ckpt now (between two micro-batches; mid-step, the module saves the state as the step
+    began, so resuming is exact) and say how to resume; None (nothing written) without a checkpoint
+    callback or with NaN/inf weights. Every rank calls it."""
     path = last_checkpoint_path(trainer)
     # A NaN/inf loss leaves NaN weights after its step: never save them (one device read).
     if path is None or not torch.stack([p.detach().isfinite().all() for p in pl_module.parameters()]).all():

@@ -1,6 +1,7 @@
-"""Stopping on Ctrl-C, SIGTERM or SIGUSR1 after the current optimizer step, last.ckpt saved (behaviour:
-docs/training.md#checkpoints-and-resuming). Not Lightning's OnExceptionCheckpoint: it saves when the
-exception arrives, possibly mid-step (a state no uninterrupted run had), and after a NaN as well."""
+"""Stopping on Ctrl-C, SIGTERM or SIGUSR1 after the current micro-batch, last.ckpt saved as of the last
+completed optimizer step (behaviour: docs/training.md#checkpoints-and-resuming). Not Lightning's
+OnExceptionCheckpoint: it saves when the exception arrives, possibly mid-batch (a state no uninterrupted run
+had), and after a NaN as well."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import threading
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import Callback
 
-from mini_gpt.train.callbacks.base import StepCallback
 from mini_gpt.train.callbacks.checkpointing import save_hpc_checkpoint, save_last_now, slurm_requeue_signal
 from mini_gpt.train.stops import EXIT_PREEMPTED, Preempted
 
@@ -34,29 +35,38 @@ def _requeue() -> str:
     return f"SLURM job {job} requeued"
 
 
-class StopOnSignal(StepCallback):
-    """A second Ctrl-C interrupts at once. Ranks agree on a preemption at each log step (one all-reduce
-    where the loss is read anyway). Replaces Lightning's SIGUSR1 handler, which saves mid-step."""
+class StopOnSignal(Callback):
+    """Acts between micro-batches: after a step's last one the checkpoint holds that step (as without
+    gradient accumulation); after any other, the module's checkpoint holds the state as the step began and
+    the resumed run redoes it. A second Ctrl-C interrupts at once. Ranks agree on a preemption every
+    `log_every_n_steps` micro-batches (one all-reduce; without accumulation, at log steps, where the loss is
+    read anyway). Replaces Lightning's SIGUSR1 handler, which saves mid-batch."""
 
     def __init__(self) -> None:
         self.interrupted = False  # Ctrl-C pressed
         self.preempted_by: int | None = None  # SIGTERM or SIGUSR1
         self._previous: dict[int, Any] = {}
+        self._after = "this step"  # when the stop comes: "this micro-batch" with gradient accumulation
+        self._step = 0  # trainer.global_step after the last micro-batch
+        self._unfinished = 0  # micro-batches run since the last optimizer step
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
         if self.interrupted:  # the second Ctrl-C
             raise KeyboardInterrupt
         self.interrupted = True
-        print("\nCtrl-C: saving last.ckpt after this step (press again to quit now)", file=sys.stderr)
+        print(f"\nCtrl-C: saving last.ckpt after {self._after} (press again to quit now)", file=sys.stderr)
 
     def _on_preemption(self, signum: int, frame: Any) -> None:
         if self.preempted_by is None:
             self.preempted_by = signum
             name = signal.Signals(signum).name
-            print(f"\n{name}: saving last.ckpt after this step, then stopping", file=sys.stderr, flush=True)
+            print(
+                f"\n{name}: saving last.ckpt after {self._after}, then stopping", file=sys.stderr, flush=True
+            )
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_start(trainer, pl_module)
+        self._after = "this step" if trainer.accumulate_grad_batches == 1 else "this micro-batch"
+        self._step, self._unfinished = trainer.global_step, 0
         if threading.current_thread() is threading.main_thread():
             self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)
             for signum in (signal.SIGTERM, signal.SIGUSR1):
@@ -67,19 +77,22 @@ class StopOnSignal(StepCallback):
             signal.signal(signum, handler)
         self._previous = {}
 
-    def _preempt_now(self, trainer: L.Trainer) -> bool:
+    def _preempt_now(self, trainer: L.Trainer, micro_batches: int) -> bool:
         if trainer.world_size == 1:
             return self.preempted_by is not None
-        if trainer.global_step % max(1, trainer.log_every_n_steps):
+        if micro_batches % max(1, trainer.log_every_n_steps):  # the same micro-batches on every rank
             return False
         return bool(trainer.strategy.reduce_boolean_decision(self.preempted_by is not None, all=False))
 
-    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        step, accumulate = trainer.global_step, trainer.accumulate_grad_batches
+        self._unfinished = 0 if step != self._step else self._unfinished + 1  # 0: this one stepped
+        self._step = step
         if self.interrupted:
             save_last_now(trainer, pl_module, "interrupted")
             self._restore()
             raise KeyboardInterrupt  # Lightning shuts down gracefully and exits with status 1
-        if not self._preempt_now(trainer):
+        if not self._preempt_now(trainer, step * accumulate + self._unfinished):
             return
         signum = self.preempted_by or signal.SIGTERM  # None: another rank's
         name = signal.Signals(signum).name
@@ -90,9 +103,14 @@ class StopOnSignal(StepCallback):
             requeued = "; " + _requeue() if trainer.is_global_zero else ""
         self._restore()
         saved = "last.ckpt saved" if path else "nothing saved (no checkpoint callback, or a NaN/inf loss)"
+        stopped = f"stopped after step {step}, {saved}"
+        if self._unfinished:  # the step's partial gradients are dropped: last.ckpt holds the step before
+            where = f"micro-batch {self._unfinished} of {accumulate} of step {step + 1}"
+            at = f" at step {step}" if path else ""
+            stopped = f"stopped mid-step ({where}, which a resume redoes), {saved}{at}"
         raise Preempted(
-            f"preempted by {name}: stopped after step {trainer.global_step}, {saved} (summary.json status "
-            f"preempted, exit status {EXIT_PREEMPTED}){requeued}"
+            f"preempted by {name}: {stopped} (summary.json status preempted, exit status {EXIT_PREEMPTED})"
+            f"{requeued}"
         )
 
     def on_exception(
