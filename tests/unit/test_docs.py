@@ -39,7 +39,7 @@ OTHER_TRACKERS = ("upstream", "lm-evaluation-harness")
 
 
 def doc_files() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "data" / "README.md"]
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), REPO / "data" / "README.md"]
 
 
 def prose(markdown: str) -> str:
