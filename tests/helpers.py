@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import pickle
 import random
 import struct
@@ -364,3 +365,23 @@ def busy_processes(n: int) -> Iterator[None]:
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
+
+
+def import_llama_cpp() -> Any:
+    """llama_cpp, from the `llama` extra (`dev` leaves it out: installing it compiles llama.cpp). Without it
+    the calling test, or the whole module when called at its top, is skipped with the command that installs
+    it; with CI set (CI=true: CI machines set it, and .ci/run installs the extra) its absence is an
+    ImportError instead, so the llama.cpp checks never go silently missing from CI."""
+    import pytest
+
+    try:
+        import llama_cpp
+    except ModuleNotFoundError as missing:  # a build that is there but broken fails loudly everywhere
+        if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+            raise ImportError(
+                f"llama_cpp is not installed and CI is set (CI={os.environ['CI']}): CI runs our GGUF files "
+                'in real llama.cpp, install the llama extra too: pip install -e ".[dev,llama]" (as .ci/run)'
+            ) from missing
+        reason = 'needs llama_cpp: pip install -e ".[llama]" (compiles llama.cpp, 5-15 minutes on 2 cores)'
+        pytest.skip(reason, allow_module_level=True)
+    return llama_cpp

@@ -26,7 +26,7 @@ def _multirun(tmp_path: Path, sweep_dir: Path, *overrides: str) -> None:
          "loader.val_windows=8", "trainer.accelerator=cpu", "trainer.enable_progress_bar=false",
          "trainer.enable_model_summary=false", "trainer.enable_checkpointing=false",
          "callbacks.sample_text=null", f"hydra.sweep.dir={sweep_dir}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
 

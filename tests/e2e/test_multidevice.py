@@ -214,8 +214,8 @@ def test_ddp_two_cpu_processes_match_one_process(
         stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        ddp_out, _ = ddp.communicate(timeout=300)
-        single_out, _ = single.communicate(timeout=300)
+        ddp_out, _ = ddp.communicate(timeout=240)
+        single_out, _ = single.communicate(timeout=240)
     finally:
         for proc in (ddp, single):
             if proc.poll() is None:
@@ -403,7 +403,7 @@ def test_sigterm_to_rank_0_mid_accumulation_stops_both_ranks_at_the_same_micro_b
     proc = subprocess.run(
         [sys.executable, str(REPO / "train.py"), *args, "trainer=ddp", "trainer.devices=2", "logger=none",
          f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300,
+        cwd=tmp_path, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 75, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "Error executing job" not in proc.stderr

@@ -40,7 +40,7 @@ def _command(sweep_dir: Path, data_dir: Path, shakespeare: Path, n_trials: int, 
 
 def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        command, cwd=cwd, env=_env(cwd), capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL
+        command, cwd=cwd, env=_env(cwd), capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL
     )
 
 
@@ -123,7 +123,7 @@ def test_two_workers_share_one_study(tmp_path: Path, char_data_dir: Path, shakes
                          stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
         for _ in range(2)
     ]  # fmt: skip
-    outs = [w.communicate(timeout=400) for w in workers]
+    outs = [w.communicate(timeout=240) for w in workers]
     assert [w.returncode for w in workers] == [0, 0], [err[-2000:] for _, err in outs]
     ran = [{int(n) for n in re.findall(r"^trial (\d+): ", out, flags=re.M)} for out, _ in outs]
     assert ran[0] and ran[1] and not ran[0] & ran[1]  # both worked, no trial twice

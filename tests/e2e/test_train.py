@@ -305,7 +305,7 @@ def test_killed_again_and_again_under_changing_load_resumes_exactly(
         with busy_processes(busy):
             proc = subprocess.run(
                 [sys.executable, str(REPO / "train.py"), *args],
-                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
             )  # fmt: skip
         if kill_at:
             assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
@@ -562,7 +562,7 @@ def test_subprocess_default_wandb_offline_from_other_cwd(
         env={**_env(tmp_path), "COLUMNS": "80"},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=240,
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -607,7 +607,7 @@ def test_every_trial_of_a_multirun_is_quiet_on_wandb_offline(
          "trainer.max_steps=2", "trainer.val_check_interval=2", "optim.warmup_steps=1",
          "loader.val_windows=4", "trainer.enable_checkpointing=false", "callbacks.sample_text=null",
          f"data.path={shakespeare_path}", f"data.data_dir={char_data_dir}", f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -629,7 +629,7 @@ def test_a_multiruns_later_jobs_say_their_clock_leaves_out_the_start_up(
          "trainer.max_steps=2", "trainer.val_check_interval=2", "optim.warmup_steps=1",
          "loader.val_windows=4", "trainer.enable_checkpointing=false", "callbacks.sample_text=null",
          f"data.path={shakespeare_path}", f"data.data_dir={char_data_dir}", f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -915,7 +915,7 @@ def test_cli_resume_mismatch_and_bad_types_are_one_line(
     }
     errors, outputs = {}, {}
     for name, proc in runs.items():
-        outputs[name], stderr = proc.communicate(timeout=300)
+        outputs[name], stderr = proc.communicate(timeout=240)
         assert proc.returncode == 2, (name, stderr[-2000:])
         errors[name] = stderr.strip().splitlines()
     assert "W&B run saved offline" not in outputs["mismatch"]  # refused before the logger: no run to sync
@@ -1008,7 +1008,7 @@ def test_a_bad_input_found_inside_the_fit_leaves_no_run_directory(
             f"data.dataset={docs}", f"data.bpe_file={gpt2_bpe_file}", "data.val_fraction=0.01",
             f"data.data_dir={tmp_path / 'data'}", f"hydra.run.dir={tmp_path / 'run'}",
         ],
-        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     # the validation split is found too short by the datamodule's setup, inside Lightning's fit

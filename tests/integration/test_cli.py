@@ -74,7 +74,7 @@ TINY_TRAIN = (
 )
 
 
-def cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+def cli(*args: str, cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", "mini_gpt.cli", *args],

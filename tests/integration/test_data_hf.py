@@ -454,7 +454,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-        timeout=300,
+        timeout=240,
     )
 
 

@@ -505,7 +505,7 @@ def test_cli_bad_inputs_are_one_line(tmp_path: Path, gpt2_dir: Path, gpt2_bpe_fi
             env=env,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=240,
         )
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert proc.stderr.strip().splitlines() == [expected]

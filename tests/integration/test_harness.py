@@ -164,7 +164,7 @@ def test_registration_is_idempotent_in_every_order():
     for target in ("mini_gpt.eval.harness:MiniGPTLM", "mini_gpt.harness:MiniGPTLM"):
         proc = subprocess.run(
             [sys.executable, "-c", code.replace("TARGET", repr(target))], capture_output=True, text=True,
-            timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)},
+            timeout=240, env={**os.environ, "PYTHONPATH": str(REPO)},
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -175,7 +175,7 @@ def test_harness_command_runs_a_checkpoint(setup):
             "--include_path", str(setup["task"]), "--limit", "6"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "mini_gpt.cli", "harness", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "|tiny_mc|" in proc.stdout.replace(" ", "")
     assert "device=cuda" not in proc.stderr  # lm-eval's default device is not ours to warn about
@@ -249,7 +249,7 @@ def test_harness_command_without_network_or_offline_switch(setup, task, tmp_path
     # An empty cache: on a machine that once ran arc_easy online, its data would be found there.
     env.update(PYTHONPATH=str(REPO), HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))
     cmd = [sys.executable, "-m", "mini_gpt.cli", "harness", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     if task == "tiny_mc":
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "|tiny_mc|" in proc.stdout.replace(" ", "")

@@ -311,7 +311,7 @@ def test_a_command_line_error_has_no_traceback(trained, tmp_path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "mini_gpt.cli", "inspect", f"ckpt={ckpt}", "patching.clean=ab, c",
          "patching.corrupted=abc", "patching.answer=d", "patching.wrong=e"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        cwd=tmp_path, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"},
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stdout == ""

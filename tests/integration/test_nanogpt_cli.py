@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import NANOGPT_CHARS, nanogpt_logits, nanogpt_state, save_nanogpt, write_meta
+from helpers import NANOGPT_CHARS, import_llama_cpp, nanogpt_logits, nanogpt_state, save_nanogpt, write_meta
 
 from mini_gpt.cli import main
 from mini_gpt.cli.evaluate import run
@@ -90,7 +90,7 @@ def test_export_hf_gives_nanogpts_logits(nanogpt, tmp_path, monkeypatch) -> None
 
 
 def test_export_gguf_runs_in_llama_cpp(nanogpt, tmp_path, monkeypatch, capsys) -> None:
-    import llama_cpp
+    llama_cpp = import_llama_cpp()  # the llama extra: skipped without it, an ImportError under CI
 
     ckpt, meta, sd = nanogpt
     out = tmp_path / "shakespeare.gguf"

@@ -52,13 +52,16 @@ def test_torch_is_the_cpu_build_of_the_ci_pin():
     assert torch.public == pinned[1] and torch.local == "cpu", f"locked torch=={torch}, CI pins {pinned[1]}"
 
 
-def test_dev_holds_every_extra():
+def test_dev_holds_every_extra_but_llama():
+    """`dev` runs every feature's tests; `llama` (llama-cpp-python, compiled at install) is CI's addition."""
     extras = PROJECT["optional-dependencies"]
     own = PROJECT["name"] + "["  # an extra written as mini-gpt[...]: other extras of this project
     in_dev = {extra for text in extras["dev"] if text.startswith(own) for extra in Requirement(text).extras}
     aliases = {name for name, texts in extras.items() if all(t.startswith(own) for t in texts)}
-    assert in_dev == set(extras) - aliases - {"dev"}
-    assert {canonicalize_name(Requirement(t).name) for t in extras["dev"]} >= {"pytest", "ruff"}
+    assert in_dev == set(extras) - aliases - {"dev", "llama"}
+    tools = {canonicalize_name(Requirement(t).name) for t in extras["dev"]}
+    assert tools >= {"pytest", "pytest-timeout", "ruff"}
+    assert [canonicalize_name(Requirement(t).name) for t in extras["llama"]] == ["llama-cpp-python"]
 
 
 def _installed_by(extras: set[str]) -> set[str]:
@@ -77,8 +80,9 @@ def _installed_by(extras: set[str]) -> set[str]:
 
 
 def test_the_readme_runs_with_the_base_install_and_tests_with_dev():
-    """The first of the README's two commands installs what the run needs, not the test tools (llama.cpp
-    compiles for 10-19 minutes); the second installs `dev` and runs pytest, as .ci/run does."""
+    """The first of the README's two commands installs what the run needs, not the test tools; the second
+    installs `dev`, which compiles nothing (llama.cpp, 5-15 minutes on 2 cores, is the `llama` extra), and
+    runs pytest, as .ci/run does with the llama extra added and reporting flags only."""
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"^## Two commands\n+```bash\n(.*?)```", readme, re.M | re.S)
     assert block, "README.md has no '## Two commands' section with a bash block"
@@ -89,5 +93,8 @@ def test_the_readme_runs_with_the_base_install_and_tests_with_dev():
     installed = _installed_by(set(filter(None, (extras[1] or "").split(","))))
     assert {"llama-cpp-python", "pytest", "ruff"}.isdisjoint(installed), sorted(installed)
     assert test == ["pip", "install", "-e", '".[dev]"', "&&", "pytest"], test
+    assert "llama-cpp-python" not in _installed_by({"dev"})
     ci = (ROOT / ".ci" / "run").read_text()
-    assert 'pip install --quiet -e ".[dev]" -c "$constraints"' in ci and ci.rstrip().endswith("\npytest")
+    assert 'pip install --quiet -e ".[dev,llama]" -c "$constraints"' in ci
+    command = ci.rstrip().splitlines()[-1].split()  # the README's `pytest`, plus reporting flags only
+    assert command[0] == "pytest" and all(flag.startswith("--durations=") for flag in command[1:]), command
