@@ -74,8 +74,7 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 def _resolved(config: dict[str, Any]) -> dict[str, Any]:
     """`config` flattened, each `${...}` resolved as the run did; one that cannot resolve here (`${hydra:...}`
-    outside Hydra, a key the config lacks) stays as written."""
-    register()  # the resolvers training has: ${project_root:}
+    outside Hydra, a key the config lacks) stays as written. Needs `register()`'s resolvers."""
     node, flat = OmegaConf.create(config), _flatten(config)
     for key in [k for k, v in flat.items() if "${" in str(v)]:
         with contextlib.suppress(Exception):  # any resolution error: the value stays as written
@@ -112,6 +111,7 @@ def find_runs(paths: list[str]) -> list[Run]:
             f"no runs in {', '.join(paths)}: a run folder has a summary.json (written when a training "
             "run ends); pass run folders, multirun folders or sweep folders"
         )
+    register()  # once: the resolvers training has (${project_root:}), for _resolved
     runs = [_read_run(f) for f in folders]
     # A trial killed before Hydra wrote .hydra/ has numbers but nothing that says what it trained.
     kept = [run for run in runs if run.config]

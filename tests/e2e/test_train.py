@@ -596,21 +596,30 @@ def test_subprocess_default_wandb_offline_from_other_cwd(
     assert not (tmp_path / "outputs").exists()  # nothing written relative to the cwd
 
 
+def _two_job_multirun(
+    tmp_path: Path, char_data_dir: Path, shakespeare_path: Path, *overrides: str
+) -> subprocess.CompletedProcess:
+    """`train.py -m` of two 2-step tiny jobs (the sweep `overrides` give two) into tmp_path/sweep."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "-m", "model=tiny", *overrides,
+         "trainer.max_steps=2", "trainer.val_check_interval=2", "optim.warmup_steps=1",
+         "loader.val_windows=4", "trainer.enable_checkpointing=false", "callbacks.sample_text=null",
+         f"data.path={shakespeare_path}", f"data.data_dir={char_data_dir}",
+         f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def test_every_trial_of_a_multirun_is_quiet_on_wandb_offline(
     tmp_path: Path, char_data_dir: Path, shakespeare_path: Path
 ) -> None:
     """W&B offline says one line per run (how to upload it), for the second trial too: no `wandb:` banner,
     history or footer (wandb 0.31 honoured the run's silent setting for the process's first run only)."""
     sweep = tmp_path / "sweep"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "-m", "model=tiny", "optim.lr=1e-3,2e-3",
-         "trainer.max_steps=2", "trainer.val_check_interval=2", "optim.warmup_steps=1",
-         "loader.val_windows=4", "trainer.enable_checkpointing=false", "callbacks.sample_text=null",
-         f"data.path={shakespeare_path}", f"data.data_dir={char_data_dir}", f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240,
-        stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _two_job_multirun(tmp_path, char_data_dir, shakespeare_path, "optim.lr=1e-3,2e-3")
     console = (proc.stdout + proc.stderr).splitlines()
     assert [line for line in console if line.startswith("wandb:")] == []
     hints = [line for line in console if line.startswith("W&B run saved offline in ")]
@@ -624,15 +633,7 @@ def test_a_multiruns_later_jobs_say_their_clock_leaves_out_the_start_up(
     start (imports included, as docs/records.md's rules want), the second's from its own start; summary.json
     (`wall_from`) and the printed summary say which."""
     sweep = tmp_path / "sweep"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "-m", "model=tiny", "seed=1,2", "logger=none",
-         "trainer.max_steps=2", "trainer.val_check_interval=2", "optim.warmup_steps=1",
-         "loader.val_windows=4", "trainer.enable_checkpointing=false", "callbacks.sample_text=null",
-         f"data.path={shakespeare_path}", f"data.data_dir={char_data_dir}", f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240,
-        stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _two_job_multirun(tmp_path, char_data_dir, shakespeare_path, "seed=1,2", "logger=none")
     first, second = (json.loads((sweep / job / "summary.json").read_text()) for job in ("0", "1"))
     assert (first["wall_from"], second["wall_from"]) == ("process start", "run start")
     walls = [line for line in proc.stdout.splitlines() if " wall=" in line]
