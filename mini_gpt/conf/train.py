@@ -104,7 +104,8 @@ class LoaderConfig:
 
 @dataclass
 class TrainerConfig:
-    """conf/trainer/: the arguments of Lightning's Trainer (its `_target_`), plus `max_flops`."""
+    """conf/trainer/: the arguments of Lightning's Trainer (its `_target_`), plus `max_flops` and
+    `budget_s` (ours: they set max_steps)."""
 
     _target_: str = "lightning.pytorch.Trainer"
     accelerator: str = "auto"  # auto | cpu | gpu | mps
@@ -114,6 +115,9 @@ class TrainerConfig:
     precision: str = "auto"  # auto | 32-true | bf16-mixed | 16-mixed (auto: bf16 where it pays)
     max_steps: int = 500  # optimizer steps
     max_flops: float | None = None  # a budget in training FLOPs that sets max_steps (null = max_steps)
+    # a wall-clock budget in seconds from process start (over resumes) that replaces max_steps: the lr
+    # decays by its elapsed fraction, the final validation and summary fit inside it (null = max_steps)
+    budget_s: float | None = None
     max_epochs: int = -1  # no epoch limit (one endless epoch)
     val_check_interval: int = 250  # evaluate every N optimizer steps (and after the last)
     check_val_every_n_epoch: int | None = None  # null: val_check_interval counts steps across epochs
@@ -143,6 +147,13 @@ class TrainerConfig:
         at_least(-1, **{"trainer.max_steps": self.max_steps})
         if self.max_flops is not None and not self.max_flops > 0:
             raise MiniGPTError(f"trainer.max_flops={self.max_flops} must be a positive number of FLOPs")
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise MiniGPTError(f"trainer.budget_s={self.budget_s} must be a positive number of seconds")
+        if self.budget_s is not None and self.max_flops is not None:
+            raise MiniGPTError(
+                f"trainer.max_flops={self.max_flops:.3g} and trainer.budget_s={self.budget_s:g} are two "
+                "budgets; set one of them to null"
+            )
 
 
 @dataclass

@@ -17,6 +17,7 @@ from torch import Tensor
 from mini_gpt.conf.train import OptimConfig
 from mini_gpt.interop.checkpoint import metadata
 from mini_gpt.model.gpt import GPT, GPTConfig
+from mini_gpt.train.budget import BudgetReading, TimeBudget
 from mini_gpt.train.optim import build_optimizer, build_scheduler
 
 
@@ -36,8 +37,10 @@ class GPTLitModule(L.LightningModule):
         max_steps: int | None = None, compile: bool = False, model: GPT | None = None,
         finetune: dict[str, Any] | None = None, tokens_per_step: int = 0,
         run_config: dict[str, Any] | None = None, run_overrides: list[str] | None = None,
+        budget: TimeBudget | None = None,
     ) -> None:  # fmt: skip
-        """`model`, `finetune`: from train.finetune. `tokens_per_step`: all devices (0 = unknown)."""
+        """`model`, `finetune`: from train.finetune. `tokens_per_step`: all devices (0 = unknown).
+        `budget`: trainer.budget_s's clock, which sets the lr's decay and the last step."""
         super().__init__()
         self.model_config = model_config
         self.optim_config = optim
@@ -50,6 +53,9 @@ class GPTLitModule(L.LightningModule):
         self.tokens_per_step = tokens_per_step
         self.run_config = run_config
         self.run_overrides = run_overrides
+        self.budget = budget
+        self._budget_steps = (-1, -1)  # (the fit's first step, the last step the budget saw done)
+        self._budget_said = False  # the plan line is printed
         self._prebuilt_optimizer: torch.optim.Optimizer | None = None  # FSDP: see setup()
         self._val: Tensor | None = None  # validation's (loss x tokens, tokens) sums
         self._resume_rng: dict[str, Tensor] | None = None  # applied at the first batch after a resume
@@ -117,6 +123,46 @@ class GPTLitModule(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if 0 < self.trainer.max_steps <= self.global_step:  # the last step: validate (and checkpoint) after
             self.trainer.should_stop = True  # it, even when max_steps is not a multiple of the interval
+        if self.budget and self._budget_steps[1] != self.global_step:  # an optimizer step is done
+            self._read_budget()
+            if self.global_step >= self.budget.last_step:  # the next step would not fit: validate, stop
+                self.trainer.should_stop = True
+
+    def on_train_start(self) -> None:
+        if self.budget:
+            self._budget_steps = (self.global_step, self.global_step)
+            self._adopt_budget(self.budget.start(self.global_step) if self.trainer.is_global_zero else None)
+
+    def _read_budget(self) -> None:
+        """After each optimizer step: the budget's reading at the first step and at every log step (rank 0
+        reads the clock; every rank adopts it, so all stop at the same step)."""
+        step, every = self.global_step, max(1, self.trainer.log_every_n_steps)
+        self._budget_steps = (self._budget_steps[0], step)
+        if step != self._budget_steps[0] + 1 and step % every:
+            return
+        reading = None
+        if self.trainer.is_global_zero:
+            val_batches = sum(self.trainer.num_val_batches) if self.trainer.num_val_batches else 0
+            reading = self.budget.read(step, int(val_batches), self.trainer.accumulate_grad_batches)
+        self._adopt_budget(reading)
+        if math.isfinite(self.budget.last_step):  # the progress bar's total, the loggers' curve
+            self.log("budget/last_step", float(self.budget.last_step))
+        if step >= self._budget_steps[0] + 2 * every and not self._budget_said:
+            self._budget_said = True  # once, timed over steps past the first ones (which warm up)
+            if self.trainer.is_global_zero:
+                print(self.budget.plan_line(self.tokens_per_step), flush=True)
+
+    def _adopt_budget(self, reading: BudgetReading | None) -> None:
+        values = self.trainer.strategy.broadcast(reading.as_list() if reading else None, src=0)
+        self.budget.adopt(BudgetReading(int(values[0]), *values[1:]))
+
+    def on_validation_start(self) -> None:
+        if self.budget and not self.trainer.sanity_checking:
+            self.budget.validation_started()
+
+    def on_validation_end(self) -> None:
+        if self.budget and not self.trainer.sanity_checking:
+            self.budget.validation_ended()
 
     def on_validation_epoch_start(self) -> None:
         self._val = torch.zeros(2, device=self.device, dtype=torch.float64)
@@ -149,7 +195,8 @@ class GPTLitModule(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         max_steps = self.max_steps if self.max_steps is not None else self.trainer.max_steps
         optimizer = self._prebuilt_optimizer or build_optimizer(self.model, self.optim_config)
-        scheduler = build_scheduler(optimizer, self.optim_config, max_steps or -1)
+        progress = self.budget.fraction if self.budget else None  # a time budget decays by time
+        scheduler = build_scheduler(optimizer, self.optim_config, max_steps or -1, progress)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -159,6 +206,8 @@ class GPTLitModule(L.LightningModule):
             "optim_config": optim,
             "tokens": self.global_step * self.tokens_per_step if self.tokens_per_step else None,
         }
+        if self.budget:  # a resumed run continues the same budget
+            checkpoint["mini_gpt"]["budget_used_s"] = self.budget.used()
         if self.run_config is not None:
             checkpoint["run_config"] = self.run_config  # read by mini_gpt.train.resume
             checkpoint["run_overrides"] = self.run_overrides

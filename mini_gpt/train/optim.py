@@ -20,21 +20,36 @@ MUON_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "ns_steps", "adjust_l
 
 
 def lr_at(
-    step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int, schedule: str = "cosine"
-) -> float:
-    """The lr of optimizer step `step` (0-based): linear warmup (never 0), decay to `min_lr`, then flat."""
+    step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int, schedule: str = "cosine",
+    progress: float | None = None,
+) -> float:  # fmt: skip
+    """The lr of optimizer step `step` (0-based): linear warmup (never 0), decay to `min_lr`, then flat.
+    `progress`: the decay's progress (0 -> 1) when a time budget gives it (then decay_steps is unused)."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     if schedule == "constant":
         return lr
-    if step >= decay_steps:
-        return min_lr
-    progress = (step - warmup_steps) / max(1, decay_steps - warmup_steps)  # 0 -> 1
+    if progress is None:
+        if step >= decay_steps:
+            return min_lr
+        progress = (step - warmup_steps) / max(1, decay_steps - warmup_steps)  # 0 -> 1
     coeff = 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress  # 1 -> 0
     return min_lr + coeff * (lr - min_lr)
 
 
-def lr_multiplier(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
+def lr_multiplier(
+    cfg: OptimConfig, max_steps: int, progress: Callable[[int], float] | None = None
+) -> Callable[[int], float]:
+    """The schedule as a multiplier of the peak lr; `progress(step)`: a time budget's elapsed fraction,
+    which then drives the decay (trainer.budget_s: mini_gpt.train.budget)."""
+    if progress is not None:
+        if cfg.decay_steps is not None:
+            raise MiniGPTError(
+                f"optim.decay_steps={cfg.decay_steps} counts steps, but trainer.budget_s decays the lr by "
+                "time; set optim.decay_steps=null (or trainer.budget_s=null)"
+            )
+        args = (cfg.min_lr_ratio, cfg.warmup_steps, 0, cfg.schedule)
+        return lambda step: lr_at(step, 1.0, *args, progress=progress(step))
     decay_steps = cfg.decay_steps or max_steps
     if decay_steps is None or decay_steps < 1:
         raise MiniGPTError("optim.decay_steps is null and trainer.max_steps is not set; set one of them")
@@ -123,5 +138,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
     return CombinedOptimizer(optimizers)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> Any:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(cfg, max_steps))
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int,
+    progress: Callable[[int], float] | None = None,
+) -> Any:  # fmt: skip
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(cfg, max_steps, progress))

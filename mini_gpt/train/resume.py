@@ -140,17 +140,27 @@ def _config_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list
     ]
 
 
+_LENGTH_KEYS = ("trainer.max_steps", "trainer.max_flops", "trainer.budget_s")  # what ends a run
+_BUDGETS = {"trainer.max_flops": ".3g", "trainer.budget_s": "g"}  # each replaces trainer.max_steps when set
+
+
 def steps_beat_budget(cfg: DictConfig, overrides: Sequence[str], announce: bool = True) -> DictConfig:
-    """`cfg` without trainer.max_flops when `overrides` set trainer.max_steps after it: the steps win
-    (`announce`: rank 0 says so)."""
-    keys = [k for k in _keys(overrides) if k in ("trainer.max_steps", "trainer.max_flops")]
-    if keys[-1:] != ["trainer.max_steps"] or cfg.trainer.get("max_flops") is None:
+    """`cfg` where the last of trainer.max_steps / max_flops / budget_s that `overrides` set wins: the other
+    budgets it had (a recipe's) become null (`announce`: rank 0 says so)."""
+    given = [k for k in _keys(overrides) if k in _LENGTH_KEYS]
+    if not given:
         return cfg
-    if announce and launcher_rank() == 0:
-        print(f"trainer.max_steps={cfg.trainer.max_steps} given: it replaces trainer.max_flops="
-              f"{cfg.trainer.max_flops:.3g} (the budget, now null)", flush=True)  # fmt: skip
+    dropped = [k for k in _BUDGETS if k != given[-1] and OmegaConf.select(cfg, k) is not None]
+    if not dropped:
+        return cfg
+    winner = given[-1]
     cfg = copy.deepcopy(cfg)
-    OmegaConf.update(cfg, "trainer.max_flops", None, merge=False)
+    given_value = f"{winner}={OmegaConf.select(cfg, winner):{_BUDGETS.get(winner, '')}}"
+    for key in dropped:
+        if announce and launcher_rank() == 0:
+            value = f"{key}={OmegaConf.select(cfg, key):{_BUDGETS[key]}}"
+            print(f"{given_value} given: it replaces {value} (the budget, now null)", flush=True)
+        OmegaConf.update(cfg, key, None, merge=False)
     return cfg
 
 
@@ -177,7 +187,7 @@ def resumed_config(
         return run
     # A budget the run's own config had already given up (said at its start) is no news on resume.
     trainer = (resume.run_config or {}).get("trainer") or {}
-    budget = resume.run_config is None or trainer.get("max_flops") is not None
+    budget = resume.run_config is None or any(trainer.get(k.split(".")[1]) is not None for k in _BUDGETS)
     if resume.run_overrides is not None:
         saved = _without(resume.run_overrides, _NEVER_RESTORED)
         restored = steps_beat_budget(_compose_run([*saved, *new]), [*saved, *new], announce=budget)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from mini_gpt.interop.checkpoint import check_resume
 from mini_gpt.machine import MIN_WINDOW_S, LoadMeter, auto_threads
 from mini_gpt.model.gpt import GPT, GPTConfig
 from mini_gpt.tokenizer import Tokenizer
+from mini_gpt.train.budget import TimeBudget
 from mini_gpt.train.callbacks.checkpointing import last_checkpoint_path, resume_command
 from mini_gpt.train.callbacks.record import Recorder, RunRecord
 from mini_gpt.train.distributed import (
@@ -80,7 +82,8 @@ class RunPlan:
     tokenizer: Tokenizer  # the data's: it sizes the model
     model_config: GPTConfig
     layout: BatchLayout  # batch x accumulation x devices: the tokens of one optimizer step
-    max_steps: int  # trainer.max_steps, or what trainer.max_flops buys
+    max_steps: int  # trainer.max_steps, or what trainer.max_flops buys; -1 with a time budget
+    budget: TimeBudget | None  # trainer.budget_s's clock (from process start, over resumes)
     precision: PrecisionChoice
     threads: tuple[int, str] | None  # (torch threads, why) for one CPU process; None: Lightning's choice
     recipe: dict[str, Any] | None  # picks the reference band summary.json compares with
@@ -92,14 +95,24 @@ class RunPlan:
             lines.append(
                 f"trainer.max_flops={flops:.3g}: {self.max_steps} steps (replaces trainer.max_steps)"
             )
+        if budget := self.budget:
+            before = f"{budget.used_before:.1f} s used by the runs this one resumes; " * bool(self.resume)
+            lines.append(
+                f"trainer.budget_s={budget.seconds:g}: the run stops within {budget.seconds:g} s of process "
+                f"start ({before}start-up, validations and the final one counted); the lr decays by elapsed "
+                "time (replaces trainer.max_steps); the steps expected follow the first measured steps"
+            )
         if self.threads:
             lines.append(f"threads: {self.threads[0]} ({self.threads[1]})")
         return lines
 
 
-def plan_run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> RunPlan:
+def plan_run(
+    cfg: DictConfig, overrides: Sequence[str] | None = None, started: float | None = None
+) -> RunPlan:
     """Resolve the run's settings: the checkpoint, the config, the data (prepared: its tokenizer), the model
-    config, the steps, precision and threads. Lightning re-runs this per extra device (every rank plans)."""
+    config, the steps, precision and threads (`started`: the run's clock, a time budget's start; default
+    now). Lightning re-runs this per extra device (every rank plans)."""
     load = LoadMeter(MIN_WINDOW_S).start()  # the machine's other load over the set-up: threads=auto
 
     # The checkpoint, read once; a resumed run continues with its own config.
@@ -136,6 +149,11 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> RunPlan
     max_steps = options.trainer.max_steps
     if (max_flops := options.trainer.max_flops) is not None:
         max_steps = budget_steps(max_flops, flops_per_token(model_config), layout.tokens_per_step)
+    budget = None
+    if (seconds := options.trainer.budget_s) is not None:  # the budget ends the run, not a step count
+        max_steps = -1
+        used_before = float(resume.meta.get("budget_used_s") or 0.0) if resume else 0.0
+        budget = TimeBudget(seconds, time.time() if started is None else started, used_before)
     check_steps(max_steps, options.optim.warmup_steps, resume.step if resume else None)
     run_config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
     recipe = recipe_key(run_config, layout.tokens_per_step, max_steps)
@@ -147,7 +165,7 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> RunPlan
             threads = auto_threads(torch.get_num_threads(), load.stop().other_load)
     return RunPlan(
         cfg, run_config, options, run_dir, resume, finetune, datamodule, tokenizer, model_config, layout,
-        max_steps, precision, threads, recipe
+        max_steps, budget, precision, threads, recipe
     )  # fmt: skip
 
 
@@ -161,7 +179,7 @@ def train(
     torch_threads = torch.get_num_threads()  # the run's choice holds for the run: given back at the end
 
     # 1. The plan: every setting resolved once, the data prepared (docs/architecture.md, "The training path").
-    plan = plan_run(cfg, overrides)
+    plan = plan_run(cfg, overrides, started)
     cfg, options, resume = plan.cfg, plan.options, plan.resume
     if plan.threads:
         torch.set_num_threads(plan.threads[0])
@@ -175,7 +193,7 @@ def train(
         plan.model_config, options.optim, tokenizer=plan.tokenizer, max_steps=plan.max_steps, model=model,
         compile=options.compile, finetune=plan.finetune.record if plan.finetune else None,
         tokens_per_step=plan.layout.tokens_per_step, run_config=plan.run_config,
-        run_overrides=run_overrides(cfg, resume),
+        run_overrides=run_overrides(cfg, resume), budget=plan.budget,
     )  # fmt: skip
 
     # 3. The Trainer, built once with its final arguments; the callbacks of conf/callbacks/default.yaml come
@@ -246,7 +264,7 @@ def trainer_arguments(
 ) -> dict[str, Any]:
     """conf/trainer as the Trainer's final arguments (val_check_interval in micro-batches)."""
     arguments: dict[str, Any] = OmegaConf.to_container(trainer, resolve=True)  # type: ignore[assignment]
-    del arguments["max_flops"]
+    del arguments["max_flops"], arguments["budget_s"]  # ours: they set max_steps
     arguments.update(max_steps=max_steps, precision=precision, accumulate_grad_batches=layout.accumulate)
     arguments["val_check_interval"] *= layout.accumulate
     return arguments

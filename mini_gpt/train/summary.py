@@ -72,6 +72,9 @@ def write_summary(
         "threads_reason": threads_reason,
         "wall_seconds": time.time() - start,
         "wall_from": "process start" if _runs_in_process == 1 else "run start",  # run start: no start-up
+        # trainer.budget_s and the seconds of it used, this run's resumed ones included (None: no budget)
+        "budget_s": budget.seconds if (budget := module.budget) else None,
+        "budget_used_s": budget.used() if budget else None,
         "tokens_per_sec": None if rate is None else float(rate),
         "spikes": None if spikes is None else int(spikes),
         "val_curve": [[s, t - start, v] for s, t, v in vals],
@@ -94,6 +97,8 @@ def print_summary(path: Path, summary: dict[str, Any]) -> None:
     wall = f"wall={summary['wall_seconds']:.1f}s"
     if summary.get("wall_from") == "run start":
         wall += " from this run's start (start-up not counted: an earlier run in this process paid it)"
+    if summary.get("budget_s") is not None:
+        wall += f" (budget {summary['budget_used_s']:.1f} of {summary['budget_s']:g} s used)"
     print(
         f"summary: {path}\n  steps={summary['steps']} best_val_loss={_loss(summary['best_val_loss'])} "
         f"final_val_loss={_loss(summary['final_val_loss'])} tokens/s={summary['tokens_per_sec'] or 0:,.0f} "

@@ -390,7 +390,7 @@ def test_a_recipes_budget_yields_to_max_steps_and_a_stopped_run_resumes_as_print
     shakespeare_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The recipe's trainer.max_flops (~165k steps of the tiny model) yields to trainer.max_steps=6; stopped
+    """The recipe's trainer.budget_s (600 s) yields to trainer.max_steps=6; stopped
     at step 4, the run resumes with the printed command's arguments alone and ends at step 6."""
     from omegaconf import OmegaConf
 
@@ -410,11 +410,9 @@ def test_a_recipes_budget_yields_to_max_steps_and_a_stopped_run_resumes_as_print
     with pytest.raises(Preempted):
         _fit(compose, first, hydra_dir=tmp_path / "first")
     out, err = capsys.readouterr()
-    dropped = "trainer.max_steps=6 given: it replaces trainer.max_flops=2.45e+13 (the budget, now null)"
+    dropped = "trainer.max_steps=6 given: it replaces trainer.budget_s=600 (the budget, now null)"
     assert dropped in out.splitlines()
-    assert (
-        OmegaConf.load(tmp_path / "first" / ".hydra" / "config.yaml").trainer.max_flops is None
-    )  # compare's
+    assert OmegaConf.load(tmp_path / "first" / ".hydra" / "config.yaml").trainer.budget_s is None  # compare's
     printed = next(line for line in err.splitlines() if line.startswith("resume with: "))
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"
     assert shlex.split(printed.removeprefix("resume with: "))[2:] == [f"ckpt_path={last}"]
@@ -435,7 +433,7 @@ def test_a_budget_given_up_is_said_once_over_the_runs_resumes(
     trainer.max_steps after the recipe too), it does not say it again: the run gave the budget up already."""
     from mini_gpt.train.stops import Preempted
 
-    line = "given: it replaces trainer.max_flops=2.45e+13 (the budget, now null)"
+    line = "given: it replaces trainer.budget_s=600 (the budget, now null)"
     small = ("model.block_size=64", "trainer.val_check_interval=2", "optim.warmup_steps=1")
     stop = ("+callbacks.preempt._target_=helpers.signal_at_step", "+callbacks.preempt.step=2")
     first = [
@@ -444,7 +442,7 @@ def test_a_budget_given_up_is_said_once_over_the_runs_resumes(
     ]
     with pytest.raises(Preempted):
         _fit(compose, first, hydra_dir=tmp_path / "first")
-    assert line not in capsys.readouterr().out  # the budget's ~165k steps: nothing yields
+    assert line not in capsys.readouterr().out  # the budget's 600 s: nothing yields
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"
     again = [f"ckpt_path={last}", f"paths.run_dir={tmp_path / 'second'}", "trainer.max_steps=4"]
     _fit(compose, again, resume=True, hydra_dir=tmp_path / "second")
@@ -1107,3 +1105,54 @@ def test_summary_judges_the_run_against_its_recipes_reference_band(
     assert drawn["band"][1][-1] == pytest.approx(mean - half) and drawn["band"][2][-1] == pytest.approx(
         mean + half
     )
+
+
+def test_a_time_budget_ends_the_run_decayed_and_validated_inside_it_and_a_resume_continues_it(
+    compose: Any,
+    tmp_path: Path,
+    char_data_dir: Path,
+    shakespeare_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """trainer.budget_s=20 in a fresh process: the plan line, a final validation at the step it stopped
+    after, the lr decayed to its floor, and summary.json's seconds within the budget plus 1.5 s (the
+    estimate of the final validation and the end is a guess the first time; the process's own exit after
+    summary.json is not counted, as in the records' rules). Resumed with trainer.budget_s=28, the run
+    continues from the seconds its checkpoint used."""
+    run_dir = tmp_path / "run"
+    args = _overrides(
+        run_dir, char_data_dir, shakespeare_path, "logger=csv", "trainer.budget_s=20",
+        "trainer.val_check_interval=200", "trainer.log_every_n_steps=10", "optim.warmup_steps=10",
+        "optim.lr=1e-2", f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = summary["steps"]
+    assert summary["status"] == "completed" and steps > 50
+    assert summary["budget_s"] == 20 and summary["budget_used_s"] == pytest.approx(summary["wall_seconds"])
+    assert 15 < summary["wall_seconds"] <= 20 + 1.5, summary["wall_seconds"]
+    assert summary["val_curve"][-1][0] == steps  # validated once at the step it stopped after
+    plan = re.search(r"^budget 20 s: ~([\d,]+) steps expected at ([\d,]+) tokens/s", proc.stdout, re.M)
+    assert plan, proc.stdout[-2000:]
+    with (run_dir / "csv" / "metrics.csv").open() as f:
+        lrs = [(int(r["step"]), float(r["lr"])) for r in csv.DictReader(f) if r["lr"]]
+    assert lrs[0] == (10, pytest.approx(1e-2))  # warmup (10 steps) done: the peak
+    assert lrs[-1][0] > steps - 10 and lrs[-1][1] < 1e-3 * (1 + 0.05 * 9)  # within 5% of the floor, 1e-3
+
+    # Resumed in this process, its clock starting now: 20 s of the budget are in the checkpoint.
+    monkeypatch.setattr("mini_gpt.train.summary._runs_in_process", 1)  # this run's clock: from now
+    last = run_dir / "checkpoints" / "last.ckpt"
+    used = torch.load(last, weights_only=False)["mini_gpt"]["budget_used_s"]
+    assert summary["val_curve"][-1][1] < used <= summary["wall_seconds"]
+    again = [f"ckpt_path={last}", f"paths.run_dir={tmp_path / 'resumed'}", "trainer.budget_s=28"]
+    resumed, _ = _fit(compose, again, resume=True)
+    out = capsys.readouterr().out
+    assert f"{used:.1f} s used by the runs this one resumes" in out
+    assert resumed["status"] == "completed" and resumed["start_step"] == steps < resumed["steps"]
+    assert used + resumed["wall_seconds"] == pytest.approx(resumed["budget_used_s"])
+    assert resumed["budget_used_s"] <= 28 + 1.5

@@ -36,9 +36,11 @@ def test_bfloat16_equals_torch_muon(nesterov: bool, adjust_lr_fn: str | None) ->
         assert torch.equal(a, b)
 
 
-def _reference_step(w: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: float) -> torch.Tensor:
+def _reference_step(
+    w: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: float, weight_decay: float = 0.0
+) -> torch.Tensor:
     """One Nesterov Muon step in float64: momentum 0.95, the quintic (3.4445, -4.7750, 2.0315) x 5, lr x
-    sqrt(max(1, rows/cols)), no decay."""
+    sqrt(max(1, rows/cols)); decoupled decay: the weights shrink by lr x weight_decay first."""
     buf.mul_(0.95).add_(grad, alpha=0.05)
     g = 0.05 * grad + 0.95 * buf
     x = g.T if g.shape[0] > g.shape[1] else g
@@ -47,20 +49,22 @@ def _reference_step(w: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: 
         a = x @ x.T
         x = 3.4445 * x + (-4.7750 * a + 2.0315 * a @ a) @ x
     x = x.T if g.shape[0] > g.shape[1] else x
-    return w - lr * max(1.0, w.shape[0] / w.shape[1]) ** 0.5 * x
+    return w * (1 - lr * weight_decay) - lr * max(1.0, w.shape[0] / w.shape[1]) ** 0.5 * x
 
 
-def test_float32_follows_a_float64_reference_closer_than_bfloat16() -> None:
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])  # 0.1: the 10-minute record's optim.muon_weight_decay
+def test_float32_follows_a_float64_reference_closer_than_bfloat16(weight_decay: float) -> None:
     expected = [p.detach().double() for p in _params()]
     bufs = [torch.zeros_like(p) for p in expected]
     gen = torch.Generator().manual_seed(1)
     for _ in range(4):
         for i, p in enumerate(expected):
-            expected[i] = _reference_step(p, torch.randn(p.shape, generator=gen).double(), bufs[i], 0.02)
+            grad = torch.randn(p.shape, generator=gen).double()
+            expected[i] = _reference_step(p, grad, bufs[i], 0.02, weight_decay)
     errors = {}
     for dtype in ("float32", "bfloat16"):
         params = _params()
-        _run(Muon, params, ns_dtype=dtype, lr=0.02, weight_decay=0.0)
+        _run(Muon, params, ns_dtype=dtype, lr=0.02, weight_decay=weight_decay)
         pairs = zip(params, expected, strict=True)
         errors[dtype] = max((p.double() - e).abs().max().item() for p, e in pairs)
     assert errors["float32"] < 1e-5

@@ -185,19 +185,30 @@ def test_a_key_added_since_the_run_with_a_null_value_is_not_a_change() -> None:
     assert _config_changes(before, after) == expected
 
 
-BUDGET_RECIPE = "experiment=shakespeare_char_10min"  # sets trainer.max_flops (a compute budget)
-DROPPED = "trainer.max_steps=1000 given: it replaces trainer.max_flops=2.45e+13 (the budget, now null)"
+BUDGET_RECIPE = "experiment=shakespeare_char_10min"  # sets trainer.budget_s (a time budget)
+DROPPED = "trainer.max_steps=1000 given: it replaces trainer.budget_s=600 (the budget, now null)"
 
 
 def test_a_given_max_steps_beats_a_recipes_budget(compose: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    assert compose([BUDGET_RECIPE]).trainer.max_flops == 2.45e13
+    assert compose([BUDGET_RECIPE]).trainer.budget_s == 600
     with hydra_job(compose, [BUDGET_RECIPE, "trainer.max_steps=1000"]) as cfg:
         run = resumed_config(cfg, None)
-    assert (run.trainer.max_steps, run.trainer.max_flops) == (1000, None)
-    assert cfg.trainer.max_flops == 2.45e13  # the caller's config is left as it was
+    assert (run.trainer.max_steps, run.trainer.budget_s) == (1000, None)
+    assert cfg.trainer.budget_s == 600  # the caller's config is left as it was
     assert capsys.readouterr().out.splitlines() == [DROPPED]
     with hydra_job(compose, [BUDGET_RECIPE]) as cfg:
-        assert resumed_config(cfg, None).trainer.max_flops == 2.45e13  # no steps given: the budget runs
+        assert resumed_config(cfg, None).trainer.budget_s == 600  # no steps given: the budget runs
+    # one budget replaces the other: a FLOP budget given over the recipe's time budget, and back
+    with hydra_job(compose, [BUDGET_RECIPE, "trainer.max_flops=1e12"]) as cfg:
+        run = resumed_config(cfg, None)
+    assert (run.trainer.max_flops, run.trainer.budget_s) == (1e12, None)
+    assert capsys.readouterr().out.splitlines() == [
+        "trainer.max_flops=1e+12 given: it replaces trainer.budget_s=600 (the budget, now null)"
+    ]
+    with hydra_job(compose, ["trainer.max_flops=1e12", "trainer.budget_s=30"]) as cfg:
+        run = resumed_config(cfg, None)
+    assert (run.trainer.max_flops, run.trainer.budget_s) == (None, 30)
+    assert "it replaces trainer.max_flops=1e+12" in capsys.readouterr().out
     # the later of the two wins, as on one command line
     with hydra_job(compose, ["trainer.max_steps=5", "trainer.max_flops=1e9"]) as cfg:
         assert resumed_config(cfg, None).trainer.max_flops == 1e9
@@ -214,9 +225,9 @@ def test_a_run_that_gave_max_steps_over_a_budget_resumes_from_the_checkpoint_alo
     torch.save({**TRAINING_STATE, "global_step": 736, "run_config": ran, "run_overrides": saved}, ckpt)
     capsys.readouterr()
     restored = _resume(compose, ckpt)  # `resume with: ... ckpt_path=...` and nothing else
-    assert (restored.trainer.max_steps, restored.trainer.max_flops) == (1000, None)
+    assert (restored.trainer.max_steps, restored.trainer.budget_s) == (1000, None)
     assert capsys.readouterr().out.splitlines()[-1] == "  (none: the run continues as it was started)"
     # a budget run resumed with a step count: the steps win, and the change is printed
     longer = _resume(compose, _checkpoint(ckpt, compose, [BUDGET_RECIPE]), "trainer.max_steps=20000")
-    assert (longer.trainer.max_steps, longer.trainer.max_flops) == (20000, None)
-    assert "  trainer.max_flops: 24500000000000.0 -> None" in capsys.readouterr().out.splitlines()
+    assert (longer.trainer.max_steps, longer.trainer.budget_s) == (20000, None)
+    assert "  trainer.budget_s: 600.0 -> None" in capsys.readouterr().out.splitlines()

@@ -52,7 +52,7 @@ class EvaluateCallback(StepCallback):
         )  # fmt: skip
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        last = trainer.global_step >= trainer.max_steps
+        last = 0 < trainer.max_steps <= trainer.global_step  # max_steps -1 (a time budget): not known
         if self.enabled and (trainer.global_step % self.every_n_steps == 0 or last):
             self.evaluate(trainer, pl_module)
 

@@ -52,6 +52,10 @@ class ProgressBar(RichProgressBar):
 
     def _read(self, trainer: L.Trainer, pl_module: Any, ended: bool = False) -> None:
         metrics = trainer.callback_metrics
+        last = metrics.get("budget/last_step")  # a time budget's expected steps (trainer.budget_s)
+        if last is not None and trainer.max_steps <= 0 and self.train_progress_bar_id is not None:
+            total = int(last) * trainer.accumulate_grad_batches
+            self.progress.update(self.train_progress_bar_id, total=total)
         prefix = "run/" if ended else ""  # the run's averages at the end, else the last interval's
         parts = [f"{name} {float(metrics[key]):.3f}" for name, key in _LOSSES if key in metrics]
         if (rate := metrics.get(prefix + "tokens_per_sec")) is not None:
